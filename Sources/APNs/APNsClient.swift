@@ -1,0 +1,214 @@
+import Foundation
+import HTTP2
+public import Logging
+public import NIOCore
+import NIOPosix
+public import NIOSSL
+import Synchronization
+
+public struct APNsClientConfiguration: Sendable {
+    public var endpoint: APNsEndpoint
+    public var credential: APNsCredential
+    /// Connections in the pool.
+    public var connections: Int = 2
+    /// Deadline for one send, from the call to the answer, queueing and resends included.
+    public var requestTimeout: TimeAmount = .seconds(10)
+    public var connectTimeout: TimeAmount = .seconds(10)
+    /// Sends that may wait for a free stream across the pool; one more is refused with
+    /// ``APNsError/queueFull(limit:)``.
+    public var maxQueuedNotifications: Int = 10_000
+    /// Our own cap on streams per connection, whatever APNs allows.
+    public var maxStreamsPerConnection: Int = 1000
+    public var idlePingInterval: TimeAmount = .seconds(60)
+    public var pingTimeout: TimeAmount = .seconds(10)
+    public var reconnectBackoff = Backoff(base: .milliseconds(250), maximum: .seconds(30))
+    /// How often a request APNs did not process (GOAWAY, REFUSED_STREAM) is sent again.
+    public var maxResends: Int = 5
+    /// Skip TLS certificate verification (simulators with self-signed certificates only).
+    public var insecureSkipVerify: Bool = false
+    /// Extra trust roots besides the system's (a simulator's certificate, say).
+    public var additionalTrustRoots: [NIOSSLCertificate] = []
+
+    public init(endpoint: APNsEndpoint, credential: APNsCredential) {
+        self.endpoint = endpoint
+        self.credential = credential
+    }
+}
+
+/// Sends notifications to APNs over a pool of HTTP/2 connections.
+///
+/// Safe to call from many tasks at once. Each `send` validates the notification, waits (bounded)
+/// for a free stream, and returns APNs' answer classified; a request APNs did not process
+/// (streams above a GOAWAY's last-stream-id, REFUSED_STREAM) goes out again on another
+/// connection, and an ExpiredProviderToken answer gets one fresh token and one retry.
+public final class APNsClient: Sendable {
+    public let configuration: APNsClientConfiguration
+    private let connections: [APNsConnection]
+    private let group: any EventLoopGroup
+    private let ownsGroup: Bool
+    private let next = Atomic<Int>(0)
+    private let isShutDown = Atomic<Bool>(false)
+    private let logger: Logger
+
+    public init(configuration: APNsClientConfiguration, eventLoopGroup: (any EventLoopGroup)? = nil,
+                logger: Logger = Logger(label: "apns-relay.apns")) throws(APNsError) {
+        guard configuration.connections >= 1 else { throw .credential("connections must be at least 1") }
+        self.configuration = configuration
+        self.logger = logger
+        if let eventLoopGroup {
+            self.group = eventLoopGroup
+            self.ownsGroup = false
+        } else {
+            self.group = MultiThreadedEventLoopGroup(numberOfThreads: min(configuration.connections, System.coreCount))
+            self.ownsGroup = true
+        }
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.minimumTLSVersion = .tlsv12
+        tls.applicationProtocols = ["h2"]
+        if configuration.insecureSkipVerify {
+            tls.certificateVerification = .none
+        }
+        if !configuration.additionalTrustRoots.isEmpty {
+            tls.additionalTrustRoots = [.certificates(configuration.additionalTrustRoots)]
+        }
+        if case .certificate(let chain, let key) = configuration.credential {
+            tls.certificateChain = chain.map { .certificate($0) }
+            tls.privateKey = .privateKey(key)
+        }
+        let sslContext: NIOSSLContext
+        do {
+            sslContext = try NIOSSLContext(configuration: tls)
+        } catch {
+            throw .credential("cannot set up TLS: \(error)")
+        }
+        let loops = Array(group.makeIterator())
+        self.connections = (0..<configuration.connections).map { index in
+            APNsConnection(index: index, eventLoop: loops[index % loops.count], endpoint: configuration.endpoint,
+                           sslContext: sslContext, configuration: configuration, logger: logger)
+        }
+        for connection in connections { connection.start() }
+    }
+
+    /// Sends one notification and returns APNs' answer (or why none came).
+    ///
+    /// Throws ``APNsError/invalidNotification(_:)`` without sending anything when local
+    /// validation fails, ``APNsError/queueFull(limit:)`` when too many sends wait for a stream,
+    /// and ``APNsError/shutdown`` after ``shutdown()``.
+    public func send(_ notification: APNsNotification) async throws -> APNsResult {
+        do {
+            try notification.validate()
+        } catch {
+            throw APNsError.invalidNotification(error)
+        }
+        guard !isShutDown.load(ordering: .relaxed) else { throw APNsError.shutdown }
+        let deadline = NIODeadline.now() + configuration.requestTimeout
+        let apnsID = notification.apnsID.uuidString.lowercased()
+        var token: String?
+        if case .token(let source) = configuration.credential {
+            token = try await source.currentToken()
+        }
+        var request = makeRequest(notification, apnsID: apnsID, token: token)
+        var attempts = 0
+        var refreshedToken = false
+        var avoid: Int?
+        while true {
+            let connection = try pickConnection(avoiding: avoid)
+            attempts += 1
+            switch await connection.execute(request, deadline: deadline) {
+            case .success(let response):
+                let result = Self.result(from: response, apnsID: apnsID, attempts: attempts)
+                if result.reason == .expiredProviderToken, !refreshedToken,
+                   case .token(let source) = configuration.credential, let rejected = token {
+                    refreshedToken = true
+                    token = try await source.refresh(after: rejected)
+                    request = makeRequest(notification, apnsID: apnsID, token: token)
+                    continue
+                }
+                return result
+            case .failure(.refused(let why)):
+                if attempts > configuration.maxResends || NIODeadline.now() >= deadline || isShutDown.load(ordering: .relaxed) {
+                    return APNsResult(failure: .notSent(why), apnsID: apnsID, attempts: attempts)
+                }
+                avoid = connection.index
+            case .failure(.connectionLost(let why)):
+                return APNsResult(failure: .connectionLost(why), apnsID: apnsID, attempts: attempts)
+            case .failure(.timedOut):
+                return APNsResult(failure: .timedOut(""), apnsID: apnsID, attempts: attempts)
+            case .failure(.reset(let code)):
+                return APNsResult(failure: .streamReset(code), apnsID: apnsID, attempts: attempts)
+            }
+        }
+    }
+
+    /// Closes every connection gracefully: in-flight requests finish, waiting ones fail.
+    public func shutdown() async {
+        guard !isShutDown.exchange(true, ordering: .relaxed) else { return }
+        for connection in connections {
+            try? await connection.shutdown().get()
+        }
+        if ownsGroup {
+            try? await group.shutdownGracefully()
+        }
+    }
+
+    /// Connections that have a ready HTTP/2 channel now.
+    public var readyConnections: Int {
+        connections.reduce(0) { $0 + ($1.isReady.load(ordering: .relaxed) ? 1 : 0) }
+    }
+
+    // MARK: Internals
+
+    /// The least-loaded ready connection (round robin among equals); any connection when none is
+    /// ready, so the send waits for a reconnect instead of failing at once.
+    private func pickConnection(avoiding avoided: Int?) throws -> APNsConnection {
+        let waiting = connections.reduce(0) { $0 + $1.waitingCount.load(ordering: .relaxed) }
+        if waiting >= configuration.maxQueuedNotifications {
+            throw APNsError.queueFull(limit: configuration.maxQueuedNotifications)
+        }
+        let start = next.wrappingAdd(1, ordering: .relaxed).oldValue
+        var best: APNsConnection?
+        var bestScore = Int.max
+        for offset in 0..<connections.count {
+            let connection = connections[(start &+ offset) % connections.count]
+            var score = connection.load.load(ordering: .relaxed)
+            if !connection.isReady.load(ordering: .relaxed) { score += 1 << 40 }
+            if connection.index == avoided, connections.count > 1 { score += 1 << 41 }
+            if score < bestScore {
+                best = connection
+                bestScore = score
+            }
+        }
+        return best!
+    }
+
+    private func makeRequest(_ notification: APNsNotification, apnsID: String, token: String?) -> HTTP2Request {
+        var headers = HTTP2Headers()
+        headers.fields.reserveCapacity(8)
+        if let token { headers.add("authorization", "bearer " + token) }
+        headers.add("apns-id", apnsID)
+        headers.add("apns-push-type", notification.pushType.rawValue)
+        headers.add("apns-topic", notification.topic)
+        headers.add("apns-priority", String(notification.effectivePriority))
+        if let expiration = notification.expiration { headers.add("apns-expiration", String(expiration)) }
+        if let collapseID = notification.collapseID { headers.add("apns-collapse-id", collapseID) }
+        return HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
+                            path: "/3/device/" + notification.deviceToken, headers: headers,
+                            body: notification.payload)
+    }
+
+    /// Reads status, `apns-id` and the JSON error body (`reason`, and `timestamp` on 410).
+    static func result(from response: HTTP2Response, apnsID: String, attempts: Int) -> APNsResult {
+        let echoedID = response.headers["apns-id"] ?? apnsID
+        guard response.status != 200 else {
+            return APNsResult(status: 200, reason: nil, apnsID: echoedID, timestamp: nil, attempts: attempts)
+        }
+        var reason: APNsReason?
+        var timestamp: Int64?
+        if let body = response.body, body.readableBytes > 0, body.readableBytes < 64 * 1024,
+           let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any] {
+            if let text = object["reason"] as? String { reason = APNsReason(text) }
+            if let number = object["timestamp"] as? NSNumber { timestamp = number.int64Value }
+        }
+        return APNsResult(status: response.status, reason: reason, apnsID: echoedID, timestamp: timestamp, attempts: attempts)
+    }
+}

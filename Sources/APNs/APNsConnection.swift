@@ -1,0 +1,298 @@
+import HTTP2
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Synchronization
+
+/// One of the pool's connections to APNs, kept open for as long as APNs lets it live.
+///
+/// The slot owns at most one live HTTP/2 channel at a time (plus channels draining after a
+/// GOAWAY), reconnects with exponential backoff and jitter whenever its channel closes, and holds
+/// the requests that arrive while it is not connected until a channel is ready or their deadline
+/// passes.
+///
+/// `@unchecked Sendable`: every mutable stored property is touched only on `eventLoop`; the
+/// atomics are what other threads read.
+final class APNsConnection: @unchecked Sendable {
+    typealias Completion = (Result<HTTP2Response, HTTP2StreamError>) -> Void
+
+    private enum State {
+        case idle
+        case connecting(generation: Int)
+        case ready(generation: Int, handler: HTTP2ClientHandler, since: NIODeadline)
+        case backingOff(Scheduled<Void>)
+        case shutDown
+    }
+
+    private struct Waiting {
+        var request: HTTP2Request
+        var deadline: NIODeadline
+        var completion: Completion
+    }
+
+    let eventLoop: any EventLoop
+    let index: Int
+    private let endpoint: APNsEndpoint
+    private let sslContext: NIOSSLContext
+    private let configuration: APNsClientConfiguration
+    private let logger: Logger
+
+    // Event-loop confined.
+    private var state: State = .idle
+    private var generation = 0
+    private var failures = 0
+    private var lastError: String?
+    private var waiting = CircularBuffer<Waiting>()
+    private var waitingTimer: Scheduled<Void>?
+    private var channels: [Int: any Channel] = [:]
+
+    // Read from any thread.
+    /// Requests handed to this slot and not yet answered.
+    let load = Atomic<Int>(0)
+    let isReady = Atomic<Bool>(false)
+    /// Requests waiting for a stream (in this slot or its handler's queue).
+    let waitingCount = Atomic<Int>(0)
+
+    init(index: Int, eventLoop: any EventLoop, endpoint: APNsEndpoint, sslContext: NIOSSLContext,
+         configuration: APNsClientConfiguration, logger: Logger) {
+        self.index = index
+        self.eventLoop = eventLoop
+        self.endpoint = endpoint
+        self.sslContext = sslContext
+        self.configuration = configuration
+        var logger = logger
+        logger[metadataKey: "apns.connection"] = "\(index)"
+        self.logger = logger
+    }
+
+    /// Starts the first connection.
+    func start() {
+        eventLoop.execute { self.connectIfIdle() }
+    }
+
+    /// Sends `request`; the answer comes back on this slot's event loop.
+    func execute(_ request: HTTP2Request, deadline: NIODeadline) async -> Result<HTTP2Response, HTTP2StreamError> {
+        load.add(1, ordering: .relaxed)
+        defer { load.subtract(1, ordering: .relaxed) }
+        return await withCheckedContinuation { continuation in
+            eventLoop.execute {
+                self.executeOnLoop(request, deadline: deadline) { continuation.resume(returning: $0) }
+            }
+        }
+    }
+
+    /// Closes every channel gracefully and fails what waits.
+    func shutdown() -> EventLoopFuture<Void> {
+        eventLoop.submit {
+            if case .backingOff(let scheduled) = self.state { scheduled.cancel() }
+            if case .ready(_, let handler, _) = self.state { handler.shutdown() }
+            self.state = .shutDown
+            self.isReady.store(false, ordering: .relaxed)
+            self.failWaiting(.refused("client shut down"))
+            return Array(self.channels.values)
+        }.flatMap { channels in
+            let closed = channels.map { channel in
+                channel.closeFuture
+            }
+            return EventLoopFuture.andAllComplete(closed, on: self.eventLoop)
+        }
+    }
+
+    // MARK: Event loop
+
+    private func executeOnLoop(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
+        switch state {
+        case .ready(_, let handler, _) where handler.isAcceptingRequests:
+            handler.execute(request, deadline: deadline) { [self] result in
+                publishWaiting()
+                completion(result)
+            }
+            publishWaiting()
+        case .shutDown:
+            completion(.failure(.refused("client shut down")))
+        default:
+            waiting.append(Waiting(request: request, deadline: deadline, completion: completion))
+            publishWaiting()
+            scheduleWaitingTimer()
+            connectIfIdle()
+        }
+    }
+
+    private func publishWaiting() {
+        var count = waiting.count
+        if case .ready(_, let handler, _) = state { count += handler.queuedRequests }
+        waitingCount.store(count, ordering: .relaxed)
+    }
+
+    private func connectIfIdle() {
+        guard case .idle = state else { return }
+        generation += 1
+        let generation = generation
+        state = .connecting(generation: generation)
+        let host = endpoint.host
+        let sslContext = sslContext
+        var h2Configuration = HTTP2ClientHandler.Configuration()
+        h2Configuration.maxConcurrentStreams = configuration.maxStreamsPerConnection
+        h2Configuration.idlePingInterval = configuration.idlePingInterval
+        h2Configuration.pingTimeout = configuration.pingTimeout
+        let h2 = h2Configuration
+        let serverHostname = Self.isIPAddress(host) ? nil : host
+
+        ClientBootstrap(group: eventLoop)
+            .connectTimeout(configuration.connectTimeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                do {
+                    let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname)
+                    let handler = HTTP2ClientHandler(configuration: h2)
+                    handler.onEvent = { [self] event in self.handle(event, handler: handler, generation: generation) }
+                    try channel.pipeline.syncOperations.addHandlers([tls, handler])
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+            }
+            .connect(host: host, port: endpoint.port)
+            .whenComplete { [self] result in
+                switch result {
+                case .success(let channel):
+                    channels[generation] = channel
+                    channel.closeFuture.whenComplete { [self] _ in
+                        channels[generation] = nil
+                        // A channel that closes before its handler reported anything (TLS failure).
+                        if case .connecting(let current) = state, current == generation {
+                            connectFailed(lastError ?? "connection closed during the TLS handshake")
+                        }
+                    }
+                case .failure(let error):
+                    if case .connecting(let current) = state, current == generation {
+                        connectFailed(Self.describe(error))
+                    }
+                }
+            }
+    }
+
+    private func handle(_ event: HTTP2ClientHandler.Event, handler: HTTP2ClientHandler, generation: Int) {
+        switch event {
+        case .ready:
+            guard case .connecting(let current) = state, current == generation else {
+                handler.shutdown()
+                return
+            }
+            state = .ready(generation: generation, handler: handler, since: .now())
+            isReady.store(true, ordering: .relaxed)
+            lastError = nil
+            logger.debug("connected to APNs", metadata: ["apns.endpoint": "\(endpoint)"])
+            let queued = waiting
+            waiting.removeAll()
+            for item in queued {
+                executeOnLoop(item.request, deadline: item.deadline, completion: item.completion)
+            }
+            publishWaiting()
+        case .streamLimitChanged(let limit):
+            logger.debug("APNs changed the stream limit", metadata: ["apns.max_concurrent_streams": "\(limit)"])
+        case .goAway(let lastStreamID, let errorCode, let debugData):
+            logger.warning("APNs sent GOAWAY", metadata: [
+                "apns.goaway.reason": "\(Self.goAwayReason(debugData))",
+                "apns.goaway.last_stream_id": "\(lastStreamID)",
+                "apns.goaway.error_code": "\(errorCode)",
+            ])
+            // The old channel drains on its own; the slot moves on to a new one.
+            if case .ready(let current, _, let since) = state, current == generation {
+                replaceConnection(readySince: since, why: "GOAWAY \(Self.goAwayReason(debugData))")
+            }
+        case .closed(let error):
+            if let error {
+                lastError = error.description
+            }
+            switch state {
+            case .ready(let current, _, let since) where current == generation:
+                logger.info("APNs connection closed", metadata: ["apns.error": "\(error?.description ?? "none")"])
+                replaceConnection(readySince: since, why: error?.description ?? "closed")
+            case .connecting(let current) where current == generation:
+                connectFailed(error?.description ?? "connection closed before HTTP/2 was ready")
+            default:
+                break
+            }
+        }
+    }
+
+    /// The ready channel is gone or going: count a failure if it died young, then reconnect after
+    /// a backoff, so that a server that keeps closing connections never sees a tight loop.
+    private func replaceConnection(readySince: NIODeadline, why: String) {
+        isReady.store(false, ordering: .relaxed)
+        let livedLong = NIODeadline.now() - readySince > .seconds(30)
+        failures = livedLong ? 0 : failures + 1
+        backOff(why)
+    }
+
+    private func connectFailed(_ why: String) {
+        isReady.store(false, ordering: .relaxed)
+        failures += 1
+        lastError = why
+        logger.warning("cannot connect to APNs", metadata: ["apns.endpoint": "\(endpoint)", "apns.error": "\(why)"])
+        backOff(why)
+    }
+
+    private func backOff(_ why: String) {
+        if case .shutDown = state { return }
+        let delay = configuration.reconnectBackoff.delay(attempt: max(failures - 1, 0))
+        let scheduled = eventLoop.scheduleTask(in: .nanoseconds(Int64(delay.components.seconds) * 1_000_000_000
+                                                              + delay.components.attoseconds / 1_000_000_000)) { [self] in
+            if case .backingOff = state {
+                state = .idle
+                connectIfIdle()
+            }
+        }
+        state = .backingOff(scheduled)
+    }
+
+    private func scheduleWaitingTimer() {
+        guard waitingTimer == nil else { return }
+        waitingTimer = eventLoop.scheduleTask(in: .milliseconds(50)) { [self] in
+            waitingTimer = nil
+            let now = NIODeadline.now()
+            var kept = CircularBuffer<Waiting>()
+            while let item = waiting.popFirst() {
+                if item.deadline <= now {
+                    let why = lastError.map { "no connection to \(endpoint) before the deadline: \($0)" }
+                        ?? "no connection to \(endpoint) before the deadline"
+                    item.completion(.failure(.refused(why)))
+                } else {
+                    kept.append(item)
+                }
+            }
+            waiting = kept
+            publishWaiting()
+            if !waiting.isEmpty { scheduleWaitingTimer() }
+        }
+    }
+
+    private func failWaiting(_ error: HTTP2StreamError) {
+        while let item = waiting.popFirst() { item.completion(.failure(error)) }
+        publishWaiting()
+    }
+
+    // MARK: Helpers
+
+    static func isIPAddress(_ host: String) -> Bool {
+        (try? SocketAddress(ipAddress: host, port: 0)) != nil
+    }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? NIOConnectionError, let first = error.connectionErrors.first {
+            return "\(first.target): \(first.error)"
+        }
+        return String(describing: error)
+    }
+
+    /// APNs puts `{"reason":"..."}` in GOAWAY's debug data.
+    static func goAwayReason(_ debugData: String) -> String {
+        if let range = debugData.range(of: #""reason":""#),
+           let end = debugData[range.upperBound...].firstIndex(of: "\"") {
+            return String(debugData[range.upperBound..<end])
+        }
+        return debugData.isEmpty ? "none" : debugData
+    }
+}

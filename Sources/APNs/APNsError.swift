@@ -1,0 +1,23 @@
+/// Failures of the APNs module that are not an answer from APNs.
+public enum APNsError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The notification failed local validation; nothing was sent.
+    case invalidNotification(APNsValidationError)
+    /// Every stream is busy and the wait queue holds `limit` requests already.
+    case queueFull(limit: Int)
+    /// The client is shut down.
+    case shutdown
+    /// A key or certificate file cannot be used.
+    case credential(String)
+    /// The endpoint text is neither production, development nor https://HOST:PORT.
+    case badEndpoint(String)
+
+    public var description: String {
+        switch self {
+        case .invalidNotification(let error): "invalid notification: \(error)"
+        case .queueFull(let limit): "send queue full (\(limit) notifications waiting for a stream)"
+        case .shutdown: "the APNs client is shut down"
+        case .credential(let why): why
+        case .badEndpoint(let text): "endpoint '\(text)' is not production, development or https://HOST:PORT"
+        }
+    }
+}

@@ -1,0 +1,141 @@
+public import Foundation
+public import NIOCore
+
+/// One push notification, as it goes to APNs.
+///
+/// Named `APNsNotification` rather than `Notification` so it never clashes with
+/// `Foundation.Notification` in code that imports both.
+public struct APNsNotification: Sendable {
+    /// Hex of the device token.
+    public var deviceToken: String
+    /// `apns-topic`: the bundle id plus the push type's suffix.
+    public var topic: String
+    public var pushType: PushType
+    /// `apns-priority`: 10, 5 or 1; nil means the push type's default (5 for background, else 10).
+    public var priority: Int?
+    /// `apns-expiration` in epoch seconds; 0 means deliver now or never; nil lets APNs store it.
+    public var expiration: Int64?
+    /// `apns-collapse-id`, at most 64 bytes.
+    public var collapseID: String?
+    /// `apns-id`. Generated once when the notification is made, so retries reuse it.
+    public var apnsID: UUID
+    /// The JSON payload, exactly as it is sent.
+    public var payload: ByteBuffer
+
+    public init(deviceToken: String, topic: String, pushType: PushType = .alert, priority: Int? = nil,
+                expiration: Int64? = nil, collapseID: String? = nil, apnsID: UUID? = nil, payload: ByteBuffer) {
+        self.deviceToken = deviceToken
+        self.topic = topic
+        self.pushType = pushType
+        self.priority = priority
+        self.expiration = expiration
+        self.collapseID = collapseID
+        self.apnsID = apnsID ?? UUID()
+        self.payload = payload
+    }
+
+    /// A plain alert: `{"aps":{"alert":text}}`.
+    public static func alert(_ text: String, deviceToken: String, topic: String) -> APNsNotification {
+        let json = try! JSONSerialization.data(withJSONObject: ["aps": ["alert": text]], options: [.sortedKeys])
+        return APNsNotification(deviceToken: deviceToken, topic: topic, payload: ByteBuffer(bytes: json))
+    }
+
+    public var effectivePriority: Int { priority ?? pushType.defaultPriority }
+}
+
+/// Why a notification was refused before anything was sent. The codes follow APNs' reason names
+/// where APNs has one, so a local refusal reads like the answer APNs would have given.
+public struct APNsValidationError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Code: String, Sendable {
+        case badDeviceToken = "BadDeviceToken"
+        case missingTopic = "MissingTopic"
+        case badTopic = "BadTopic"
+        case badPriority = "BadPriority"
+        case badExpirationDate = "BadExpirationDate"
+        case badCollapseId = "BadCollapseId"
+        case payloadEmpty = "PayloadEmpty"
+        case payloadTooLarge = "PayloadTooLarge"
+        case badPayload = "BadPayload"
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+}
+
+extension APNsNotification {
+    /// Checks everything APNs would reject, in APNs' order, and throws the first problem.
+    public func validate() throws(APNsValidationError) {
+        try Self.validateDeviceToken(deviceToken)
+        if topic.isEmpty { throw APNsValidationError(.missingTopic, "topic is empty") }
+        if !pushType.accepts(topic: topic) {
+            throw APNsValidationError(
+                .badTopic,
+                pushType.topicSuffix.isEmpty
+                    ? "topic '\(topic)' carries another push type's suffix; \(pushType.rawValue) pushes go to the bare bundle id"
+                    : "push type \(pushType.rawValue) needs a topic ending in '\(pushType.topicSuffix)', got '\(topic)'")
+        }
+        let priority = effectivePriority
+        guard [1, 5, 10].contains(priority) else {
+            throw APNsValidationError(.badPriority, "priority \(priority) is not one of 10, 5, 1")
+        }
+        if pushType == .background, priority != 5 {
+            throw APNsValidationError(.badPriority, "background pushes need priority 5, got \(priority)")
+        }
+        if let expiration, expiration < 0 {
+            throw APNsValidationError(.badExpirationDate, "expiration \(expiration) is negative")
+        }
+        if let collapseID, collapseID.utf8.count > 64 {
+            throw APNsValidationError(.badCollapseId, "collapse id is \(collapseID.utf8.count) bytes, at most 64 allowed")
+        }
+        try validatePayload()
+    }
+
+    /// Hex, even length, 64 to 200 characters.
+    public static func validateDeviceToken(_ token: String) throws(APNsValidationError) {
+        let count = token.utf8.count
+        guard count >= 64, count <= 200, count % 2 == 0 else {
+            throw APNsValidationError(.badDeviceToken, "device token must be 64 to 200 hex characters of even length, got \(count)")
+        }
+        guard token.utf8.allSatisfy({ isHexDigit($0) }) else {
+            throw APNsValidationError(.badDeviceToken, "device token is not hex")
+        }
+    }
+
+    private func validatePayload() throws(APNsValidationError) {
+        let size = payload.readableBytes
+        if size == 0 { throw APNsValidationError(.payloadEmpty, "payload is empty") }
+        if size > pushType.maxPayloadBytes {
+            throw APNsValidationError(.payloadTooLarge, "payload is \(size) bytes, at most \(pushType.maxPayloadBytes) allowed for \(pushType.rawValue)")
+        }
+        let object = payload.withUnsafeReadableBytes { bytes in
+            try? JSONSerialization.jsonObject(with: Data(bytes), options: [])
+        }
+        guard let dictionary = object as? [String: Any] else {
+            throw APNsValidationError(.badPayload, "payload is not a JSON object")
+        }
+        guard let aps = dictionary["aps"] as? [String: Any] else {
+            throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")
+        }
+        if pushType == .background {
+            let extra = aps.keys.filter { $0 != "content-available" }.sorted()
+            if !extra.isEmpty {
+                throw APNsValidationError(.badPayload, "a background push's aps may hold only content-available, found \(extra.joined(separator: ", "))")
+            }
+            if (aps["content-available"] as? NSNumber)?.intValue != 1 {
+                throw APNsValidationError(.badPayload, "a background push needs \"content-available\": 1 in aps")
+            }
+        }
+    }
+}
+
+@inline(__always)
+func isHexDigit(_ byte: UInt8) -> Bool {
+    (byte >= 0x30 && byte <= 0x39) || (byte >= 0x61 && byte <= 0x66) || (byte >= 0x41 && byte <= 0x46)
+}

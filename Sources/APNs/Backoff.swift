@@ -1,0 +1,19 @@
+/// Exponential backoff with full jitter: attempt n waits a random time in
+/// [base·2ⁿ / 2, base·2ⁿ], capped at `maximum`.
+public struct Backoff: Sendable, Equatable {
+    public var base: Duration
+    public var maximum: Duration
+
+    public init(base: Duration = .milliseconds(500), maximum: Duration = .seconds(30)) {
+        self.base = base
+        self.maximum = maximum
+    }
+
+    /// The wait before retry number `attempt` (0 for the first retry).
+    public func delay(attempt: Int) -> Duration {
+        let ceiling = min(base * (1 << min(max(attempt, 0), 30)), maximum)
+        let nanoseconds = ceiling.components.seconds * 1_000_000_000 + ceiling.components.attoseconds / 1_000_000_000
+        let jittered = Int64.random(in: (nanoseconds / 2)...max(nanoseconds, 1))
+        return .nanoseconds(jittered)
+    }
+}

@@ -1,0 +1,135 @@
+public import Crypto
+import Foundation
+import Synchronization
+
+/// Where connections get the `authorization: bearer` JWT from.
+///
+/// One token per (team, key) is shared by every connection of the process; a fleet-wide source
+/// (kept in Redis) can replace the local one behind this protocol.
+public protocol ProviderTokenSource: Sendable {
+    /// The token to send now.
+    func currentToken() async throws -> String
+    /// APNs answered ExpiredProviderToken to `rejected`. Returns the token to retry with: a new
+    /// one, unless a token was minted less than 20 minutes ago (then that one).
+    func refresh(after rejected: String) async throws -> String
+}
+
+/// Signs provider tokens: ES256 over `{"alg":"ES256","kid":KEY}.{"iss":TEAM,"iat":SECONDS}`.
+public struct ProviderTokenSigner: Sendable {
+    public let teamID: String
+    public let keyID: String
+    private let key: P256.Signing.PrivateKey
+
+    public init(teamID: String, keyID: String, key: P256.Signing.PrivateKey) {
+        self.teamID = teamID
+        self.keyID = keyID
+        self.key = key
+    }
+
+    /// Reads a `.p8` file (PKCS#8 PEM, as Apple hands it out).
+    public init(teamID: String, keyID: String, keyFile: String) throws(APNsError) {
+        self.init(teamID: teamID, keyID: keyID, key: try Self.loadPrivateKey(file: keyFile))
+    }
+
+    public static func loadPrivateKey(file: String) throws(APNsError) -> P256.Signing.PrivateKey {
+        let text: String
+        do {
+            text = try String(contentsOfFile: file, encoding: .utf8)
+        } catch {
+            throw .credential("cannot read key file \(file): \(error.localizedDescription)")
+        }
+        do {
+            return try P256.Signing.PrivateKey(pemRepresentation: text)
+        } catch {
+            throw .credential("key file \(file) is not a PKCS#8 PEM P-256 private key (.p8): \(error)")
+        }
+    }
+
+    public func mint(issuedAt: Int64) throws -> String {
+        let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"\#(keyID)"}"#.utf8))
+        let claims = Base64URL.encode(Array(#"{"iss":"\#(teamID)","iat":\#(issuedAt)}"#.utf8))
+        let signingInput = header + "." + claims
+        let signature = try key.signature(for: Array(signingInput.utf8))
+        return signingInput + "." + Base64URL.encode(Array(signature.rawRepresentation))
+    }
+}
+
+/// Mints tokens in this process: a new one after `refreshAge` (default 50 minutes, allowed 20 to
+/// 55), never more than once per 20 minutes, and once more when APNs says the token expired.
+public final class LocalProviderTokenSource: ProviderTokenSource {
+    public static let minimumInterval: Int64 = 20 * 60
+    public static let allowedRefreshAges: ClosedRange<Int64> = (20 * 60)...(55 * 60)
+
+    private struct State {
+        var token: String?
+        var issuedAt: Int64 = 0
+        var mints = 0
+    }
+
+    private let signer: ProviderTokenSigner
+    private let refreshAge: Int64
+    private let clock: @Sendable () -> Int64
+    private let state = Mutex(State())
+
+    /// - Parameters:
+    ///   - refreshAgeSeconds: mint again once the token is this old; 1200 to 3300.
+    ///   - clock: epoch seconds; injected by tests.
+    public init(signer: ProviderTokenSigner, refreshAgeSeconds: Int64 = 50 * 60,
+                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock) throws(APNsError) {
+        guard Self.allowedRefreshAges.contains(refreshAgeSeconds) else {
+            throw .credential("token refresh age \(refreshAgeSeconds)s is outside 1200...3300 (20 to 55 minutes)")
+        }
+        self.signer = signer
+        self.refreshAge = refreshAgeSeconds
+        self.clock = clock
+    }
+
+    /// Epoch seconds from the system clock.
+    @Sendable public static func systemClock() -> Int64 { Int64(Date().timeIntervalSince1970) }
+
+    /// How many tokens this source has minted.
+    public var mintCount: Int { state.withLock { $0.mints } }
+
+    public func currentToken() throws -> String {
+        let now = clock()
+        return try state.withLock { state in
+            if let token = state.token, now - state.issuedAt < refreshAge { return token }
+            return try mint(&state, now: now)
+        }
+    }
+
+    public func refresh(after rejected: String) throws -> String {
+        let now = clock()
+        return try state.withLock { state in
+            guard let token = state.token else { return try mint(&state, now: now) }
+            // Someone already replaced the rejected token, or the current one is too young to
+            // replace without angering APNs (TooManyProviderTokenUpdates).
+            if token != rejected || now - state.issuedAt < Self.minimumInterval { return token }
+            return try mint(&state, now: now)
+        }
+    }
+
+    private func mint(_ state: inout State, now: Int64) throws -> String {
+        let token = try signer.mint(issuedAt: now)
+        state.token = token
+        state.issuedAt = now
+        state.mints += 1
+        return token
+    }
+}
+
+/// Base64url without padding, as JWTs use it.
+public enum Base64URL {
+    public static func encode(_ bytes: [UInt8]) -> String {
+        var text = Data(bytes).base64EncodedString()
+        text = text.replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+        while text.hasSuffix("=") { text.removeLast() }
+        return text
+    }
+
+    public static func decode(_ text: Substring) -> [UInt8]? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64.append("=") }
+        return Data(base64Encoded: base64).map(Array.init)
+    }
+}

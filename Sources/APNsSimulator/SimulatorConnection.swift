@@ -1,0 +1,325 @@
+import APNs
+import Crypto
+import Foundation
+import HTTP2
+import NIOCore
+import Synchronization
+
+/// One answer the simulator gives.
+struct SimulatorAnswer: Error {
+    var status: Int
+    var reason: String?
+    var timestamp: Int64?
+
+    static let ok = SimulatorAnswer(status: 200)
+
+    init(status: Int, reason: String? = nil, timestamp: Int64? = nil) {
+        self.status = status
+        self.reason = reason
+        self.timestamp = timestamp
+    }
+
+    init(_ status: Int, _ reason: APNsReason) {
+        self.init(status: status, reason: reason.description)
+    }
+
+    var key: String { reason.map { "\(status) \($0)" } ?? "\(status)" }
+}
+
+/// State shared by every connection of one simulator, behind one lock.
+final class SharedState: Sendable {
+    struct Locked {
+        var behaviour: SimulatorConfiguration.Behaviour
+        var accepted: [AcceptedNotification] = []
+        var answers: [String: Int] = [:]
+        var deviceWindows: [String: (start: NIODeadline, count: Int)] = [:]
+        var connectionsAccepted = 0
+        var peakWhileLimitedToOne = 0
+        var peakOverall = 0
+        var protocolViolations = 0
+        var handlers: [ObjectIdentifier: (NIOLoopBound<HTTP2ServerHandler>, any EventLoop)] = [:]
+        var recordFile: FileHandle?
+    }
+
+    let keys: [String: SimulatorConfiguration.SigningKey]
+    let tokenMaxAge: Int64
+    let maxConcurrentStreams: UInt32
+    let recordInMemory: Bool
+    let clock: @Sendable () -> Int64
+    private let mutex: Mutex<Locked>
+
+    init(_ configuration: SimulatorConfiguration) throws {
+        var keys: [String: SimulatorConfiguration.SigningKey] = [:]
+        for key in configuration.signingKeys { keys["\(key.teamID):\(key.keyID)"] = key }
+        self.keys = keys
+        self.tokenMaxAge = configuration.tokenMaxAgeSeconds
+        self.maxConcurrentStreams = configuration.maxConcurrentStreams
+        self.recordInMemory = configuration.recordInMemory
+        self.clock = configuration.clock
+        var locked = Locked(behaviour: configuration.behaviour)
+        if let path = configuration.recordFile {
+            if !FileManager.default.fileExists(atPath: path) {
+                _ = FileManager.default.createFile(atPath: path, contents: nil)
+            }
+            guard let handle = FileHandle(forWritingAtPath: path) else {
+                throw SimulatorError.configuration("cannot open record file \(path) for writing")
+            }
+            handle.seekToEndOfFile()
+            locked.recordFile = handle
+        }
+        self.mutex = Mutex(locked)
+    }
+
+    func locked<R>(_ body: (inout Locked) throws -> R) rethrows -> R {
+        try mutex.withLock { try body(&$0) }
+    }
+
+    func register(_ handler: HTTP2ServerHandler, on loop: any EventLoop) {
+        let bound = NIOLoopBound(handler, eventLoop: loop)
+        locked {
+            $0.handlers[ObjectIdentifier(handler)] = (bound, loop)
+            $0.connectionsAccepted += 1
+        }
+    }
+
+    func liveHandlers() -> [(NIOLoopBound<HTTP2ServerHandler>, any EventLoop)] {
+        locked { Array($0.handlers.values) }
+    }
+
+    func closeRecordFile() {
+        locked {
+            try? $0.recordFile?.close()
+            $0.recordFile = nil
+        }
+    }
+
+    /// The scripted part of the decision, after the request passed every check; records what
+    /// was accepted and counts the answer.
+    func decide(_ notification: AcceptedNotification) -> SimulatorAnswer {
+        locked { state in
+            let answer = scripted(&state, token: notification.deviceToken)
+            if answer.status == 200 {
+                if recordInMemory { state.accepted.append(notification) }
+                if let file = state.recordFile { file.write(Self.jsonLine(notification)) }
+            }
+            return answer
+        }
+    }
+
+    private func scripted(_ state: inout Locked, token: String) -> SimulatorAnswer {
+        if let timestamp = state.behaviour.unregistered[token] {
+            return SimulatorAnswer(status: 410, reason: APNsReason.unregistered.description, timestamp: timestamp)
+        }
+        if let limit = state.behaviour.rateLimitPerDevice {
+            let now = NIODeadline.now()
+            var window = state.deviceWindows[token] ?? (now, 0)
+            if now - window.start >= state.behaviour.rateLimitWindow { window = (now, 0) }
+            window.count += 1
+            state.deviceWindows[token] = window
+            if window.count > limit { return SimulatorAnswer(429, .tooManyRequests) }
+        }
+        if state.behaviour.failNext.count > 0 {
+            state.behaviour.failNext.count -= 1
+            return state.behaviour.failNext.status == 500
+                ? SimulatorAnswer(500, .internalServerError) : SimulatorAnswer(503, .serviceUnavailable)
+        }
+        if state.behaviour.failureRate > 0, Double.random(in: 0..<1) < state.behaviour.failureRate {
+            return Bool.random() ? SimulatorAnswer(500, .internalServerError) : SimulatorAnswer(503, .serviceUnavailable)
+        }
+        return .ok
+    }
+
+    func count(_ answer: SimulatorAnswer) {
+        locked { $0.answers[answer.key, default: 0] += 1 }
+    }
+
+    static func jsonLine(_ notification: AcceptedNotification) -> Data {
+        var object: [String: Any] = [
+            "token": notification.deviceToken, "topic": notification.topic, "apns_id": notification.apnsID,
+            "push_type": notification.pushType, "priority": notification.priority,
+            "payload": String(decoding: notification.payload, as: UTF8.self), "received_at": notification.receivedAt,
+        ]
+        if let expiration = notification.expiration { object["expiration"] = expiration }
+        if let collapseID = notification.collapseID { object["collapse_id"] = collapseID }
+        var data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
+        data.append(0x0A)
+        return data
+    }
+}
+
+/// One client connection's APNs state: the provider token it uses, the team it is bound to,
+/// how many streams it has sent. Event-loop confined.
+final class SimulatorConnection: HTTP2ServerDelegate {
+    private let state: SharedState
+    private let eventLoop: any EventLoop
+    private var currentToken: String?
+    private var currentIssuedAt: Int64 = 0
+    private var tokenAcceptedAt: Int64 = 0
+    private var boundTeam: String?
+    private var currentKey: SimulatorConfiguration.SigningKey?
+    private var streamsProcessed = 0
+    private var raisedLimit = false
+
+    init(state: SharedState, eventLoop: any EventLoop) {
+        self.state = state
+        self.eventLoop = eventLoop
+    }
+
+    func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
+        let behaviour = state.locked { $0.behaviour }
+        let apnsID = request.headers["apns-id"] ?? UUID().uuidString
+        let answer = evaluate(request, apnsID: apnsID, connection: connection)
+        streamsProcessed += 1
+        if let limit = behaviour.goAwayAfterStreams, streamsProcessed >= limit {
+            connection.goAway(debugData: #"{"reason":"\#(behaviour.goAwayReason)"}"#)
+        }
+        if behaviour.blackHole { return }
+        let response = Self.response(answer, apnsID: apnsID)
+        if behaviour.latency > .zero {
+            eventLoop.assumeIsolated().scheduleTask(in: behaviour.latency) {
+                connection.respond(streamID: streamID, response)
+            }
+        } else {
+            connection.respond(streamID: streamID, response)
+        }
+    }
+
+    func connectionClosed(_ connection: HTTP2ServerHandler) {
+        let violated = connection.failure != nil
+        let peak = connection.peakConcurrentStreams
+        let limitedToOne = !raisedLimit && !state.keys.isEmpty
+        state.locked {
+            $0.handlers[ObjectIdentifier(connection)] = nil
+            $0.peakOverall = max($0.peakOverall, peak)
+            if limitedToOne { $0.peakWhileLimitedToOne = max($0.peakWhileLimitedToOne, peak) }
+            if violated { $0.protocolViolations += 1 }
+        }
+    }
+
+    private static func response(_ answer: SimulatorAnswer, apnsID: String) -> HTTP2Response {
+        guard answer.status != 200, let reason = answer.reason else {
+            return HTTP2Response(status: answer.status, headers: HTTP2Headers([("apns-id", apnsID)]))
+        }
+        var json = #"{"reason":"\#(reason)""#
+        if let timestamp = answer.timestamp { json += #","timestamp":\#(timestamp)"# }
+        json += "}"
+        return HTTP2Response(status: answer.status,
+                             headers: HTTP2Headers([("apns-id", apnsID), ("content-type", "application/json")]),
+                             body: ByteBuffer(string: json))
+    }
+
+    /// Checks the request in APNs' order (see ``APNsSimulator``).
+    private func evaluate(_ request: HTTP2Request, apnsID: String, connection: HTTP2ServerHandler) -> SimulatorAnswer {
+        let answer = check(request, apnsID: apnsID, connection: connection)
+        state.count(answer)
+        return answer
+    }
+
+    private func check(_ request: HTTP2Request, apnsID: String, connection: HTTP2ServerHandler) -> SimulatorAnswer {
+        guard request.method == "POST" else { return SimulatorAnswer(405, .methodNotAllowed) }
+        let prefix = "/3/device/"
+        guard request.path.hasPrefix(prefix) else { return SimulatorAnswer(404, .badPath) }
+        let token = String(request.path.dropFirst(prefix.count))
+        if token.isEmpty { return SimulatorAnswer(400, .missingDeviceToken) }
+        if token.contains("/") || token.contains("?") { return SimulatorAnswer(404, .badPath) }
+        let headers = request.headers
+        let fields = headers.fields
+        for i in fields.indices {
+            for j in fields.index(after: i)..<fields.endIndex where fields[i].name == fields[j].name {
+                return SimulatorAnswer(400, .duplicateHeaders)
+            }
+        }
+
+        var signingKey: SimulatorConfiguration.SigningKey?
+        if !state.keys.isEmpty {
+            switch authorize(headers["authorization"]) {
+            case .success(let key): signingKey = key
+            case .failure(let answer): return answer
+            }
+            if !raisedLimit {
+                // As APNs does: one stream until a request with a valid token arrives.
+                state.locked { $0.peakWhileLimitedToOne = max($0.peakWhileLimitedToOne, connection.peakConcurrentStreams) }
+                raisedLimit = true
+                connection.setMaxConcurrentStreams(state.maxConcurrentStreams)
+            }
+        }
+
+        if let id = headers["apns-id"], UUID(uuidString: id) == nil { return SimulatorAnswer(400, .badMessageId) }
+        guard let topic = headers["apns-topic"], !topic.isEmpty else { return SimulatorAnswer(400, .missingTopic) }
+        if let signingKey, !signingKey.topics.isEmpty, !signingKey.topics.contains(topic) {
+            return SimulatorAnswer(400, .topicDisallowed)
+        }
+        var pushType = PushType.alert
+        if let text = headers["apns-push-type"] {
+            guard let parsed = PushType(rawValue: text) else { return SimulatorAnswer(400, .invalidPushType) }
+            pushType = parsed
+        }
+        guard pushType.accepts(topic: topic) else { return SimulatorAnswer(400, .badTopic) }
+        if (try? APNsNotification.validateDeviceToken(token)) == nil { return SimulatorAnswer(400, .badDeviceToken) }
+        let behaviour = state.locked { $0.behaviour.deviceTopics[token] }
+        if let boundTopic = behaviour, boundTopic != topic { return SimulatorAnswer(400, .deviceTokenNotForTopic) }
+        var priority = 10
+        if let text = headers["apns-priority"] {
+            guard let parsed = Int(text), [1, 5, 10].contains(parsed) else { return SimulatorAnswer(400, .badPriority) }
+            priority = parsed
+        }
+        if pushType == .background, priority != 5 { return SimulatorAnswer(400, .badPriority) }
+        var expiration: Int64?
+        if let text = headers["apns-expiration"] {
+            guard let parsed = Int64(text), parsed >= 0 else { return SimulatorAnswer(400, .badExpirationDate) }
+            expiration = parsed
+        }
+        let collapseID = headers["apns-collapse-id"]
+        if let collapseID, collapseID.utf8.count > 64 { return SimulatorAnswer(400, .badCollapseId) }
+        let size = request.body?.readableBytes ?? 0
+        if size == 0 { return SimulatorAnswer(400, .payloadEmpty) }
+        if size > pushType.maxPayloadBytes { return SimulatorAnswer(413, .payloadTooLarge) }
+
+        let notification = AcceptedNotification(
+            deviceToken: token, topic: topic, apnsID: apnsID, pushType: pushType.rawValue, priority: priority,
+            expiration: expiration, collapseID: collapseID,
+            payload: state.recordInMemory ? Array(request.body!.readableBytesView) : [],
+            receivedAt: Int64(Date().timeIntervalSince1970 * 1000))
+        return state.decide(notification)
+    }
+
+    /// Verifies `bearer <JWT>`: known (team, key), valid ES256 signature, not older than the
+    /// maximum age, same team as the connection's first token, and not a new token within 20
+    /// minutes of the last one on this connection.
+    private func authorize(_ header: String?) -> Result<SimulatorConfiguration.SigningKey, SimulatorAnswer> {
+        guard let header, header.hasPrefix("bearer "), header.count > 7 else {
+            return .failure(SimulatorAnswer(403, .missingProviderToken))
+        }
+        let now = state.clock()
+        if header == currentToken, let currentKey {
+            if now - currentIssuedAt > state.tokenMaxAge { return .failure(SimulatorAnswer(403, .expiredProviderToken)) }
+            return .success(currentKey)
+        }
+        let jwt = header.dropFirst(7)
+        let parts = jwt.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3,
+              let headerBytes = Base64URL.decode(parts[0]), let claimBytes = Base64URL.decode(parts[1]),
+              let signatureBytes = Base64URL.decode(parts[2]),
+              let jose = try? JSONSerialization.jsonObject(with: Data(headerBytes)) as? [String: Any],
+              let claims = try? JSONSerialization.jsonObject(with: Data(claimBytes)) as? [String: Any],
+              jose["alg"] as? String == "ES256", let keyID = jose["kid"] as? String,
+              let teamID = claims["iss"] as? String, let issuedAt = (claims["iat"] as? NSNumber)?.int64Value,
+              let key = state.keys["\(teamID):\(keyID)"],
+              let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signatureBytes),
+              key.publicKey.isValidSignature(signature, for: Array(jwt[..<parts[1].endIndex].utf8))
+        else {
+            return .failure(SimulatorAnswer(403, .invalidProviderToken))
+        }
+        if now - issuedAt > state.tokenMaxAge { return .failure(SimulatorAnswer(403, .expiredProviderToken)) }
+        if let boundTeam, boundTeam != teamID { return .failure(SimulatorAnswer(403, .unrelatedKeyIdInToken)) }
+        if currentToken != nil, now - tokenAcceptedAt < 20 * 60 {
+            return .failure(SimulatorAnswer(429, .tooManyProviderTokenUpdates))
+        }
+        currentToken = header
+        currentIssuedAt = issuedAt
+        tokenAcceptedAt = now
+        boundTeam = teamID
+        currentKey = key
+        return .success(key)
+    }
+}

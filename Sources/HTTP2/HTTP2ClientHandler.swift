@@ -1,0 +1,396 @@
+public import NIOCore
+import CNghttp2
+import NIOTLS
+
+/// The client side of one HTTP/2 connection, driven by nghttp2.
+///
+/// Sits right after the TLS handler. Requests go in through ``execute(_:deadline:completion:)`` on
+/// the channel's event loop; the handler never opens more streams than the server's
+/// SETTINGS_MAX_CONCURRENT_STREAMS allows (1 until the server's first SETTINGS arrive), queues the
+/// rest, sends idle PINGs, and on GOAWAY stops opening streams, lets the in-flight ones finish, and
+/// hands back as `.refused` every request the server did not process.
+///
+/// Everything here runs on the channel's event loop; it is not `Sendable`.
+public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDelegate {
+    public typealias InboundIn = ByteBuffer
+    public typealias OutboundOut = ByteBuffer
+    public typealias Completion = (Result<HTTP2Response, HTTP2StreamError>) -> Void
+
+    public struct Configuration: Sendable {
+        /// Our own cap on concurrent streams, whatever the server allows.
+        public var maxConcurrentStreams: Int = 1000
+        /// Send a PING after this long without any frame from the server.
+        public var idlePingInterval: TimeAmount = .seconds(60)
+        /// Close the connection when a PING is not acknowledged within this time.
+        public var pingTimeout: TimeAmount = .seconds(10)
+        /// How often deadlines and idleness are checked.
+        public var timerResolution: TimeAmount = .milliseconds(50)
+        /// Connection-level receive window.
+        public var connectionWindow: Int32 = 16 << 20
+        /// Fail the connection unless TLS negotiated `h2` through ALPN.
+        public var requireALPN: Bool = true
+
+        public init() {}
+    }
+
+    public enum Event {
+        /// The server's first SETTINGS arrived: requests can flow.
+        case ready
+        /// The server changed how many concurrent streams it allows (after our own cap).
+        case streamLimitChanged(Int)
+        /// The server sent GOAWAY; `debugData` is its opaque data as text (APNs sends JSON).
+        case goAway(lastStreamID: Int32, errorCode: UInt32, debugData: String)
+        /// The connection is closed; the error says why when it was not a clean close.
+        case closed(HTTP2Error?)
+    }
+
+    private final class Exchange {
+        var request: HTTP2Request?
+        let deadline: NIODeadline
+        var completion: Completion?
+        var streamID: Int32 = 0
+        var headersSent = false
+        var status: Int?
+        var headers = HTTP2Headers()
+        var body: ByteBuffer?
+        var endOfStream = false
+
+        init(request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
+            self.request = request
+            self.deadline = deadline
+            self.completion = completion
+        }
+
+        func finish(_ result: Result<HTTP2Response, HTTP2StreamError>) {
+            guard let completion else { return }
+            self.completion = nil
+            completion(result)
+        }
+    }
+
+    private enum State { case starting, open, goingAway, closed }
+
+    private let configuration: Configuration
+    private var session: NGHTTP2Session?
+    private var context: ChannelHandlerContext?
+    private var state: State = .starting
+    private var closeReason: HTTP2Error?
+    private var streams: [Int32: Exchange] = [:]
+    private var pending = CircularBuffer<Exchange>()
+    private var goAwayLastStreamID: Int32 = .max
+    private var serverStreamLimit: Int = 1
+    private var flushScheduled = false
+    private var lastFrameReceived = NIODeadline.now()
+    private var pingSentAt: NIODeadline?
+    private var timer: Scheduled<Void>?
+
+    /// Called on the event loop for every connection-level event.
+    public var onEvent: ((Event) -> Void)?
+
+    public init(configuration: Configuration = Configuration()) {
+        self.configuration = configuration
+    }
+
+    // MARK: Public, event loop only
+
+    /// How many streams may be open at once now.
+    public var streamLimit: Int { min(serverStreamLimit, configuration.maxConcurrentStreams) }
+    /// Requests on the wire.
+    public var openStreams: Int { streams.count }
+    /// Requests waiting for a free stream.
+    public var queuedRequests: Int { pending.count }
+    /// True while new requests are accepted.
+    public var isAcceptingRequests: Bool { state == .starting || state == .open }
+
+    /// Sends `request` when a stream is free; `completion` runs exactly once on the event loop.
+    public func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
+        guard isAcceptingRequests else {
+            completion(.failure(.refused(closeReason?.description ?? "connection is going away")))
+            return
+        }
+        pending.append(Exchange(request: request, deadline: deadline, completion: completion))
+        startPendingStreams()
+    }
+
+    /// Starts a graceful shutdown: no new streams, in-flight ones finish, then the connection closes.
+    public func shutdown() {
+        guard let context, state == .open || state == .starting else { return }
+        state = .goingAway
+        failPending(.refused("connection is shutting down"))
+        if let session {
+            try? session.submitGoAway(lastStreamID: 0, errorCode: HTTP2ErrorCode.noError, debugData: [])
+        }
+        flush(context)
+        closeIfFinished()
+    }
+
+    // MARK: Channel events
+
+    public func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        if context.channel.isActive { start(context) }
+    }
+
+    public func channelActive(context: ChannelHandlerContext) {
+        start(context)
+        context.fireChannelActive()
+    }
+
+    private func start(_ context: ChannelHandlerContext) {
+        guard session == nil else { return }
+        let session = NGHTTP2Session(mode: .client, delegate: self, initialPeerMaxConcurrentStreams: 1)
+        self.session = session
+        do {
+            try session.submitSettings([
+                (id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0),
+                (id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: 1 << 20),
+            ])
+            try session.setLocalConnectionWindow(configuration.connectionWindow)
+        } catch {
+            fail(context, error)
+            return
+        }
+        lastFrameReceived = .now()
+        scheduleTimer(context)
+        flush(context)
+    }
+
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tlsEvent,
+           configuration.requireALPN, negotiated != "h2" {
+            fail(context, .alpnNotNegotiated(negotiated))
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard let session, state != .closed else { return }
+        lastFrameReceived = .now()
+        pingSentAt = nil
+        do {
+            try session.receive(unwrapInboundIn(data))
+        } catch {
+            fail(context, error)
+        }
+    }
+
+    public func channelReadComplete(context: ChannelHandlerContext) {
+        flush(context)
+        closeIfFinished()
+        context.fireChannelReadComplete()
+    }
+
+    public func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(context, .closed(String(describing: error)))
+    }
+
+    public func channelInactive(context: ChannelHandlerContext) {
+        connectionEnded(closeReason ?? (state == .goingAway ? nil : .closed("peer closed the connection")))
+        context.fireChannelInactive()
+    }
+
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        connectionEnded(closeReason ?? .closed("handler removed"))
+        self.context = nil
+    }
+
+    // MARK: nghttp2 callbacks
+
+    func streamOpened(_ streamID: Int32) {}
+
+    func requestHeadersSent(_ streamID: Int32) {
+        streams[streamID]?.headersSent = true
+    }
+
+    func header(_ streamID: Int32, name: String, value: String) {
+        guard let exchange = streams[streamID] else { return }
+        if name == ":status" {
+            exchange.status = Int(value)
+        } else if !name.hasPrefix(":") {
+            exchange.headers.add(name, value)
+        }
+    }
+
+    func data(_ streamID: Int32, _ bytes: UnsafeRawBufferPointer) {
+        guard let exchange = streams[streamID], let context else { return }
+        if exchange.body == nil {
+            exchange.body = context.channel.allocator.buffer(capacity: bytes.count)
+        }
+        exchange.body!.writeBytes(bytes)
+    }
+
+    func endOfStream(_ streamID: Int32) {
+        streams[streamID]?.endOfStream = true
+    }
+
+    func streamClosed(_ streamID: Int32, errorCode: UInt32) {
+        guard let exchange = streams.removeValue(forKey: streamID) else { return }
+        if exchange.endOfStream, let status = exchange.status {
+            exchange.finish(.success(HTTP2Response(status: status, headers: exchange.headers, body: exchange.body)))
+        } else if errorCode == HTTP2ErrorCode.refusedStream || !exchange.headersSent || streamID > goAwayLastStreamID {
+            exchange.finish(.failure(.refused(errorCode == HTTP2ErrorCode.refusedStream ? "REFUSED_STREAM" : "not processed")))
+        } else if exchange.completion != nil, exchange.deadline <= .now() {
+            exchange.finish(.failure(.timedOut))
+        } else {
+            exchange.finish(.failure(.reset(errorCode)))
+        }
+        startPendingStreams()
+    }
+
+    func settingsReceived() {
+        guard let session else { return }
+        let advertised = Int(clamping: session.remoteMaxConcurrentStreams)
+        let previous = streamLimit
+        serverStreamLimit = advertised
+        if state == .starting {
+            state = .open
+            onEvent?(.ready)
+        }
+        if streamLimit != previous { onEvent?(.streamLimitChanged(streamLimit)) }
+        startPendingStreams()
+    }
+
+    func goAwayReceived(lastStreamID: Int32, errorCode: UInt32, debugData: [UInt8]) {
+        goAwayLastStreamID = min(goAwayLastStreamID, lastStreamID)
+        if state != .closed { state = .goingAway }
+        failPending(.refused("server sent GOAWAY"))
+        onEvent?(.goAway(lastStreamID: lastStreamID, errorCode: errorCode,
+                         debugData: String(decoding: debugData, as: UTF8.self)))
+    }
+
+    func pingAcknowledged() {
+        pingSentAt = nil
+    }
+
+    // MARK: Internals
+
+    private func startPendingStreams() {
+        guard state == .open, let session, let context else { return }
+        var started = false
+        while streams.count < streamLimit, let exchange = pending.popFirst() {
+            guard exchange.completion != nil, let request = exchange.request else { continue }
+            exchange.request = nil
+            var headers = HTTP2Headers([
+                (":method", request.method), (":scheme", request.scheme),
+                (":authority", request.authority), (":path", request.path),
+            ])
+            headers.fields.append(contentsOf: request.headers.fields)
+            do {
+                let streamID = try session.submitRequest(headers: headers, body: request.body)
+                exchange.streamID = streamID
+                streams[streamID] = exchange
+                started = true
+            } catch {
+                // Stream ids exhausted or the session is failing: not sent, so safe elsewhere.
+                exchange.finish(.failure(.refused(error.description)))
+                shutdown()
+                return
+            }
+        }
+        if started { scheduleFlush(context) }
+    }
+
+    /// Coalesces the writes of every request started in this event-loop tick into one flush.
+    private func scheduleFlush(_ context: ChannelHandlerContext) {
+        guard !flushScheduled else { return }
+        flushScheduled = true
+        context.eventLoop.assumeIsolated().execute { [self] in
+            flushScheduled = false
+            if let context = self.context { flush(context) }
+        }
+    }
+
+    private func flush(_ context: ChannelHandlerContext) {
+        guard let session, state != .closed else { return }
+        var buffer = context.channel.allocator.buffer(capacity: 0)
+        do {
+            try session.produce(into: &buffer)
+        } catch {
+            fail(context, error)
+            return
+        }
+        if buffer.readableBytes > 0 {
+            context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        }
+    }
+
+    private func closeIfFinished() {
+        guard let context, let session, state == .goingAway else { return }
+        if streams.isEmpty || !session.isAlive {
+            context.close(promise: nil)
+        }
+    }
+
+    private func scheduleTimer(_ context: ChannelHandlerContext) {
+        timer = context.eventLoop.assumeIsolated().scheduleTask(in: configuration.timerResolution) { [self] in
+            guard let context = self.context, state != .closed else { return }
+            tick(context)
+            scheduleTimer(context)
+        }
+    }
+
+    /// Fires deadlines and keeps the idle PING going.
+    private func tick(_ context: ChannelHandlerContext) {
+        let now = NIODeadline.now()
+        for exchange in pending where exchange.completion != nil && exchange.deadline <= now {
+            exchange.finish(.failure(.timedOut))
+        }
+        var cancelled = false
+        for (streamID, exchange) in streams where exchange.completion != nil && exchange.deadline <= now {
+            exchange.finish(.failure(.timedOut))
+            try? session?.submitResetStream(streamID, errorCode: HTTP2ErrorCode.cancel)
+            cancelled = true
+        }
+        if let pingSentAt {
+            if now - pingSentAt > configuration.pingTimeout {
+                fail(context, .pingTimeout)
+                return
+            }
+        } else if now - lastFrameReceived > configuration.idlePingInterval, state == .open || state == .goingAway {
+            try? session?.submitPing()
+            pingSentAt = now
+            cancelled = true
+        }
+        if cancelled { flush(context) }
+        if state == .starting, now - lastFrameReceived > configuration.pingTimeout {
+            fail(context, .connectTimeout)
+        }
+    }
+
+    private func failPending(_ error: HTTP2StreamError) {
+        while let exchange = pending.popFirst() {
+            exchange.finish(.failure(error))
+        }
+    }
+
+    private func fail(_ context: ChannelHandlerContext, _ error: HTTP2Error) {
+        guard state != .closed else { return }
+        if closeReason == nil { closeReason = error }
+        connectionEnded(error)
+        context.close(promise: nil)
+    }
+
+    /// Ends every request, exactly once, and reports the close.
+    private func connectionEnded(_ error: HTTP2Error?) {
+        guard state != .closed else { return }
+        state = .closed
+        timer?.cancel()
+        timer = nil
+        let why = error?.description ?? "connection closed"
+        failPending(.refused(why))
+        let open = streams
+        streams.removeAll()
+        for (streamID, exchange) in open {
+            if exchange.endOfStream, let status = exchange.status {
+                exchange.finish(.success(HTTP2Response(status: status, headers: exchange.headers, body: exchange.body)))
+            } else if !exchange.headersSent || streamID > goAwayLastStreamID {
+                exchange.finish(.failure(.refused(why)))
+            } else {
+                exchange.finish(.failure(.connectionLost(why)))
+            }
+        }
+        onEvent?(.closed(error))
+        onEvent = nil
+    }
+}

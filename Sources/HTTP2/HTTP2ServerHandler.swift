@@ -1,0 +1,262 @@
+public import NIOCore
+import CNghttp2
+import NIOTLS
+
+/// What a server application does with the requests of one connection. Called on the
+/// connection's event loop.
+public protocol HTTP2ServerDelegate: AnyObject {
+    /// A complete request arrived on `streamID`; answer it, now or later, with
+    /// ``HTTP2ServerHandler/respond(streamID:_:)`` on the same event loop.
+    func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler)
+    /// The connection closed.
+    func connectionClosed(_ connection: HTTP2ServerHandler)
+}
+
+/// The server side of one HTTP/2 connection, driven by nghttp2 (the same engine as the client).
+///
+/// nghttp2 enforces our SETTINGS: a client that opens more streams than
+/// SETTINGS_MAX_CONCURRENT_STREAMS allows gets the connection closed with PROTOCOL_ERROR.
+public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDelegate {
+    public typealias InboundIn = ByteBuffer
+    public typealias OutboundOut = ByteBuffer
+
+    private struct IncomingRequest {
+        var method = ""
+        var scheme = ""
+        var authority = ""
+        var path = ""
+        var headers = HTTP2Headers()
+        var body: ByteBuffer?
+    }
+
+    private var session: NGHTTP2Session?
+    private var context: ChannelHandlerContext?
+    private var requests: [Int32: IncomingRequest] = [:]
+    private var openStreamIDs = Set<Int32>()
+    private let initialMaxConcurrentStreams: UInt32
+    private let delegate: any HTTP2ServerDelegate
+    private var inRead = false
+    private var closed = false
+    private var goingAway = false
+
+    /// The most streams that were open at once on this connection.
+    public private(set) var peakConcurrentStreams = 0
+    /// Why the connection failed, when it did (a client protocol violation, for instance).
+    public private(set) var failure: String?
+    /// The MAX_CONCURRENT_STREAMS we last advertised.
+    public private(set) var advertisedMaxConcurrentStreams: UInt32
+
+    public init(maxConcurrentStreams: UInt32, delegate: any HTTP2ServerDelegate) {
+        self.initialMaxConcurrentStreams = maxConcurrentStreams
+        self.advertisedMaxConcurrentStreams = maxConcurrentStreams
+        self.delegate = delegate
+    }
+
+    public var channel: (any Channel)? { context?.channel }
+    public var openStreams: Int { openStreamIDs.count }
+    public var isGoingAway: Bool { goingAway }
+
+    // MARK: Public, event loop only
+
+    public func respond(streamID: Int32, _ response: HTTP2Response) {
+        guard let session, let context, !closed, openStreamIDs.contains(streamID) else { return }
+        var headers = HTTP2Headers([(":status", String(response.status))])
+        headers.fields.append(contentsOf: response.headers.fields)
+        do {
+            try session.submitResponse(streamID: streamID, headers: headers, body: response.body)
+        } catch {
+            fail(context, error.description)
+            return
+        }
+        if !inRead {
+            flush(context)
+            closeIfFinished(context)
+        }
+    }
+
+    /// Advertises a new SETTINGS_MAX_CONCURRENT_STREAMS.
+    public func setMaxConcurrentStreams(_ value: UInt32) {
+        guard let session, let context, !closed, value != advertisedMaxConcurrentStreams else { return }
+        advertisedMaxConcurrentStreams = value
+        do {
+            try session.submitSettings([(id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: value)])
+        } catch {
+            fail(context, error.description)
+            return
+        }
+        if !inRead { flush(context) }
+    }
+
+    /// Sends GOAWAY naming the last stream this server processed, with `debugData` (APNs sends
+    /// `{"reason":"..."}`); streams above it are refused, streams below it still get answered,
+    /// and the connection closes once they have been.
+    public func goAway(errorCode: UInt32 = HTTP2ErrorCode.noError, debugData: String) {
+        guard let session, let context, !closed, !goingAway else { return }
+        goingAway = true
+        do {
+            try session.submitGoAway(lastStreamID: session.lastProcessedStreamID, errorCode: errorCode,
+                                     debugData: Array(debugData.utf8))
+        } catch {
+            fail(context, error.description)
+            return
+        }
+        if !inRead {
+            flush(context)
+            closeIfFinished(context)
+        }
+    }
+
+    // MARK: Channel events
+
+    public func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        if context.channel.isActive { start(context) }
+    }
+
+    public func channelActive(context: ChannelHandlerContext) {
+        start(context)
+        context.fireChannelActive()
+    }
+
+    private func start(_ context: ChannelHandlerContext) {
+        guard session == nil else { return }
+        let session = NGHTTP2Session(mode: .server, delegate: self)
+        self.session = session
+        do {
+            try session.submitSettings([
+                (id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: initialMaxConcurrentStreams),
+                (id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: 1 << 20),
+            ])
+            try session.setLocalConnectionWindow(16 << 20)
+        } catch {
+            fail(context, error.description)
+            return
+        }
+        flush(context)
+    }
+
+    public func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tlsEvent,
+           negotiated != "h2" {
+            fail(context, HTTP2Error.alpnNotNegotiated(negotiated).description)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard let session, !closed else { return }
+        inRead = true
+        defer { inRead = false }
+        do {
+            try session.receive(unwrapInboundIn(data))
+        } catch {
+            fail(context, error.description)
+        }
+    }
+
+    public func channelReadComplete(context: ChannelHandlerContext) {
+        flush(context)
+        closeIfFinished(context)
+        context.fireChannelReadComplete()
+    }
+
+    public func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(context, String(describing: error))
+    }
+
+    public func channelInactive(context: ChannelHandlerContext) {
+        markClosed()
+        context.fireChannelInactive()
+    }
+
+    // MARK: nghttp2 callbacks
+
+    func streamOpened(_ streamID: Int32) {
+        requests[streamID] = IncomingRequest()
+        openStreamIDs.insert(streamID)
+        peakConcurrentStreams = max(peakConcurrentStreams, openStreamIDs.count)
+    }
+
+    func header(_ streamID: Int32, name: String, value: String) {
+        guard requests[streamID] != nil else { return }
+        switch name {
+        case ":method": requests[streamID]!.method = value
+        case ":scheme": requests[streamID]!.scheme = value
+        case ":authority": requests[streamID]!.authority = value
+        case ":path": requests[streamID]!.path = value
+        default: requests[streamID]!.headers.add(name, value)
+        }
+    }
+
+    func data(_ streamID: Int32, _ bytes: UnsafeRawBufferPointer) {
+        guard let context, requests[streamID] != nil else { return }
+        if requests[streamID]!.body == nil {
+            requests[streamID]!.body = context.channel.allocator.buffer(capacity: bytes.count)
+        }
+        requests[streamID]!.body!.writeBytes(bytes)
+    }
+
+    func endOfStream(_ streamID: Int32) {
+        guard let incoming = requests.removeValue(forKey: streamID) else { return }
+        let request = HTTP2Request(method: incoming.method, scheme: incoming.scheme, authority: incoming.authority,
+                                   path: incoming.path, headers: incoming.headers, body: incoming.body)
+        delegate.handle(request, streamID: streamID, connection: self)
+    }
+
+    func streamClosed(_ streamID: Int32, errorCode: UInt32) {
+        requests[streamID] = nil
+        openStreamIDs.remove(streamID)
+    }
+
+    func settingsReceived() {}
+    func goAwayReceived(lastStreamID: Int32, errorCode: UInt32, debugData: [UInt8]) {
+        goingAway = true
+    }
+    func pingAcknowledged() {}
+    func requestHeadersSent(_ streamID: Int32) {}
+
+    // MARK: Internals
+
+    private func flush(_ context: ChannelHandlerContext) {
+        guard let session, !closed else { return }
+        var buffer = context.channel.allocator.buffer(capacity: 0)
+        do {
+            try session.produce(into: &buffer)
+        } catch {
+            fail(context, error.description)
+            return
+        }
+        if buffer.readableBytes > 0 {
+            context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
+        }
+    }
+
+    private func closeIfFinished(_ context: ChannelHandlerContext) {
+        guard let session, !closed else { return }
+        if !session.isAlive, !goingAway, failure == nil {
+            // nghttp2 ended the session itself: the client broke the protocol.
+            failure = "client violated the HTTP/2 protocol"
+        }
+        if !session.isAlive || (goingAway && openStreamIDs.isEmpty) {
+            context.close(promise: nil)
+        }
+    }
+
+    private func fail(_ context: ChannelHandlerContext, _ why: String) {
+        guard !closed else { return }
+        if failure == nil { failure = why }
+        // Tell the peer what went wrong when nghttp2 has not already done so.
+        flush(context)
+        markClosed()
+        context.close(promise: nil)
+    }
+
+    private func markClosed() {
+        guard !closed else { return }
+        closed = true
+        requests.removeAll()
+        openStreamIDs.removeAll()
+        delegate.connectionClosed(self)
+    }
+}
