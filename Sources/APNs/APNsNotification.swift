@@ -56,6 +56,7 @@ public struct APNsValidationError: Error, Sendable, Equatable, CustomStringConve
         case payloadEmpty = "PayloadEmpty"
         case payloadTooLarge = "PayloadTooLarge"
         case badPayload = "BadPayload"
+        case invalidPushType = "InvalidPushType"
     }
 
     public var code: Code

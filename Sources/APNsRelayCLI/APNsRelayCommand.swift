@@ -1,0 +1,9 @@
+import ArgumentParser
+
+@main
+struct APNsRelayCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "apns-relay",
+        abstract: "Delivers Apple push notifications over HTTP/2.",
+        subcommands: [SendCommand.self, SimulateCommand.self, BenchCommand.self, JWTCommand.self])
+}

@@ -1,0 +1,157 @@
+import APNs
+import APNsSimulator
+import ArgumentParser
+import Crypto
+import Foundation
+import NIOCore
+import NIOPosix
+import Synchronization
+
+struct BenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench", abstract: "Benchmarks that print figures.", subcommands: [BenchAPNsCommand.self])
+}
+
+/// `apns-relay bench apns`: pushes N notifications through the client and prints the rate and
+/// latency percentiles. Without --endpoint it starts a simulator in this process.
+struct BenchAPNsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "apns",
+        abstract: "Send N notifications through the APNs client; prints notifications/s and p50/p99 latency.")
+
+    @Option(help: "https://HOST:PORT of a running simulator (default: one started in this process).")
+    var endpoint: String?
+
+    @Flag(help: "Skip TLS certificate verification.")
+    var insecure = false
+
+    @OptionGroup var credentials: CredentialOptions
+
+    @Option(help: "apns-topic.")
+    var topic: String = "com.example.app"
+
+    @Option(help: "Notifications to send.")
+    var count: Int = 100_000
+
+    @Option(help: "Notifications in flight at once.")
+    var concurrency: Int = 1000
+
+    @Option(help: "Connections in the client's pool.")
+    var connections: Int = 1
+
+    @Option(help: "Distinct device tokens to spread the notifications over.")
+    var devices: Int = 10_000
+
+    func validate() throws {
+        if count < 1 || concurrency < 1 || connections < 1 || devices < 1 {
+            throw ValidationError("--count, --concurrency, --connections and --devices must be at least 1")
+        }
+        if endpoint != nil, !credentials.isGiven {
+            throw ValidationError("an external --endpoint needs --team-id/--key-id/--key-file or --cert-file")
+        }
+    }
+
+    func run() async throws {
+        var simulator: APNsSimulator?
+        let credential: APNsCredential
+        let target: APNsEndpoint
+        do {
+            if let endpoint {
+                target = try APNsEndpoint(parsing: endpoint)
+                credential = try credentials.credential()
+            } else {
+                let key = P256.Signing.PrivateKey()
+                let teamID = credentials.teamID ?? "TEAM123456"
+                let keyID = credentials.keyID ?? "ABC123DEFG"
+                var configuration = SimulatorConfiguration()
+                configuration.signingKeys = [.init(teamID: teamID, keyID: keyID, publicKey: key.publicKey)]
+                configuration.recordInMemory = false
+                let started = try await APNsSimulator.start(configuration)
+                simulator = started
+                target = APNsEndpoint(host: "127.0.0.1", port: started.port)
+                let signer = ProviderTokenSigner(teamID: teamID, keyID: keyID, key: key)
+                credential = .token(try LocalProviderTokenSource(signer: signer))
+            }
+        } catch {
+            Terminal.error("\(error)")
+            throw ExitCode(1)
+        }
+
+        var configuration = APNsClientConfiguration(endpoint: target, credential: credential)
+        configuration.connections = connections
+        configuration.insecureSkipVerify = insecure || simulator != nil
+        configuration.maxQueuedNotifications = max(concurrency, 10_000)
+        configuration.requestTimeout = .seconds(30)
+        let client = try APNsClient(configuration: configuration)
+
+        let payload = ByteBuffer(string: #"{"aps":{"alert":"benchmark"}}"#)
+        let tokens = (0..<devices).map { index -> String in
+            let hex = String(index, radix: 16)
+            return String(repeating: "0", count: 64 - hex.count) + hex
+        }
+        let topic = self.topic
+        let notification: @Sendable (Int) -> APNsNotification = { index in
+            APNsNotification(deviceToken: tokens[index % tokens.count], topic: topic, payload: payload)
+        }
+
+        // One send first: it opens the connections and lifts APNs' one-stream start.
+        let warmUp = try await client.send(notification(0))
+        guard warmUp.classification == .delivered else {
+            Terminal.error("warm-up notification was not delivered: \(warmUp)")
+            await client.shutdown()
+            await simulator?.stop()
+            throw ExitCode(1)
+        }
+
+        let next = SharedCounter()
+        let count = self.count
+        let started = ContinuousClock.now
+        let outcomes = try await withThrowingTaskGroup(of: (latencies: [Int64], failed: Int).self) { group in
+            for _ in 0..<min(concurrency, count) {
+                group.addTask {
+                    var latencies: [Int64] = []
+                    var failed = 0
+                    while true {
+                        let index = next.value.wrappingAdd(1, ordering: .relaxed).oldValue
+                        if index >= count { break }
+                        let sent = ContinuousClock.now
+                        let result = try await client.send(notification(index))
+                        let elapsed = ContinuousClock.now - sent
+                        latencies.append(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+                        if result.classification != .delivered { failed += 1 }
+                    }
+                    return (latencies, failed)
+                }
+            }
+            var all: [Int64] = []
+            all.reserveCapacity(count)
+            var failed = 0
+            for try await outcome in group {
+                all.append(contentsOf: outcome.latencies)
+                failed += outcome.failed
+            }
+            return (latencies: all, failed: failed)
+        }
+        let elapsed = ContinuousClock.now - started
+        let rss = peakResidentMiB()
+        await client.shutdown()
+        await simulator?.stop()
+
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let sorted = outcomes.latencies.sorted()
+        func percentile(_ p: Double) -> Double {
+            guard !sorted.isEmpty else { return 0 }
+            return Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]) / 1e6
+        }
+        Terminal.line("sent: \(count) failed: \(outcomes.failed) seconds: \(String(format: "%.3f", seconds)) connections: \(connections) concurrency: \(concurrency)")
+        Terminal.line("peak_rss_mb: \(rss.map { String(format: "%.1f", $0) } ?? "unknown")")
+        Terminal.line(String(format: "notifications/s: %.0f p50_ms: %.2f p99_ms: %.2f",
+                             Double(count) / seconds, percentile(0.50), percentile(0.99)))
+        if outcomes.failed > 0 { throw ExitCode(1) }
+    }
+}
+
+/// A counter the sending tasks share.
+final class SharedCounter: Sendable {
+    let value = Atomic<Int>(0)
+}

@@ -1,0 +1,48 @@
+import APNs
+import ArgumentParser
+
+/// How `send` and `bench` authenticate: token (team, key, .p8) or certificate.
+struct CredentialOptions: ParsableArguments {
+    @Option(name: .customLong("team-id"), help: "Apple team id (token auth).")
+    var teamID: String?
+
+    @Option(name: .customLong("key-id"), help: "Key id of the .p8 signing key (token auth).")
+    var keyID: String?
+
+    @Option(name: .customLong("key-file"), help: "The .p8 (PKCS#8 PEM) signing key (token auth).")
+    var keyFile: String?
+
+    @Option(name: .customLong("cert-file"), help: "Client certificate: PEM, or PKCS#12 (.p12) when --cert-key is absent.")
+    var certFile: String?
+
+    @Option(name: .customLong("cert-key"), help: "PEM private key for --cert-file.")
+    var certKey: String?
+
+    @Option(name: .customLong("cert-passphrase"), help: "Passphrase of a PKCS#12 --cert-file.")
+    var certPassphrase: String?
+
+    func validate() throws {
+        let token = teamID != nil || keyID != nil || keyFile != nil
+        if token, certFile != nil {
+            throw ValidationError("use either --team-id/--key-id/--key-file or --cert-file/--cert-key, not both")
+        }
+        if token, teamID == nil || keyID == nil || keyFile == nil {
+            throw ValidationError("token auth needs all of --team-id, --key-id and --key-file")
+        }
+        if certKey != nil, certFile == nil {
+            throw ValidationError("--cert-key needs --cert-file")
+        }
+    }
+
+    var isGiven: Bool { keyFile != nil || certFile != nil }
+
+    func credential() throws(APNsError) -> APNsCredential {
+        if let teamID, let keyID, let keyFile {
+            return try .token(teamID: teamID, keyID: keyID, keyFile: keyFile)
+        }
+        if let certFile {
+            return try .certificate(certificateFile: certFile, keyFile: certKey, passphrase: certPassphrase)
+        }
+        throw .credential("no credentials: give --team-id, --key-id and --key-file, or --cert-file")
+    }
+}

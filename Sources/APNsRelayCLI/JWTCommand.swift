@@ -1,0 +1,23 @@
+import APNs
+import ArgumentParser
+import Foundation
+
+/// `apns-relay jwt`: prints a provider token, for h2load and curl against a simulator.
+struct JWTCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "jwt", abstract: "Print a provider token (ES256 JWT) signed with a .p8 key.")
+
+    @Option(name: .customLong("team-id")) var teamID: String
+    @Option(name: .customLong("key-id")) var keyID: String
+    @Option(name: .customLong("key-file")) var keyFile: String
+
+    func run() throws {
+        do {
+            let signer = try ProviderTokenSigner(teamID: teamID, keyID: keyID, keyFile: keyFile)
+            Terminal.line(try signer.mint(issuedAt: Int64(Date().timeIntervalSince1970)))
+        } catch {
+            Terminal.error("\(error)")
+            throw ExitCode(1)
+        }
+    }
+}
