@@ -102,8 +102,8 @@ public final class APNsClient: Sendable {
         }
         guard !isShutDown.load(ordering: .relaxed) else { throw APNsError.shutdown }
         let deadline = NIODeadline.now() + configuration.requestTimeout
-        let apnsID = notification.apnsID.uuidString.lowercased()
-        var token: String?
+        let apnsID = APNsIdentifiers.format(notification.apnsID)
+        var token: ProviderToken?
         if case .token(let source) = configuration.credential {
             token = try await source.currentToken()
         }
@@ -181,10 +181,10 @@ public final class APNsClient: Sendable {
         return best!
     }
 
-    private func makeRequest(_ notification: APNsNotification, apnsID: String, token: String?) -> HTTP2Request {
+    private func makeRequest(_ notification: APNsNotification, apnsID: String, token: ProviderToken?) -> HTTP2Request {
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(8)
-        if let token { headers.add("authorization", "bearer " + token) }
+        if let token { headers.add("authorization", token.authorization) }
         headers.add("apns-id", apnsID)
         headers.add("apns-push-type", notification.pushType.rawValue)
         headers.add("apns-topic", notification.topic)

@@ -75,7 +75,7 @@ final class APNsConnection: @unchecked Sendable {
     func execute(_ request: HTTP2Request, deadline: NIODeadline) async -> Result<HTTP2Response, HTTP2StreamError> {
         load.add(1, ordering: .relaxed)
         defer { load.subtract(1, ordering: .relaxed) }
-        return await withCheckedContinuation { continuation in
+        return await withUnsafeContinuation { continuation in
             eventLoop.execute {
                 self.executeOnLoop(request, deadline: deadline) { continuation.resume(returning: $0) }
             }

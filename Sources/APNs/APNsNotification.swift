@@ -30,7 +30,7 @@ public struct APNsNotification: Sendable {
         self.priority = priority
         self.expiration = expiration
         self.collapseID = collapseID
-        self.apnsID = apnsID ?? UUID()
+        self.apnsID = apnsID ?? APNsIdentifiers.randomUUID()
         self.payload = payload
     }
 
@@ -115,21 +115,29 @@ extension APNsNotification {
         if size > pushType.maxPayloadBytes {
             throw APNsValidationError(.payloadTooLarge, "payload is \(size) bytes, at most \(pushType.maxPayloadBytes) allowed for \(pushType.rawValue)")
         }
-        let object = payload.withUnsafeReadableBytes { bytes in
-            try? JSONSerialization.jsonObject(with: Data(bytes), options: [])
+        let scanned = payload.withUnsafeReadableBytes { bytes -> Result<PayloadScanner.Summary, PayloadScanner.Failure> in
+            do throws(PayloadScanner.Failure) {
+                return .success(try PayloadScanner.scan(bytes))
+            } catch {
+                return .failure(error)
+            }
         }
-        guard let dictionary = object as? [String: Any] else {
-            throw APNsValidationError(.badPayload, "payload is not a JSON object")
+        let summary: PayloadScanner.Summary
+        switch scanned {
+        case .success(let value): summary = value
+        case .failure(.notAnObject): throw APNsValidationError(.badPayload, "payload is not a JSON object")
+        case .failure(.tooDeep): throw APNsValidationError(.badPayload, "payload nests deeper than \(PayloadScanner.maximumDepth) levels")
+        case .failure(.malformed(let offset)): throw APNsValidationError(.badPayload, "payload is not valid JSON (at byte \(offset))")
         }
-        guard let aps = dictionary["aps"] as? [String: Any] else {
+        guard summary.aps == .object else {
             throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")
         }
         if pushType == .background {
-            let extra = aps.keys.filter { $0 != "content-available" }.sorted()
+            let extra = summary.apsKeys.filter { $0 != "content-available" }.sorted()
             if !extra.isEmpty {
                 throw APNsValidationError(.badPayload, "a background push's aps may hold only content-available, found \(extra.joined(separator: ", "))")
             }
-            if (aps["content-available"] as? NSNumber)?.intValue != 1 {
+            if summary.contentAvailable != 1 {
                 throw APNsValidationError(.badPayload, "a background push needs \"content-available\": 1 in aps")
             }
         }

@@ -8,10 +8,25 @@ import Synchronization
 /// (kept in Redis) can replace the local one behind this protocol.
 public protocol ProviderTokenSource: Sendable {
     /// The token to send now.
-    func currentToken() async throws -> String
+    func currentToken() async throws -> ProviderToken
     /// APNs answered ExpiredProviderToken to `rejected`. Returns the token to retry with: a new
     /// one, unless a token was minted less than 20 minutes ago (then that one).
-    func refresh(after rejected: String) async throws -> String
+    func refresh(after rejected: ProviderToken) async throws -> ProviderToken
+}
+
+/// One minted provider token.
+public struct ProviderToken: Sendable, Equatable {
+    public let jwt: String
+    /// Its `iat` claim, epoch seconds.
+    public let issuedAt: Int64
+    /// `bearer <jwt>`, built once per mint rather than once per request.
+    public let authorization: String
+
+    public init(jwt: String, issuedAt: Int64) {
+        self.jwt = jwt
+        self.issuedAt = issuedAt
+        self.authorization = "bearer " + jwt
+    }
 }
 
 /// Signs provider tokens: ES256 over `{"alg":"ES256","kid":KEY}.{"iss":TEAM,"iat":SECONDS}`.
@@ -61,8 +76,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     public static let allowedRefreshAges: ClosedRange<Int64> = (20 * 60)...(55 * 60)
 
     private struct State {
-        var token: String?
-        var issuedAt: Int64 = 0
+        var token: ProviderToken?
         var mints = 0
     }
 
@@ -90,29 +104,28 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     /// How many tokens this source has minted.
     public var mintCount: Int { state.withLock { $0.mints } }
 
-    public func currentToken() throws -> String {
+    public func currentToken() throws -> ProviderToken {
         let now = clock()
         return try state.withLock { state in
-            if let token = state.token, now - state.issuedAt < refreshAge { return token }
+            if let token = state.token, now - token.issuedAt < refreshAge { return token }
             return try mint(&state, now: now)
         }
     }
 
-    public func refresh(after rejected: String) throws -> String {
+    public func refresh(after rejected: ProviderToken) throws -> ProviderToken {
         let now = clock()
         return try state.withLock { state in
             guard let token = state.token else { return try mint(&state, now: now) }
             // Someone already replaced the rejected token, or the current one is too young to
             // replace without angering APNs (TooManyProviderTokenUpdates).
-            if token != rejected || now - state.issuedAt < Self.minimumInterval { return token }
+            if token != rejected || now - token.issuedAt < Self.minimumInterval { return token }
             return try mint(&state, now: now)
         }
     }
 
-    private func mint(_ state: inout State, now: Int64) throws -> String {
-        let token = try signer.mint(issuedAt: now)
+    private func mint(_ state: inout State, now: Int64) throws -> ProviderToken {
+        let token = ProviderToken(jwt: try signer.mint(issuedAt: now), issuedAt: now)
         state.token = token
-        state.issuedAt = now
         state.mints += 1
         return token
     }

@@ -33,9 +33,9 @@ public struct AcceptedNotification: Sendable {
 /// 429 TooManyProviderTokenUpdates for a second new token within 20 minutes on one connection);
 /// `apns-id` (400 BadMessageId); `apns-topic` (400 MissingTopic, TopicDisallowed); `apns-push-type`
 /// (400 InvalidPushType) and the topic's suffix for it (400 BadTopic); the token's form (400
-/// BadDeviceToken) and binding (400 DeviceTokenNotForTopic); `apns-priority` (400 BadPriority);
-/// `apns-expiration` (400 BadExpirationDate); `apns-collapse-id` (400 BadCollapseId); the payload
-/// (400 PayloadEmpty, 413 PayloadTooLarge); then the scripted behaviour: 410 Unregistered with a
+/// BadDeviceToken); `apns-priority` (400 BadPriority); `apns-expiration` (400 BadExpirationDate);
+/// `apns-collapse-id` (400 BadCollapseId); the payload (400 PayloadEmpty, 413 PayloadTooLarge);
+/// the token's binding to a topic (400 DeviceTokenNotForTopic); then the scripted behaviour: 410 Unregistered with a
 /// timestamp, 429 TooManyRequests past the per-device rate, scripted 500/503; else 200.
 public final class APNsSimulator: Sendable {
     public let port: Int
@@ -105,7 +105,13 @@ public final class APNsSimulator: Sendable {
     public var accepted: [AcceptedNotification] { state.locked { $0.accepted } }
 
     /// Answers by `"200"` or `"STATUS Reason"`.
-    public var answers: [String: Int] { state.locked { $0.answers } }
+    public var answers: [String: Int] {
+        state.locked { state in
+            var answers = state.answers
+            if state.delivered > 0 { answers["200"] = state.delivered }
+            return answers
+        }
+    }
 
     /// Connections accepted so far.
     public var connectionsAccepted: Int { state.locked { $0.connectionsAccepted } }

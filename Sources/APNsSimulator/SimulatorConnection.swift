@@ -31,7 +31,9 @@ final class SharedState: Sendable {
     struct Locked {
         var behaviour: SimulatorConfiguration.Behaviour
         var accepted: [AcceptedNotification] = []
+        /// Answers other than 200, by "STATUS Reason".
         var answers: [String: Int] = [:]
+        var delivered = 0
         var deviceWindows: [String: (start: NIODeadline, count: Int)] = [:]
         var connectionsAccepted = 0
         var peakWhileLimitedToOne = 0
@@ -93,16 +95,40 @@ final class SharedState: Sendable {
         }
     }
 
-    /// The scripted part of the decision, after the request passed every check; records what
-    /// was accepted and counts the answer.
-    func decide(_ notification: AcceptedNotification) -> SimulatorAnswer {
+    /// What a connection needs to know after a request was settled.
+    struct Settled {
+        var answer: SimulatorAnswer
+        var latency: TimeAmount
+        var blackHole: Bool
+        var goAwayAfterStreams: Int?
+        var goAwayReason: String
+    }
+
+    /// Settles one request under one lock: an answer the header checks already found, or else
+    /// the device's topic binding and the scripted behaviour; counts the answer and records what
+    /// was accepted.
+    func settle(_ early: SimulatorAnswer?, _ notification: () -> AcceptedNotification) -> Settled {
         locked { state in
-            let answer = scripted(&state, token: notification.deviceToken)
-            if answer.status == 200 {
-                if recordInMemory { state.accepted.append(notification) }
-                if let file = state.recordFile { file.write(Self.jsonLine(notification)) }
+            var answer: SimulatorAnswer
+            if let early {
+                answer = early
+            } else {
+                let accepted = notification()
+                if let topic = state.behaviour.deviceTopics[accepted.deviceToken], topic != accepted.topic {
+                    answer = SimulatorAnswer(400, .deviceTokenNotForTopic)
+                } else {
+                    answer = scripted(&state, token: accepted.deviceToken)
+                }
+                if answer.status == 200 {
+                    state.delivered += 1
+                    if recordInMemory { state.accepted.append(accepted) }
+                    if let file = state.recordFile { file.write(Self.jsonLine(accepted)) }
+                }
             }
-            return answer
+            if answer.status != 200 { state.answers[answer.key, default: 0] += 1 }
+            let behaviour = state.behaviour
+            return Settled(answer: answer, latency: behaviour.latency, blackHole: behaviour.blackHole,
+                           goAwayAfterStreams: behaviour.goAwayAfterStreams, goAwayReason: behaviour.goAwayReason)
         }
     }
 
@@ -127,10 +153,6 @@ final class SharedState: Sendable {
             return Bool.random() ? SimulatorAnswer(500, .internalServerError) : SimulatorAnswer(503, .serviceUnavailable)
         }
         return .ok
-    }
-
-    func count(_ answer: SimulatorAnswer) {
-        locked { $0.answers[answer.key, default: 0] += 1 }
     }
 
     static func jsonLine(_ notification: AcceptedNotification) -> Data {
@@ -159,6 +181,7 @@ final class SimulatorConnection: HTTP2ServerDelegate {
     private var currentKey: SimulatorConfiguration.SigningKey?
     private var streamsProcessed = 0
     private var raisedLimit = false
+    private var identifiers = APNsIdentifiers()
 
     init(state: SharedState, eventLoop: any EventLoop) {
         self.state = state
@@ -166,17 +189,18 @@ final class SimulatorConnection: HTTP2ServerDelegate {
     }
 
     func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
-        let behaviour = state.locked { $0.behaviour }
-        let apnsID = request.headers["apns-id"] ?? UUID().uuidString
-        let answer = evaluate(request, apnsID: apnsID, connection: connection)
+        let apnsID = request.headers["apns-id"] ?? identifiers.next()
+        var accepted: AcceptedNotification?
+        let early = check(request, apnsID: apnsID, connection: connection, accepted: &accepted)
+        let settled = state.settle(early) { accepted! }
         streamsProcessed += 1
-        if let limit = behaviour.goAwayAfterStreams, streamsProcessed >= limit {
-            connection.goAway(debugData: #"{"reason":"\#(behaviour.goAwayReason)"}"#)
+        if let limit = settled.goAwayAfterStreams, streamsProcessed >= limit {
+            connection.goAway(debugData: #"{"reason":"\#(settled.goAwayReason)"}"#)
         }
-        if behaviour.blackHole { return }
-        let response = Self.response(answer, apnsID: apnsID)
-        if behaviour.latency > .zero {
-            eventLoop.assumeIsolated().scheduleTask(in: behaviour.latency) {
+        if settled.blackHole { return }
+        let response = Self.response(settled.answer, apnsID: apnsID)
+        if settled.latency > .zero {
+            eventLoop.assumeIsolated().scheduleTask(in: settled.latency) {
                 connection.respond(streamID: streamID, response)
             }
         } else {
@@ -208,20 +232,18 @@ final class SimulatorConnection: HTTP2ServerDelegate {
                              body: ByteBuffer(string: json))
     }
 
-    /// Checks the request in APNs' order (see ``APNsSimulator``).
-    private func evaluate(_ request: HTTP2Request, apnsID: String, connection: HTTP2ServerHandler) -> SimulatorAnswer {
-        let answer = check(request, apnsID: apnsID, connection: connection)
-        state.count(answer)
-        return answer
-    }
-
-    private func check(_ request: HTTP2Request, apnsID: String, connection: HTTP2ServerHandler) -> SimulatorAnswer {
+    /// Checks the request in APNs' order (see ``APNsSimulator``); returns the first failure, or
+    /// nil with `accepted` filled in when every header check passed.
+    private func check(_ request: HTTP2Request, apnsID: String, connection: HTTP2ServerHandler,
+                       accepted: inout AcceptedNotification?) -> SimulatorAnswer? {
         guard request.method == "POST" else { return SimulatorAnswer(405, .methodNotAllowed) }
         let prefix = "/3/device/"
         guard request.path.hasPrefix(prefix) else { return SimulatorAnswer(404, .badPath) }
         let token = String(request.path.dropFirst(prefix.count))
         if token.isEmpty { return SimulatorAnswer(400, .missingDeviceToken) }
-        if token.contains("/") || token.contains("?") { return SimulatorAnswer(404, .badPath) }
+        if token.utf8.contains(UInt8(ascii: "/")) || token.utf8.contains(UInt8(ascii: "?")) {
+            return SimulatorAnswer(404, .badPath)
+        }
         let headers = request.headers
         let fields = headers.fields
         for i in fields.indices {
@@ -244,7 +266,7 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             }
         }
 
-        if let id = headers["apns-id"], UUID(uuidString: id) == nil { return SimulatorAnswer(400, .badMessageId) }
+        if let id = headers["apns-id"], !APNsIdentifiers.isCanonicalUUID(id) { return SimulatorAnswer(400, .badMessageId) }
         guard let topic = headers["apns-topic"], !topic.isEmpty else { return SimulatorAnswer(400, .missingTopic) }
         if let signingKey, !signingKey.topics.isEmpty, !signingKey.topics.contains(topic) {
             return SimulatorAnswer(400, .topicDisallowed)
@@ -256,8 +278,6 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         }
         guard pushType.accepts(topic: topic) else { return SimulatorAnswer(400, .badTopic) }
         if (try? APNsNotification.validateDeviceToken(token)) == nil { return SimulatorAnswer(400, .badDeviceToken) }
-        let behaviour = state.locked { $0.behaviour.deviceTopics[token] }
-        if let boundTopic = behaviour, boundTopic != topic { return SimulatorAnswer(400, .deviceTokenNotForTopic) }
         var priority = 10
         if let text = headers["apns-priority"] {
             guard let parsed = Int(text), [1, 5, 10].contains(parsed) else { return SimulatorAnswer(400, .badPriority) }
@@ -275,12 +295,12 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         if size == 0 { return SimulatorAnswer(400, .payloadEmpty) }
         if size > pushType.maxPayloadBytes { return SimulatorAnswer(413, .payloadTooLarge) }
 
-        let notification = AcceptedNotification(
+        accepted = AcceptedNotification(
             deviceToken: token, topic: topic, apnsID: apnsID, pushType: pushType.rawValue, priority: priority,
             expiration: expiration, collapseID: collapseID,
             payload: state.recordInMemory ? Array(request.body!.readableBytesView) : [],
-            receivedAt: Int64(Date().timeIntervalSince1970 * 1000))
-        return state.decide(notification)
+            receivedAt: APNsIdentifiers.epochMilliseconds())
+        return nil
     }
 
     /// Verifies `bearer <JWT>`: known (team, key), valid ES256 signature, not older than the

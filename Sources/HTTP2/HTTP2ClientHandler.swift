@@ -271,13 +271,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         while streams.count < streamLimit, let exchange = pending.popFirst() {
             guard exchange.completion != nil, let request = exchange.request else { continue }
             exchange.request = nil
-            var headers = HTTP2Headers([
-                (":method", request.method), (":scheme", request.scheme),
-                (":authority", request.authority), (":path", request.path),
-            ])
-            headers.fields.append(contentsOf: request.headers.fields)
             do {
-                let streamID = try session.submitRequest(headers: headers, body: request.body)
+                let streamID = try session.submitRequest(request)
                 exchange.streamID = streamID
                 streams[streamID] = exchange
                 started = true

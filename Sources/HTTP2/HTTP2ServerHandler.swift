@@ -60,10 +60,8 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func respond(streamID: Int32, _ response: HTTP2Response) {
         guard let session, let context, !closed, openStreamIDs.contains(streamID) else { return }
-        var headers = HTTP2Headers([(":status", String(response.status))])
-        headers.fields.append(contentsOf: response.headers.fields)
         do {
-            try session.submitResponse(streamID: streamID, headers: headers, body: response.body)
+            try session.submitResponse(streamID: streamID, response)
         } catch {
             fail(context, error.description)
             return

@@ -44,6 +44,10 @@ final class NGHTTP2Session {
     unowned let delegate: any NGHTTP2SessionDelegate
     /// Request or response bodies not yet handed to nghttp2, by stream.
     private var outboundBodies: [Int32: ByteBuffer] = [:]
+    /// Reused between submits so that building a header list allocates nothing.
+    private var scratchBytes: [UInt8] = []
+    private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
+    private var scratchNameValues: [nghttp2_nv] = []
 
     init(mode: Mode, delegate: any NGHTTP2SessionDelegate, initialPeerMaxConcurrentStreams: UInt32? = nil) {
         self.delegate = delegate
@@ -143,25 +147,32 @@ final class NGHTTP2Session {
     }
 
     /// Submits a request; returns its stream id.
-    func submitRequest(headers: HTTP2Headers, body: ByteBuffer?) throws(HTTP2Error) -> Int32 {
-        let streamID = withNameValues(headers) { nva, count in
-            if body == nil {
-                return nghttp2_submit_request(session, nil, nva, count, nil, nil)
-            }
+    func submitRequest(_ request: HTTP2Request) throws(HTTP2Error) -> Int32 {
+        beginFields()
+        addField(":method", request.method)
+        addField(":scheme", request.scheme)
+        addField(":authority", request.authority)
+        addField(":path", request.path)
+        for field in request.headers.fields { addField(field.name, field.value) }
+        let hasBody = request.body != nil
+        let streamID = withFields { nva, count in
+            guard hasBody else { return nghttp2_submit_request(session, nil, nva, count, nil, nil) }
             var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBodyCallback)
             return nghttp2_submit_request(session, nil, nva, count, &provider, nil)
         }
         if streamID < 0 { throw HTTP2Error.protocolViolation(NGHTTP2Session.describe(streamID)) }
-        if let body { outboundBodies[streamID] = body }
+        if let body = request.body { outboundBodies[streamID] = body }
         return streamID
     }
 
-    func submitResponse(streamID: Int32, headers: HTTP2Headers, body: ByteBuffer?) throws(HTTP2Error) {
-        if let body { outboundBodies[streamID] = body }
-        let rc = withNameValues(headers) { nva, count in
-            if body == nil {
-                return nghttp2_submit_response(session, streamID, nva, count, nil)
-            }
+    func submitResponse(streamID: Int32, _ response: HTTP2Response) throws(HTTP2Error) {
+        beginFields()
+        addField(":status", String(response.status))
+        for field in response.headers.fields { addField(field.name, field.value) }
+        if let body = response.body { outboundBodies[streamID] = body }
+        let hasBody = response.body != nil
+        let rc = withFields { nva, count in
+            guard hasBody else { return nghttp2_submit_response(session, streamID, nva, count, nil) }
             var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBodyCallback)
             return nghttp2_submit_response(session, streamID, nva, count, &provider)
         }
@@ -189,30 +200,35 @@ final class NGHTTP2Session {
         if rc != 0 { throw HTTP2Error.protocolViolation(NGHTTP2Session.describe(rc)) }
     }
 
-    /// Lays the headers out as one byte array and lends nghttp2 an `nghttp2_nv` array over it for
-    /// the duration of `body`; nghttp2 copies what it keeps.
-    private func withNameValues<R>(_ headers: HTTP2Headers, _ body: (UnsafeMutablePointer<nghttp2_nv>, Int) -> R) -> R {
-        var storage: [UInt8] = []
-        storage.reserveCapacity(headers.fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count })
-        var spans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
-        spans.reserveCapacity(headers.fields.count)
-        for field in headers.fields {
-            let nameStart = storage.count
-            storage.append(contentsOf: field.name.utf8)
-            let valueStart = storage.count
-            storage.append(contentsOf: field.value.utf8)
-            spans.append((nameStart, valueStart - nameStart, valueStart, storage.count - valueStart))
-        }
-        return storage.withUnsafeMutableBufferPointer { bytes in
-            // An empty header list still needs a valid base address.
-            let base = bytes.baseAddress ?? UnsafeMutablePointer<UInt8>(bitPattern: 1)!
-            var nva = spans.map { span in
-                nghttp2_nv(name: base + span.nameStart, value: base + span.valueStart,
-                           namelen: span.nameCount, valuelen: span.valueCount,
-                           flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+    // Header lists are laid out in reused arrays, so that building one allocates nothing:
+    // beginFields, addField for each, then withFields lends nghttp2 an `nghttp2_nv` array over
+    // them; nghttp2 copies what it keeps before the submit call returns.
+
+    private func beginFields() {
+        scratchBytes.removeAll(keepingCapacity: true)
+        scratchSpans.removeAll(keepingCapacity: true)
+    }
+
+    private func addField(_ name: String, _ value: String) {
+        let nameStart = scratchBytes.count
+        scratchBytes.append(contentsOf: name.utf8)
+        let valueStart = scratchBytes.count
+        scratchBytes.append(contentsOf: value.utf8)
+        scratchSpans.append((nameStart, valueStart - nameStart, valueStart, scratchBytes.count - valueStart))
+    }
+
+    private func withFields<R>(_ body: (UnsafeMutablePointer<nghttp2_nv>, Int) -> R) -> R {
+        if scratchBytes.isEmpty { scratchBytes.append(0) }  // a valid base address even when empty
+        return scratchBytes.withUnsafeMutableBufferPointer { bytes in
+            let base = bytes.baseAddress!
+            scratchNameValues.removeAll(keepingCapacity: true)
+            for span in scratchSpans {
+                scratchNameValues.append(nghttp2_nv(
+                    name: base + span.nameStart, value: base + span.valueStart,
+                    namelen: span.nameCount, valuelen: span.valueCount, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
             }
-            return nva.withUnsafeMutableBufferPointer { nvBuffer in
-                body(nvBuffer.baseAddress!, nvBuffer.count)
+            return scratchNameValues.withUnsafeMutableBufferPointer { nameValues in
+                body(nameValues.baseAddress!, nameValues.count)
             }
         }
     }

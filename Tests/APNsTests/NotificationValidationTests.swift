@@ -1,0 +1,123 @@
+import APNs
+import NIOCore
+import Testing
+
+@Suite("Local validation")
+struct NotificationValidationTests {
+    static let alert = ByteBuffer(string: #"{"aps":{"alert":"hi"}}"#)
+
+    static func make(token: String = sampleToken, topic: String = sampleTopic, pushType: PushType = .alert,
+                     priority: Int? = nil, expiration: Int64? = nil, collapseID: String? = nil,
+                     payload: ByteBuffer = alert) -> APNsNotification {
+        APNsNotification(deviceToken: token, topic: topic, pushType: pushType, priority: priority,
+                         expiration: expiration, collapseID: collapseID, payload: payload)
+    }
+
+    static let cases: [(String, APNsNotification, APNsValidationError.Code)] = [
+        ("short token", make(token: "abcd"), .badDeviceToken),
+        ("63 hex characters", make(token: String(repeating: "a", count: 63)), .badDeviceToken),
+        ("odd length 65", make(token: String(repeating: "a", count: 65)), .badDeviceToken),
+        ("202 hex characters", make(token: String(repeating: "a", count: 202)), .badDeviceToken),
+        ("not hex", make(token: String(repeating: "zz", count: 32)), .badDeviceToken),
+        ("empty topic", make(topic: ""), .missingTopic),
+        ("voip without suffix", make(topic: "com.example.app", pushType: .voip), .badTopic),
+        ("alert to a voip topic", make(topic: "com.example.app.voip"), .badTopic),
+        ("liveactivity suffix", make(topic: "com.example.app", pushType: .liveactivity), .badTopic),
+        ("priority 7", make(priority: 7), .badPriority),
+        ("background at 10", make(pushType: .background, priority: 10,
+                                  payload: ByteBuffer(string: #"{"aps":{"content-available":1}}"#)), .badPriority),
+        ("negative expiration", make(expiration: -1), .badExpirationDate),
+        ("65-byte collapse id", make(collapseID: String(repeating: "c", count: 65)), .badCollapseId),
+        ("empty payload", make(payload: ByteBuffer()), .payloadEmpty),
+        ("4097-byte alert", make(payload: padded(4097)), .payloadTooLarge),
+        ("5121-byte voip", make(topic: "com.example.app.voip", pushType: .voip, payload: padded(5121)), .payloadTooLarge),
+        ("not JSON", make(payload: ByteBuffer(string: "hello")), .badPayload),
+        ("JSON array", make(payload: ByteBuffer(string: "[1]")), .badPayload),
+        ("no aps", make(payload: ByteBuffer(string: #"{"custom":1}"#)), .badPayload),
+        ("aps not a dictionary", make(payload: ByteBuffer(string: #"{"aps":"x"}"#)), .badPayload),
+        ("background with alert", make(pushType: .background,
+                                       payload: ByteBuffer(string: #"{"aps":{"content-available":1,"alert":"x"}}"#)), .badPayload),
+        ("background without content-available", make(pushType: .background,
+                                                      payload: ByteBuffer(string: #"{"aps":{}}"#)), .badPayload),
+    ]
+
+    static func padded(_ size: Int) -> ByteBuffer {
+        let prefix = #"{"aps":{"alert":""#
+        let suffix = #""}}"#
+        return ByteBuffer(string: prefix + String(repeating: "x", count: size - prefix.count - suffix.count) + suffix)
+    }
+
+    @Test(arguments: cases.indices)
+    func rejectsWithTheExactReason(_ index: Int) {
+        let (name, notification, code) = Self.cases[index]
+        #expect(throws: APNsValidationError.self, "\(name)") { try notification.validate() }
+        do {
+            try notification.validate()
+        } catch {
+            #expect(error.code == code, "\(name): \(error)")
+        }
+    }
+
+    @Test func acceptsGoodNotifications() throws {
+        try Self.make().validate()
+        try Self.make(token: String(repeating: "AB", count: 100)).validate()  // 200 hex, upper case
+        try Self.make(token: String(repeating: "ab", count: 40)).validate()  // 80-byte token
+        try Self.make(pushType: .background, payload: ByteBuffer(string: #"{"aps":{"content-available":1},"x":2}"#)).validate()
+        try Self.make(topic: "com.example.app.voip", pushType: .voip, payload: Self.padded(5120)).validate()
+        try Self.make(payload: Self.padded(4096)).validate()
+        try Self.make(collapseID: String(repeating: "c", count: 64)).validate()
+        try Self.make(topic: "com.example.app.push-type.liveactivity", pushType: .liveactivity).validate()
+        try Self.make(priority: 1, expiration: 0).validate()
+        #expect(Self.make(pushType: .background).effectivePriority == 5)
+        #expect(Self.make().effectivePriority == 10)
+    }
+
+    @Test func apnsIDIsStableAcrossCopies() {
+        let notification = Self.make()
+        let copy = notification
+        #expect(copy.apnsID == notification.apnsID)
+        #expect(Self.make().apnsID != notification.apnsID)
+    }
+}
+
+@Suite("Reasons and classification")
+struct ClassificationTests {
+    @Test func everyDocumentedReasonClassifies() {
+        for (reason, status) in APNsReason.documented {
+            #expect(APNsReason(reason.description) == reason)
+            let expected: APNsResultClass = switch (status, reason) {
+            case (410, _): .unregistered
+            case (403, .expiredProviderToken): .retryable
+            case (403, _): .credentialFault
+            case (429, .tooManyProviderTokenUpdates): .credentialFault
+            case (429, _), (500, _), (503, _): .retryable
+            default: .rejected
+            }
+            #expect(APNsResultClass(status: status, reason: reason) == expected, "\(status) \(reason)")
+        }
+        #expect(APNsReason.documented.count == 32)
+    }
+
+    @Test func oddAnswersStillClassify() {
+        #expect(APNsReason("SomethingNew") == .unknown("SomethingNew"))
+        #expect(APNsResultClass(status: 200, reason: nil) == .delivered)
+        #expect(APNsResultClass(status: 502, reason: nil) == .retryable)
+        #expect(APNsResultClass(status: 418, reason: .unknown("Teapot")) == .rejected)
+        #expect(APNsResultClass(status: 403, reason: nil) == .credentialFault)
+        #expect(APNsResultClass(status: 429, reason: nil) == .retryable)
+    }
+}
+
+@Suite("Endpoints")
+struct EndpointTests {
+    @Test func parses() throws {
+        #expect(try APNsEndpoint(parsing: "production") == .production)
+        #expect(try APNsEndpoint(parsing: "development") == .development)
+        #expect(try APNsEndpoint(parsing: "https://127.0.0.1:2197") == APNsEndpoint(host: "127.0.0.1", port: 2197))
+        #expect(try APNsEndpoint(parsing: "https://[::1]:8443/") == APNsEndpoint(host: "::1", port: 8443))
+        #expect(try APNsEndpoint(parsing: "https://apns.internal") == APNsEndpoint(host: "apns.internal", port: 443))
+        for bad in ["http://x:1", "https://", "https://x:0", "https://x:99999", "https://x:abc", "staging"] {
+            #expect(throws: APNsError.self, "\(bad)") { try APNsEndpoint(parsing: bad) }
+        }
+    }
+}

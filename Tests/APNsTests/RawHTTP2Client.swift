@@ -1,0 +1,61 @@
+import HTTP2
+import NIOCore
+import NIOPosix
+import NIOSSL
+
+/// One HTTP/2 connection with the project's engine, for sending requests the APNs client would
+/// refuse to build (bad headers, wrong methods) straight at the simulator.
+final class RawHTTP2Client: Sendable {
+    private let channel: any Channel
+    private let handler: NIOLoopBound<HTTP2ClientHandler>
+
+    static func connect(port: Int, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> RawHTTP2Client {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.certificateVerification = .none
+        tls.applicationProtocols = ["h2"]
+        let context = try NIOSSLContext(configuration: tls)
+        let ready = group.any().makePromise(of: Void.self)
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let handler = HTTP2ClientHandler()
+                    handler.onEvent = { event in
+                        switch event {
+                        case .ready: ready.succeed()
+                        case .closed(let error): ready.fail(error ?? HTTP2Error.closed("closed"))
+                        default: break
+                        }
+                    }
+                    try channel.pipeline.syncOperations.addHandlers([
+                        try NIOSSLClientHandler(context: context, serverHostname: nil), handler,
+                    ])
+                }
+            }
+            .connect(host: "127.0.0.1", port: port).get()
+        try await ready.futureResult.get()
+        let handler = try await channel.eventLoop.submit {
+            NIOLoopBound(try channel.pipeline.syncOperations.handler(type: HTTP2ClientHandler.self), eventLoop: channel.eventLoop)
+        }.get()
+        return RawHTTP2Client(channel: channel, handler: handler)
+    }
+
+    private init(channel: any Channel, handler: NIOLoopBound<HTTP2ClientHandler>) {
+        self.channel = channel
+        self.handler = handler
+    }
+
+    func execute(_ request: HTTP2Request, timeout: TimeAmount = .seconds(5)) async throws -> HTTP2Response {
+        let promise = channel.eventLoop.makePromise(of: HTTP2Response.self)
+        let handler = handler
+        channel.eventLoop.execute {
+            handler.value.execute(request, deadline: .now() + timeout) { result in
+                promise.completeWith(result.mapError { $0 as any Error })
+            }
+        }
+        return try await promise.futureResult.get()
+    }
+
+    func close() async {
+        try? await channel.close()
+    }
+}
