@@ -48,6 +48,9 @@ public final class APNsClient: Sendable {
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
     private let isShutDown = Atomic<Bool>(false)
+    /// Sends between admission and answer; bounded by the streams the pool may open plus
+    /// `maxQueuedNotifications`.
+    private let outstanding = Atomic<Int>(0)
     private let logger: Logger
 
     public init(configuration: APNsClientConfiguration, eventLoopGroup: (any EventLoopGroup)? = nil,
@@ -101,6 +104,8 @@ public final class APNsClient: Sendable {
             throw APNsError.invalidNotification(error)
         }
         guard !isShutDown.load(ordering: .relaxed) else { throw APNsError.shutdown }
+        try admit()
+        defer { outstanding.subtract(1, ordering: .relaxed) }
         let deadline = NIODeadline.now() + configuration.requestTimeout
         let apnsID = APNsIdentifiers.format(notification.apnsID)
         var token: ProviderToken?
@@ -112,7 +117,7 @@ public final class APNsClient: Sendable {
         var refreshedToken = false
         var avoid: Int?
         while true {
-            let connection = try pickConnection(avoiding: avoid)
+            let connection = pickConnection(avoiding: avoid)
             attempts += 1
             switch await connection.execute(request, deadline: deadline) {
             case .success(let response):
@@ -156,15 +161,30 @@ public final class APNsClient: Sendable {
         connections.reduce(0) { $0 + ($1.isReady.load(ordering: .relaxed) ? 1 : 0) }
     }
 
+    /// Connections the pool has tried to open so far (reconnects included).
+    public var connectAttempts: Int {
+        connections.reduce(0) { $0 + $1.connectAttempts.load(ordering: .relaxed) }
+    }
+
     // MARK: Internals
 
     /// The least-loaded ready connection (round robin among equals); any connection when none is
     /// ready, so the send waits for a reconnect instead of failing at once.
-    private func pickConnection(avoiding avoided: Int?) throws -> APNsConnection {
-        let waiting = connections.reduce(0) { $0 + $1.waitingCount.load(ordering: .relaxed) }
-        if waiting >= configuration.maxQueuedNotifications {
-            throw APNsError.queueFull(limit: configuration.maxQueuedNotifications)
+    /// Counts a send in, or refuses it when every stream is busy and the wait queue is full.
+    private func admit() throws(APNsError) {
+        let streams = connections.reduce(0) { $0 + $1.streamLimit.load(ordering: .relaxed) }
+        let capacity = streams + configuration.maxQueuedNotifications
+        var current = outstanding.load(ordering: .relaxed)
+        while true {
+            guard current < capacity else { throw .queueFull(limit: configuration.maxQueuedNotifications) }
+            let (exchanged, original) = outstanding.compareExchange(
+                expected: current, desired: current + 1, ordering: .relaxed)
+            if exchanged { return }
+            current = original
         }
+    }
+
+    private func pickConnection(avoiding avoided: Int?) -> APNsConnection {
         let start = next.wrappingAdd(1, ordering: .relaxed).oldValue
         var best: APNsConnection?
         var bestScore = Int.max

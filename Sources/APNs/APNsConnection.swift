@@ -51,8 +51,10 @@ final class APNsConnection: @unchecked Sendable {
     /// Requests handed to this slot and not yet answered.
     let load = Atomic<Int>(0)
     let isReady = Atomic<Bool>(false)
-    /// Requests waiting for a stream (in this slot or its handler's queue).
-    let waitingCount = Atomic<Int>(0)
+    /// How many streams the ready channel may have open (0 while not ready).
+    let streamLimit = Atomic<Int>(0)
+    /// Connections this slot has tried to open.
+    let connectAttempts = Atomic<Int>(0)
 
     init(index: Int, eventLoop: any EventLoop, endpoint: APNsEndpoint, sslContext: NIOSSLContext,
          configuration: APNsClientConfiguration, logger: Logger) {
@@ -89,6 +91,7 @@ final class APNsConnection: @unchecked Sendable {
             if case .ready(_, let handler, _) = self.state { handler.shutdown() }
             self.state = .shutDown
             self.isReady.store(false, ordering: .relaxed)
+            self.streamLimit.store(0, ordering: .relaxed)
             self.failWaiting(.refused("client shut down"))
             return Array(self.channels.values)
         }.flatMap { channels in
@@ -104,30 +107,20 @@ final class APNsConnection: @unchecked Sendable {
     private func executeOnLoop(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
         switch state {
         case .ready(_, let handler, _) where handler.isAcceptingRequests:
-            handler.execute(request, deadline: deadline) { [self] result in
-                publishWaiting()
-                completion(result)
-            }
-            publishWaiting()
+            handler.execute(request, deadline: deadline, completion: completion)
         case .shutDown:
             completion(.failure(.refused("client shut down")))
         default:
             waiting.append(Waiting(request: request, deadline: deadline, completion: completion))
-            publishWaiting()
             scheduleWaitingTimer()
             connectIfIdle()
         }
     }
 
-    private func publishWaiting() {
-        var count = waiting.count
-        if case .ready(_, let handler, _) = state { count += handler.queuedRequests }
-        waitingCount.store(count, ordering: .relaxed)
-    }
-
     private func connectIfIdle() {
         guard case .idle = state else { return }
         generation += 1
+        connectAttempts.add(1, ordering: .relaxed)
         let generation = generation
         state = .connecting(generation: generation)
         let host = endpoint.host
@@ -182,6 +175,7 @@ final class APNsConnection: @unchecked Sendable {
             }
             state = .ready(generation: generation, handler: handler, since: .now())
             isReady.store(true, ordering: .relaxed)
+            streamLimit.store(handler.streamLimit, ordering: .relaxed)
             lastError = nil
             logger.debug("connected to APNs", metadata: ["apns.endpoint": "\(endpoint)"])
             let queued = waiting
@@ -189,8 +183,10 @@ final class APNsConnection: @unchecked Sendable {
             for item in queued {
                 executeOnLoop(item.request, deadline: item.deadline, completion: item.completion)
             }
-            publishWaiting()
         case .streamLimitChanged(let limit):
+            if case .ready(let current, _, _) = state, current == generation {
+                streamLimit.store(limit, ordering: .relaxed)
+            }
             logger.debug("APNs changed the stream limit", metadata: ["apns.max_concurrent_streams": "\(limit)"])
         case .goAway(let lastStreamID, let errorCode, let debugData):
             logger.warning("APNs sent GOAWAY", metadata: [
@@ -222,6 +218,7 @@ final class APNsConnection: @unchecked Sendable {
     /// a backoff, so that a server that keeps closing connections never sees a tight loop.
     private func replaceConnection(readySince: NIODeadline, why: String) {
         isReady.store(false, ordering: .relaxed)
+        streamLimit.store(0, ordering: .relaxed)
         let livedLong = NIODeadline.now() - readySince > .seconds(30)
         failures = livedLong ? 0 : failures + 1
         backOff(why)
@@ -264,14 +261,12 @@ final class APNsConnection: @unchecked Sendable {
                 }
             }
             waiting = kept
-            publishWaiting()
             if !waiting.isEmpty { scheduleWaitingTimer() }
         }
     }
 
     private func failWaiting(_ error: HTTP2StreamError) {
         while let item = waiting.popFirst() { item.completion(.failure(error)) }
-        publishWaiting()
     }
 
     // MARK: Helpers

@@ -148,7 +148,7 @@ public final class APNsSimulator: Sendable {
     }
 
     /// A self-signed P-256 certificate for localhost, 127.0.0.1 and ::1.
-    static func makeSelfSignedIdentity() throws -> (chain: [NIOSSLCertificate], key: NIOSSLPrivateKey) {
+    public static func makeSelfSignedIdentity() throws -> (chain: [NIOSSLCertificate], key: NIOSSLPrivateKey) {
         let key = P256.Signing.PrivateKey()
         let name = try DistinguishedName { CommonName("apns-relay simulator") }
         let now = Date()

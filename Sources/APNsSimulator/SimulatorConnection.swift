@@ -107,8 +107,9 @@ final class SharedState: Sendable {
     /// Settles one request under one lock: an answer the header checks already found, or else
     /// the device's topic binding and the scripted behaviour; counts the answer and records what
     /// was accepted.
-    func settle(_ early: SimulatorAnswer?, _ notification: () -> AcceptedNotification) -> Settled {
+    func settle(_ early: SimulatorAnswer?, openStreams: Int, _ notification: () -> AcceptedNotification) -> Settled {
         locked { state in
+            state.peakOverall = max(state.peakOverall, openStreams)
             var answer: SimulatorAnswer
             if let early {
                 answer = early
@@ -192,7 +193,7 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         let apnsID = request.headers["apns-id"] ?? identifiers.next()
         var accepted: AcceptedNotification?
         let early = check(request, apnsID: apnsID, connection: connection, accepted: &accepted)
-        let settled = state.settle(early) { accepted! }
+        let settled = state.settle(early, openStreams: connection.openStreams) { accepted! }
         streamsProcessed += 1
         if let limit = settled.goAwayAfterStreams, streamsProcessed >= limit {
             connection.goAway(debugData: #"{"reason":"\#(settled.goAwayReason)"}"#)

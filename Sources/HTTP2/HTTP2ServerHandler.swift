@@ -38,6 +38,8 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     private var inRead = false
     private var closed = false
     private var goingAway = false
+    /// The last-stream-id of the GOAWAY we sent: requests above it are refused, never processed.
+    private var goAwayLastStreamID: Int32 = .max
 
     /// The most streams that were open at once on this connection.
     public private(set) var peakConcurrentStreams = 0
@@ -91,8 +93,9 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     public func goAway(errorCode: UInt32 = HTTP2ErrorCode.noError, debugData: String) {
         guard let session, let context, !closed, !goingAway else { return }
         goingAway = true
+        goAwayLastStreamID = session.lastProcessedStreamID
         do {
-            try session.submitGoAway(lastStreamID: session.lastProcessedStreamID, errorCode: errorCode,
+            try session.submitGoAway(lastStreamID: goAwayLastStreamID, errorCode: errorCode,
                                      debugData: Array(debugData.utf8))
         } catch {
             fail(context, error.description)
@@ -197,6 +200,12 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     func endOfStream(_ streamID: Int32) {
         guard let incoming = requests.removeValue(forKey: streamID) else { return }
+        if streamID > goAwayLastStreamID {
+            // nghttp2 still parses streams that arrive before our GOAWAY is on the wire; the
+            // GOAWAY promised the client they were not processed, so refuse them.
+            try? session?.submitResetStream(streamID, errorCode: HTTP2ErrorCode.refusedStream)
+            return
+        }
         let request = HTTP2Request(method: incoming.method, scheme: incoming.scheme, authority: incoming.authority,
                                    path: incoming.path, headers: incoming.headers, body: incoming.body)
         delegate.handle(request, streamID: streamID, connection: self)

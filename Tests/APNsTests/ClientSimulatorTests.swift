@@ -1,23 +1,318 @@
 import APNs
 import APNsSimulator
 import Foundation
+import HTTP2
 import NIOCore
+import Synchronization
 import Testing
 
 @Suite("Client against the simulator over TLS and HTTP/2")
 struct ClientSimulatorTests {
     @Test func deliversAndEchoesTheAPNsID() async throws {
         let harness = try await Harness.start()
-        let notification = APNsNotification.alert("hello", deviceToken: sampleToken, topic: sampleTopic)
+        let notification = APNsNotification(
+            deviceToken: sampleToken, topic: sampleTopic, pushType: .alert, priority: 5, expiration: 1_900_000_000,
+            collapseID: "chat-42", payload: ByteBuffer(string: #"{"aps":{"alert":"hello"}}"#))
         let result = try await harness.client.send(notification)
         #expect(result.classification == .delivered)
         #expect(result.status == 200)
-        #expect(result.apnsID == notification.apnsID.uuidString.lowercased())
+        #expect(result.attempts == 1)
+        #expect(result.apnsID == APNsIdentifiers.format(notification.apnsID))
         let accepted = harness.simulator.accepted
         #expect(accepted.count == 1)
-        #expect(accepted.first?.deviceToken == sampleToken)
-        #expect(accepted.first?.topic == sampleTopic)
-        #expect(accepted.first.map { String(decoding: $0.payload, as: UTF8.self) } == #"{"aps":{"alert":"hello"}}"#)
+        let received = try #require(accepted.first)
+        #expect(received.deviceToken == sampleToken)
+        #expect(received.topic == sampleTopic)
+        #expect(received.apnsID == result.apnsID)
+        #expect(received.pushType == "alert")
+        #expect(received.priority == 5)
+        #expect(received.expiration == 1_900_000_000)
+        #expect(received.collapseID == "chat-42")
+        #expect(String(decoding: received.payload, as: UTF8.self) == #"{"aps":{"alert":"hello"}}"#)
         await harness.stop()
     }
+
+    @Test func unregisteredCarriesTheTimestamp() async throws {
+        let harness = try await Harness.start { $0.behaviour.unregistered = [sampleToken: 1_432_819_882_000] }
+        let result = try await harness.client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(result.classification == .unregistered)
+        #expect(result.status == 410)
+        #expect(result.reason == .unregistered)
+        #expect(result.timestamp == 1_432_819_882_000)
+        #expect(harness.simulator.accepted.isEmpty)
+        await harness.stop()
+    }
+
+    @Test func answersFromTheSimulatorClassify() async throws {
+        let other = token(7)
+        let harness = try await Harness.start { configuration in
+            configuration.signingKeys[0].topics = [sampleTopic]
+            configuration.behaviour.deviceTopics = [other: "com.example.other"]
+            configuration.behaviour.rateLimitPerDevice = 1
+            configuration.behaviour.rateLimitWindow = .seconds(60)
+        }
+        let client = harness.client
+        func send(_ token: String, _ topic: String = sampleTopic) async throws -> APNsResult {
+            try await client.send(.alert("x", deviceToken: token, topic: topic))
+        }
+        let first = try await send(token(1))
+        #expect(first.classification == .delivered)
+        let limited = try await send(token(1))
+        #expect(limited.status == 429)
+        #expect(limited.reason == .tooManyRequests)
+        #expect(limited.classification == .retryable)
+        let disallowed = try await send(token(2), "com.example.elsewhere")
+        #expect(disallowed.status == 400)
+        #expect(disallowed.reason == .topicDisallowed)
+        #expect(disallowed.classification == .rejected)
+        let wrongTopic = try await send(other)
+        #expect(wrongTopic.reason == .deviceTokenNotForTopic)
+        #expect(wrongTopic.classification == .rejected)
+
+        harness.simulator.update { $0.failNext = (1, 503) }
+        let unavailable = try await send(token(3))
+        #expect(unavailable.status == 503)
+        #expect(unavailable.reason == .serviceUnavailable)
+        #expect(unavailable.classification == .retryable)
+        harness.simulator.update { $0.failNext = (1, 500) }
+        let internalError = try await send(token(4))
+        #expect(internalError.status == 500)
+        #expect(internalError.reason == .internalServerError)
+        #expect(internalError.classification == .retryable)
+        let recovered = try await send(token(5))
+        #expect(recovered.classification == .delivered)
+        await harness.stop()
+    }
+
+    @Test func payloadTooLargeForTheSimulatorIs413() async throws {
+        // The client refuses oversized payloads itself, so this goes through the raw engine.
+        let harness = try await Harness.start { $0.signingKeys = [] }
+        let raw = try await RawHTTP2Client.connect(port: harness.simulator.port)
+        let big = ByteBuffer(string: #"{"aps":{"alert":""# + String(repeating: "x", count: 5000) + #""}}"#)
+        let response = try await raw.execute(HTTP2Request(
+            authority: "localhost", path: "/3/device/\(sampleToken)",
+            headers: ["apns-topic": sampleTopic, "apns-push-type": "alert"], body: big))
+        #expect(response.status == 413)
+        #expect(reason(of: response) == "PayloadTooLarge")
+        await raw.close()
+        await harness.stop()
+    }
+
+    @Test func wrongKeyIsACredentialFault() async throws {
+        let harness = try await Harness.start()
+        let stranger = try LocalProviderTokenSource(signer: TestKey().signer)
+        var configuration = harness.client.configuration
+        configuration.credential = .token(stranger)
+        let client = try APNsClient(configuration: configuration)
+        let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(result.status == 403)
+        #expect(result.reason == .invalidProviderToken)
+        #expect(result.classification == .credentialFault)
+        await client.shutdown()
+        await harness.stop()
+    }
+
+    @Test func aNewTokenWithinTwentyMinutesIsTooManyProviderTokenUpdates() async throws {
+        // A source that (wrongly) mints on every call: APNs punishes it, and so does the simulator.
+        final class Careless: ProviderTokenSource {
+            let signer: ProviderTokenSigner
+            let counter = Mutex(Int64(0))
+            init(signer: ProviderTokenSigner) { self.signer = signer }
+            func currentToken() throws -> ProviderToken {
+                let now = Int64(Date().timeIntervalSince1970) - counter.withLock { $0 += 1; return $0 }
+                return ProviderToken(jwt: try signer.mint(issuedAt: now), issuedAt: now)
+            }
+            func refresh(after rejected: ProviderToken) throws -> ProviderToken { try currentToken() }
+        }
+        let harness = try await Harness.start()
+        var configuration = harness.client.configuration
+        configuration.credential = .token(Careless(signer: harness.key.signer))
+        let client = try APNsClient(configuration: configuration)
+        let first = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(first.classification == .delivered)
+        let second = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(second.status == 429)
+        #expect(second.reason == .tooManyProviderTokenUpdates)
+        #expect(second.classification == .credentialFault)
+        await client.shutdown()
+        await harness.stop()
+    }
+
+    @Test func expiredProviderTokenMintsOnceAndRetries() async throws {
+        // The client's clock reads 4000 s behind at the first mint (APNs sees a stale token), then
+        // right: the ExpiredProviderToken answer makes it mint once more and retry.
+        let now = Int64(Date().timeIntervalSince1970)
+        let clock = ScriptedClock([now - 4000, now])
+        let harness = try await Harness.start(clientClock: clock.function)
+        let result = try await harness.client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(result.classification == .delivered)
+        #expect(result.attempts == 2)
+        #expect(harness.source.mintCount == 2)
+        #expect(harness.simulator.answers["403 ExpiredProviderToken"] == 1)
+        #expect(harness.simulator.answers["200"] == 1)
+        await harness.stop()
+    }
+
+    @Test func connectionsShareOneToken() async throws {
+        let harness = try await Harness.start(connections: 2)
+        try await withThrowingTaskGroup(of: APNsResult.self) { group in
+            for index in 0..<200 {
+                group.addTask { try await harness.client.send(.alert("x", deviceToken: token(index), topic: sampleTopic)) }
+            }
+            for try await result in group { #expect(result.classification == .delivered) }
+        }
+        #expect(harness.simulator.connectionsAccepted == 2)
+        #expect(harness.source.mintCount == 1)
+        await harness.stop()
+    }
+
+    @Test func streamLimitOneThenRaisedIsObeyed() async throws {
+        let harness = try await Harness.start { $0.maxConcurrentStreams = 1000 }
+        let results = try await sendConcurrently(harness.client, count: 500)
+        #expect(results.allSatisfy { $0.classification == .delivered })
+        // Nothing was refused and resent: the client never opened a stream it was not allowed.
+        #expect(results.allSatisfy { $0.attempts == 1 })
+        let report = harness.simulator.streamLimitReport
+        #expect(report.peakWhileLimitedToOne == 1)
+        #expect(report.violations == 0)
+        #expect(report.peakOverall > 1)
+        #expect(report.peakOverall <= 1000)
+        await harness.stop()
+    }
+
+    @Test func lowerServerLimitIsObeyed() async throws {
+        let harness = try await Harness.start { $0.maxConcurrentStreams = 7 }
+        let results = try await sendConcurrently(harness.client, count: 300)
+        #expect(results.allSatisfy { $0.classification == .delivered && $0.attempts == 1 })
+        let report = harness.simulator.streamLimitReport
+        #expect(report.peakOverall <= 7)
+        #expect(report.violations == 0)
+        await harness.stop()
+    }
+
+    @Test func goAwayMidFlightDeliversEveryNotificationExactlyOnce() async throws {
+        let harness = try await Harness.start(connections: 2) { configuration in
+            configuration.behaviour.goAwayAfterStreams = 150
+            configuration.behaviour.latency = .milliseconds(5)
+        }
+        let count = 1500
+        let notifications = (0..<count).map { APNsNotification.alert("n\($0)", deviceToken: token($0), topic: sampleTopic) }
+        let results = try await withThrowingTaskGroup(of: APNsResult.self) { group in
+            for notification in notifications {
+                group.addTask { try await harness.client.send(notification) }
+            }
+            var all: [APNsResult] = []
+            for try await result in group { all.append(result) }
+            return all
+        }
+        #expect(results.count == count)
+        #expect(results.allSatisfy { $0.classification == .delivered })
+        // GOAWAY really cut in: some notifications went out more than once as requests.
+        #expect(results.contains { $0.attempts > 1 })
+        #expect(harness.simulator.connectionsAccepted > 2)
+        // The simulator's record: every notification once, none twice, none lost.
+        let accepted = harness.simulator.accepted.map(\.apnsID)
+        #expect(accepted.count == count)
+        #expect(Set(accepted).count == count)
+        #expect(Set(accepted) == Set(notifications.map { APNsIdentifiers.format($0.apnsID) }))
+        await harness.stop()
+    }
+
+    @Test func onDemandGoAwayIsSurvived() async throws {
+        let harness = try await Harness.start()
+        #expect(try await harness.client.send(.alert("a", deviceToken: sampleToken, topic: sampleTopic)).classification == .delivered)
+        harness.simulator.goAwayAll(reason: "Shutdown")
+        for index in 0..<20 {
+            let result = try await harness.client.send(.alert("b", deviceToken: token(index), topic: sampleTopic))
+            #expect(result.classification == .delivered)
+        }
+        #expect(harness.simulator.connectionsAccepted == 2)
+        #expect(harness.simulator.accepted.count == 21)
+        await harness.stop()
+    }
+
+    @Test func reconnectsWithBackoffAfterASimulatorRestart() async throws {
+        let identity = try APNsSimulator.makeSelfSignedIdentity()
+        let harness = try await Harness.start { $0.tlsIdentity = identity }
+        #expect(try await harness.client.send(.alert("a", deviceToken: sampleToken, topic: sampleTopic)).classification == .delivered)
+        let port = harness.simulator.port
+        await harness.simulator.stop()
+        let attemptsBefore = harness.client.connectAttempts
+        try await Task.sleep(for: .seconds(2))  // the outage itself, not synchronisation
+        let attemptsDuringOutage = harness.client.connectAttempts - attemptsBefore
+        // Backoff, not a tight loop: 250 ms doubling with jitter allows a handful of tries.
+        #expect(attemptsDuringOutage >= 1)
+        #expect(attemptsDuringOutage <= 6)
+
+        var configuration = SimulatorConfiguration()
+        configuration.port = port
+        configuration.signingKeys = [harness.key.simulatorKey]
+        configuration.tlsIdentity = identity
+        let restarted = try await APNsSimulator.start(configuration)
+        let result = try await harness.client.send(.alert("b", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(result.classification == .delivered)
+        #expect(restarted.accepted.count == 1)
+        await harness.client.shutdown()
+        await restarted.stop()
+    }
+
+    @Test func requestDeadlineFiresAgainstASilentSimulator() async throws {
+        let harness = try await Harness.start(requestTimeout: .milliseconds(500)) { $0.behaviour.blackHole = true }
+        let started = ContinuousClock.now
+        let result = try await harness.client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        let elapsed = ContinuousClock.now - started
+        #expect(result.classification == .retryable)
+        #expect(result.failure == .timedOut(""))
+        #expect(elapsed < .seconds(3))
+        await harness.stop()
+    }
+
+    @Test func invalidNotificationsAreNotSent() async throws {
+        let harness = try await Harness.start()
+        await #expect(throws: APNsError.invalidNotification(APNsValidationError(.badDeviceToken, "device token is not hex"))) {
+            try await harness.client.send(.alert("x", deviceToken: String(repeating: "zz", count: 32), topic: sampleTopic))
+        }
+        #expect(harness.simulator.answers.isEmpty)
+        await harness.stop()
+    }
+
+    @Test func fullWaitQueueIsAnError() async throws {
+        let harness = try await Harness.start(requestTimeout: .seconds(5), configure: { configuration in
+            configuration.maxConcurrentStreams = 1
+            configuration.behaviour.latency = .milliseconds(200)
+        }, configureClient: { $0.maxQueuedNotifications = 5 })
+        let outcomes = await withTaskGroup(of: Result<APNsResult, any Error>.self) { group in
+            for index in 0..<30 {
+                group.addTask {
+                    do { return .success(try await harness.client.send(.alert("x", deviceToken: token(index), topic: sampleTopic))) }
+                    catch { return .failure(error) }
+                }
+            }
+            var all: [Result<APNsResult, any Error>] = []
+            for await outcome in group { all.append(outcome) }
+            return all
+        }
+        let full = outcomes.filter { if case .failure(let error) = $0 { return error as? APNsError == .queueFull(limit: 5) }; return false }
+        #expect(!full.isEmpty)
+        #expect(outcomes.allSatisfy { if case .success(let result) = $0 { return result.classification == .delivered }; return true })
+        await harness.stop()
+    }
+
+    private func sendConcurrently(_ client: APNsClient, count: Int) async throws -> [APNsResult] {
+        try await withThrowingTaskGroup(of: APNsResult.self) { group in
+            for index in 0..<count {
+                group.addTask { try await client.send(.alert("x", deviceToken: token(index), topic: sampleTopic)) }
+            }
+            var all: [APNsResult] = []
+            for try await result in group { all.append(result) }
+            return all
+        }
+    }
+}
+
+func reason(of response: HTTP2Response) -> String? {
+    guard let body = response.body,
+          let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any]
+    else { return nil }
+    return object["reason"] as? String
 }

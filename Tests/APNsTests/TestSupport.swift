@@ -34,6 +34,15 @@ final class ManualClock: Sendable {
     var function: @Sendable () -> Int64 { { self.seconds } }
 }
 
+/// A clock that reads the given values in turn, then keeps reading the last one.
+final class ScriptedClock: Sendable {
+    private let readings: Mutex<[Int64]>
+    init(_ readings: [Int64]) { self.readings = Mutex(readings) }
+    var function: @Sendable () -> Int64 {
+        { self.readings.withLock { $0.count > 1 ? $0.removeFirst() : $0[0] } }
+    }
+}
+
 let sampleToken = String(repeating: "ab", count: 32)
 let sampleTopic = "com.example.app"
 
@@ -52,8 +61,8 @@ struct Harness {
     static func start(
         connections: Int = 1,
         requestTimeout: TimeAmount = .seconds(10),
-        clientClock: (@Sendable () -> Int64)? = nil,
         configure: (inout SimulatorConfiguration) -> Void = { _ in },
+        clientClock: (@Sendable () -> Int64)? = nil,
         configureClient: (inout APNsClientConfiguration) -> Void = { _ in }
     ) async throws -> Harness {
         let key = TestKey()
