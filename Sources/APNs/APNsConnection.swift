@@ -129,6 +129,7 @@ final class APNsConnection: @unchecked Sendable {
         h2Configuration.maxConcurrentStreams = configuration.maxStreamsPerConnection
         h2Configuration.idlePingInterval = configuration.idlePingInterval
         h2Configuration.pingTimeout = configuration.pingTimeout
+        h2Configuration.readyTimeout = configuration.connectTimeout
         let h2 = h2Configuration
         let serverHostname = Self.isIPAddress(host) ? nil : host
 

@@ -27,6 +27,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         public var timerResolution: TimeAmount = .milliseconds(50)
         /// Connection-level receive window.
         public var connectionWindow: Int32 = 16 << 20
+        /// Fail the connection when the server's first SETTINGS do not arrive within this time.
+        public var readyTimeout: TimeAmount = .seconds(10)
         /// Fail the connection unless TLS negotiated `h2` through ALPN.
         public var requireALPN: Bool = true
 
@@ -177,6 +179,12 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func channelReadComplete(context: ChannelHandlerContext) {
         flush(context)
+        if let session, !session.isAlive, state == .starting || state == .open {
+            // nghttp2 ended the session over something the server sent; its GOAWAY went out in
+            // the flush above.
+            fail(context, .protocolViolation(session.lastPeerError ?? "server broke the HTTP/2 protocol"))
+            return
+        }
         closeIfFinished()
         context.fireChannelReadComplete()
     }
@@ -348,7 +356,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             cancelled = true
         }
         if cancelled { flush(context) }
-        if state == .starting, now - lastFrameReceived > configuration.pingTimeout {
+        if state == .starting, now - lastFrameReceived > configuration.readyTimeout {
             fail(context, .connectTimeout)
         }
     }
@@ -369,6 +377,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     /// Ends every request, exactly once, and reports the close.
     private func connectionEnded(_ error: HTTP2Error?) {
         guard state != .closed else { return }
+        let started = session != nil
         state = .closed
         timer?.cancel()
         timer = nil
@@ -385,7 +394,9 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
                 exchange.finish(.failure(.connectionLost(why)))
             }
         }
-        onEvent?(.closed(error))
+        // A channel that never became active (the connect failed) reports nothing: whoever
+        // connected it has the connect error, which says more.
+        if started { onEvent?(.closed(error)) }
         onEvent = nil
     }
 }

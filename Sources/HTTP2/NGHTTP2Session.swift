@@ -21,6 +21,11 @@ protocol NGHTTP2SessionDelegate: AnyObject {
     func requestHeadersSent(_ streamID: Int32)
 }
 
+extension NGHTTP2Session {
+    /// Why nghttp2 last gave up on something the peer sent, in its own words.
+    var lastPeerError: String? { peerError }
+}
+
 /// HTTP/2 error codes this module names (RFC 9113 §7).
 public enum HTTP2ErrorCode {
     public static let noError: UInt32 = 0x0
@@ -44,6 +49,8 @@ final class NGHTTP2Session {
     unowned let delegate: any NGHTTP2SessionDelegate
     /// Request or response bodies not yet handed to nghttp2, by stream.
     private var outboundBodies: [Int32: ByteBuffer] = [:]
+    /// nghttp2's description of the last error the peer caused (from its error callback).
+    fileprivate var peerError: String?
     /// Reused between submits so that building a header list allocates nothing.
     private var scratchBytes: [UInt8] = []
     private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
@@ -59,6 +66,7 @@ final class NGHTTP2Session {
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
         nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+        nghttp2_session_callbacks_set_error_callback2(callbacks, onError)
         if mode == .client {
             nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSent)
         }
@@ -328,6 +336,14 @@ private let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData i
     guard let frame else { return 0 }
     if frame.pointee.hd.type == frameHeaders, frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST {
         owner(userData).delegate.requestHeadersSent(frame.pointee.hd.stream_id)
+    }
+    return 0
+}
+
+private let onError: nghttp2_error_callback2 = { _, _, message, length, userData in
+    if let message {
+        let text = String(decoding: UnsafeRawBufferPointer(start: message, count: length), as: UTF8.self)
+        owner(userData).peerError = text
     }
     return 0
 }

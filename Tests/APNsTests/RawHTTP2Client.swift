@@ -9,20 +9,25 @@ final class RawHTTP2Client: Sendable {
     private let channel: any Channel
     private let handler: NIOLoopBound<HTTP2ClientHandler>
 
-    static func connect(port: Int, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> RawHTTP2Client {
+    static func connect(port: Int, configuration: HTTP2ClientHandler.Configuration = .init(),
+                        group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> RawHTTP2Client {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.certificateVerification = .none
         tls.applicationProtocols = ["h2"]
         let context = try NIOSSLContext(configuration: tls)
-        let ready = group.any().makePromise(of: Void.self)
-        let channel = try await ClientBootstrap(group: group)
+        let loop = group.any()
+        let ready = loop.makePromise(of: Void.self)
+        let closed = loop.makePromise(of: HTTP2Error?.self)
+        let channel = try await ClientBootstrap(group: loop)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let handler = HTTP2ClientHandler()
+                    let handler = HTTP2ClientHandler(configuration: configuration)
                     handler.onEvent = { event in
                         switch event {
                         case .ready: ready.succeed()
-                        case .closed(let error): ready.fail(error ?? HTTP2Error.closed("closed"))
+                        case .closed(let error):
+                            ready.fail(error ?? HTTP2Error.closed("closed"))
+                            closed.succeed(error)
                         default: break
                         }
                     }
@@ -36,12 +41,20 @@ final class RawHTTP2Client: Sendable {
         let handler = try await channel.eventLoop.submit {
             NIOLoopBound(try channel.pipeline.syncOperations.handler(type: HTTP2ClientHandler.self), eventLoop: channel.eventLoop)
         }.get()
-        return RawHTTP2Client(channel: channel, handler: handler)
+        return RawHTTP2Client(channel: channel, handler: handler, closedEvent: closed.futureResult)
     }
 
-    private init(channel: any Channel, handler: NIOLoopBound<HTTP2ClientHandler>) {
+    private let closedEvent: EventLoopFuture<HTTP2Error?>
+
+    private init(channel: any Channel, handler: NIOLoopBound<HTTP2ClientHandler>, closedEvent: EventLoopFuture<HTTP2Error?>) {
         self.channel = channel
         self.handler = handler
+        self.closedEvent = closedEvent
+    }
+
+    /// Waits for the connection to close; returns why.
+    func closed() async throws -> HTTP2Error? {
+        try await closedEvent.get()
     }
 
     func execute(_ request: HTTP2Request, timeout: TimeAmount = .seconds(5)) async throws -> HTTP2Response {

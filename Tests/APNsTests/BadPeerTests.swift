@@ -1,0 +1,83 @@
+import APNs
+import HTTP2
+import NIOCore
+import NIOPosix
+import Testing
+
+/// Bad endpoints give one clear failure naming the cause, within the deadline, and no crash.
+@Suite("Bad peers")
+struct BadPeerTests {
+    static func send(to port: Int, timeout: TimeAmount = .seconds(2)) async throws -> (APNsResult, Duration) {
+        var configuration = APNsClientConfiguration(
+            endpoint: APNsEndpoint(host: "127.0.0.1", port: port),
+            credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
+        configuration.connections = 1
+        configuration.requestTimeout = timeout
+        configuration.insecureSkipVerify = true
+        let client = try APNsClient(configuration: configuration)
+        let started = ContinuousClock.now
+        let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        let elapsed = ContinuousClock.now - started
+        await client.shutdown()
+        return (result, elapsed)
+    }
+
+    static func failureText(_ result: APNsResult) -> String {
+        result.failure.map { "\($0)" } ?? "no failure"
+    }
+
+    @Test func unreachableEndpoint() async throws {
+        // Bind and close a socket to find a port nobody listens on.
+        let probe = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .bind(host: "127.0.0.1", port: 0).get()
+        let port = probe.localAddress!.port!
+        try await probe.close()
+        let (result, elapsed) = try await Self.send(to: port)
+        #expect(result.classification == .retryable)
+        #expect(Self.failureText(result).contains("not sent"))
+        #expect(Self.failureText(result).lowercased().contains("refused"), "\(Self.failureText(result))")
+        #expect(elapsed < .seconds(4))
+    }
+
+    @Test func serverThatIsNotTLS() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: nil, greeting: Array("HTTP/1.1 400 Bad Request\r\n\r\n".utf8))
+        let (result, elapsed) = try await Self.send(to: server.port)
+        #expect(result.classification == .retryable)
+        #expect(Self.failureText(result).contains("not sent"), "\(Self.failureText(result))")
+        #expect(elapsed < .seconds(4))
+        await server.stop()
+    }
+
+    @Test func tlsServerWithoutHTTP2() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: ["http/1.1"], greeting: [])
+        let (result, _) = try await Self.send(to: server.port)
+        #expect(Self.failureText(result).contains("ALPN"), "\(Self.failureText(result))")
+        await server.stop()
+    }
+
+    @Test func serverThatSpeaksGarbageAfterALPN() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: Array("HTTP/1.1 200 OK\r\n\r\n".utf8))
+        let (result, _) = try await Self.send(to: server.port)
+        #expect(Self.failureText(result).contains("HTTP/2 protocol error"), "\(Self.failureText(result))")
+        await server.stop()
+    }
+
+    @Test func peerThatStopsAnsweringHitsTheDeadline() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: ScriptedServer.settingsFrame)
+        let (result, elapsed) = try await Self.send(to: server.port, timeout: .milliseconds(700))
+        #expect(result.failure == .timedOut(""))
+        #expect(elapsed < .seconds(3))
+        await server.stop()
+    }
+
+    @Test func unansweredPingClosesTheConnection() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: ScriptedServer.settingsFrame)
+        var configuration = HTTP2ClientHandler.Configuration()
+        configuration.idlePingInterval = .milliseconds(200)
+        configuration.pingTimeout = .milliseconds(300)
+        let raw = try await RawHTTP2Client.connect(port: server.port, configuration: configuration)
+        let error = try await raw.closed()
+        #expect(error == .pingTimeout)
+        await server.stop()
+    }
+}
