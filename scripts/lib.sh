@@ -2,7 +2,7 @@
 # need, when they are missing.
 set -euo pipefail
 
-APT_PACKAGES=(pkg-config libnghttp2-dev libhiredis-dev librdkafka-dev nghttp2-client redis-server)
+APT_PACKAGES=(pkg-config openssl libnghttp2-dev libhiredis-dev librdkafka-dev nghttp2-client redis-server)
 
 ensure_packages() {
     local missing=()

@@ -4,6 +4,9 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// One of the pool's connections to APNs, kept open for as long as APNs lets it live.
 ///
@@ -229,7 +232,9 @@ final class APNsConnection: @unchecked Sendable {
         isReady.store(false, ordering: .relaxed)
         failures += 1
         lastError = why
-        logger.warning("cannot connect to APNs", metadata: ["apns.endpoint": "\(endpoint)", "apns.error": "\(why)"])
+        // Once per change of state: the first failure is a warning, repeats are debug.
+        logger.log(level: failures == 1 ? .warning : .debug, "cannot connect to APNs",
+                   metadata: ["apns.endpoint": "\(endpoint)", "apns.error": "\(why)", "apns.failures": "\(failures)"])
         backOff(why)
     }
 
@@ -277,8 +282,21 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     static func describe(_ error: any Error) -> String {
-        if let error = error as? NIOConnectionError, let first = error.connectionErrors.first {
-            return "\(first.target): \(first.error)"
+        if let error = error as? NIOConnectionError {
+            if let first = error.connectionErrors.first {
+                let target = "\(first.target.ipAddress ?? error.host):\(first.target.port ?? error.port)"
+                if let io = first.error as? IOError {
+                    return "cannot connect to \(target): \(String(cString: strerror(io.errnoCode)))"
+                }
+                return "cannot connect to \(target): \(first.error)"
+            }
+            if let dns = error.dnsAError ?? error.dnsAAAAError {
+                return "cannot resolve \(error.host): \(dns)"
+            }
+            return "cannot connect to \(error.host):\(error.port)"
+        }
+        if let error = error as? ChannelError, case .connectTimeout(let amount) = error {
+            return "connect timed out after \(amount.nanoseconds / 1_000_000) ms"
         }
         return String(describing: error)
     }

@@ -1,6 +1,7 @@
 import APNs
 import ArgumentParser
 import Foundation
+import Logging
 import NIOCore
 
 /// `apns-relay send`: one push, one JSON line with the answer; exit 0 only when delivered.
@@ -100,7 +101,10 @@ struct SendCommand: AsyncParsableCommand {
         configuration.connectTimeout = .seconds(Int64(timeout))
         configuration.insecureSkipVerify = insecure
         if insecure { Terminal.error("warning: --insecure: the server's TLS certificate is not verified") }
-        let client = try APNsClient(configuration: configuration)
+        // The answer (or the error) is the output; the client's own logs would only repeat it.
+        var logger = Logger(label: "apns-relay.send")
+        logger.logLevel = .critical
+        let client = try APNsClient(configuration: configuration, logger: logger)
         let result: APNsResult
         do {
             result = try await client.send(notification)

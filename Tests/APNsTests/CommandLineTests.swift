@@ -1,0 +1,154 @@
+import APNsSimulator
+import Foundation
+import Testing
+
+/// The `apns-relay` binary, built next to the test bundle.
+enum RelayBinary {
+    static var url: URL {
+        let testBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        var directory = testBinary.deletingLastPathComponent()
+        // Swift Testing may run from inside the .xctest bundle on Linux.
+        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("apns-relay").path),
+              directory.pathComponents.count > 1 {
+            directory.deleteLastPathComponent()
+        }
+        return directory.appendingPathComponent("apns-relay")
+    }
+
+    struct Output {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+    }
+
+    /// Runs the binary to completion.
+    static func run(_ arguments: [String]) throws -> Output {
+        let process = Process()
+        process.executableURL = url
+        process.arguments = arguments
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return Output(status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
+                      stderr: String(decoding: stderr, as: UTF8.self))
+    }
+}
+
+@Suite("apns-relay send and simulate")
+struct CommandLineTests {
+    static func json(_ text: String) throws -> [String: Any] {
+        let line = try #require(text.split(separator: "\n").last)
+        return try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+    }
+
+    @Test func sendDeliversAndPrintsOneJSONObject() async throws {
+        let key = TestKey()
+        let keyFile = try key.writeP8()
+        var configuration = SimulatorConfiguration()
+        configuration.signingKeys = [key.simulatorKey]
+        configuration.behaviour.unregistered = [token(9): 1_432_819_882_000]
+        let simulator = try await APNsSimulator.start(configuration)
+        let common = ["send", "--endpoint", simulator.url, "--insecure", "--team-id", TestKey.teamID,
+                      "--key-id", TestKey.keyID, "--key-file", keyFile, "--topic", sampleTopic]
+
+        let delivered = try RelayBinary.run(common + ["--token", sampleToken, "--alert", "hello", "--collapse-id", "c1"])
+        #expect(delivered.status == 0, "\(delivered.stderr)")
+        let answer = try Self.json(delivered.stdout)
+        #expect(answer["status"] as? String == "delivered")
+        #expect(answer["http_status"] as? Int == 200)
+        #expect(answer["reason"] == nil)
+        #expect((answer["apns_id"] as? String)?.count == 36)
+        #expect(delivered.stderr.contains("--insecure"))
+        #expect(simulator.accepted.first?.collapseID == "c1")
+
+        let gone = try RelayBinary.run(common + ["--token", token(9), "--alert", "hello"])
+        #expect(gone.status == 1)
+        let goneAnswer = try Self.json(gone.stdout)
+        #expect(goneAnswer["status"] as? String == "unregistered")
+        #expect(goneAnswer["http_status"] as? Int == 410)
+        #expect(goneAnswer["reason"] as? String == "Unregistered")
+        #expect(goneAnswer["timestamp"] as? Int64 == 1_432_819_882_000)
+
+        let invalid = try RelayBinary.run(common + ["--token", "xyz", "--alert", "hello"])
+        #expect(invalid.status == 1)
+        let invalidAnswer = try Self.json(invalid.stdout)
+        #expect(invalidAnswer["status"] as? String == "rejected")
+        #expect(invalidAnswer["reason"] as? String == "BadDeviceToken")
+        #expect(simulator.answers.values.reduce(0, +) == 2)  // the invalid one never reached it
+
+        let payloadFile = FileManager.default.temporaryDirectory.appendingPathComponent("payload-\(UUID()).json").path
+        try #"{"aps":{"content-available":1}}"#.write(toFile: payloadFile, atomically: true, encoding: .utf8)
+        let background = try RelayBinary.run(common + ["--token", sampleToken, "--payload", payloadFile,
+                                                       "--push-type", "background", "--priority", "5"])
+        #expect(background.status == 0, "\(background.stdout) \(background.stderr)")
+        #expect(simulator.accepted.last?.pushType == "background")
+        await simulator.stop()
+    }
+
+    @Test func sendReportsBadInputInOneLine() throws {
+        let missing = try RelayBinary.run([
+            "send", "--endpoint", "https://127.0.0.1:9", "--team-id", "T", "--key-id", "K", "--key-file",
+            "/nonexistent/AuthKey.p8", "--topic", sampleTopic, "--token", sampleToken, "--alert", "x",
+        ])
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("/nonexistent/AuthKey.p8"))
+        #expect(missing.stderr.split(separator: "\n").count == 1)
+        #expect(try Self.json(missing.stdout)["status"] as? String == "failed")
+
+        let keyFile = try TestKey().writeP8()
+        let unreachable = try RelayBinary.run([
+            "send", "--endpoint", "https://127.0.0.1:9", "--team-id", "T", "--key-id", "K", "--key-file", keyFile,
+            "--topic", sampleTopic, "--token", sampleToken, "--alert", "x", "--timeout", "2",
+        ])
+        #expect(unreachable.status == 1)
+        let answer = try Self.json(unreachable.stdout)
+        #expect(answer["status"] as? String == "failed")
+        #expect((answer["error"] as? String)?.lowercased().contains("refused") == true, "\(answer)")
+
+        let badEndpoint = try RelayBinary.run([
+            "send", "--endpoint", "staging", "--team-id", "T", "--key-id", "K", "--key-file", keyFile,
+            "--topic", sampleTopic, "--token", sampleToken, "--alert", "x",
+        ])
+        #expect(badEndpoint.status == 1)
+        #expect(badEndpoint.stderr.contains("staging"))
+    }
+
+    @Test func simulatePrintsItsURLAndStopsOnSIGTERM() throws {
+        let key = TestKey()
+        let keyFile = try key.writeP8()
+        let process = Process()
+        process.executableURL = RelayBinary.url
+        process.arguments = ["simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)"]
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        // The first line is the contract: read up to it.
+        var firstLine = Data()
+        while !firstLine.contains(0x0A) {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            firstLine.append(chunk)
+        }
+        let line = String(decoding: firstLine, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
+        #expect(line.hasPrefix("listening on https://127.0.0.1:"))
+        let url = String(line.dropFirst("listening on ".count))
+        #expect(!url.hasSuffix(":0"))
+
+        let sent = try RelayBinary.run([
+            "send", "--endpoint", url, "--insecure", "--team-id", TestKey.teamID, "--key-id", TestKey.keyID,
+            "--key-file", keyFile, "--topic", sampleTopic, "--token", sampleToken, "--alert", "hi",
+        ])
+        #expect(sent.status == 0, "\(sent.stdout) \(sent.stderr)")
+
+        process.terminate()  // SIGTERM
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let summary = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(summary.contains("200: 1"), "\(summary)")
+    }
+}
