@@ -51,6 +51,9 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(name: .customLong("tls-key"), help: "PEM private key for --tls-cert.")
     var tlsKey: String?
 
+    @Option(name: .customLong("client-ca"), help: "Certificate auth: PEM file of the certificates client certificates must chain to (TLS then requires one).")
+    var clientCA: String?
+
     @Option(name: .customLong("token-max-age"), help: "Provider tokens older than this many seconds get ExpiredProviderToken.")
     var tokenMaxAge: Int64 = 3600
 
@@ -126,6 +129,13 @@ struct SimulateCommand: AsyncParsableCommand {
                 let fields = line.split(separator: " ")
                 guard let token = fields.first else { continue }
                 configuration.behaviour.unregistered[String(token)] = fields.count > 1 ? Int64(fields[1]) ?? now : now
+            }
+        }
+        if let clientCA {
+            do {
+                configuration.clientCertificateTrustRoots = try NIOSSLCertificate.fromPEMFile(clientCA)
+            } catch {
+                throw SimulatorError.configuration("cannot use --client-ca \(clientCA): \(error)")
             }
         }
         if let tlsCert, let tlsKey {

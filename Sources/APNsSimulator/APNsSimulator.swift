@@ -49,11 +49,19 @@ public final class APNsSimulator: Sendable {
     /// Starts listening; `configuration.port` 0 picks a free port (see ``port``).
     public static func start(_ configuration: SimulatorConfiguration,
                              eventLoopGroup: (any EventLoopGroup)? = nil) async throws -> APNsSimulator {
-        let identity = try configuration.tlsIdentity ?? makeSelfSignedIdentity()
+        let identity = try configuration.tlsIdentity ?? {
+            let made = try makeSelfSignedIdentity()
+            return (made.chain, made.key)
+        }()
         var tls = TLSConfiguration.makeServerConfiguration(
             certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
         tls.minimumTLSVersion = .tlsv12
         tls.applicationProtocols = ["h2"]
+        if let roots = configuration.clientCertificateTrustRoots {
+            // Certificate auth: a client must present a certificate these roots vouch for.
+            tls.certificateVerification = .noHostnameVerification
+            tls.trustRoots = .certificates(roots)
+        }
         let sslContext = try NIOSSLContext(configuration: tls)
         let ownsGroup = eventLoopGroup == nil
         let group = eventLoopGroup ?? MultiThreadedEventLoopGroup(numberOfThreads: 1)
@@ -147,10 +155,11 @@ public final class APNsSimulator: Sendable {
         if ownsGroup { try? await group.shutdownGracefully() }
     }
 
-    /// A self-signed P-256 certificate for localhost, 127.0.0.1 and ::1.
-    public static func makeSelfSignedIdentity() throws -> (chain: [NIOSSLCertificate], key: NIOSSLPrivateKey) {
+    /// A self-signed P-256 certificate for localhost, 127.0.0.1 and ::1: the simulator's default
+    /// server identity, and a client identity for certificate-auth tests.
+    public static func makeSelfSignedIdentity(commonName: String = "apns-relay simulator") throws -> SelfSignedIdentity {
         let key = P256.Signing.PrivateKey()
-        let name = try DistinguishedName { CommonName("apns-relay simulator") }
+        let name = try DistinguishedName { CommonName(commonName) }
         let now = Date()
         let certificate = try Certificate(
             version: .v3, serialNumber: Certificate.SerialNumber(),
@@ -167,10 +176,18 @@ public final class APNsSimulator: Sendable {
             issuerPrivateKey: Certificate.PrivateKey(key))
         var serializer = DER.Serializer()
         try serializer.serialize(certificate)
-        let certificateDER = serializer.serializedBytes
-        return (
-            [try NIOSSLCertificate(bytes: certificateDER, format: .der)],
-            try NIOSSLPrivateKey(bytes: Array(key.derRepresentation), format: .der)
-        )
+        return SelfSignedIdentity(
+            chain: [try NIOSSLCertificate(bytes: serializer.serializedBytes, format: .der)],
+            key: try NIOSSLPrivateKey(bytes: Array(key.derRepresentation), format: .der),
+            certificatePEM: try certificate.serializeAsPEM().pemString,
+            privateKeyPEM: key.pemRepresentation)
     }
+}
+
+/// A certificate and its key, in NIOSSL's types and as PEM text.
+public struct SelfSignedIdentity: Sendable {
+    public let chain: [NIOSSLCertificate]
+    public let key: NIOSSLPrivateKey
+    public let certificatePEM: String
+    public let privateKeyPEM: String
 }

@@ -81,6 +81,10 @@ public struct SimulatorConfiguration: Sendable {
     public var maxConcurrentStreams: UInt32 = 1000
     /// TLS certificate and key; a self-signed one for localhost is made when nil.
     public var tlsIdentity: (chain: [NIOSSLCertificate], key: NIOSSLPrivateKey)?
+    /// Certificate auth: require a TLS client certificate issued by one of these (a handshake
+    /// without one fails). Use with no `signingKeys`, as APNs' certificate connections carry no
+    /// provider token.
+    public var clientCertificateTrustRoots: [NIOSSLCertificate]?
     /// Keep every accepted notification in memory (tests read them with ``APNsSimulator/accepted``).
     public var recordInMemory: Bool = true
     /// Append every accepted notification as one JSON line to this file.

@@ -47,6 +47,8 @@ final class SharedState: Sendable {
     let tokenMaxAge: Int64
     let maxConcurrentStreams: UInt32
     let recordInMemory: Bool
+    /// Whether accepted payloads are kept at all (in memory or in the record file).
+    let recordsPayloads: Bool
     let clock: @Sendable () -> Int64
     private let mutex: Mutex<Locked>
 
@@ -57,6 +59,7 @@ final class SharedState: Sendable {
         self.tokenMaxAge = configuration.tokenMaxAgeSeconds
         self.maxConcurrentStreams = configuration.maxConcurrentStreams
         self.recordInMemory = configuration.recordInMemory
+        self.recordsPayloads = configuration.recordInMemory || configuration.recordFile != nil
         self.clock = configuration.clock
         var locked = Locked(behaviour: configuration.behaviour)
         if let path = configuration.recordFile {
@@ -299,7 +302,7 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         accepted = AcceptedNotification(
             deviceToken: token, topic: topic, apnsID: apnsID, pushType: pushType.rawValue, priority: priority,
             expiration: expiration, collapseID: collapseID,
-            payload: state.recordInMemory ? Array(request.body!.readableBytesView) : [],
+            payload: state.recordsPayloads ? Array(request.body!.readableBytesView) : [],
             receivedAt: APNsIdentifiers.epochMilliseconds())
         return nil
     }

@@ -232,7 +232,8 @@ struct ClientSimulatorTests {
     }
 
     @Test func reconnectsWithBackoffAfterASimulatorRestart() async throws {
-        let identity = try APNsSimulator.makeSelfSignedIdentity()
+        let made = try APNsSimulator.makeSelfSignedIdentity()
+        let identity = (chain: made.chain, key: made.key)
         let harness = try await Harness.start { $0.tlsIdentity = identity }
         #expect(try await harness.client.send(.alert("a", deviceToken: sampleToken, topic: sampleTopic)).classification == .delivered)
         let port = harness.simulator.port
@@ -296,6 +297,56 @@ struct ClientSimulatorTests {
         #expect(!full.isEmpty)
         #expect(outcomes.allSatisfy { if case .success(let result) = $0 { return result.classification == .delivered }; return true })
         await harness.stop()
+    }
+
+    @Test func certificateAuthWithPEMAndPKCS12() async throws {
+        let clientIdentity = try APNsSimulator.makeSelfSignedIdentity(commonName: "Apple Push Services: com.example.app")
+        var configuration = SimulatorConfiguration()
+        configuration.clientCertificateTrustRoots = clientIdentity.chain
+        let simulator = try await APNsSimulator.start(configuration)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cert-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let certFile = directory.appendingPathComponent("cert.pem").path
+        let keyFile = directory.appendingPathComponent("key.pem").path
+        try clientIdentity.certificatePEM.write(toFile: certFile, atomically: true, encoding: .utf8)
+        try clientIdentity.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        let p12File = directory.appendingPathComponent("cert.p12").path
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["pkcs12", "-export", "-in", certFile, "-inkey", keyFile, "-out", p12File, "-passout", "pass:secret"]
+        try openssl.run()
+        openssl.waitUntilExit()
+        #expect(openssl.terminationStatus == 0)
+
+        let endpoint = APNsEndpoint(host: "127.0.0.1", port: simulator.port)
+        for credential in [
+            try APNsCredential.certificate(certificateFile: certFile, keyFile: keyFile),
+            try APNsCredential.certificate(certificateFile: p12File, keyFile: nil, passphrase: "secret"),
+        ] {
+            var clientConfiguration = APNsClientConfiguration(endpoint: endpoint, credential: credential)
+            clientConfiguration.additionalTrustRoots = [simulator.certificate]
+            let client = try APNsClient(configuration: clientConfiguration)
+            let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+            #expect(result.classification == .delivered)
+            await client.shutdown()
+        }
+        #expect(simulator.accepted.count == 2)
+
+        // Without a client certificate the handshake fails and nothing is sent.
+        var anonymous = APNsClientConfiguration(
+            endpoint: endpoint, credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
+        anonymous.additionalTrustRoots = [simulator.certificate]
+        anonymous.requestTimeout = .seconds(1)
+        let client = try APNsClient(configuration: anonymous)
+        let refused = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(refused.classification == .retryable)
+        #expect(simulator.accepted.count == 2)
+        await client.shutdown()
+
+        #expect(throws: APNsError.self) {
+            try APNsCredential.certificate(certificateFile: p12File, keyFile: nil, passphrase: "wrong")
+        }
+        await simulator.stop()
     }
 
     private func sendConcurrently(_ client: APNsClient, count: Int) async throws -> [APNsResult] {

@@ -122,7 +122,9 @@ struct CommandLineTests {
         let keyFile = try key.writeP8()
         let process = Process()
         process.executableURL = RelayBinary.url
-        process.arguments = ["simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)"]
+        let record = FileManager.default.temporaryDirectory.appendingPathComponent("record-\(UUID()).jsonl").path
+        process.arguments = ["simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)",
+                             "--record", record]
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
         process.standardError = err
@@ -150,5 +152,12 @@ struct CommandLineTests {
         #expect(process.terminationStatus == 0)
         let summary = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(summary.contains("200: 1"), "\(summary)")
+        let lines = try String(contentsOfFile: record, encoding: .utf8).split(separator: "\n")
+        #expect(lines.count == 1)
+        let recorded = try #require(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
+        #expect(recorded["token"] as? String == sampleToken)
+        #expect(recorded["topic"] as? String == sampleTopic)
+        #expect(recorded["payload"] as? String == #"{"aps":{"alert":"hi"}}"#)
+        #expect(recorded["apns_id"] as? String == (try Self.json(sent.stdout)["apns_id"] as? String))
     }
 }

@@ -18,6 +18,7 @@ final class RawHTTP2Client: Sendable {
         let loop = group.any()
         let ready = loop.makePromise(of: Void.self)
         let closed = loop.makePromise(of: HTTP2Error?.self)
+        let bound = loop.makePromise(of: NIOLoopBound<HTTP2ClientHandler>.self)
         let channel = try await ClientBootstrap(group: loop)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -31,6 +32,7 @@ final class RawHTTP2Client: Sendable {
                         default: break
                         }
                     }
+                    bound.succeed(NIOLoopBound(handler, eventLoop: channel.eventLoop))
                     try channel.pipeline.syncOperations.addHandlers([
                         try NIOSSLClientHandler(context: context, serverHostname: nil), handler,
                     ])
@@ -38,9 +40,7 @@ final class RawHTTP2Client: Sendable {
             }
             .connect(host: "127.0.0.1", port: port).get()
         try await ready.futureResult.get()
-        let handler = try await channel.eventLoop.submit {
-            NIOLoopBound(try channel.pipeline.syncOperations.handler(type: HTTP2ClientHandler.self), eventLoop: channel.eventLoop)
-        }.get()
+        let handler = try await bound.futureResult.get()
         return RawHTTP2Client(channel: channel, handler: handler, closedEvent: closed.futureResult)
     }
 

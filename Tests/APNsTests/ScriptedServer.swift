@@ -29,7 +29,7 @@ final class ScriptedServer: Sendable {
     static func start(tlsProtocols: [String]?, greeting: [UInt8]) async throws -> ScriptedServer {
         var sslContext: NIOSSLContext?
         if let tlsProtocols {
-            let identity = try APNsSimulator.makeSelfSignedIdentity()
+            let identity = try APNsSimulator.makeSelfSignedIdentity()  // server identity
             var tls = TLSConfiguration.makeServerConfiguration(
                 certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
             tls.applicationProtocols = tlsProtocols
