@@ -4,6 +4,10 @@ import PackageDescription
 let strict: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("InternalImportsByDefault"),
+    // Release builds skip dynamic exclusivity checks: measured at ~10% of the client's CPU per
+    // notification (scripts/bench-apns), on state that each event loop owns alone. Debug builds,
+    // which the tests use, keep the checks, so a violation still fails the suite.
+    .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
 ]
 
 let package = Package(

@@ -28,6 +28,17 @@ final class APNsConnection: @unchecked Sendable {
         case shutDown
     }
 
+    private struct Submission {
+        var request: HTTP2Request
+        var deadline: NIODeadline
+        var continuation: UnsafeContinuation<Result<HTTP2Response, HTTP2StreamError>, Never>
+    }
+
+    private struct Inbox {
+        var submissions: [Submission] = []
+        var drainScheduled = false
+    }
+
     private struct Waiting {
         var request: HTTP2Request
         var deadline: NIODeadline
@@ -50,7 +61,12 @@ final class APNsConnection: @unchecked Sendable {
     private var waitingTimer: Scheduled<Void>?
     private var channels: [Int: any Channel] = [:]
 
-    // Read from any thread.
+    /// Arrays reused by `drainInbox` (event loop only).
+    private var draining: [Submission] = []
+    private var spareSubmissions: [Submission] = []
+
+    // Shared with any thread.
+    private let inbox = Mutex(Inbox())
     /// Requests handed to this slot and not yet answered.
     let load = Atomic<Int>(0)
     let isReady = Atomic<Bool>(false)
@@ -77,14 +93,38 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     /// Sends `request`; the answer comes back on this slot's event loop.
+    ///
+    /// Requests reach the event loop through `inbox`: callers append under a lock and only the
+    /// first of a burst schedules a drain, so a busy pool pays one event-loop hop per batch rather
+    /// than per notification.
     func execute(_ request: HTTP2Request, deadline: NIODeadline) async -> Result<HTTP2Response, HTTP2StreamError> {
         load.add(1, ordering: .relaxed)
         defer { load.subtract(1, ordering: .relaxed) }
         return await withUnsafeContinuation { continuation in
-            eventLoop.execute {
-                self.executeOnLoop(request, deadline: deadline) { continuation.resume(returning: $0) }
+            let submission = Submission(request: request, deadline: deadline, continuation: continuation)
+            let scheduleDrain = inbox.withLock { inbox in
+                inbox.submissions.append(submission)
+                defer { inbox.drainScheduled = true }
+                return !inbox.drainScheduled
+            }
+            if scheduleDrain {
+                eventLoop.execute { self.drainInbox() }
             }
         }
+    }
+
+    private func drainInbox() {
+        swap(&draining, &spareSubmissions)
+        inbox.withLock { inbox in
+            swap(&inbox.submissions, &draining)
+            inbox.drainScheduled = false
+        }
+        for submission in draining {
+            let continuation = submission.continuation
+            executeOnLoop(submission.request, deadline: submission.deadline) { continuation.resume(returning: $0) }
+        }
+        draining.removeAll(keepingCapacity: true)
+        swap(&draining, &spareSubmissions)
     }
 
     /// Closes every channel gracefully and fails what waits.

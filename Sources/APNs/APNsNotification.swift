@@ -117,7 +117,7 @@ extension APNsNotification {
         }
         let scanned = payload.withUnsafeReadableBytes { bytes -> Result<PayloadScanner.Summary, PayloadScanner.Failure> in
             do throws(PayloadScanner.Failure) {
-                return .success(try PayloadScanner.scan(bytes))
+                return .success(try PayloadScanner.scan(bytes, collectAPSKeys: pushType == .background))
             } catch {
                 return .failure(error)
             }
@@ -133,7 +133,7 @@ extension APNsNotification {
             throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")
         }
         if pushType == .background {
-            let extra = summary.apsKeys.filter { $0 != "content-available" }.sorted()
+            let extra = summary.otherAPSKeys.sorted()
             if !extra.isEmpty {
                 throw APNsValidationError(.badPayload, "a background push's aps may hold only content-available, found \(extra.joined(separator: ", "))")
             }

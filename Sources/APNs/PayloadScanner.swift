@@ -11,7 +11,8 @@ struct PayloadScanner {
     struct Summary: Equatable {
         enum APS: Equatable { case missing, object, notAnObject }
         var aps: APS = .missing
-        var apsKeys: [String] = []
+        /// Keys of `aps` other than `content-available`, in order (the first 16).
+        var otherAPSKeys: [String] = []
         var contentAvailable: Int?
     }
 
@@ -22,14 +23,18 @@ struct PayloadScanner {
     }
 
     private let bytes: UnsafeRawBufferPointer
+    private let collectsKeys: Bool
     private var index = 0
 
-    private init(_ bytes: UnsafeRawBufferPointer) {
+    private init(_ bytes: UnsafeRawBufferPointer, collectsKeys: Bool) {
         self.bytes = bytes
+        self.collectsKeys = collectsKeys
     }
 
-    static func scan(_ bytes: UnsafeRawBufferPointer) throws(Failure) -> Summary {
-        var scanner = PayloadScanner(bytes)
+    /// - Parameter collectAPSKeys: fill ``Summary/otherAPSKeys`` (costs an allocation; only
+    ///   background pushes need it).
+    static func scan(_ bytes: UnsafeRawBufferPointer, collectAPSKeys: Bool = false) throws(Failure) -> Summary {
+        var scanner = PayloadScanner(bytes, collectsKeys: collectAPSKeys)
         scanner.skipWhitespace()
         guard scanner.peek() == UInt8(ascii: "{") else {
             // Tell a well-formed non-object from garbage.
@@ -74,7 +79,7 @@ struct PayloadScanner {
     }
 
     private mutating func apsObject(depth: Int, summary: inout Summary) throws(Failure) {
-        summary.apsKeys = []
+        summary.otherAPSKeys = []
         summary.contentAvailable = nil
         index += 1  // {
         skipWhitespace()
@@ -87,9 +92,12 @@ struct PayloadScanner {
             let key = try string()
             try expect(UInt8(ascii: ":"))
             skipWhitespace()
-            summary.apsKeys.append(key)
             let integer = try value(depth: depth + 1)
-            if key == "content-available" { summary.contentAvailable = integer }
+            if key == "content-available" {
+                summary.contentAvailable = integer
+            } else if collectsKeys, summary.otherAPSKeys.count < 16 {
+                summary.otherAPSKeys.append(key)
+            }
             if try endOfContainer(UInt8(ascii: "}")) { return }
         }
     }

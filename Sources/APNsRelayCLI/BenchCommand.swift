@@ -33,11 +33,11 @@ struct BenchAPNsCommand: AsyncParsableCommand {
     @Option(help: "Notifications to send.")
     var count: Int = 100_000
 
-    @Option(help: "Notifications in flight at once.")
-    var concurrency: Int = 1000
+    @Option(help: "Notifications in flight at once (default: enough to fill every connection's 1000 streams).")
+    var concurrency: Int = 2000
 
-    @Option(help: "Connections in the client's pool.")
-    var connections: Int = 1
+    @Option(help: "Connections in the client's pool (default: the pool's default, 2).")
+    var connections: Int = 2
 
     @Option(help: "Distinct device tokens to spread the notifications over.")
     var devices: Int = 10_000

@@ -39,6 +39,18 @@ struct NotificationValidationTests {
                                        payload: ByteBuffer(string: #"{"aps":{"content-available":1,"alert":"x"}}"#)), .badPayload),
         ("background without content-available", make(pushType: .background,
                                                       payload: ByteBuffer(string: #"{"aps":{}}"#)), .badPayload),
+        ("content-available not an integer", make(pushType: .background,
+                                                  payload: ByteBuffer(string: #"{"aps":{"content-available":"1"}}"#)), .badPayload),
+        ("trailing garbage", make(payload: ByteBuffer(string: #"{"aps":{}} x"#)), .badPayload),
+        ("unterminated string", make(payload: ByteBuffer(string: #"{"aps":{"alert":"hi}}"#)), .badPayload),
+        ("bad escape", make(payload: ByteBuffer(string: #"{"aps":{"alert":"\q"}}"#)), .badPayload),
+        ("control character in a string", make(payload: ByteBuffer(string: "{\"aps\":{\"alert\":\"a\u{01}\"}}")), .badPayload),
+        ("leading zero", make(payload: ByteBuffer(string: #"{"aps":{"badge":01}}"#)), .badPayload),
+        ("missing comma", make(payload: ByteBuffer(string: #"{"aps":{"badge":1 "sound":"x"}}"#)), .badPayload),
+        ("trailing comma", make(payload: ByteBuffer(string: #"{"aps":{"badge":1,}}"#)), .badPayload),
+        ("bare word", make(payload: ByteBuffer(string: #"{"aps":{"badge":nope}}"#)), .badPayload),
+        ("nested 100 deep", make(payload: ByteBuffer(string: #"{"aps":{},"x":"# + String(repeating: "[", count: 100)
+                                                       + String(repeating: "]", count: 100) + "}")), .badPayload),
     ]
 
     static func padded(_ size: Int) -> ByteBuffer {
@@ -68,6 +80,8 @@ struct NotificationValidationTests {
         try Self.make(collapseID: String(repeating: "c", count: 64)).validate()
         try Self.make(topic: "com.example.app.push-type.liveactivity", pushType: .liveactivity).validate()
         try Self.make(priority: 1, expiration: 0).validate()
+        try Self.make(payload: ByteBuffer(string: #" { "aps" : { "alert" : { "title" : "a\"b\u00e9", "loc-args" : [1, -2.5e3, true, false, null] }, "badge" : 0 }, "custom" : { "k" : [ ] } } "#)).validate()
+        try Self.make(pushType: .background, payload: ByteBuffer(string: #"{"x":{"aps":1},"aps":{"content-available":1}}"#)).validate()
         #expect(Self.make(pushType: .background).effectivePriority == 5)
         #expect(Self.make().effectivePriority == 10)
     }
