@@ -44,6 +44,8 @@ public struct APNsClientConfiguration: Sendable {
 public final class APNsClient: Sendable {
     public let configuration: APNsClientConfiguration
     private let connections: [APNsConnection]
+    /// One executor per event loop the pool's connections live on.
+    public let taskExecutors: [EventLoopTaskExecutor]
     private let group: any EventLoopGroup
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
@@ -89,6 +91,7 @@ public final class APNsClient: Sendable {
             APNsConnection(index: index, eventLoop: loops[index % loops.count], endpoint: configuration.endpoint,
                            sslContext: sslContext, configuration: configuration, logger: logger)
         }
+        self.taskExecutors = loops.prefix(configuration.connections).map { EventLoopTaskExecutor(eventLoop: $0) }
         for connection in connections { connection.start() }
     }
 
@@ -168,8 +171,9 @@ public final class APNsClient: Sendable {
 
     // MARK: Internals
 
-    /// The least-loaded ready connection (round robin among equals); any connection when none is
-    /// ready, so the send waits for a reconnect instead of failing at once.
+    /// The least-loaded ready connection (round robin among equals), preferring those on the
+    /// caller's own event loop; any connection when none is ready, so the send waits for a
+    /// reconnect instead of failing at once.
     /// Counts a send in, or refuses it when every stream is busy and the wait queue is full.
     private func admit() throws(APNsError) {
         let streams = connections.reduce(0) { $0 + $1.streamLimit.load(ordering: .relaxed) }
@@ -192,6 +196,7 @@ public final class APNsClient: Sendable {
             let connection = connections[(start &+ offset) % connections.count]
             var score = connection.load.load(ordering: .relaxed)
             if !connection.isReady.load(ordering: .relaxed) { score += 1 << 40 }
+            if !connection.eventLoop.inEventLoop { score += 1 << 20 }
             if connection.index == avoided, connections.count > 1 { score += 1 << 41 }
             if score < bestScore {
                 best = connection

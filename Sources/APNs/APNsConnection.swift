@@ -101,6 +101,10 @@ final class APNsConnection: @unchecked Sendable {
         load.add(1, ordering: .relaxed)
         defer { load.subtract(1, ordering: .relaxed) }
         return await withUnsafeContinuation { continuation in
+            if eventLoop.inEventLoop {
+                executeOnLoop(request, deadline: deadline) { continuation.resume(returning: $0) }
+                return
+            }
             let submission = Submission(request: request, deadline: deadline, continuation: continuation)
             let scheduleDrain = inbox.withLock { inbox in
                 inbox.submissions.append(submission)

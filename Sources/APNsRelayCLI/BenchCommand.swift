@@ -107,8 +107,10 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         let count = self.count
         let started = ContinuousClock.now
         let outcomes = try await withThrowingTaskGroup(of: (latencies: [Int64], failed: Int).self) { group in
-            for _ in 0..<min(concurrency, count) {
-                group.addTask {
+            let executors = client.taskExecutors
+            for task in 0..<min(concurrency, count) {
+                // Each sender runs on one of the pool's event loops, next to its connection.
+                group.addTask(executorPreference: executors[task % executors.count]) {
                     var latencies: [Int64] = []
                     var failed = 0
                     while true {
