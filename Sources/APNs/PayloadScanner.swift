@@ -50,8 +50,11 @@ struct PayloadScanner {
 
     // MARK: Grammar
 
-    /// The top-level object: like any object, but looks into `aps`.
-    private mutating func object(depth: Int, summary: inout Summary) throws(Failure) {
+    /// Walks the members of the object at `index`, calling `visit` with each key while the
+    /// scanner stands at that member's value; `visit` must consume the value.
+    private mutating func forEachMember(
+        _ visit: (inout PayloadScanner, String) throws(Failure) -> Void
+    ) throws(Failure) {
         index += 1  // {
         skipWhitespace()
         if peek() == UInt8(ascii: "}") {
@@ -63,42 +66,39 @@ struct PayloadScanner {
             let key = try string()
             try expect(UInt8(ascii: ":"))
             skipWhitespace()
-            if key == "aps" {
-                if peek() == UInt8(ascii: "{") {
-                    summary.aps = .object
-                    try apsObject(depth: depth + 1, summary: &summary)
-                } else {
-                    summary.aps = .notAnObject
-                    _ = try value(depth: depth + 1)
-                }
-            } else {
-                _ = try value(depth: depth + 1)
-            }
+            try visit(&self, key)
             if try endOfContainer(UInt8(ascii: "}")) { return }
+        }
+    }
+
+    /// The top-level object: like any object, but looks into `aps`.
+    private mutating func object(depth: Int, summary: inout Summary) throws(Failure) {
+        try forEachMember { scanner, key throws(Failure) in
+            guard key == "aps" else {
+                _ = try scanner.value(depth: depth + 1)
+                return
+            }
+            if scanner.peek() == UInt8(ascii: "{") {
+                summary.aps = .object
+                try scanner.apsObject(depth: depth + 1, summary: &summary)
+            } else {
+                summary.aps = .notAnObject
+                _ = try scanner.value(depth: depth + 1)
+            }
         }
     }
 
     private mutating func apsObject(depth: Int, summary: inout Summary) throws(Failure) {
         summary.otherAPSKeys = []
         summary.contentAvailable = nil
-        index += 1  // {
-        skipWhitespace()
-        if peek() == UInt8(ascii: "}") {
-            index += 1
-            return
-        }
-        while true {
-            skipWhitespace()
-            let key = try string()
-            try expect(UInt8(ascii: ":"))
-            skipWhitespace()
-            let integer = try value(depth: depth + 1)
+        let collectsKeys = self.collectsKeys
+        try forEachMember { scanner, key throws(Failure) in
+            let integer = try scanner.value(depth: depth + 1)
             if key == "content-available" {
                 summary.contentAvailable = integer
             } else if collectsKeys, summary.otherAPSKeys.count < 16 {
                 summary.otherAPSKeys.append(key)
             }
-            if try endOfContainer(UInt8(ascii: "}")) { return }
         }
     }
 
@@ -109,19 +109,8 @@ struct PayloadScanner {
         guard let byte = peek() else { throw .malformed(offset: index) }
         switch byte {
         case UInt8(ascii: "{"):
-            index += 1
-            skipWhitespace()
-            if peek() == UInt8(ascii: "}") {
-                index += 1
-                return nil
-            }
-            while true {
-                skipWhitespace()
-                _ = try string()
-                try expect(UInt8(ascii: ":"))
-                _ = try value(depth: depth + 1)
-                if try endOfContainer(UInt8(ascii: "}")) { return nil }
-            }
+            try forEachMember { scanner, _ throws(Failure) in _ = try scanner.value(depth: depth + 1) }
+            return nil
         case UInt8(ascii: "["):
             index += 1
             skipWhitespace()

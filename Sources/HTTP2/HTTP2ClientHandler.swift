@@ -306,15 +306,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     private func flush(_ context: ChannelHandlerContext) {
         guard let session, state != .closed else { return }
-        var buffer = context.channel.allocator.buffer(capacity: 0)
         do {
-            try session.produce(into: &buffer)
+            try session.flush(to: context)
         } catch {
             fail(context, error)
-            return
-        }
-        if buffer.readableBytes > 0 {
-            context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }
     }
 

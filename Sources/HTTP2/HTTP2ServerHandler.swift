@@ -227,15 +227,10 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     private func flush(_ context: ChannelHandlerContext) {
         guard let session, !closed else { return }
-        var buffer = context.channel.allocator.buffer(capacity: 0)
         do {
-            try session.produce(into: &buffer)
+            try session.flush(to: context)
         } catch {
             fail(context, error.description)
-            return
-        }
-        if buffer.readableBytes > 0 {
-            context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }
     }
 

@@ -128,6 +128,15 @@ final class NGHTTP2Session {
         }
     }
 
+    /// Writes everything nghttp2 wants to send to the channel, in one flush.
+    func flush(to context: ChannelHandlerContext) throws(HTTP2Error) {
+        var buffer = context.channel.allocator.buffer(capacity: 0)
+        try produce(into: &buffer)
+        if buffer.readableBytes > 0 {
+            context.writeAndFlush(NIOAny(buffer), promise: nil)
+        }
+    }
+
     /// False when the session is finished (GOAWAY exchanged and no stream left, or a fatal error).
     var isAlive: Bool {
         nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0
