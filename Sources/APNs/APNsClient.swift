@@ -144,6 +144,8 @@ public final class APNsClient: Sendable {
                 return APNsResult(failure: .timedOut(""), apnsID: apnsID, attempts: attempts)
             case .failure(.reset(let code)):
                 return APNsResult(failure: .streamReset(code), apnsID: apnsID, attempts: attempts)
+            case .failure(let error):
+                return APNsResult(failure: .invalidResponse(error.description), apnsID: apnsID, attempts: attempts)
             }
         }
     }

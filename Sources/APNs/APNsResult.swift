@@ -37,6 +37,8 @@ public enum APNsTransportFailure: Sendable, Equatable, CustomStringConvertible {
     case notSent(String)
     /// APNs reset the stream.
     case streamReset(UInt32)
+    /// The answer could not be used (a body far larger than APNs ever sends, say).
+    case invalidResponse(String)
 
     public var description: String {
         switch self {
@@ -44,6 +46,7 @@ public enum APNsTransportFailure: Sendable, Equatable, CustomStringConvertible {
         case .timedOut(let why): "no answer before the deadline\(why.isEmpty ? "" : ": \(why)")"
         case .notSent(let why): "not sent: \(why)"
         case .streamReset(let code): "stream reset by APNs (HTTP/2 error \(code))"
+        case .invalidResponse(let why): "unusable answer: \(why)"
         }
     }
 }

@@ -142,6 +142,11 @@ final class SharedState: Sendable {
         }
         if let limit = state.behaviour.rateLimitPerDevice {
             let now = NIODeadline.now()
+            if state.deviceWindows.count >= 100_000 {
+                // Bounded: forget devices whose window has passed.
+                let window = state.behaviour.rateLimitWindow
+                state.deviceWindows = state.deviceWindows.filter { now - $0.value.start < window }
+            }
             var window = state.deviceWindows[token] ?? (now, 0)
             if now - window.start >= state.behaviour.rateLimitWindow { window = (now, 0) }
             window.count += 1

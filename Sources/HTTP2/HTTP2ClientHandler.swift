@@ -27,6 +27,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         public var timerResolution: TimeAmount = .milliseconds(50)
         /// Connection-level receive window.
         public var connectionWindow: Int32 = 16 << 20
+        /// Responses with a larger body are cancelled (APNs' bodies are a few dozen bytes).
+        public var maxResponseBodyBytes: Int = 64 * 1024
+        /// Header fields kept per response; the rest are dropped.
+        public var maxResponseHeaders: Int = 64
         /// Fail the connection when the server's first SETTINGS do not arrive within this time.
         public var readyTimeout: TimeAmount = .seconds(10)
         /// Fail the connection unless TLS negotiated `h2` through ALPN.
@@ -215,17 +219,23 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         guard let exchange = streams[streamID] else { return }
         if name == ":status" {
             exchange.status = Int(value)
-        } else if !name.hasPrefix(":") {
+        } else if !name.hasPrefix(":"), exchange.headers.fields.count < configuration.maxResponseHeaders {
             exchange.headers.add(name, value)
         }
     }
 
     func data(_ streamID: Int32, _ bytes: UnsafeRawBufferPointer) {
-        guard let exchange = streams[streamID], let context else { return }
-        if exchange.body == nil {
-            exchange.body = context.channel.allocator.buffer(capacity: bytes.count)
+        guard let exchange = streams[streamID], exchange.completion != nil, let context else { return }
+        var body = exchange.body ?? context.channel.allocator.buffer(capacity: bytes.count)
+        exchange.body = nil
+        guard body.readableBytes + bytes.count <= configuration.maxResponseBodyBytes else {
+            exchange.finish(.failure(.responseTooLarge(limit: configuration.maxResponseBodyBytes)))
+            try? session?.submitResetStream(streamID, errorCode: HTTP2ErrorCode.cancel)
+            scheduleFlush(context)
+            return
         }
-        exchange.body!.writeBytes(bytes)
+        body.writeBytes(bytes)
+        exchange.body = body
     }
 
     func endOfStream(_ streamID: Int32) {

@@ -98,6 +98,8 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
     case reset(UInt32)
     /// No response before the request's deadline; the stream was cancelled.
     case timedOut
+    /// The response body grew past the limit; the stream was cancelled.
+    case responseTooLarge(limit: Int)
 
     public var description: String {
         switch self {
@@ -105,6 +107,7 @@ public enum HTTP2StreamError: Error, Sendable, Equatable, CustomStringConvertibl
         case .connectionLost(let why): "connection lost before the response (\(why))"
         case .reset(let code): "stream reset by the peer (HTTP/2 error code \(code))"
         case .timedOut: "no response before the deadline"
+        case .responseTooLarge(let limit): "response body larger than \(limit) bytes"
         }
     }
 }

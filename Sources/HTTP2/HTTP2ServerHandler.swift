@@ -48,8 +48,12 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     /// The MAX_CONCURRENT_STREAMS we last advertised.
     public private(set) var advertisedMaxConcurrentStreams: UInt32
 
-    public init(maxConcurrentStreams: UInt32, delegate: any HTTP2ServerDelegate) {
+    /// Request bodies are kept up to this size plus one byte; the rest is read and dropped.
+    private let maxRequestBodyBytes: Int
+
+    public init(maxConcurrentStreams: UInt32, maxRequestBodyBytes: Int = 64 * 1024, delegate: any HTTP2ServerDelegate) {
         self.initialMaxConcurrentStreams = maxConcurrentStreams
+        self.maxRequestBodyBytes = maxRequestBodyBytes
         self.advertisedMaxConcurrentStreams = maxConcurrentStreams
         self.delegate = delegate
     }
@@ -186,16 +190,20 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
         case ":scheme": requests[streamID]!.scheme = value
         case ":authority": requests[streamID]!.authority = value
         case ":path": requests[streamID]!.path = value
-        default: requests[streamID]!.headers.add(name, value)
+        default:
+            // nghttp2 bounds each field; this bounds how many are kept.
+            if requests[streamID]!.headers.fields.count < 64 { requests[streamID]!.headers.add(name, value) }
         }
     }
 
     func data(_ streamID: Int32, _ bytes: UnsafeRawBufferPointer) {
-        guard let context, requests[streamID] != nil else { return }
-        if requests[streamID]!.body == nil {
-            requests[streamID]!.body = context.channel.allocator.buffer(capacity: bytes.count)
-        }
-        requests[streamID]!.body!.writeBytes(bytes)
+        guard let context, var request = requests[streamID] else { return }
+        var body = request.body ?? context.channel.allocator.buffer(capacity: bytes.count)
+        // Keep at most one byte past the limit: enough for the application to see "too large".
+        let room = maxRequestBodyBytes + 1 - body.readableBytes
+        if room > 0 { body.writeBytes(UnsafeRawBufferPointer(rebasing: bytes.prefix(room))) }
+        request.body = body
+        requests[streamID] = request
     }
 
     func endOfStream(_ streamID: Int32) {

@@ -1,0 +1,102 @@
+import APNs
+import APNsSimulator
+import HTTP2
+import NIOCore
+import NIOPosix
+import NIOSSL
+import Testing
+
+/// The nghttp2 engine on its own: limits that protect both sides from odd peers.
+@Suite("HTTP/2 engine")
+struct HTTP2EngineTests {
+    /// Answers every request with a body of `size` bytes.
+    final class BigBodyServer: HTTP2ServerDelegate {
+        let size: Int
+        init(size: Int) { self.size = size }
+        func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
+            connection.respond(streamID: streamID, HTTP2Response(
+                status: 200, body: ByteBuffer(repeating: UInt8(ascii: "x"), count: size)))
+        }
+        func connectionClosed(_ connection: HTTP2ServerHandler) {}
+    }
+
+    @Test func oversizedResponseBodyIsCancelledNotBuffered() async throws {
+        let identity = try APNsSimulator.makeSelfSignedIdentity()
+        var tls = TLSConfiguration.makeServerConfiguration(
+            certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
+        tls.applicationProtocols = ["h2"]
+        let context = try NIOSSLContext(configuration: tls)
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers([
+                        NIOSSLServerHandler(context: context),
+                        HTTP2ServerHandler(maxConcurrentStreams: 100, delegate: BigBodyServer(size: 200_000)),
+                    ])
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let raw = try await RawHTTP2Client.connect(port: server.localAddress!.port!)
+        await #expect(throws: HTTP2StreamError.responseTooLarge(limit: 64 * 1024)) {
+            _ = try await raw.execute(HTTP2Request(authority: "localhost", path: "/"))
+        }
+        await raw.close()
+        try await server.close()
+    }
+
+    @Test func oversizedRequestBodyIsAnswered413WithoutBeingKept() async throws {
+        var configuration = SimulatorConfiguration()
+        configuration.recordInMemory = true
+        let simulator = try await APNsSimulator.start(configuration)
+        let raw = try await RawHTTP2Client.connect(port: simulator.port)
+        let response = try await raw.execute(HTTP2Request(
+            authority: "localhost", path: "/3/device/\(sampleToken)",
+            headers: ["apns-topic": sampleTopic], body: ByteBuffer(repeating: 0x7B, count: 300_000)))
+        #expect(response.status == 413)
+        #expect(reason(of: response) == "PayloadTooLarge")
+        await raw.close()
+        await simulator.stop()
+    }
+
+    @Test func simulatorAnswersBadRequestsInAPNsOrder() async throws {
+        let key = TestKey()
+        var configuration = SimulatorConfiguration()
+        configuration.signingKeys = [key.simulatorKey]
+        let simulator = try await APNsSimulator.start(configuration)
+        let raw = try await RawHTTP2Client.connect(port: simulator.port)
+        let jwt = try key.signer.mint(issuedAt: LocalProviderTokenSource.systemClock())
+        let auth = "bearer \(jwt)"
+        let body = ByteBuffer(string: #"{"aps":{"alert":"x"}}"#)
+        func answer(method: String = "POST", path: String = "/3/device/\(sampleToken)",
+                    _ headers: [(String, String)], body: ByteBuffer? = body) async throws -> (Int, String?) {
+            let response = try await raw.execute(HTTP2Request(
+                method: method, authority: "localhost", path: path,
+                headers: HTTP2Headers(headers.map { (name: $0.0, value: $0.1) }), body: body))
+            return (response.status, reason(of: response))
+        }
+        let good: [(String, String)] = [("authorization", auth), ("apns-topic", sampleTopic), ("apns-push-type", "alert")]
+        #expect(try await answer(good) == (200, nil))
+        #expect(try await answer(method: "GET", good) == (405, "MethodNotAllowed"))
+        #expect(try await answer(path: "/3/other", good) == (404, "BadPath"))
+        #expect(try await answer(path: "/3/device/", good) == (400, "MissingDeviceToken"))
+        #expect(try await answer(good + [("apns-topic", sampleTopic)]) == (400, "DuplicateHeaders"))
+        #expect(try await answer([("apns-topic", sampleTopic)]) == (403, "MissingProviderToken"))
+        #expect(try await answer([("authorization", "bearer x.y.z"), ("apns-topic", sampleTopic)]) == (403, "InvalidProviderToken"))
+        #expect(try await answer(good + [("apns-id", "not-a-uuid")]) == (400, "BadMessageId"))
+        #expect(try await answer([("authorization", auth)]) == (400, "MissingTopic"))
+        #expect(try await answer(good.dropLast() + [("apns-push-type", "carrier-pigeon")]) == (400, "InvalidPushType"))
+        #expect(try await answer(good.dropLast() + [("apns-push-type", "voip")]) == (400, "BadTopic"))
+        #expect(try await answer(path: "/3/device/zz", good) == (400, "BadDeviceToken"))
+        #expect(try await answer(good + [("apns-priority", "7")]) == (400, "BadPriority"))
+        #expect(try await answer(good.dropLast() + [("apns-push-type", "background"), ("apns-priority", "10")]) == (400, "BadPriority"))
+        #expect(try await answer(good + [("apns-expiration", "soon")]) == (400, "BadExpirationDate"))
+        #expect(try await answer(good + [("apns-collapse-id", String(repeating: "c", count: 65))]) == (400, "BadCollapseId"))
+        #expect(try await answer(good, body: nil) == (400, "PayloadEmpty"))
+        let counted = simulator.answers
+        #expect(counted["200"] == 1)
+        #expect(counted["400 BadPriority"] == 2)
+        #expect(simulator.accepted.count == 1)
+        await raw.close()
+        await simulator.stop()
+    }
+}
