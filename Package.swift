@@ -17,6 +17,7 @@ let package = Package(
         .executable(name: "apns-relay", targets: ["APNsRelayCLI"]),
         .library(name: "APNs", targets: ["APNs"]),
         .library(name: "APNsSimulator", targets: ["APNsSimulator"]),
+        .library(name: "Kafka", targets: ["Kafka"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -47,6 +48,14 @@ let package = Package(
                 "CNghttp2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTLS", package: "swift-nio"),
+            ],
+            swiftSettings: strict),
+        // Kafka over librdkafka: producer, consumer group member, mock cluster. No C type escapes it.
+        .target(
+            name: "Kafka",
+            dependencies: [
+                "CRdKafka",
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
         // The APNs domain: notifications, validation, JWT, responses, connections, pool.
@@ -98,6 +107,10 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
+            swiftSettings: strict),
+        .testTarget(
+            name: "KafkaTests",
+            dependencies: ["Kafka"],
             swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]

@@ -1,0 +1,126 @@
+import CRdKafka
+import Logging
+
+/// What librdkafka's callbacks reach through the client's opaque pointer: at least a logger.
+/// Subclasses add their own state, each behind its own lock (hence `@unchecked Sendable`: the
+/// stored properties here are immutable).
+class KafkaCallbackContext: @unchecked Sendable {
+    let logger: Logger
+
+    init(logger: Logger) {
+        self.logger = logger
+    }
+
+    /// Installs the log callback and makes `self` the configuration's opaque pointer. The owner
+    /// of the client keeps `self` alive for as long as the client lives.
+    func install(on builder: KafkaConfigBuilder) {
+        builder.withConf { conf in
+            rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(self).toOpaque())
+            rd_kafka_conf_set_log_cb(conf, forwardLog)
+        }
+    }
+}
+
+/// librdkafka's own log lines, into swift-log (syslog levels: 0–3 error, 4 warning, 5–6 info).
+private let forwardLog: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafePointer<CChar>?) -> Void = { rk, level, facility, text in
+    guard let rk, let opaque = rd_kafka_opaque(rk) else { return }
+    let context = Unmanaged<KafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    let logLevel: Logger.Level = level <= 3 ? .error : level == 4 ? .warning : level <= 6 ? .info : .debug
+    context.logger.log(level: logLevel, "\(text.map { String(cString: $0) } ?? "")", metadata: [
+        "kafka.facility": "\(facility.map { String(cString: $0) } ?? "")",
+    ])
+}
+
+/// Builds an `rd_kafka_conf_t`; owns it until ``KafkaHandle`` takes it over.
+final class KafkaConfigBuilder {
+    private var conf: OpaquePointer?
+
+    init(_ properties: [String: String]) throws(KafkaError) {
+        conf = rd_kafka_conf_new()
+        // Sorted, so that errors come out in a stable order.
+        for (key, value) in properties.sorted(by: { $0.key < $1.key }) {
+            try set(key, value)
+        }
+    }
+
+    deinit {
+        if let conf { rd_kafka_conf_destroy(conf) }
+    }
+
+    func set(_ key: String, _ value: String) throws(KafkaError) {
+        var errorText = [CChar](repeating: 0, count: 512)
+        let result = rd_kafka_conf_set(conf, key, value, &errorText, errorText.count)
+        guard result == RD_KAFKA_CONF_OK else {
+            throw .configuration(key, string(fromCBuffer: errorText))
+        }
+    }
+
+    /// Lends the configuration for a callback setter.
+    func withConf<R>(_ body: (OpaquePointer) -> R) -> R {
+        body(conf!)
+    }
+
+    /// Hands the configuration over (rd_kafka_new owns it when it succeeds).
+    fileprivate func take() -> OpaquePointer? {
+        defer { conf = nil }
+        return conf
+    }
+
+    fileprivate func giveBack(_ conf: OpaquePointer?) {
+        self.conf = conf
+    }
+}
+
+/// Owns one `rd_kafka_t` (producer or consumer); destroys it in `deinit`.
+///
+/// Thread-safety: librdkafka handles are thread-safe; this class only hands the pointer out
+/// through ``withHandle(_:)``.
+final class KafkaHandle: @unchecked Sendable {
+    private let handle: OpaquePointer
+
+    init(type: rd_kafka_type_t, configuration: KafkaConfigBuilder) throws(KafkaError) {
+        var errorText = [CChar](repeating: 0, count: 512)
+        let conf = configuration.take()
+        guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
+            configuration.giveBack(conf)
+            throw KafkaError(code: RD_KAFKA_RESP_ERR__INVALID_ARG.rawValue,
+                             message: "cannot create the Kafka client: \(string(fromCBuffer: errorText))")
+        }
+        self.handle = handle
+    }
+
+    deinit {
+        rd_kafka_destroy(handle)
+    }
+
+    func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+        try body(handle)
+    }
+}
+
+/// Copies a Swift list of partitions into a C list for the duration of `body`.
+func withPartitionList<R>(_ partitions: [TopicPartition], offsets: [Int64]? = nil,
+                          _ body: (UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> R) -> R {
+    let list = rd_kafka_topic_partition_list_new(Int32(max(partitions.count, 1)))!
+    defer { rd_kafka_topic_partition_list_destroy(list) }
+    for (index, partition) in partitions.enumerated() {
+        let element = rd_kafka_topic_partition_list_add(list, partition.topic, partition.partition)!
+        if let offsets { element.pointee.offset = offsets[index] }
+    }
+    return body(list)
+}
+
+/// Reads a C partition list into Swift values.
+func partitions(of list: UnsafePointer<rd_kafka_topic_partition_list_t>?) -> [TopicPartition] {
+    guard let list, list.pointee.cnt > 0, let elements = list.pointee.elems else { return [] }
+    return (0..<Int(list.pointee.cnt)).map { index in
+        let element = elements[index]
+        return TopicPartition(topic: element.topic.map { String(cString: $0) } ?? "", partition: element.partition)
+    }
+}
+
+/// Text from a fixed-size C buffer (up to its first NUL).
+func string(fromCBuffer buffer: [CChar]) -> String {
+    let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
+    return String(decoding: bytes, as: UTF8.self)
+}

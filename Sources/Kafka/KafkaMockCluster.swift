@@ -1,0 +1,78 @@
+import CRdKafka
+
+/// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
+/// taken down and brought back, injected request errors. For tests, the demo and benchmarks.
+public final class KafkaMockCluster: @unchecked Sendable {
+    // `@unchecked Sendable`: librdkafka's mock API is thread-safe (it posts to the cluster's own
+    // thread); these pointers are never changed after init.
+    private let owner: KafkaHandle
+    private let cluster: OpaquePointer
+
+    /// Kafka API keys for ``pushRequestErrors(apiKey:_:)``.
+    public enum APIKey {
+        public static let produce: Int16 = 0
+        public static let fetch: Int16 = 1
+        public static let offsetCommit: Int16 = 8
+        public static let offsetFetch: Int16 = 9
+        public static let findCoordinator: Int16 = 10
+        public static let joinGroup: Int16 = 11
+        public static let heartbeat: Int16 = 12
+        public static let syncGroup: Int16 = 14
+        public static let initProducerID: Int16 = 22
+    }
+
+    public init(brokers: Int = 3) throws(KafkaError) {
+        // The cluster lives inside a client instance of its own.
+        let builder = try KafkaConfigBuilder(["log_level": "3"])
+        let owner = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder)
+        guard let cluster = owner.withHandle({ rd_kafka_mock_cluster_new($0, Int32(brokers)) }) else {
+            throw KafkaError(code: RD_KAFKA_RESP_ERR__FAIL.rawValue, message: "cannot start the mock Kafka cluster")
+        }
+        self.owner = owner
+        self.cluster = cluster
+    }
+
+    deinit {
+        rd_kafka_mock_cluster_destroy(cluster)
+    }
+
+    /// `host:port,...` of the mock brokers.
+    public var bootstrapServers: String {
+        String(cString: rd_kafka_mock_cluster_bootstraps(cluster))
+    }
+
+    public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1) throws(KafkaError) {
+        let error = rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor))
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "create topic \(name)") }
+    }
+
+    /// Broker ids run from 1 to the broker count.
+    public func setBrokerDown(_ broker: Int32) {
+        _ = rd_kafka_mock_broker_set_down(cluster, broker)
+    }
+
+    public func setBrokerUp(_ broker: Int32) {
+        _ = rd_kafka_mock_broker_set_up(cluster, broker)
+    }
+
+    /// The next requests of this kind get these errors, one each, in order.
+    public func pushRequestErrors(apiKey: Int16, _ errorCodes: [Int32]) {
+        let errors = errorCodes.map { rd_kafka_resp_err_t(rawValue: $0) }
+        errors.withUnsafeBufferPointer { buffer in
+            rd_kafka_mock_push_request_errors_array(cluster, apiKey, buffer.count, buffer.baseAddress)
+        }
+    }
+
+    /// Moves a partition's leadership to another broker.
+    public func setPartitionLeader(topic: String, partition: Int32, broker: Int32) {
+        _ = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
+    }
+}
+
+/// Broker error codes tests inject.
+public enum KafkaErrorCode {
+    public static let notLeaderForPartition = RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION.rawValue
+    public static let requestTimedOut = RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT.rawValue
+    public static let notEnoughReplicas = RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS.rawValue
+    public static let coordinatorNotAvailable = RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE.rawValue
+}

@@ -1,0 +1,180 @@
+import CRdKafka
+import Foundation
+public import Logging
+import Synchronization
+
+/// An idempotent producer (`enable.idempotence=true`, `acks=all`) whose delivery reports
+/// resolve the `send` that made them.
+///
+/// A dedicated thread calls `rd_kafka_poll`, which serves delivery reports and errors; nothing
+/// here blocks a Swift concurrency thread or an event loop.
+public final class KafkaProducer: Sendable {
+    /// What a delivery report said.
+    public struct Delivery: Sendable, Equatable {
+        public var partition: Int32
+        public var offset: Int64
+    }
+
+    private let handle: KafkaHandle
+    private let callbacks: ProducerCallbacks
+    private let topics: Mutex<[String: TopicHandle]>
+    private let poller: PollThread
+    private let logger: Logger
+
+    /// - Parameters:
+    ///   - bootstrapServers: `host:port[,host:port]`.
+    ///   - properties: passed to librdkafka as they are, after the defaults (so they win).
+    public init(bootstrapServers: String, properties: [String: String] = [:],
+                logger: Logger = Logger(label: "apns-relay.kafka.producer")) throws(KafkaError) {
+        var settings: [String: String] = [
+            "bootstrap.servers": bootstrapServers,
+            "enable.idempotence": "true",
+            "acks": "all",
+            "linger.ms": "5",
+            "message.timeout.ms": "300000",
+            "queue.buffering.max.messages": "100000",
+        ]
+        settings.merge(properties) { _, given in given }
+        let builder = try KafkaConfigBuilder(settings)
+        let callbacks = ProducerCallbacks(logger: logger)
+        callbacks.install(on: builder)
+        builder.withConf { conf in
+            rd_kafka_conf_set_dr_msg_cb(conf, deliveryReport)
+            rd_kafka_conf_set_error_cb(conf, producerError)
+        }
+        self.handle = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder)
+        self.callbacks = callbacks
+        self.topics = Mutex([:])
+        self.logger = logger
+        let handle = self.handle
+        self.poller = PollThread(name: "kafka-producer-poll") {
+            handle.withHandle { _ = rd_kafka_poll($0, 100) }
+        }
+    }
+
+    deinit {
+        poller.stop()
+    }
+
+    /// Appends a record and waits for its delivery report.
+    ///
+    /// Throws when librdkafka refuses the record at once (its local queue is full:
+    /// ``KafkaError/queueFullCode``, retriable) or when the delivery report carries an error.
+    public func send(topic: String, key: [UInt8]?, value: [UInt8]) async throws(KafkaError) -> Delivery {
+        let topicHandle = try self.topic(topic)
+        let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
+            let box = DeliveryBox(continuation)
+            // Retained here, released by the delivery report (or below when produce fails).
+            let opaque = Unmanaged.passRetained(box).toOpaque()
+            let produced = value.withUnsafeBytes { valueBytes in
+                withOptionalBytes(key) { keyBytes in
+                    rd_kafka_produce(
+                        topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
+                        UnsafeMutableRawPointer(mutating: valueBytes.baseAddress), valueBytes.count,
+                        keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
+                }
+            }
+            if produced != 0 {
+                Unmanaged<DeliveryBox>.fromOpaque(opaque).release()
+                continuation.resume(returning: .failure(KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Waits until every record handed over has its delivery report, or the timeout passes.
+    /// Returns false on timeout. Runs on its own thread.
+    public func flush(timeout: Duration) async -> Bool {
+        let milliseconds = Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        let handle = self.handle
+        return await runBlocking {
+            handle.withHandle { rd_kafka_flush($0, milliseconds) } == RD_KAFKA_RESP_ERR_NO_ERROR
+        }
+    }
+
+    /// Flushes for up to `timeout`, then fails whatever is still undelivered (its `send` throws)
+    /// and stops the poll thread. The producer is unusable afterwards.
+    public func close(timeout: Duration = .seconds(10)) async {
+        _ = await flush(timeout: timeout)
+        let handle = self.handle
+        let poller = self.poller
+        await runBlocking {
+            handle.withHandle { rk in
+                _ = rd_kafka_purge(rk, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT))
+                // Serves the purged records' delivery reports.
+                _ = rd_kafka_flush(rk, 1000)
+            }
+            poller.stop()
+        }
+    }
+
+    /// Records waiting for their delivery report.
+    public var outstanding: Int {
+        handle.withHandle { Int(rd_kafka_outq_len($0)) }
+    }
+
+    /// A fatal producer error (idempotence broken), if one happened.
+    public var fatalError: KafkaError? { callbacks.fatal.withLock { $0 } }
+
+    private func topic(_ name: String) throws(KafkaError) -> TopicHandle {
+        let result: Result<TopicHandle, KafkaError> = topics.withLock { topics in
+            if let existing = topics[name] { return .success(existing) }
+            let created = handle.withHandle { rd_kafka_topic_new($0, name, nil) }
+            guard let created else { return .failure(KafkaError(rd_kafka_last_error(), context: "topic \(name)")) }
+            let topic = TopicHandle(created)
+            topics[name] = topic
+            return .success(topic)
+        }
+        return try result.get()
+    }
+}
+
+/// Owns an `rd_kafka_topic_t`.
+final class TopicHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    deinit { rd_kafka_topic_destroy(pointer) }
+}
+
+/// Where a delivery report goes.
+private final class DeliveryBox {
+    let continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>
+    init(_ continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>) {
+        self.continuation = continuation
+    }
+}
+
+/// State the C callbacks reach through the configuration's opaque pointer.
+final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
+    let fatal = Mutex<KafkaError?>(nil)
+}
+
+private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, _ in
+    guard let message, let opaque = message.pointee._private else { return }
+    let box = Unmanaged<DeliveryBox>.fromOpaque(opaque).takeRetainedValue()
+    if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+        box.continuation.resume(returning: .success(.init(partition: message.pointee.partition, offset: message.pointee.offset)))
+    } else {
+        box.continuation.resume(returning: .failure(KafkaError(message.pointee.err, context: "delivery")))
+    }
+}
+
+private let producerError: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void = { handle, code, reason, opaque in
+    guard let opaque else { return }
+    let callbacks = Unmanaged<ProducerCallbacks>.fromOpaque(opaque).takeUnretainedValue()
+    let text = reason.map { String(cString: $0) } ?? "unknown"
+    if code == RD_KAFKA_RESP_ERR__FATAL.rawValue, let handle {
+        var fatalText = [CChar](repeating: 0, count: 512)
+        let fatalCode = rd_kafka_fatal_error(handle, &fatalText, fatalText.count)
+        let error = KafkaError(code: fatalCode.rawValue, message: string(fromCBuffer: fatalText), isFatal: true)
+        callbacks.fatal.withLock { $0 = error }
+        callbacks.logger.critical("Kafka producer hit a fatal error", metadata: ["kafka.error": "\(error)"])
+    } else {
+        callbacks.logger.warning("Kafka producer error", metadata: ["kafka.error": "\(text)", "kafka.code": "\(code)"])
+    }
+}
+
+func withOptionalBytes<R>(_ bytes: [UInt8]?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {
+    guard let bytes else { return body(nil) }
+    return bytes.withUnsafeBytes { body($0) }
+}

@@ -1,0 +1,176 @@
+import Foundation
+import Kafka
+import Testing
+
+/// Waits for `condition` over the consumer's events, up to `timeout`.
+func collect(_ consumer: KafkaConsumer, timeout: Duration = .seconds(30),
+             until done: @escaping @Sendable ([KafkaMessage], [KafkaConsumerEvent]) -> Bool) async throws -> (messages: [KafkaMessage], events: [KafkaConsumerEvent]) {
+    try await withThrowingTaskGroup(of: ([KafkaMessage], [KafkaConsumerEvent])?.self) { group in
+        group.addTask {
+            var messages: [KafkaMessage] = []
+            var events: [KafkaConsumerEvent] = []
+            for await event in consumer.events {
+                if ProcessInfo.processInfo.environment["KAFKA_TEST_TRACE"] != nil { print(Date(), event) }
+                events.append(event)
+                if case .messages(let batch) = event { messages += batch }
+                if done(messages, events) { return (messages, events) }
+            }
+            return (messages, events)
+        }
+        group.addTask {
+            try await Task.sleep(for: timeout)
+            return nil
+        }
+        let first = try await group.next()!
+        group.cancelAll()
+        guard let result = first else { throw TimedOut() }
+        return result
+    }
+}
+
+struct TimedOut: Error {}
+
+/// Checks `condition` every 20 ms until it holds; throws after `timeout`. For states that no
+/// event announces (what librdkafka holds in its queues).
+func waitUntil(timeout: Duration = .seconds(20), _ condition: () -> Bool) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw TimedOut() }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+}
+
+/// The mock cluster rebalances only when a member's session times out; keep that short.
+let fastGroup = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
+
+func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
+
+@Suite("Kafka over librdkafka's mock cluster")
+struct KafkaTests {
+    @Test func producesAndConsumesInKeyOrder() async throws {
+        let cluster = try KafkaMockCluster(brokers: 3)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 4)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        var deliveries: [KafkaProducer.Delivery] = []
+        for index in 0..<200 {
+            let key = Array("device-\(index % 20)".utf8)
+            deliveries.append(try await producer.send(topic: topic, key: key, value: Array("\(index)".utf8)))
+        }
+        #expect(Set(deliveries.map { "\($0.partition):\($0.offset)" }).count == 200)
+        await producer.close()
+
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic], properties: fastGroup)
+        let (messages, events) = try await collect(consumer) { messages, _ in messages.count >= 200 }
+        #expect(messages.count == 200)
+        #expect(events.contains { if case .assigned(let partitions) = $0 { return partitions.count == 4 }; return false })
+        // Per key (one device), values come back in the order they were produced.
+        var byKey: [String: [Int]] = [:]
+        for message in messages {
+            byKey[String(decoding: message.key ?? [], as: UTF8.self), default: []].append(Int(String(decoding: message.value, as: UTF8.self))!)
+        }
+        #expect(byKey.count == 20)
+        for values in byKey.values { #expect(values == values.sorted()) }
+        #expect(messages.allSatisfy { $0.topic == topic && $0.timestamp != nil })
+        await consumer.close()
+    }
+
+    @Test func storedOffsetsAreCommittedAndResumedFrom() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let group = uniqueName("group")
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for index in 0..<100 { _ = try await producer.send(topic: topic, key: Array("k\(index % 7)".utf8), value: Array("first-\(index)".utf8)) }
+
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        let (firstMessages, _) = try await collect(first) { messages, _ in messages.count >= 100 }
+        // Only the first 60 count as processed.
+        for message in firstMessages.prefix(60) { try first.storeOffset(message.topicPartition, offset: message.offset) }
+        let processed = Set(firstMessages.prefix(60).map { "\($0.partition):\($0.offset)" })
+        // Within a partition, everything before a stored offset counts as processed too.
+        var highest: [Int32: Int64] = [:]
+        for message in firstMessages.prefix(60) { highest[message.partition] = max(highest[message.partition] ?? -1, message.offset) }
+        try await first.commit()
+        let committed = try await first.committed([TopicPartition(topic: topic, partition: 0), TopicPartition(topic: topic, partition: 1)])
+        for (partition, offset) in highest { #expect(committed[TopicPartition(topic: topic, partition: partition)] == offset + 1) }
+        await first.close()
+
+        let expected = firstMessages.filter { $0.offset > (highest[$0.partition] ?? -1) }
+        #expect(expected.allSatisfy { !processed.contains("\($0.partition):\($0.offset)") })
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        let (secondMessages, _) = try await collect(second) { messages, _ in messages.count >= expected.count }
+        #expect(Set(secondMessages.map { "\($0.partition):\($0.offset)" }) == Set(expected.map { "\($0.partition):\($0.offset)" }))
+        await second.close()
+        await producer.close()
+    }
+
+    @Test func deliveriesSurviveBrokersGoingDownAndInjectedErrors() async throws {
+        let cluster = try KafkaMockCluster(brokers: 3)
+        let topic = uniqueName("outcomes")
+        try cluster.createTopic(topic, partitions: 3)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, properties: ["retry.backoff.ms": "50"])
+        _ = try await producer.send(topic: topic, key: nil, value: Array("warm-up".utf8))
+        cluster.pushRequestErrors(apiKey: KafkaMockCluster.APIKey.produce, [
+            KafkaErrorCode.notLeaderForPartition, KafkaErrorCode.requestTimedOut, KafkaErrorCode.notEnoughReplicas,
+        ])
+        for broker in Int32(1)...3 { cluster.setBrokerDown(broker) }
+        let sends = Task {
+            try await withThrowingTaskGroup(of: KafkaProducer.Delivery.self) { group in
+                for index in 0..<300 {
+                    group.addTask { try await producer.send(topic: topic, key: Array("k\(index % 10)".utf8), value: Array("v\(index)".utf8)) }
+                }
+                var all: [KafkaProducer.Delivery] = []
+                for try await delivery in group { all.append(delivery) }
+                return all
+            }
+        }
+        // Every record is handed over and none can be delivered while the brokers are down.
+        try await waitUntil { producer.outstanding == 300 }
+        for broker in Int32(1)...3 { cluster.setBrokerUp(broker) }
+        let deliveries = try await sends.value
+        #expect(deliveries.count == 300)
+
+        // Idempotence: every record is in the log exactly once.
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic], properties: fastGroup)
+        let (messages, _) = try await collect(consumer) { messages, _ in messages.count >= 301 }
+        let values = messages.map { String(decoding: $0.value, as: UTF8.self) }
+        #expect(values.count == 301)
+        #expect(Set(values).count == 301)
+        await consumer.close()
+        await producer.close()
+    }
+
+    @Test func revokedPartitionsRefuseOffsets() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 4)
+        let group = uniqueName("group")
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for index in 0..<40 { _ = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: [1]) }
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 40 }
+        #expect(messages.count == 40)
+
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        let secondAssigned = Task { try await collect(second) { _, events in events.contains { if case .assigned(let p) = $0 { return !p.isEmpty }; return false } } }
+        let (_, events) = try await collect(first) { _, events in events.contains { if case .revoked(let p) = $0 { return !p.isEmpty }; return false } }
+        let revoked = events.compactMap { if case .revoked(let p) = $0 { return p }; return nil }.flatMap { $0 }
+        #expect(!revoked.isEmpty)
+        let old = try #require(messages.first { revoked.contains($0.topicPartition) })
+        #expect(throws: KafkaError.self) { try first.storeOffset(old.topicPartition, offset: old.offset) }
+        _ = try await secondAssigned.value
+        await first.close()
+        await second.close()
+        await producer.close()
+    }
+
+    @Test func badSettingsAreNamed() {
+        do {
+            _ = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["no.such.setting": "1"])
+            Issue.record("an unknown setting was accepted")
+        } catch {
+            #expect(error.description.contains("no.such.setting"))
+        }
+    }
+}
