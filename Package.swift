@@ -70,6 +70,16 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
+        // The relay: intents, outcomes, configuration, the pipeline between Kafka and APNs.
+        .target(
+            name: "Relay",
+            dependencies: [
+                "APNs",
+                "Kafka",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict),
         // An APNs look-alike server for tests, demos and benchmarks.
         .target(
             name: "APNsSimulator",
@@ -89,6 +99,7 @@ let package = Package(
             name: "APNsRelayCLI",
             dependencies: [
                 "APNs",
+                "Relay",
                 "APNsSimulator",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -111,6 +122,14 @@ let package = Package(
         .testTarget(
             name: "KafkaTests",
             dependencies: ["Kafka"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "RelayTests",
+            dependencies: [
+                "Relay", "APNs", "APNsSimulator", "Kafka",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]

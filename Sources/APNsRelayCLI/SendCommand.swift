@@ -2,6 +2,7 @@ import APNs
 import ArgumentParser
 import Foundation
 import Logging
+import Relay
 import NIOCore
 
 /// `apns-relay send`: one push, one JSON line with the answer; exit 0 only when delivered.
@@ -52,7 +53,7 @@ struct SendCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        var output = OrderedJSON()
+        var output = JSONObjectWriter()
         let succeeded: Bool
         do {
             succeeded = try await send(into: &output)
@@ -68,11 +69,11 @@ struct SendCommand: AsyncParsableCommand {
             }
             succeeded = false
         }
-        Terminal.line(output.text)
+        Terminal.line(output.json)
         if !succeeded { throw ExitCode(1) }
     }
 
-    private func send(into output: inout OrderedJSON) async throws -> Bool {
+    private func send(into output: inout JSONObjectWriter) async throws -> Bool {
         guard let pushType = PushType(rawValue: pushType) else {
             throw APNsError.invalidNotification(APNsValidationError(
                 .invalidPushType, "push type '\(self.pushType)' is not one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))"))
@@ -120,10 +121,10 @@ struct SendCommand: AsyncParsableCommand {
         case .unregistered: output.add("status", "unregistered")
         case .retryable, .credentialFault: output.add("status", "failed")
         }
-        output.add("http_status", result.status)
-        output.add("reason", result.reason?.description)
+        output.addIfPresent("http_status", result.status)
+        output.addIfPresent("reason", result.reason?.description)
         output.add("apns_id", result.apnsID)
-        output.add("timestamp", result.timestamp)
+        output.addIfPresent("timestamp", result.timestamp)
         if let failure = result.failure {
             output.add("error", failure.description)
             Terminal.error(failure.description)

@@ -7,42 +7,9 @@ enum Terminal {
         FileHandle.standardError.write(Data("apns-relay: \(message)\n".utf8))
     }
 
-    /// One line on standard output, flushed at once (other programs wait for it).
+    /// One line on standard output, written at once (other programs wait for it).
     static func line(_ text: String) {
         FileHandle.standardOutput.write(Data((text + "\n").utf8))
-    }
-}
-
-/// A JSON object written with its keys in the order given; nil values are left out.
-struct OrderedJSON {
-    private var parts: [String] = []
-
-    mutating func add(_ key: String, _ value: String?) {
-        guard let value else { return }
-        parts.append("\(Self.quote(key)):\(Self.quote(value))")
-    }
-
-    mutating func add<N: BinaryInteger>(_ key: String, _ value: N?) {
-        guard let value else { return }
-        parts.append("\(Self.quote(key)):\(value)")
-    }
-
-    var text: String { "{" + parts.joined(separator: ",") + "}" }
-
-    static func quote(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
     }
 }
 

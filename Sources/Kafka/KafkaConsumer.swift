@@ -45,7 +45,8 @@ public final class KafkaConsumer: Sendable {
         }
         let handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder)
         handle.withHandle { _ = rd_kafka_poll_set_consumer($0) }
-        let subscribed = handle.withHandle { rk in
+        // No topics: a group member that only reads or commits offsets (no subscription).
+        let subscribed = topics.isEmpty ? RD_KAFKA_RESP_ERR_NO_ERROR : handle.withHandle { rk in
             withPartitionList(topics.map { TopicPartition(topic: $0, partition: RD_KAFKA_PARTITION_UA) }) { list in
                 rd_kafka_subscribe(rk, list)
             }

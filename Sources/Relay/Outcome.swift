@@ -1,0 +1,77 @@
+/// What became of one intent: one event on the outcomes topic per intent (key = device token).
+/// docs/outcomes.md describes it; docs/outcome.schema.json is its JSON Schema.
+public struct Outcome: Sendable, Equatable {
+    public enum Status: String, Sendable, CaseIterable {
+        /// APNs accepted the notification.
+        case delivered
+        /// APNs refused it for good, or local validation did (reason says which).
+        case rejected
+        /// 410: the token is dead for this topic; `unregisteredAt` is APNs' timestamp.
+        case unregistered
+        /// The message itself is unusable (not JSON, missing field, bad token, payload too large).
+        case invalid
+        /// Its expiration passed before it could be sent.
+        case expired
+        /// Gave up: credential fault, no credentials, or the retry deadline passed.
+        case failed
+    }
+
+    public var id: String?
+    public var token: String?
+    public var topic: String?
+    public var status: Status
+    public var httpStatus: Int?
+    public var reason: String?
+    public var apnsID: String?
+    /// 410 only: when APNs last knew the token was invalid, ms since the epoch.
+    public var unregisteredAt: Int64?
+    /// Requests sent to APNs for this intent (0 when none was).
+    public var attempts: Int
+    /// From consuming the intent to deciding the outcome, in milliseconds.
+    public var latencyMilliseconds: Int64
+    public var partition: Int32
+    public var offset: Int64
+    public var worker: String
+    /// When the outcome was decided, ms since the epoch.
+    public var at: Int64
+
+    public init(id: String?, token: String?, topic: String?, status: Status, httpStatus: Int? = nil,
+                reason: String? = nil, apnsID: String? = nil, unregisteredAt: Int64? = nil, attempts: Int = 0,
+                latencyMilliseconds: Int64 = 0, partition: Int32, offset: Int64, worker: String, at: Int64) {
+        self.id = id
+        self.token = token
+        self.topic = topic
+        self.status = status
+        self.httpStatus = httpStatus
+        self.reason = reason
+        self.apnsID = apnsID
+        self.unregisteredAt = unregisteredAt
+        self.attempts = attempts
+        self.latencyMilliseconds = latencyMilliseconds
+        self.partition = partition
+        self.offset = offset
+        self.worker = worker
+        self.at = at
+    }
+
+    /// The event as published: version 1, every field present, unknown ones null.
+    public var json: String {
+        var writer = JSONObjectWriter()
+        writer.add("v", 1)
+        writer.addOrNull("id", id)
+        writer.addOrNull("token", token)
+        writer.addOrNull("topic", topic)
+        writer.add("status", status.rawValue)
+        writer.addOrNull("http_status", httpStatus)
+        writer.addOrNull("reason", reason)
+        writer.addOrNull("apns_id", apnsID)
+        writer.addOrNull("unregistered_at", unregisteredAt)
+        writer.add("attempts", attempts)
+        writer.add("latency_ms", latencyMilliseconds)
+        writer.add("partition", partition)
+        writer.add("offset", offset)
+        writer.add("worker", worker)
+        writer.add("at", at)
+        return writer.json
+    }
+}

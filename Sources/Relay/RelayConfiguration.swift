@@ -1,0 +1,103 @@
+import APNs
+
+/// Everything `apns-relay run` needs. Loaded from YAML by ``RelayConfiguration/load(yaml:environment:)``;
+/// every key, its default and what it allows is listed in docs/configuration.md.
+public struct RelayConfiguration: Sendable {
+    public struct Kafka: Sendable {
+        public var brokers = "127.0.0.1:9092"
+        public var groupID = "apns-relay"
+        public var intentsTopic = "apns.intents"
+        public var outcomesTopic = "apns.outcomes"
+        /// Passed to librdkafka as they are (security.protocol, sasl.*, ...).
+        public var properties: [String: String] = [:]
+        public init() {}
+    }
+
+    public struct Credential: Sendable {
+        public var teamID: String
+        public var keyID: String
+        public var keyFile: String
+        /// Bundle ids these credentials send for (push-type suffixes are matched too).
+        public var topics: [String]
+
+        public init(teamID: String, keyID: String, keyFile: String, topics: [String]) {
+            self.teamID = teamID
+            self.keyID = keyID
+            self.keyFile = keyFile
+            self.topics = topics
+        }
+    }
+
+    public struct APNsSettings: Sendable {
+        /// `production`: Apple's hosts, chosen by each intent's `environment`; `development`:
+        /// Apple's sandbox for every intent; `https://HOST:PORT`: that server for every intent.
+        public var endpoint = "production"
+        public var insecureSkipVerify = false
+        public var connections = 2
+        public var credentials: [Credential] = []
+        /// How long one request may take (seconds).
+        public var requestTimeoutSeconds = 10
+        public init() {}
+    }
+
+    public struct Limits: Sendable {
+        /// Intents between consume and outcome at most.
+        public var maxInFlight = 10_000
+        public init() {}
+    }
+
+    public struct Defaults: Sendable {
+        /// TTL for intents that name no expiration.
+        public var expirationSeconds: Int64 = 86_400
+        public init() {}
+    }
+
+    public struct Retry: Sendable {
+        /// First retry delay (ms); doubles per retry, with jitter.
+        public var initialBackoffMilliseconds = 200
+        public var maxBackoffMilliseconds = 30_000
+        /// Give up (outcome `failed`) this long after consuming an intent, if its expiration has
+        /// not ended it first.
+        public var deadlineSeconds: Int64 = 600
+        /// After a credential fault, sends for that team stop this long before one probe.
+        public var credentialFaultCooldownSeconds: Int64 = 300
+        public init() {}
+    }
+
+    public struct HTTP: Sendable {
+        public var port = 9464
+        public init() {}
+    }
+
+    public var kafka = Kafka()
+    public var apns = APNsSettings()
+    public var limits = Limits()
+    public var defaults = Defaults()
+    public var retry = Retry()
+    public var http = HTTP()
+    /// Seconds SIGTERM waits for in-flight intents before giving up on them (uncommitted).
+    public var shutdownDeadlineSeconds = 20
+
+    public init() {}
+}
+
+/// Finds the credentials for a topic: its bundle id is the topic without a push type's suffix.
+struct CredentialDirectory: Sendable {
+    private let byBundleID: [String: Int]
+
+    init(_ credentials: [RelayConfiguration.Credential]) {
+        var byBundleID: [String: Int] = [:]
+        for (index, credential) in credentials.enumerated() {
+            for topic in credential.topics where byBundleID[topic] == nil { byBundleID[topic] = index }
+        }
+        self.byBundleID = byBundleID
+    }
+
+    func index(forTopic topic: String) -> Int? {
+        if let direct = byBundleID[topic] { return direct }
+        for pushType in PushType.allCases where !pushType.topicSuffix.isEmpty && topic.hasSuffix(pushType.topicSuffix) {
+            if let found = byBundleID[String(topic.dropLast(pushType.topicSuffix.count))] { return found }
+        }
+        return nil
+    }
+}

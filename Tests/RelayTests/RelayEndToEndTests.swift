@@ -1,0 +1,203 @@
+import APNs
+import APNsSimulator
+import Crypto
+import Foundation
+import Kafka
+import NIOCore
+import Relay
+import Testing
+
+/// A mock Kafka cluster, the APNs simulator and a relay pipeline, all in this process.
+struct RelayHarness {
+    static let teamID = "TEAM123456"
+    static let keyID = "ABC123DEFG"
+    let cluster: KafkaMockCluster
+    let simulator: APNsSimulator
+    let pipeline: RelayPipeline
+    let producer: KafkaProducer
+    let intentsTopic: String
+    let outcomesTopic: String
+    let running: Task<Void, Never>
+
+    static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
+                      configureRelay: (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let suffix = UUID().uuidString.prefix(8)
+        let intentsTopic = "apns.intents.\(suffix)", outcomesTopic = "apns.outcomes.\(suffix)"
+        try cluster.createTopic(intentsTopic, partitions: 4)
+        try cluster.createTopic(outcomesTopic, partitions: 4)
+        let key = P256.Signing.PrivateKey()
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(suffix).p8").path
+        try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        var simulatorConfiguration = SimulatorConfiguration()
+        simulatorConfiguration.signingKeys = [.init(teamID: teamID, keyID: keyID, publicKey: key.publicKey)]
+        configure(&simulatorConfiguration)
+        let simulator = try await APNsSimulator.start(simulatorConfiguration)
+
+        var configuration = RelayConfiguration()
+        configuration.kafka.brokers = cluster.bootstrapServers
+        configuration.kafka.groupID = "relay-\(suffix)"
+        configuration.kafka.intentsTopic = intentsTopic
+        configuration.kafka.outcomesTopic = outcomesTopic
+        configuration.kafka.properties = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
+        configuration.apns.endpoint = simulator.url
+        configuration.apns.insecureSkipVerify = true
+        configuration.apns.credentials = [.init(teamID: teamID, keyID: keyID, keyFile: keyFile, topics: ["com.example.app"])]
+        configuration.retry.initialBackoffMilliseconds = 20
+        configuration.retry.maxBackoffMilliseconds = 200
+        configureRelay(&configuration)
+        let pipeline = try RelayPipeline(configuration: configuration, worker: "test-worker")
+        let running = Task { await pipeline.run() }
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, producer: producer,
+                            intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
+    }
+
+    func produce(_ json: String, key: String?) async throws {
+        _ = try await producer.send(topic: intentsTopic, key: key.map { Array($0.utf8) }, value: Array(json.utf8))
+    }
+
+    /// Reads outcomes until `count` arrived (or 60 s passed).
+    func outcomes(count: Int) async throws -> [[String: Any]] {
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "reader-\(UUID())",
+                                         topics: [outcomesTopic],
+                                         properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
+        defer { Task { await consumer.close() } }
+        let values = try await withThrowingTaskGroup(of: [[UInt8]]?.self) { group in
+            group.addTask {
+                var values: [[UInt8]] = []
+                for await event in consumer.events {
+                    if case .messages(let batch) = event { values += batch.map(\.value) }
+                    if values.count >= count { break }
+                }
+                return values
+            }
+            group.addTask {
+                try await Task.sleep(for: .seconds(60))
+                return nil
+            }
+            let first = try await group.next()!
+            group.cancelAll()
+            return first
+        }
+        guard let values else { throw OutcomesTimedOut() }
+        return try values.map { try #require(try JSONSerialization.jsonObject(with: Data($0)) as? [String: Any]) }
+    }
+
+    func stop() async {
+        pipeline.requestStop()
+        await running.value
+        await producer.close()
+        await simulator.stop()
+    }
+}
+
+struct OutcomesTimedOut: Error {}
+
+func hexToken(_ n: Int) -> String {
+    let hex = String(n, radix: 16)
+    return String(repeating: "0", count: 64 - hex.count) + hex
+}
+
+func intent(_ id: String, token: String, extra: String = "", payload: String = #"{"aps":{"alert":"hi"}}"#) -> String {
+    #"{"id":"\#(id)","token":"\#(token)","topic":"com.example.app","payload":\#(payload)\#(extra)}"#
+}
+
+@Suite("Relay end to end: mock Kafka, the simulator, the pipeline")
+struct RelayEndToEndTests {
+    @Test func everyIntentGetsItsOutcome() async throws {
+        let gone = hexToken(0xdead)
+        let harness = try await RelayHarness.start { $0.behaviour.unregistered = [gone: 1_432_819_882_000] }
+        let past = Int64(Date().timeIntervalSince1970) - 60
+        try await harness.produce(intent("ok-1", token: hexToken(1), extra: #","collapse_id":"chat-42","priority":5"#), key: hexToken(1))
+        try await harness.produce(intent("gone-1", token: gone), key: gone)
+        try await harness.produce(intent("late-1", token: hexToken(2), extra: #","expiration":\#(past)"#), key: hexToken(2))
+        try await harness.produce(#"{"id":"nocred-1","token":"\#(hexToken(3))","topic":"com.other.app","payload":{"aps":{}}}"#, key: hexToken(3))
+        try await harness.produce("this is not json", key: "k")
+        try await harness.produce(#"{"token":"\#(hexToken(4))","topic":"com.example.app","payload":{"aps":{}}}"#, key: hexToken(4))
+        try await harness.produce(intent("badtoken-1", token: "xyz"), key: "xyz")
+        try await harness.produce(intent("big-1", token: hexToken(5), payload: #"{"aps":{"alert":"\#(String(repeating: "x", count: 5000))"}}"#), key: hexToken(5))
+        try await harness.produce(#"{"id":"nopayload-1","token":"\#(hexToken(6))","topic":"com.example.app"}"#, key: hexToken(6))
+
+        let outcomes = try await harness.outcomes(count: 9)
+        #expect(outcomes.count == 9)
+        func outcome(_ id: String) -> [String: Any]? { outcomes.first { $0["id"] as? String == id } }
+
+        let ok = try #require(outcome("ok-1"))
+        #expect(ok["v"] as? Int == 1)
+        #expect(ok["status"] as? String == "delivered")
+        #expect(ok["http_status"] as? Int == 200)
+        #expect(ok["reason"] is NSNull)
+        #expect(ok["token"] as? String == hexToken(1))
+        #expect(ok["topic"] as? String == "com.example.app")
+        #expect(ok["attempts"] as? Int == 1)
+        #expect(ok["worker"] as? String == "test-worker")
+        #expect(ok["unregistered_at"] is NSNull)
+        #expect((ok["apns_id"] as? String)?.count == 36)
+        #expect(ok["partition"] is Int && ok["offset"] is Int && ok["at"] is Int && ok["latency_ms"] is Int)
+        let sent = try #require(harness.simulator.accepted.first { $0.deviceToken == hexToken(1) })
+        #expect(sent.collapseID == "chat-42")
+        #expect(sent.priority == 5)
+        #expect(sent.apnsID.lowercased() == (ok["apns_id"] as? String))
+
+        let gone1 = try #require(outcome("gone-1"))
+        #expect(gone1["status"] as? String == "unregistered")
+        #expect(gone1["http_status"] as? Int == 410)
+        #expect(gone1["reason"] as? String == "Unregistered")
+        #expect(gone1["unregistered_at"] as? Int64 == 1_432_819_882_000)
+
+        #expect(outcome("late-1")?["status"] as? String == "expired")
+        #expect(outcome("late-1")?["attempts"] as? Int == 0)
+        #expect(outcome("nocred-1")?["status"] as? String == "failed")
+        #expect(outcome("nocred-1")?["reason"] as? String == "NoCredentials")
+
+        let invalid = outcomes.filter { $0["status"] as? String == "invalid" }
+        #expect(invalid.count == 5)
+        let reasons = invalid.compactMap { $0["reason"] as? String }
+        #expect(reasons.contains { $0.hasPrefix("NotJSON") })
+        #expect(reasons.contains { $0.hasPrefix("MissingField") && $0.contains("\"id\"") })
+        #expect(reasons.contains { $0.hasPrefix("MissingField") && $0.contains("\"payload\"") })
+        #expect(outcome("badtoken-1")?["reason"] as? String == "BadDeviceToken: device token must be 64 to 200 hex characters of even length, got 3")
+        #expect((outcome("big-1")?["reason"] as? String)?.hasPrefix("PayloadTooLarge") == true)
+        #expect(harness.simulator.accepted.count == 1)
+        await harness.stop()
+    }
+
+    @Test func retriesAfter503sThenDelivers() async throws {
+        let harness = try await RelayHarness.start { $0.behaviour.failNext = (2, 503) }
+        try await harness.produce(intent("retry-1", token: hexToken(9)), key: hexToken(9))
+        let outcomes = try await harness.outcomes(count: 1)
+        #expect(outcomes.first?["status"] as? String == "delivered")
+        #expect(outcomes.first?["attempts"] as? Int == 3)
+        #expect(harness.simulator.answers["503 ServiceUnavailable"] == 2)
+        await harness.stop()
+    }
+
+    @Test func oneDeviceKeepsItsOrder() async throws {
+        let harness = try await RelayHarness.start { $0.behaviour.latency = .milliseconds(2) }
+        let device = hexToken(77)
+        for index in 0..<50 {
+            try await harness.produce(intent("order-\(index)", token: device, payload: #"{"aps":{"alert":"\#(index)"}}"#), key: device)
+            // Other devices interleave.
+            try await harness.produce(intent("other-\(index)", token: hexToken(1000 + index)), key: hexToken(1000 + index))
+        }
+        let outcomes = try await harness.outcomes(count: 100)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        let sequence = harness.simulator.accepted.filter { $0.deviceToken == device }
+            .map { String(decoding: $0.payload, as: UTF8.self) }
+        #expect(sequence == (0..<50).map { #"{"aps":{"alert":"\#($0)"}}"# })
+        await harness.stop()
+    }
+
+    @Test func committedOffsetsFollowOutcomes() async throws {
+        let harness = try await RelayHarness.start()
+        for index in 0..<40 { try await harness.produce(intent("c-\(index)", token: hexToken(index)), key: hexToken(index)) }
+        _ = try await harness.outcomes(count: 40)
+        await harness.stop()  // commits on the way out
+        let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
+                                       groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
+        let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
+        #expect(committed.values.reduce(0) { $0 + max($1, 0) } == 40)
+        await reader.close()
+    }
+}
