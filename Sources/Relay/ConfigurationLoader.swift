@@ -1,0 +1,302 @@
+import APNs
+import Foundation
+import Yams
+
+/// One thing wrong with a configuration: the key, the value found and what is allowed.
+public struct ConfigurationIssue: Sendable, Equatable, CustomStringConvertible {
+    public var key: String
+    public var value: String
+    public var allowed: String
+
+    public var description: String { "\(key) = \(value): \(allowed)" }
+}
+
+/// Every problem found in a configuration, all at once.
+public struct ConfigurationError: Error, Sendable, CustomStringConvertible {
+    public var issues: [ConfigurationIssue]
+    public var description: String { issues.map(\.description).joined(separator: "\n") }
+}
+
+extension RelayConfiguration {
+    /// Environment variables override scalar keys: `APNS_RELAY_` and the key's path in upper
+    /// case with dots as underscores, e.g. `APNS_RELAY_KAFKA_BROKERS`,
+    /// `APNS_RELAY_LIMITS_MAX_IN_FLIGHT`.
+    public static let environmentPrefix = "APNS_RELAY_"
+
+    public static func environmentName(forKey key: String) -> String {
+        environmentPrefix + key.uppercased().replacingOccurrences(of: ".", with: "_")
+    }
+
+    /// Reads a YAML file; see ``load(yaml:environment:)``.
+    public static func load(file: String, environment: [String: String]? = nil) throws -> RelayConfiguration {
+        let environment = environment ?? ProcessInfo.processInfo.environment
+        let text: String
+        do {
+            text = try String(contentsOfFile: file, encoding: .utf8)
+        } catch {
+            throw ConfigurationError(issues: [ConfigurationIssue(key: "(file)", value: file, allowed: "cannot read it: \(error.localizedDescription)")])
+        }
+        return try load(yaml: text, environment: environment)
+    }
+
+    /// Parses YAML, applies environment overrides and validates everything; throws one
+    /// ``ConfigurationError`` listing every problem (unknown keys included).
+    public static func load(yaml: String, environment: [String: String] = [:]) throws -> RelayConfiguration {
+        let root: Any?
+        do {
+            root = try Yams.load(yaml: yaml)
+        } catch {
+            throw ConfigurationError(issues: [ConfigurationIssue(key: "(file)", value: "YAML", allowed: "it does not parse: \(error)")])
+        }
+        var reader = ConfigurationReader(root: root, environment: environment)
+        let configuration = reader.read()
+        guard reader.issues.isEmpty else { throw ConfigurationError(issues: reader.issues) }
+        return configuration
+    }
+
+    /// The effective configuration as YAML, secrets redacted.
+    public var redactedYAML: String {
+        func quote(_ text: String) -> String { JSONObjectWriter.quote(text) }
+        var lines: [String] = []
+        lines.append("kafka:")
+        lines.append("  brokers: \(quote(kafka.brokers))")
+        lines.append("  group_id: \(quote(kafka.groupID))")
+        lines.append("  intents_topic: \(quote(kafka.intentsTopic))")
+        lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
+        lines.append(kafka.properties.isEmpty ? "  config: {}" : "  config:")
+        for (key, value) in kafka.properties.sorted(by: { $0.key < $1.key }) {
+            lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")
+        }
+        lines.append("apns:")
+        lines.append("  endpoint: \(quote(apns.endpoint))")
+        lines.append("  insecure_skip_verify: \(apns.insecureSkipVerify)")
+        lines.append("  connections: \(apns.connections)")
+        lines.append("  request_timeout_seconds: \(apns.requestTimeoutSeconds)")
+        lines.append(apns.credentials.isEmpty ? "  credentials: []" : "  credentials:")
+        for credential in apns.credentials {
+            lines.append("    - team_id: \(quote(credential.teamID))")
+            lines.append("      key_id: \(quote(credential.keyID))")
+            lines.append("      key_file: \(quote(credential.keyFile))")
+            lines.append("      topics: [\(credential.topics.map(quote).joined(separator: ", "))]")
+        }
+        lines.append("limits:")
+        lines.append("  max_in_flight: \(limits.maxInFlight)")
+        lines.append("defaults:")
+        lines.append("  expiration_seconds: \(defaults.expirationSeconds)")
+        lines.append("retry:")
+        lines.append("  initial_backoff_ms: \(retry.initialBackoffMilliseconds)")
+        lines.append("  max_backoff_ms: \(retry.maxBackoffMilliseconds)")
+        lines.append("  deadline_seconds: \(retry.deadlineSeconds)")
+        lines.append("  credential_fault_cooldown_seconds: \(retry.credentialFaultCooldownSeconds)")
+        lines.append("http:")
+        lines.append("  port: \(http.port)")
+        lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
+        return lines.joined(separator: "\n")
+    }
+
+    /// librdkafka settings whose values are secrets.
+    static func isSecret(_ key: String) -> Bool {
+        let lower = key.lowercased()
+        return lower.contains("password") || lower.contains("secret") || lower.hasSuffix(".key")
+            || lower.contains("sasl.oauthbearer.config") || lower.contains("token")
+    }
+}
+
+/// Walks the parsed YAML against the known keys, collecting issues instead of stopping.
+struct ConfigurationReader {
+    let root: Any?
+    let environment: [String: String]
+    var issues: [ConfigurationIssue] = []
+
+    init(root: Any?, environment: [String: String]) {
+        self.root = root
+        self.environment = environment
+    }
+
+    mutating func read() -> RelayConfiguration {
+        var configuration = RelayConfiguration()
+        let top = mapping(root, key: "(top level)") ?? [:]
+        checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "http", "shutdown_deadline_seconds"])
+
+        let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
+        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config"])
+        configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
+        configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
+        configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
+        configuration.kafka.outcomesTopic = string(kafka, "kafka.outcomes_topic", default: configuration.kafka.outcomesTopic, nonEmpty: true)
+        if let properties = mapping(kafka["config"], key: "kafka.config") {
+            for (name, value) in properties {
+                guard let text = scalarText(value) else {
+                    issues.append(.init(key: "kafka.config.\(name)", value: describe(value), allowed: "librdkafka settings are scalars"))
+                    continue
+                }
+                configuration.kafka.properties[name] = text
+            }
+        }
+
+        let apns = mapping(top["apns"], key: "apns") ?? [:]
+        checkKnown(apns, prefix: "apns.", known: ["endpoint", "insecure_skip_verify", "connections", "credentials", "request_timeout_seconds"])
+        configuration.apns.endpoint = string(apns, "apns.endpoint", default: configuration.apns.endpoint)
+        if configuration.apns.endpoint != "production", configuration.apns.endpoint != "development",
+           (try? APNsEndpoint(parsing: configuration.apns.endpoint)) == nil {
+            issues.append(.init(key: "apns.endpoint", value: configuration.apns.endpoint, allowed: "use production, development or https://HOST:PORT"))
+        }
+        configuration.apns.insecureSkipVerify = bool(apns, "apns.insecure_skip_verify", default: false)
+        configuration.apns.connections = integer(apns, "apns.connections", default: 2, range: 1...64)
+        configuration.apns.requestTimeoutSeconds = integer(apns, "apns.request_timeout_seconds", default: 10, range: 1...300)
+        if let list = apns["credentials"] {
+            if let items = list as? [Any] {
+                for (index, item) in items.enumerated() {
+                    if let credential = readCredential(item, key: "apns.credentials[\(index)]") {
+                        configuration.apns.credentials.append(credential)
+                    }
+                }
+            } else {
+                issues.append(.init(key: "apns.credentials", value: describe(list), allowed: "it is a list of {team_id, key_id, key_file, topics}"))
+            }
+        }
+
+        let limits = mapping(top["limits"], key: "limits") ?? [:]
+        checkKnown(limits, prefix: "limits.", known: ["max_in_flight"])
+        configuration.limits.maxInFlight = integer(limits, "limits.max_in_flight", default: 10_000, range: 1...1_000_000)
+
+        let defaults = mapping(top["defaults"], key: "defaults") ?? [:]
+        checkKnown(defaults, prefix: "defaults.", known: ["expiration_seconds"])
+        configuration.defaults.expirationSeconds = Int64(integer(defaults, "defaults.expiration_seconds", default: 86_400, range: 0...2_592_000))
+
+        let retry = mapping(top["retry"], key: "retry") ?? [:]
+        checkKnown(retry, prefix: "retry.", known: ["initial_backoff_ms", "max_backoff_ms", "deadline_seconds", "credential_fault_cooldown_seconds"])
+        configuration.retry.initialBackoffMilliseconds = integer(retry, "retry.initial_backoff_ms", default: 200, range: 1...60_000)
+        configuration.retry.maxBackoffMilliseconds = integer(retry, "retry.max_backoff_ms", default: 30_000, range: 1...600_000)
+        configuration.retry.deadlineSeconds = Int64(integer(retry, "retry.deadline_seconds", default: 600, range: 1...2_592_000))
+        configuration.retry.credentialFaultCooldownSeconds = Int64(integer(retry, "retry.credential_fault_cooldown_seconds", default: 300, range: 1...86_400))
+        if configuration.retry.maxBackoffMilliseconds < configuration.retry.initialBackoffMilliseconds {
+            issues.append(.init(key: "retry.max_backoff_ms", value: "\(configuration.retry.maxBackoffMilliseconds)",
+                                allowed: "it must be at least retry.initial_backoff_ms (\(configuration.retry.initialBackoffMilliseconds))"))
+        }
+
+        let http = mapping(top["http"], key: "http") ?? [:]
+        checkKnown(http, prefix: "http.", known: ["port"])
+        configuration.http.port = integer(http, "http.port", default: 9464, range: 0...65535)
+        configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
+        return configuration
+    }
+
+    private mutating func readCredential(_ item: Any, key: String) -> RelayConfiguration.Credential? {
+        guard let fields = mapping(item, key: key) else { return nil }
+        checkKnown(fields, prefix: key + ".", known: ["team_id", "key_id", "key_file", "topics"])
+        let teamID = string(fields, key + ".team_id", default: "", nonEmpty: true, overridable: false)
+        let keyID = string(fields, key + ".key_id", default: "", nonEmpty: true, overridable: false)
+        let keyFile = string(fields, key + ".key_file", default: "", nonEmpty: true, overridable: false)
+        for (name, value) in [("team_id", teamID), ("key_id", keyID)] where !value.isEmpty && value.count != 10 {
+            issues.append(.init(key: "\(key).\(name)", value: value, allowed: "Apple's ids are 10 characters"))
+        }
+        var topics: [String] = []
+        if let list = fields["topics"] as? [Any], !list.isEmpty {
+            for topic in list {
+                if let text = topic as? String, !text.isEmpty { topics.append(text) } else {
+                    issues.append(.init(key: "\(key).topics", value: describe(topic), allowed: "topics are non-empty bundle ids"))
+                }
+            }
+        } else {
+            issues.append(.init(key: "\(key).topics", value: describe(fields["topics"]), allowed: "list at least one bundle id"))
+        }
+        if !keyFile.isEmpty, !FileManager.default.isReadableFile(atPath: keyFile) {
+            issues.append(.init(key: "\(key).key_file", value: keyFile, allowed: "it must be a readable .p8 file"))
+        }
+        return RelayConfiguration.Credential(teamID: teamID, keyID: keyID, keyFile: keyFile, topics: topics)
+    }
+
+    // MARK: Scalars
+
+    private mutating func mapping(_ value: Any?, key: String) -> [String: Any]? {
+        guard let value, !(value is NSNull) else { return nil }
+        if let dictionary = value as? [AnyHashable: Any] {
+            var result: [String: Any] = [:]
+            for (name, entry) in dictionary { result["\(name.base)"] = entry }
+            return result
+        }
+        if let dictionary = value as? [String: Any] { return dictionary }
+        issues.append(.init(key: key, value: describe(value), allowed: "it must be a mapping"))
+        return nil
+    }
+
+    private mutating func checkKnown(_ fields: [String: Any], prefix: String, known: Set<String>) {
+        for name in fields.keys.sorted() where !known.contains(name) {
+            issues.append(.init(key: prefix + name, value: describe(fields[name]),
+                                allowed: "unknown key; known here: \(known.sorted().joined(separator: ", "))"))
+        }
+    }
+
+    /// The environment override for `key`, if set.
+    private func override(_ key: String) -> String? {
+        environment[RelayConfiguration.environmentName(forKey: key)]
+    }
+
+    private mutating func string(_ fields: [String: Any], _ key: String, default fallback: String,
+                                 nonEmpty: Bool = false, overridable: Bool = true) -> String {
+        let name = String(key.split(separator: ".").last ?? "")
+        var value: String? = fields[name].flatMap(scalarText)
+        if fields[name] != nil, value == nil {
+            issues.append(.init(key: key, value: describe(fields[name]), allowed: "it must be a string"))
+        }
+        if overridable, let overridden = override(key) { value = overridden }
+        let result = value ?? fallback
+        if nonEmpty, result.isEmpty {
+            issues.append(.init(key: key, value: "\"\"", allowed: "it must not be empty"))
+        }
+        return result
+    }
+
+    private mutating func integer(_ fields: [String: Any], _ key: String, default fallback: Int, range: ClosedRange<Int>) -> Int {
+        let name = String(key.split(separator: ".").last ?? "")
+        var raw: Any? = fields[name]
+        if let overridden = override(key) { raw = overridden }
+        guard let raw else { return fallback }
+        let parsed: Int? = (raw as? Int) ?? (raw as? String).flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard let parsed, !(raw is Bool) else {
+            issues.append(.init(key: key, value: describe(raw), allowed: "it must be a whole number in \(range.lowerBound)...\(range.upperBound)"))
+            return fallback
+        }
+        guard range.contains(parsed) else {
+            issues.append(.init(key: key, value: "\(parsed)", allowed: "it must be in \(range.lowerBound)...\(range.upperBound)"))
+            return fallback
+        }
+        return parsed
+    }
+
+    private mutating func bool(_ fields: [String: Any], _ key: String, default fallback: Bool) -> Bool {
+        let name = String(key.split(separator: ".").last ?? "")
+        var raw: Any? = fields[name]
+        if let overridden = override(key) { raw = overridden }
+        guard let raw else { return fallback }
+        if let value = raw as? Bool { return value }
+        if let text = raw as? String {
+            switch text.lowercased() {
+            case "true", "yes", "1": return true
+            case "false", "no", "0": return false
+            default: break
+            }
+        }
+        issues.append(.init(key: key, value: describe(raw), allowed: "it must be true or false"))
+        return fallback
+    }
+
+    private func scalarText(_ value: Any) -> String? {
+        switch value {
+        case let text as String: text
+        case let number as Int: String(number)
+        case let number as Double: String(number)
+        case let flag as Bool: String(flag)
+        default: nil
+        }
+    }
+
+    private func describe(_ value: Any?) -> String {
+        guard let value else { return "(missing)" }
+        if let text = value as? String { return "\"\(text)\"" }
+        if value is [Any] { return "(a list)" }
+        if value is [AnyHashable: Any] || value is [String: Any] { return "(a mapping)" }
+        return "\(value)"
+    }
+}

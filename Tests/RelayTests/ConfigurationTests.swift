@@ -1,0 +1,91 @@
+import Foundation
+import Relay
+import Testing
+
+@Suite("Configuration")
+struct ConfigurationTests {
+    static var shippedFile: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("config/apns-relay.yaml").path
+    }
+
+    @Test func theShippedFileIsValidAndHoldsTheDefaults() throws {
+        let configuration = try RelayConfiguration.load(file: Self.shippedFile, environment: [:])
+        let defaults = RelayConfiguration()
+        #expect(configuration.kafka.brokers == defaults.kafka.brokers)
+        #expect(configuration.kafka.groupID == "apns-relay")
+        #expect(configuration.kafka.intentsTopic == "apns.intents")
+        #expect(configuration.kafka.outcomesTopic == "apns.outcomes")
+        #expect(configuration.apns.endpoint == "production")
+        #expect(configuration.apns.connections == 2)
+        #expect(configuration.limits.maxInFlight == 10_000)
+        #expect(configuration.defaults.expirationSeconds == 86_400)
+        #expect(configuration.http.port == 9464)
+    }
+
+    @Test func environmentOverridesScalars() throws {
+        let configuration = try RelayConfiguration.load(file: Self.shippedFile, environment: [
+            "APNS_RELAY_KAFKA_BROKERS": "kafka-1:9092,kafka-2:9092",
+            "APNS_RELAY_LIMITS_MAX_IN_FLIGHT": "500",
+            "APNS_RELAY_APNS_INSECURE_SKIP_VERIFY": "true",
+            "APNS_RELAY_APNS_ENDPOINT": "https://127.0.0.1:2197",
+        ])
+        #expect(configuration.kafka.brokers == "kafka-1:9092,kafka-2:9092")
+        #expect(configuration.limits.maxInFlight == 500)
+        #expect(configuration.apns.insecureSkipVerify)
+        #expect(configuration.apns.endpoint == "https://127.0.0.1:2197")
+        #expect(RelayConfiguration.environmentName(forKey: "limits.max_in_flight") == "APNS_RELAY_LIMITS_MAX_IN_FLIGHT")
+    }
+
+    @Test func everyProblemIsReportedWithKeyValueAndWhatIsAllowed() throws {
+        let yaml = """
+            kafka:
+              brokers: ""
+              bogus: 1
+            apns:
+              endpoint: staging
+              connections: 0
+              credentials:
+                - team_id: T
+                  key_file: /nonexistent/AuthKey.p8
+            limits:
+              max_in_flight: lots
+            http:
+              port: 70000
+            """
+        do {
+            _ = try RelayConfiguration.load(yaml: yaml, environment: ["APNS_RELAY_DEFAULTS_EXPIRATION_SECONDS": "-5"])
+            Issue.record("a bad configuration was accepted")
+        } catch let error as ConfigurationError {
+            let keys = Set(error.issues.map(\.key))
+            #expect(keys == [
+                "kafka.bogus", "kafka.brokers", "apns.endpoint", "apns.connections", "apns.credentials[0].key_id",
+                "apns.credentials[0].team_id", "apns.credentials[0].topics", "apns.credentials[0].key_file",
+                "limits.max_in_flight", "http.port", "defaults.expiration_seconds",
+            ])
+            let connections = try #require(error.issues.first { $0.key == "apns.connections" })
+            #expect(connections.value == "0")
+            #expect(connections.allowed.contains("1...64"))
+            #expect(error.description.contains("apns.endpoint = staging"))
+        }
+        #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: "kafka: [unclosed", environment: [:]) }
+        #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(file: "/nonexistent.yaml", environment: [:]) }
+    }
+
+    @Test func redactedOutputHidesSecrets() throws {
+        let configuration = try RelayConfiguration.load(yaml: """
+            kafka:
+              config:
+                security.protocol: SASL_SSL
+                sasl.mechanism: PLAIN
+                sasl.username: relay
+                sasl.password: hunter2
+                ssl.key.password: swordfish
+            """, environment: [:])
+        let text = configuration.redactedYAML
+        #expect(!text.contains("hunter2"))
+        #expect(!text.contains("swordfish"))
+        #expect(text.contains(#"sasl.username: "relay""#))
+        #expect(text.contains("SASL_SSL"))
+    }
+}
