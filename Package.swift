@@ -102,6 +102,8 @@ let package = Package(
             dependencies: [
                 "APNs",
                 "Relay",
+                "Kafka",
+                .product(name: "Crypto", package: "swift-crypto"),
                 "APNsSimulator",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

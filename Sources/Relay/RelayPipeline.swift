@@ -43,6 +43,7 @@ public final class RelayPipeline: Sendable {
         var drainedWaiter: CheckedContinuation<Void, Never>?
         var disabledTeams: [String: (until: Int64, reason: String)] = [:]
         var outcomeCounts: [String: Int] = [:]
+        var firstConsumedAt: ContinuousClock.Instant?
     }
 
     struct WorkItem: Sendable {
@@ -79,6 +80,9 @@ public final class RelayPipeline: Sendable {
 
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
+
+    /// When the first intent was consumed (for throughput figures).
+    public var firstConsumedAt: ContinuousClock.Instant? { state.withLock { $0.firstConsumedAt } }
 
     /// Intents between consume and outcome now.
     public var inFlight: Int { state.withLock { $0.inFlight } }
@@ -171,6 +175,7 @@ public final class RelayPipeline: Sendable {
         let partition = message.topicPartition
         let startDevice: WorkItem? = state.withLock { state in
             guard state.trackers[partition] != nil, let generation = state.generations[partition] else { return nil }
+            if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
             state.trackers[partition]!.started(message.offset)
             state.inFlight += 1
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,

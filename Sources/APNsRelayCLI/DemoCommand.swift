@@ -1,0 +1,106 @@
+import ArgumentParser
+import Foundation
+import Kafka
+import Logging
+import Relay
+
+/// `apns-relay demo`: the relay's main job on embedded defaults, in one process.
+struct DemoCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "demo",
+        abstract: "Run the relay against an in-process Kafka mock cluster and APNs simulator with a mixed stream of intents.")
+
+    @Option(help: "Normal intents to send (spread over --devices devices).")
+    var count: Int = 5000
+
+    @Option(help: "Distinct device tokens for the normal intents.")
+    var devices: Int = 500
+
+    @Option(name: .customLong("failure-rate"), help: "Fraction of APNs answers that are 500/503 (retried by the relay).")
+    var failureRate: Double = 0.02
+
+    func validate() throws {
+        if count < 1 || devices < 1 { throw ValidationError("--count and --devices must be at least 1") }
+        if !(0...0.5).contains(failureRate) { throw ValidationError("--failure-rate must be between 0 and 0.5") }
+    }
+
+    func run() async throws {
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .error
+            return handler
+        }
+        let unregistered = EmbeddedStack.token(0xdead_beef)
+        let failureRate = self.failureRate
+        Terminal.line("starting: Kafka mock cluster (3 brokers), APNs simulator, relay")
+        let stack = try await EmbeddedStack.start { simulator in
+            simulator.behaviour.unregistered = [unregistered: 1_432_819_882_000]
+            simulator.behaviour.failureRate = failureRate
+        }
+        let configuration = stack.configuration
+        Terminal.line("kafka: \(configuration.kafka.brokers)  apns: \(configuration.apns.endpoint)")
+        let pipeline = try RelayPipeline(configuration: configuration, worker: "demo")
+        let running = Task { await pipeline.run() }
+
+        let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
+        var intents = Self.mixedStream(count: count, devices: devices, unregistered: unregistered)
+        intents.shuffle()
+        let total = intents.count
+        Terminal.line("producing \(total) intents: \(count) normal, plus unregistered, expired, no-credentials and invalid ones")
+        let topic = configuration.kafka.intentsTopic
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (key, value) in intents {
+                group.addTask { _ = try await producer.send(topic: topic, key: key.map { Array($0.utf8) }, value: Array(value.utf8)) }
+            }
+            try await group.waitForAll()
+        }
+
+        let started = ContinuousClock.now
+        var last = 0
+        while true {
+            try await Task.sleep(for: .milliseconds(500))
+            let counts = pipeline.outcomeCounts
+            let done = counts.values.reduce(0, +)
+            let seconds = Double((ContinuousClock.now - started).components.seconds)
+                + Double((ContinuousClock.now - started).components.attoseconds) / 1e18
+            let rate = Double(done - last) * 2
+            last = done
+            Terminal.line(String(format: "%6.1fs  %6d/%d outcomes  %7.0f intents/s  ", seconds, done, total, rate)
+                          + counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+            if done >= total || seconds > 120 { break }
+        }
+        pipeline.requestStop()
+        await running.value
+        await producer.close()
+        let answers = stack.simulator.answers
+        await stack.stop()
+
+        Terminal.line("")
+        Terminal.line("outcome       count")
+        for status in Outcome.Status.allCases {
+            Terminal.line(status.rawValue.padding(toLength: 13, withPad: " ", startingAt: 0) + " " + String(pipeline.outcomeCounts[status.rawValue] ?? 0))
+        }
+        Terminal.line("")
+        Terminal.line("APNs simulator answers: " + answers.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
+    }
+
+    /// (key, value) pairs: normal alerts, one unregistered device, intents already expired,
+    /// a topic without credentials, and messages that are not usable intents.
+    static func mixedStream(count: Int, devices: Int, unregistered: String) -> [(String?, String)] {
+        var intents: [(String?, String)] = []
+        for index in 0..<count {
+            let token = EmbeddedStack.token(index % devices)
+            intents.append((token, #"{"id":"demo-\#(index)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"Hello \#(index)"}}}"#))
+        }
+        for index in 0..<5 {
+            intents.append((unregistered, #"{"id":"gone-\#(index)","token":"\#(unregistered)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"x"}}}"#))
+            let token = EmbeddedStack.token(100_000 + index)
+            intents.append((token, #"{"id":"late-\#(index)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","expiration":1,"payload":{"aps":{"alert":"x"}}}"#))
+            intents.append((token, #"{"id":"nocred-\#(index)","token":"\#(token)","topic":"com.unknown.app","payload":{"aps":{"alert":"x"}}}"#))
+        }
+        intents.append(("garbage", "this is not JSON"))
+        intents.append((nil, #"{"token":"abc","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{}}}"#))
+        intents.append(("xyz", #"{"id":"bad-token","token":"xyz","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{}}}"#))
+        return intents
+    }
+}
