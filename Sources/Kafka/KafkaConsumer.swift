@@ -31,7 +31,7 @@ public final class KafkaConsumer: Sendable {
             "partition.assignment.strategy": "cooperative-sticky",
             "enable.auto.offset.store": "false",
             "enable.auto.commit": "true",
-            "auto.commit.interval.ms": "1000",
+            "auto.commit.interval.ms": "500",
             "auto.offset.reset": "earliest",
             "enable.partition.eof": "false",
         ]
@@ -312,6 +312,14 @@ private let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, Unsa
         }
         shared.push(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        // Commit what is stored for these partitions first, so their next owner starts exactly
+        // behind the work finished here (synchronous: the callback runs on the poll thread).
+        if let list, rd_kafka_assignment_lost(rk) == 0 {
+            let committed = rd_kafka_commit(rk, list, 0)
+            if committed != RD_KAFKA_RESP_ERR_NO_ERROR, committed != RD_KAFKA_RESP_ERR__NO_OFFSET {
+                shared.logger.warning("commit on revocation failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(committed)))"])
+            }
+        }
         // Unassign before telling the application, so that from the moment it hears of the
         // revocation its offset stores for these partitions fail.
         if cooperative {

@@ -1,0 +1,215 @@
+import APNsSimulator
+import Crypto
+import Foundation
+import Kafka
+import Relay
+import Testing
+
+/// `apns-relay run` as a real process, against the mock cluster and simulator of this process.
+struct RelayProcess {
+    let process: Process
+    let output: Pipe
+
+    static var binary: URL {
+        var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
+        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("apns-relay").path),
+              directory.pathComponents.count > 1 {
+            directory.deleteLastPathComponent()
+        }
+        return directory.appendingPathComponent("apns-relay")
+    }
+
+    static func start(config: String, worker: String) throws -> RelayProcess {
+        let process = Process()
+        process.executableURL = binary
+        process.arguments = ["run", "--config", config]
+        var environment = ProcessInfo.processInfo.environment
+        environment["APNS_RELAY_WORKER"] = worker
+        process.environment = environment
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        return RelayProcess(process: process, output: output)
+    }
+
+    func terminate() -> Int32 {
+        process.terminate()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    func kill9() {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
+
+/// Writes a configuration for the relay processes.
+func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10) throws -> String {
+    let yaml = """
+        kafka:
+          brokers: "\(harness.cluster.bootstrapServers)"
+          group_id: \(harness.group)
+          intents_topic: \(harness.intentsTopic)
+          outcomes_topic: \(harness.outcomesTopic)
+          config:
+            session.timeout.ms: 6000
+            heartbeat.interval.ms: 500
+        apns:
+          endpoint: "\(harness.simulator.url)"
+          insecure_skip_verify: true
+          credentials:
+            - team_id: TEAM123456
+              key_id: ABC123DEFG
+              key_file: \(harness.keyFile)
+              topics: ["com.example.app"]
+        retry:
+          initial_backoff_ms: 20
+          max_backoff_ms: 200
+        http:
+          port: 0
+        shutdown_deadline_seconds: \(shutdownDeadline)
+        """
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID()).yaml").path
+    try yaml.write(toFile: path, atomically: true, encoding: .utf8)
+    return path
+}
+
+struct ProcessHarness {
+    let cluster: KafkaMockCluster
+    let simulator: APNsSimulator
+    let producer: KafkaProducer
+    let keyFile: String
+    let group: String
+    let intentsTopic: String
+    let outcomesTopic: String
+
+    static func start(latency: Duration = .zero) async throws -> ProcessHarness {
+        let suffix = UUID().uuidString.prefix(8)
+        let cluster = try KafkaMockCluster(brokers: 1)
+        try cluster.createTopic("intents-\(suffix)", partitions: 4)
+        try cluster.createTopic("outcomes-\(suffix)", partitions: 4)
+        let key = P256.Signing.PrivateKey()
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(suffix).p8").path
+        try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        var configuration = SimulatorConfiguration()
+        configuration.signingKeys = [.init(teamID: "TEAM123456", keyID: "ABC123DEFG", publicKey: key.publicKey)]
+        configuration.behaviour.latency = .nanoseconds(latency.components.attoseconds / 1_000_000_000 + latency.components.seconds * 1_000_000_000)
+        let simulator = try await APNsSimulator.start(configuration)
+        return ProcessHarness(cluster: cluster, simulator: simulator,
+                              producer: try KafkaProducer(bootstrapServers: cluster.bootstrapServers),
+                              keyFile: keyFile, group: "relay-\(suffix)", intentsTopic: "intents-\(suffix)",
+                              outcomesTopic: "outcomes-\(suffix)")
+    }
+
+    func produce(_ count: Int, from start: Int = 0) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in start..<(start + count) {
+                let token = hexToken(index)
+                let value = intent("p-\(index)", token: token)
+                group.addTask { _ = try await producer.send(topic: intentsTopic, key: Array(token.utf8), value: Array(value.utf8)) }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// Every outcome on the topic until `count` distinct intent ids were answered.
+    func outcomeIDs(atLeast count: Int, timeout: Duration = .seconds(90)) async throws -> (ids: Set<String>, events: Int) {
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "reader-\(UUID())",
+                                         topics: [outcomesTopic],
+                                         properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
+        defer { Task { await consumer.close() } }
+        let deadline = ContinuousClock.now + timeout
+        return try await withThrowingTaskGroup(of: (Set<String>, Int)?.self) { group in
+            group.addTask {
+                var ids = Set<String>()
+                var events = 0
+                for await event in consumer.events {
+                    guard case .messages(let batch) = event else { continue }
+                    for message in batch {
+                        events += 1
+                        if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
+                           let id = object["id"] as? String {
+                            ids.insert(id)
+                        }
+                    }
+                    if ids.count >= count { break }
+                }
+                return (ids, events)
+            }
+            group.addTask {
+                try await Task.sleep(until: deadline)
+                return nil
+            }
+            let first = try await group.next()!
+            group.cancelAll()
+            guard let first else { throw OutcomesTimedOut() }
+            return first
+        }
+    }
+
+    func committedTotal() async throws -> Int64 {
+        let reader = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [])
+        let committed = try await reader.committed((0..<4).map { TopicPartition(topic: intentsTopic, partition: $0) })
+        await reader.close()
+        return committed.values.reduce(0) { $0 + max($1, 0) }
+    }
+}
+
+@Suite("apns-relay run as a process", .serialized)
+struct RelayProcessTests {
+    @Test func sigtermFinishesCommitsAndExitsZero() async throws {
+        let harness = try await ProcessHarness.start()
+        let config = try writeConfig(harness: harness)
+        let relay = try RelayProcess.start(config: config, worker: "w1")
+        try await harness.produce(200)
+        let (ids, _) = try await harness.outcomeIDs(atLeast: 200)
+        #expect(ids.count == 200)
+        #expect(relay.terminate() == 0)
+        #expect(try await harness.committedTotal() == 200)
+        await harness.simulator.stop()
+    }
+
+    @Test func killDashNineLosesNothing() async throws {
+        let harness = try await ProcessHarness.start(latency: .milliseconds(20))
+        let config = try writeConfig(harness: harness)
+        let first = try RelayProcess.start(config: config, worker: "w1")
+        try await harness.produce(600)
+        // Kill mid-stream, once APNs has seen a good part of the stream but not all of it.
+        let deadline = ContinuousClock.now + .seconds(60)
+        while harness.simulator.answers["200", default: 0] < 250, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        first.kill9()
+        // What the dead relay had not committed is what the next one must redo.
+        let committedAtKill = try await harness.committedTotal()
+        let second = try RelayProcess.start(config: config, worker: "w2")
+        let (ids, _) = try await harness.outcomeIDs(atLeast: 600)
+        #expect(ids.count == 600)
+        let accepted = harness.simulator.accepted.map(\.apnsID)
+        let twice = accepted.count - Set(accepted).count
+        let inFlightAtKill = 600 - Int(committedAtKill)
+        print("kill -9: \(twice) intents reached APNs twice; \(inFlightAtKill) were consumed-or-pending and uncommitted at the kill (\(committedAtKill) committed)")
+        #expect(twice <= inFlightAtKill)
+        #expect(Set(accepted).count == 600)
+        #expect(second.terminate() == 0)
+        #expect(try await harness.committedTotal() == 600)
+        await harness.simulator.stop()
+    }
+
+    @Test func twoRelaysRebalanceWithoutLosingIntents() async throws {
+        let harness = try await ProcessHarness.start(latency: .milliseconds(5))
+        let config = try writeConfig(harness: harness)
+        let first = try RelayProcess.start(config: config, worker: "w1")
+        try await harness.produce(400)
+        let second = try RelayProcess.start(config: config, worker: "w2")
+        try await harness.produce(400, from: 400)
+        let (ids, _) = try await harness.outcomeIDs(atLeast: 800)
+        #expect(ids.count == 800)
+        #expect(first.terminate() == 0)
+        #expect(second.terminate() == 0)
+        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 800)
+        await harness.simulator.stop()
+    }
+}
