@@ -200,4 +200,25 @@ struct RelayEndToEndTests {
         #expect(committed.values.reduce(0) { $0 + max($1, 0) } == 40)
         await reader.close()
     }
+
+    @Test func brokerDownAndBackLosesNothing() async throws {
+        let harness = try await RelayHarness.start { $0.behaviour.latency = .milliseconds(2) }
+        for index in 0..<100 { try await harness.produce(intent("before-\(index)", token: hexToken(index)), key: hexToken(index)) }
+        _ = try await harness.outcomes(count: 100)
+        harness.cluster.setBrokerDown(1)
+        // Intents produced while the broker is down wait in the producer; the relay waits too.
+        let producing = Task {
+            for index in 0..<100 {
+                try await harness.produce(intent("during-\(index)", token: hexToken(500 + index)), key: hexToken(500 + index))
+            }
+        }
+        try await Task.sleep(for: .seconds(1))  // the outage itself, not synchronisation
+        harness.cluster.setBrokerUp(1)
+        try await producing.value
+        let outcomes = try await harness.outcomes(count: 200)
+        let ids = Set(outcomes.compactMap { $0["id"] as? String })
+        #expect(ids.count == 200)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        await harness.stop()
+    }
 }
