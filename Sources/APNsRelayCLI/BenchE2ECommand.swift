@@ -30,7 +30,15 @@ struct BenchE2ECommand: AsyncParsableCommand {
             return handler
         }
         let stack = try await EmbeddedStack.start(partitions: partitions)
-        let configuration = stack.configuration
+        // The Kafka clients must be gone before the mock cluster is.
+        let figures = try await measure(stack.configuration)
+        await stack.stop()
+        Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
+        Terminal.line(figures.line)
+        if figures.counts["delivered"] != count { throw ExitCode(1) }
+    }
+
+    private func measure(_ configuration: RelayConfiguration) async throws -> (counts: [String: Int], line: String) {
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
         let topic = configuration.kafka.intentsTopic
         // Produce everything first, at most 5,000 awaiting their delivery report at once.
@@ -78,15 +86,12 @@ struct BenchE2ECommand: AsyncParsableCommand {
         }
         await reader.close()
         await producer.close()
-        await stack.stop()
 
         let elapsed = finishedAt - started
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         latencies.sort()
         func percentile(_ p: Double) -> Int { latencies.isEmpty ? 0 : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] }
-        Terminal.line("outcomes: " + counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
-        Terminal.line(String(format: "intents/s: %.0f p50_ms: %d p99_ms: %d peak_rss_mb: %.1f",
-                             Double(count) / max(seconds, 0.001), percentile(0.5), percentile(0.99), rss ?? 0))
-        if counts["delivered"] != count { throw ExitCode(1) }
+        return (counts, String(format: "intents/s: %.0f p50_ms: %d p99_ms: %d peak_rss_mb: %.1f",
+                               Double(count) / max(seconds, 0.001), percentile(0.5), percentile(0.99), rss ?? 0))
     }
 }

@@ -37,8 +37,24 @@ struct DemoCommand: AsyncParsableCommand {
             simulator.behaviour.unregistered = [unregistered: 1_432_819_882_000]
             simulator.behaviour.failureRate = failureRate
         }
-        let configuration = stack.configuration
-        Terminal.line("kafka: \(configuration.kafka.brokers)  apns: \(configuration.apns.endpoint)")
+        Terminal.line("kafka: \(stack.configuration.kafka.brokers)  apns: \(stack.configuration.apns.endpoint)")
+        // The relay's Kafka clients must be gone before the mock cluster is.
+        let counts = try await relay(stack.configuration, unregistered: unregistered)
+        let answers = stack.simulator.answers
+        await stack.stop()
+
+        Terminal.line("")
+        Terminal.line("outcome       count")
+        for status in Outcome.Status.allCases {
+            Terminal.line(status.rawValue.padding(toLength: 13, withPad: " ", startingAt: 0) + " " + String(counts[status.rawValue] ?? 0))
+        }
+        Terminal.line("")
+        Terminal.line("APNs simulator answers: " + answers.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
+    }
+
+    /// Produces the stream, runs the relay until every intent has its outcome; returns the
+    /// outcome counts.
+    private func relay(_ configuration: RelayConfiguration, unregistered: String) async throws -> [String: Int] {
         let pipeline = try RelayPipeline(configuration: configuration, worker: "demo")
         let running = Task { await pipeline.run() }
 
@@ -72,16 +88,7 @@ struct DemoCommand: AsyncParsableCommand {
         pipeline.requestStop()
         await running.value
         await producer.close()
-        let answers = stack.simulator.answers
-        await stack.stop()
-
-        Terminal.line("")
-        Terminal.line("outcome       count")
-        for status in Outcome.Status.allCases {
-            Terminal.line(status.rawValue.padding(toLength: 13, withPad: " ", startingAt: 0) + " " + String(pipeline.outcomeCounts[status.rawValue] ?? 0))
-        }
-        Terminal.line("")
-        Terminal.line("APNs simulator answers: " + answers.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
+        return pipeline.outcomeCounts
     }
 
     /// (key, value) pairs: normal alerts, one unregistered device, intents already expired,
