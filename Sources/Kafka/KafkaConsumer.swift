@@ -7,11 +7,12 @@ import Synchronization
 /// Swift as an `AsyncSequence`, in batches pulled on a dedicated thread.
 ///
 /// Offsets are stored by the application (``storeOffset(_:offset:)``, `enable.auto.offset.store`
-/// off) and committed by librdkafka in the background (`enable.auto.commit`), plus once more on
-/// ``close()``. The hand-over buffer is bounded: when it is full the poll thread pauses every
-/// assigned partition (it keeps polling, so the group membership stays alive) and resumes them
-/// once the application caught up. ``pause(_:)`` and ``resume(_:)`` give the application the
-/// same lever.
+/// off) and committed by librdkafka in the background (`enable.auto.commit`), when partitions are
+/// revoked, and once more on ``close()``. The hand-over buffer is bounded: when it is full the
+/// poll thread waits for the application to catch up, and if that takes longer than a few
+/// seconds it pauses every assigned partition and keeps polling (so rebalances and the group
+/// session are served), resuming once the application caught up. ``pause(_:)`` and
+/// ``resume(_:)`` give the application the same lever.
 public final class KafkaConsumer: Sendable {
     private let handle: KafkaHandle
     private let shared: ConsumerShared
@@ -20,10 +21,11 @@ public final class KafkaConsumer: Sendable {
 
     /// - Parameters:
     ///   - maxBatch: records per `.messages` event at most.
-    ///   - bufferedEvents: events waiting for the application before partitions get paused.
+    ///   - bufferedMessages: records waiting for the application before partitions get paused
+    ///     (they resume at half of it).
     ///   - properties: passed to librdkafka as they are, after the defaults (so they win).
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: [String: String] = [:],
-                maxBatch: Int = 500, bufferedEvents: Int = 8,
+                maxBatch: Int = 500, bufferedMessages: Int = 5000,
                 logger: Logger = Logger(label: "apns-relay.kafka.consumer")) throws(KafkaError) {
         var settings: [String: String] = [
             "bootstrap.servers": bootstrapServers,
@@ -34,10 +36,13 @@ public final class KafkaConsumer: Sendable {
             "auto.commit.interval.ms": "500",
             "auto.offset.reset": "earliest",
             "enable.partition.eof": "false",
+            // librdkafka's own prefetch (one queue for the whole consumer): enough to keep the
+            // hand-over fed, bounded well below its 64 MB default.
+            "queued.max.messages.kbytes": "16384",
         ]
         settings.merge(properties) { _, given in given }
         let builder = try KafkaConfigBuilder(settings)
-        let shared = ConsumerShared(capacity: bufferedEvents, logger: logger)
+        let shared = ConsumerShared(capacity: bufferedMessages, logger: logger)
         shared.install(on: builder)
         builder.withConf { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalance)
@@ -182,6 +187,8 @@ public final class KafkaConsumer: Sendable {
 final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     struct Queue {
         var events: [KafkaConsumerEvent] = []
+        /// Records in `events`.
+        var messages = 0
         var waiter: CheckedContinuation<KafkaConsumerEvent?, Never>?
         var finished = false
     }
@@ -198,20 +205,26 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
         super.init(logger: logger)
     }
 
-    /// Queues an event; returns how many are queued after it.
+    /// Queues an event; returns how many records are queued after it.
     @discardableResult
     func push(_ event: KafkaConsumerEvent) -> Int {
         let (waiter, count) = queue.withLock { queue -> (CheckedContinuation<KafkaConsumerEvent?, Never>?, Int) in
             if queue.finished { return (nil, 0) }
             if let waiter = queue.waiter {
                 queue.waiter = nil
-                return (waiter, 0)
+                return (waiter, queue.messages)
             }
             queue.events.append(event)
-            return (nil, queue.events.count)
+            queue.messages += Self.records(in: event)
+            return (nil, queue.messages)
         }
         waiter?.resume(returning: event)
         return count
+    }
+
+    private static func records(in event: KafkaConsumerEvent) -> Int {
+        if case .messages(let batch) = event { return batch.count }
+        return 0
     }
 
     /// The next event; nil once the consumer is closed or the waiting task is cancelled.
@@ -219,7 +232,11 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready: KafkaConsumerEvent?? = queue.withLock { queue in
-                    if !queue.events.isEmpty { return .some(queue.events.removeFirst()) }
+                    if !queue.events.isEmpty {
+                        let event = queue.events.removeFirst()
+                        queue.messages -= Self.records(in: event)
+                        return .some(event)
+                    }
                     if queue.finished || Task.isCancelled { return .some(nil) }
                     queue.waiter = continuation
                     return nil
@@ -235,7 +252,9 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
         }
     }
 
-    var queuedCount: Int { queue.withLock { $0.events.count } }
+    var queuedMessages: Int { queue.withLock { $0.messages } }
+
+    var isFinished: Bool { queue.withLock { $0.finished } }
 
     func finish() {
         let waiter = queue.withLock { queue in
@@ -275,19 +294,30 @@ private func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize
                                       value: value, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
         }
     }
-    let queued = batch.isEmpty ? shared.queuedCount : shared.push(.messages(batch))
+    let queued = batch.isEmpty ? shared.queuedMessages : shared.push(.messages(batch))
 
-    // Flow control: pause everything while the application is behind, resume when it caught up.
-    let wasFull = shared.bufferFull.withLock { $0 }
-    if !wasFull, queued >= shared.capacity {
-        shared.bufferFull.withLock { $0 = true }
-        let all = Array(shared.assigned.withLock { $0 })
-        handle.withHandle { rk in withPartitionList(all) { _ = rd_kafka_pause_partitions(rk, $0) } }
-    } else if wasFull, queued <= shared.capacity / 2 {
+    // Flow control. While the application is behind, stop polling for a while (librdkafka keeps
+    // its bounded prefetch; nothing is purged and fetched again). If it stays behind longer
+    // than `blockLimit`, pause every assigned partition and go back to polling, so that
+    // rebalances and the group session keep being served; resume once it caught up.
+    let blockLimit = Duration.seconds(5)
+    if queued >= shared.capacity, !shared.bufferFull.withLock({ $0 }) {
+        let giveUpAt = ContinuousClock.now + blockLimit
+        while shared.queuedMessages > shared.capacity / 2, ContinuousClock.now < giveUpAt, !shared.isFinished {
+            usleep(2_000)
+        }
+        if shared.queuedMessages > shared.capacity / 2 {
+            shared.bufferFull.withLock { $0 = true }
+            let all = Array(shared.assigned.withLock { $0 })
+            handle.withHandle { rk in withPartitionList(all) { _ = rd_kafka_pause_partitions(rk, $0) } }
+            shared.logger.info("consumer paused: the application is behind", metadata: ["kafka.buffered": "\(shared.queuedMessages)"])
+        }
+    } else if shared.bufferFull.withLock({ $0 }), queued <= shared.capacity / 2 {
         shared.bufferFull.withLock { $0 = false }
         let paused = shared.applicationPaused.withLock { $0 }
         let resumable = shared.assigned.withLock { $0 }.subtracting(paused)
         handle.withHandle { rk in withPartitionList(Array(resumable)) { _ = rd_kafka_resume_partitions(rk, $0) } }
+        shared.logger.info("consumer resumed")
     }
 }
 

@@ -75,7 +75,8 @@ public final class RelayPipeline: Sendable {
         self.consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                           groupID: configuration.kafka.groupID,
                                           topics: [configuration.kafka.intentsTopic],
-                                          properties: configuration.kafka.properties, logger: logger)
+                                          properties: configuration.kafka.properties,
+                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
     }
 
     /// Outcomes published so far, by status.
