@@ -24,11 +24,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .error
-            return handler
-        }
+        Terminal.logErrorsOnly()
         let stack = try await EmbeddedStack.start(partitions: partitions)
         // The Kafka clients must be gone before the mock cluster is.
         let figures = try await measure(stack.configuration)

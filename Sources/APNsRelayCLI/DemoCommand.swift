@@ -25,11 +25,7 @@ struct DemoCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .error
-            return handler
-        }
+        Terminal.logErrorsOnly()
         let unregistered = EmbeddedStack.token(0xdead_beef)
         let failureRate = self.failureRate
         Terminal.line("starting: Kafka mock cluster (3 brokers), APNs simulator, relay")
