@@ -36,9 +36,6 @@ public final class KafkaConsumer: Sendable {
             "auto.commit.interval.ms": "500",
             "auto.offset.reset": "earliest",
             "enable.partition.eof": "false",
-            // librdkafka's own prefetch (one queue for the whole consumer): enough to keep the
-            // hand-over fed, bounded well below its 64 MB default.
-            "queued.max.messages.kbytes": "16384",
         ]
         settings.merge(properties) { _, given in given }
         let builder = try KafkaConfigBuilder(settings)
