@@ -87,6 +87,13 @@ final class APNsConnection: @unchecked Sendable {
         self.logger = logger
     }
 
+    /// Records whether the slot has a ready channel (and keeps the ready-connections meter true).
+    private func setReady(_ ready: Bool) {
+        if isReady.exchange(ready, ordering: .relaxed) != ready {
+            if ready { APNsMetrics.ready.increment() } else { APNsMetrics.ready.decrement() }
+        }
+    }
+
     /// Starts the first connection.
     func start() {
         eventLoop.execute { self.connectIfIdle() }
@@ -137,7 +144,7 @@ final class APNsConnection: @unchecked Sendable {
             if case .backingOff(let scheduled) = self.state { scheduled.cancel() }
             if case .ready(_, let handler, _) = self.state { handler.shutdown() }
             self.state = .shutDown
-            self.isReady.store(false, ordering: .relaxed)
+            self.setReady(false)
             self.streamLimit.store(0, ordering: .relaxed)
             self.failWaiting(.refused("client shut down"))
             return Array(self.channels.values)
@@ -168,6 +175,7 @@ final class APNsConnection: @unchecked Sendable {
         guard case .idle = state else { return }
         generation += 1
         connectAttempts.add(1, ordering: .relaxed)
+        APNsMetrics.attempts.increment()
         let generation = generation
         state = .connecting(generation: generation)
         let host = endpoint.host
@@ -222,7 +230,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
             state = .ready(generation: generation, handler: handler, since: .now())
-            isReady.store(true, ordering: .relaxed)
+            setReady(true)
             streamLimit.store(handler.streamLimit, ordering: .relaxed)
             lastError = nil
             logger.debug("connected to APNs", metadata: ["apns.endpoint": "\(endpoint)"])
@@ -237,6 +245,7 @@ final class APNsConnection: @unchecked Sendable {
             }
             logger.debug("APNs changed the stream limit", metadata: ["apns.max_concurrent_streams": "\(limit)"])
         case .goAway(let lastStreamID, let errorCode, let debugData):
+            APNsMetrics.goAway(reason: Self.goAwayReason(debugData))
             logger.warning("APNs sent GOAWAY", metadata: [
                 "apns.goaway.reason": "\(Self.goAwayReason(debugData))",
                 "apns.goaway.last_stream_id": "\(lastStreamID)",
@@ -265,7 +274,7 @@ final class APNsConnection: @unchecked Sendable {
     /// The ready channel is gone or going: count a failure if it died young, then reconnect after
     /// a backoff, so that a server that keeps closing connections never sees a tight loop.
     private func replaceConnection(readySince: NIODeadline, why: String) {
-        isReady.store(false, ordering: .relaxed)
+        setReady(false)
         streamLimit.store(0, ordering: .relaxed)
         let livedLong = NIODeadline.now() - readySince > .seconds(30)
         failures = livedLong ? 0 : failures + 1
@@ -273,7 +282,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func connectFailed(_ why: String) {
-        isReady.store(false, ordering: .relaxed)
+        setReady(false)
         failures += 1
         lastError = why
         // Once per change of state: the first failure is a warning, repeats are debug.

@@ -127,6 +127,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
         let token = ProviderToken(jwt: try signer.mint(issuedAt: now), issuedAt: now)
         state.token = token
         state.mints += 1
+        APNsMetrics.tokenMinted(teamID: signer.teamID, keyID: signer.keyID)
         return token
     }
 }

@@ -1,5 +1,7 @@
 import ArgumentParser
 import Logging
+import Metrics
+import Prometheus
 import Relay
 import ServiceLifecycle
 
@@ -26,6 +28,8 @@ struct RunCommand: AsyncParsableCommand {
             throw ExitCode(2)
         }
         let logger = Logger(label: "apns-relay")
+        let registry = PrometheusCollectorRegistry()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         if configuration.apns.insecureSkipVerify {
             logger.warning("apns.insecure_skip_verify is on: APNs' TLS certificate is not verified")
         }
@@ -36,9 +40,21 @@ struct RunCommand: AsyncParsableCommand {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
         }
+        let status: StatusServer
+        do {
+            let readinessPipeline = pipeline
+            status = try await StatusServer.start(port: configuration.http.port, registry: registry) {
+                readinessPipeline.notReadyReason
+            }
+        } catch {
+            Terminal.error("cannot serve http.port \(configuration.http.port): \(error)")
+            throw ExitCode(1)
+        }
+        logger.info("serving /metrics, /healthz, /readyz", metadata: ["http.port": "\(status.port)"])
         let group = ServiceGroup(configuration: .init(
             services: [PipelineService(pipeline: pipeline)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
+        await status.stop()
     }
 }
 

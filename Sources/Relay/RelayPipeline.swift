@@ -82,6 +82,19 @@ public final class RelayPipeline: Sendable {
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
 
+    /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
+    /// stopping, the outcome producer has no fatal error, and every APNs client it has opened has
+    /// a ready connection.
+    public var notReadyReason: String? {
+        if stopRequested.withLock({ $0 }) { return "stopping" }
+        if let fatal = producer.fatalError { return "outcome producer failed: \(fatal)" }
+        let clients = clients.withLock { Array($0) }
+        for (key, client) in clients where client.readyConnections == 0 {
+            return "no ready APNs connection for \(key.split(separator: "|").last.map(String.init) ?? key)"
+        }
+        return nil
+    }
+
     /// When the first intent was consumed (for throughput figures).
     public var firstConsumedAt: ContinuousClock.Instant? { state.withLock { $0.firstConsumedAt } }
 
@@ -189,6 +202,8 @@ public final class RelayPipeline: Sendable {
             state.devices[intent.token] = CircularBuffer()
             return item
         }
+        RelayMetrics.intentsConsumed.increment()
+        RelayMetrics.inFlight.record(inFlight)
         guard let item = startDevice else { return }
         Task { await self.work(item) }
     }
@@ -262,7 +277,10 @@ public final class RelayPipeline: Sendable {
             }
             let result: APNsResult
             do {
+                let sentAt = ContinuousClock.now
                 result = try await client.send(intent.notification)
+                let took = ContinuousClock.now - sentAt
+                RelayMetrics.apnsLatency.recordNanoseconds(took.components.seconds * 1_000_000_000 + took.components.attoseconds / 1_000_000_000)
                 attempts += result.attempts
             } catch APNsError.invalidNotification(let invalid) {
                 return makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: attempts)
@@ -293,6 +311,7 @@ public final class RelayPipeline: Sendable {
                     return makeOutcome(item, intent: intent, status: .expired, result: result, attempts: attempts)
                 }
                 logger.debug("retrying", metadata: metadata.merging(["apns.reason": "\(reason ?? "none")"]) { $1 })
+                RelayMetrics.retries.increment()
                 if await !sleepBeforeRetry(&retry, intent: intent, deadline: retryDeadline) {
                     var outcome = timeoutOutcome(item, intent: intent, attempts: attempts, reason: lastReason, deadline: retryDeadline)
                     outcome.httpStatus = result.status
@@ -363,6 +382,7 @@ public final class RelayPipeline: Sendable {
             defer { state.disabledTeams[teamID] = (now + configuration.retry.credentialFaultCooldownSeconds, reason) }
             return state.disabledTeams[teamID] == nil
         }
+        RelayMetrics.credentialFault(teamID: teamID)
         if isNew {
             logger.critical("APNs refused the credentials: sends for this team stop", metadata: [
                 "apns.team_id": "\(teamID)", "apns.reason": "\(reason)",
@@ -419,6 +439,7 @@ public final class RelayPipeline: Sendable {
             }
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
+        RelayMetrics.outcome(outcome)
         finish(item, stored: true)
     }
 
@@ -449,6 +470,7 @@ public final class RelayPipeline: Sendable {
                 ])
             }
         }
+        RelayMetrics.inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }
     }
 

@@ -2,6 +2,7 @@ import APNsSimulator
 import Crypto
 import Foundation
 import Kafka
+import NIOPosix
 import Relay
 import Testing
 
@@ -46,7 +47,7 @@ struct RelayProcess {
 }
 
 /// Writes a configuration for the relay processes.
-func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10) throws -> String {
+func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0) throws -> String {
     let yaml = """
         kafka:
           brokers: "\(harness.cluster.bootstrapServers)"
@@ -68,12 +69,20 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10) throws -> 
           initial_backoff_ms: 20
           max_backoff_ms: 200
         http:
-          port: 0
+          port: \(httpPort)
         shutdown_deadline_seconds: \(shutdownDeadline)
         """
     let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID()).yaml").path
     try yaml.write(toFile: path, atomically: true, encoding: .utf8)
     return path
+}
+
+/// A TCP port nothing listens on right now.
+func freePort() throws -> Int {
+    let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+    let port = socket.localAddress!.port!
+    try socket.close().wait()
+    return port
 }
 
 struct ProcessHarness {
@@ -161,11 +170,26 @@ struct ProcessHarness {
 struct RelayProcessTests {
     @Test func sigtermFinishesCommitsAndExitsZero() async throws {
         let harness = try await ProcessHarness.start()
-        let config = try writeConfig(harness: harness)
+        let port = try freePort()
+        let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config, worker: "w1")
         try await harness.produce(200)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 200)
         #expect(ids.count == 200)
+
+        // The status endpoints of the running process.
+        let health = try await httpGet(port: port, path: "/healthz")
+        #expect(health.status == 200)
+        let ready = try await httpGet(port: port, path: "/readyz")
+        #expect(ready.status == 200, "\(ready.body)")
+        let metrics = try await httpGet(port: port, path: "/metrics")
+        #expect(metrics.status == 200)
+        #expect(metrics.body.contains("relay_intents_consumed_total 200"))
+        #expect(metrics.body.contains(#"relay_outcomes_total{status="delivered",reason="none"} 200"#)
+                || metrics.body.contains(#"relay_outcomes_total{reason="none",status="delivered"} 200"#), "\(metrics.body)")
+        #expect(metrics.body.contains("apns_jwt_mints_total"))
+        #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
+        #expect(try await httpGet(port: port, path: "/nope").status == 404)
         #expect(relay.terminate() == 0)
         #expect(try await harness.committedTotal() == 200)
         await harness.simulator.stop()
