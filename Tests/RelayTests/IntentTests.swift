@@ -1,0 +1,97 @@
+import Foundation
+import Relay
+import Testing
+
+@Suite("Intents and outcomes")
+struct IntentTests {
+    static let token = String(repeating: "ab", count: 32)
+    static let now: Int64 = 1_700_000_000
+
+    static func parse(_ json: String, key: String? = nil) -> Result<Intent, InvalidIntent> {
+        do {
+            return .success(try Intent.parse(Array(json.utf8), key: key.map { Array($0.utf8) }, now: now, defaultTTL: 86_400))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    static func reason(_ json: String) -> String? {
+        if case .failure(let invalid) = parse(json) { return invalid.reason }
+        return nil
+    }
+
+    @Test func defaultsApply() throws {
+        let intent = try Self.parse(#"{"id":"a","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"hi"}}}"#).get()
+        #expect(intent.pushType == .alert)
+        #expect(intent.priority == 10)
+        #expect(intent.environment == .production)
+        #expect(intent.expiration == Self.now + 86_400)
+        let background = try Self.parse(#"{"id":"b","token":"\#(Self.token)","topic":"com.x","push_type":"background","payload":{"aps":{"content-available":1}}}"#).get()
+        #expect(background.priority == 5)
+        let nowOrNever = try Self.parse(#"{"id":"c","token":"\#(Self.token)","topic":"com.x","expiration":0,"environment":"development","payload":{"aps":{}}}"#).get()
+        #expect(nowOrNever.expiration == 0)
+        #expect(nowOrNever.environment == .development)
+    }
+
+    @Test func apnsIDIsStablePerIntentID() throws {
+        let first = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}}"#).get()
+        let second = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"x"}}}"#).get()
+        let other = try Self.parse(#"{"id":"other","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}}"#).get()
+        #expect(first.notification.apnsID == second.notification.apnsID)
+        #expect(first.notification.apnsID != other.notification.apnsID)
+    }
+
+    @Test func everyKindOfBadMessageIsNamed() {
+        let t = Self.token
+        let cases: [(String, String)] = [
+            ("not json", "NotJSON"),
+            ("[1,2]", "NotJSON"),
+            (#"{"token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#, "MissingField"),
+            (#"{"id":7,"token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#, "MissingField"),
+            (#"{"id":"","token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#, "BadId"),
+            (#"{"id":"\#(String(repeating: "i", count: 129))","token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#, "BadId"),
+            (#"{"id":"a","topic":"com.x","payload":{"aps":{}}}"#, "MissingField"),
+            (#"{"id":"a","token":"\#(t)","payload":{"aps":{}}}"#, "MissingField"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x"}"#, "MissingField"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":"hi"}"#, "BadPayload"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":{"x":1}}"#, "BadPayload"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","push_type":"fax","payload":{"aps":{}}}"#, "InvalidPushType"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","priority":"high","payload":{"aps":{}}}"#, "BadPriority"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","priority":true,"payload":{"aps":{}}}"#, "BadPriority"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","priority":7,"payload":{"aps":{}}}"#, "BadPriority"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","environment":"staging","payload":{"aps":{}}}"#, "BadEnvironment"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","expiration":-1,"payload":{"aps":{}}}"#, "BadExpirationDate"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","expiration":1.5,"payload":{"aps":{}}}"#, "BadExpirationDate"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":5,"payload":{"aps":{}}}"#, "BadCollapseId"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":"\#(String(repeating: "c", count: 65))","payload":{"aps":{}}}"#, "BadCollapseId"),
+            (#"{"id":"a","token":"zz","topic":"com.x","payload":{"aps":{}}}"#, "BadDeviceToken"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","push_type":"voip","payload":{"aps":{}}}"#, "BadTopic"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":{"aps":{"alert":"\#(String(repeating: "x", count: 4100))"}}}"#, "PayloadTooLarge"),
+            ("{" + String(repeating: " ", count: 17_000) + "}", "MessageTooLarge"),
+        ]
+        for (json, expected) in cases {
+            #expect(Self.reason(json) == expected, "\(json.prefix(80))")
+        }
+    }
+
+    @Test func invalidMessagesKeepWhatCanBeKnown() {
+        guard case .failure(let invalid) = Self.parse(#"{"id":"keep-me","token":"zz","topic":"com.x","payload":{"aps":{}}}"#, key: "kk") else {
+            Issue.record("accepted")
+            return
+        }
+        #expect(invalid.id == "keep-me")
+        #expect(invalid.token == "zz")
+        #expect(invalid.topic == "com.x")
+        guard case .failure(let garbage) = Self.parse("nope", key: "the-key") else { return }
+        #expect(garbage.id == nil)
+        #expect(garbage.token == "the-key")
+    }
+
+    @Test func outcomeJSONHasEveryFieldInOrder() throws {
+        let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
+                              reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
+                              latencyMilliseconds: 7, partition: 3, offset: 42, worker: "w", at: 9)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
+        #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
+    }
+}
