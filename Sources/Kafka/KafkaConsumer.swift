@@ -158,6 +158,28 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Records not yet consumed per assigned partition: the high watermark librdkafka last saw
+    /// minus this consumer's position. Cached values, no network round trip; partitions with no
+    /// position or watermark yet are left out.
+    public var lag: [TopicPartition: Int64] {
+        let assigned = assignment
+        guard !assigned.isEmpty else { return [:] }
+        return handle.withHandle { rk in
+            withPartitionList(assigned) { list in
+                guard rd_kafka_position(rk, list) == RD_KAFKA_RESP_ERR_NO_ERROR else { return [:] }
+                var lag: [TopicPartition: Int64] = [:]
+                for index in 0..<Int(list.pointee.cnt) {
+                    let element = list.pointee.elems[index]
+                    var low: Int64 = -1, high: Int64 = -1
+                    guard rd_kafka_get_watermark_offsets(rk, element.topic, element.partition, &low, &high) == RD_KAFKA_RESP_ERR_NO_ERROR,
+                          high >= 0, element.offset >= 0 else { continue }
+                    lag[TopicPartition(topic: String(cString: element.topic), partition: element.partition)] = max(high - element.offset, 0)
+                }
+                return lag
+            }
+        }
+    }
+
     /// Committed offsets (the next offset to read) for these partitions, from the broker.
     public func committed(_ partitions: [TopicPartition], timeout: Duration = .seconds(10)) async throws(KafkaError) -> [TopicPartition: Int64] {
         let handle = self.handle

@@ -15,6 +15,10 @@ enum RelayMetrics {
         Counter(label: "relay_outcomes_total", dimensions: [("status", outcome.status.rawValue), ("reason", reason)]).increment()
     }
 
+    static func consumerLag(partition: Int32, records: Int64) {
+        Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)
+    }
+
     static func credentialFault(teamID: String) {
         Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment()
     }

@@ -111,8 +111,15 @@ public final class RelayPipeline: Sendable {
     public func run() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
         let consuming = Task { await consume() }
+        var lastLagReport = ContinuousClock.now
         while !stopRequested.withLock({ $0 }) && !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(100))
+            if ContinuousClock.now - lastLagReport >= .seconds(5) {
+                lastLagReport = .now
+                for (partition, records) in consumer.lag {
+                    RelayMetrics.consumerLag(partition: partition.partition, records: records)
+                }
+            }
         }
         consuming.cancel()
         await consuming.value

@@ -72,6 +72,9 @@ struct KafkaTests {
         #expect(byKey.count == 20)
         for values in byKey.values { #expect(values == values.sorted()) }
         #expect(messages.allSatisfy { $0.topic == topic && $0.timestamp != nil })
+        // Everything consumed: no lag on any of the four partitions.
+        try await waitUntil { consumer.lag.count == 4 }
+        #expect(consumer.lag.values.allSatisfy { $0 == 0 })
         await consumer.close()
     }
 
