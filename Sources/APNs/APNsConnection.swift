@@ -294,8 +294,7 @@ final class APNsConnection: @unchecked Sendable {
     private func backOff(_ why: String) {
         if case .shutDown = state { return }
         let delay = configuration.reconnectBackoff.delay(attempt: max(failures - 1, 0))
-        let scheduled = eventLoop.scheduleTask(in: .nanoseconds(Int64(delay.components.seconds) * 1_000_000_000
-                                                              + delay.components.attoseconds / 1_000_000_000)) { [self] in
+        let scheduled = eventLoop.scheduleTask(in: .nanoseconds(delay.totalNanoseconds)) { [self] in
             if case .backingOff = state {
                 state = .idle
                 connectIfIdle()

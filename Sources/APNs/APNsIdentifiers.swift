@@ -32,8 +32,10 @@ public struct APNsIdentifiers: Sendable {
         return Self.format(uuid, upperCase: true)
     }
 
-    private static func uuid(high: UInt64, low: UInt64) -> UUID {
-        let h = (high & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000
+    /// A UUID from 128 bits, with the RFC 9562 variant and the given version (4: random,
+    /// 8: custom) stamped in.
+    public static func uuid(high: UInt64, low: UInt64, version: UInt64 = 4) -> UUID {
+        let h = (high & 0xFFFF_FFFF_FFFF_0FFF) | (version & 0xF) << 12
         let l = (low & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000
         func byte(_ word: UInt64, _ index: Int) -> UInt8 { UInt8(truncatingIfNeeded: word >> UInt64(56 - 8 * index)) }
         return UUID(uuid: (byte(h, 0), byte(h, 1), byte(h, 2), byte(h, 3), byte(h, 4), byte(h, 5), byte(h, 6), byte(h, 7),

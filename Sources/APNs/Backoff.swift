@@ -12,7 +12,7 @@ public struct Backoff: Sendable, Equatable {
     /// The wait before retry number `attempt` (0 for the first retry).
     public func delay(attempt: Int) -> Duration {
         let ceiling = min(base * (1 << min(max(attempt, 0), 30)), maximum)
-        let nanoseconds = ceiling.components.seconds * 1_000_000_000 + ceiling.components.attoseconds / 1_000_000_000
+        let nanoseconds = ceiling.totalNanoseconds
         let jittered = Int64.random(in: (nanoseconds / 2)...max(nanoseconds, 1))
         return .nanoseconds(jittered)
     }

@@ -85,10 +85,7 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         let client = try APNsClient(configuration: configuration)
 
         let payload = ByteBuffer(string: #"{"aps":{"alert":"benchmark"}}"#)
-        let tokens = (0..<devices).map { index -> String in
-            let hex = String(index, radix: 16)
-            return String(repeating: "0", count: 64 - hex.count) + hex
-        }
+        let tokens = (0..<devices).map(EmbeddedStack.token)
         let topic = self.topic
         let notification: @Sendable (Int) -> APNsNotification = { index in
             APNsNotification(deviceToken: tokens[index % tokens.count], topic: topic, payload: payload)
@@ -119,7 +116,7 @@ struct BenchAPNsCommand: AsyncParsableCommand {
                         let sent = ContinuousClock.now
                         let result = try await client.send(notification(index))
                         let elapsed = ContinuousClock.now - sent
-                        latencies.append(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+                        latencies.append(elapsed.totalNanoseconds)
                         if result.classification != .delivered { failed += 1 }
                     }
                     return (latencies, failed)
@@ -139,7 +136,7 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         await client.shutdown()
         await simulator?.stop()
 
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.totalSeconds
         let sorted = outcomes.latencies.sorted()
         func percentile(_ p: Double) -> Double {
             guard !sorted.isEmpty else { return 0 }

@@ -1,3 +1,4 @@
+import APNs
 import ArgumentParser
 import Foundation
 import Kafka
@@ -84,7 +85,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         await producer.close()
 
         let elapsed = finishedAt - started
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.totalSeconds
         latencies.sort()
         func percentile(_ p: Double) -> Int { latencies.isEmpty ? 0 : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] }
         return (counts, String(format: "intents/s: %.0f p50_ms: %d p99_ms: %d peak_rss_mb: %.1f",

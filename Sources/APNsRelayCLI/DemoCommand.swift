@@ -1,3 +1,4 @@
+import APNs
 import ArgumentParser
 import Foundation
 import Kafka
@@ -73,8 +74,7 @@ struct DemoCommand: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(500))
             let counts = pipeline.outcomeCounts
             let done = counts.values.reduce(0, +)
-            let seconds = Double((ContinuousClock.now - started).components.seconds)
-                + Double((ContinuousClock.now - started).components.attoseconds) / 1e18
+            let seconds = (ContinuousClock.now - started).totalSeconds
             let rate = Double(done - last) * 2
             last = done
             Terminal.line(String(format: "%6.1fs  %6d/%d outcomes  %7.0f intents/s  ", seconds, done, total, rate)

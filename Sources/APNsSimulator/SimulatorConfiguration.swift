@@ -2,6 +2,7 @@ public import Crypto
 import Foundation
 public import NIOCore
 public import NIOSSL
+import APNs
 
 /// How the simulator behaves. Everything scriptable is also adjustable while it runs through
 /// ``APNsSimulator/update(_:)``.
@@ -90,7 +91,7 @@ public struct SimulatorConfiguration: Sendable {
     /// Append every accepted notification as one JSON line to this file.
     public var recordFile: String?
     /// Epoch seconds; injected by tests that age tokens.
-    public var clock: @Sendable () -> Int64 = systemEpochSeconds
+    public var clock: @Sendable () -> Int64 = LocalProviderTokenSource.systemClock
     public var behaviour = Behaviour()
 
     public init() {}
@@ -107,5 +108,3 @@ public enum SimulatorError: Error, Sendable, CustomStringConvertible {
     }
 }
 
-/// Epoch seconds from the system clock.
-@Sendable func systemEpochSeconds() -> Int64 { Int64(Date().timeIntervalSince1970) }

@@ -35,12 +35,7 @@ public struct Intent: Sendable {
             high = (high ^ UInt64(byte)) &* 0x0000_0100_0000_01B3
             low = (low ^ UInt64(byte)) &* 0x0000_0100_0000_01B3 &+ 0x9E37_79B9
         }
-        high = (high & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_8000
-        low = (low & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000
-        func byte(_ word: UInt64, _ index: Int) -> UInt8 { UInt8(truncatingIfNeeded: word >> UInt64(56 - 8 * index)) }
-        return UUID(uuid: (byte(high, 0), byte(high, 1), byte(high, 2), byte(high, 3), byte(high, 4), byte(high, 5),
-                           byte(high, 6), byte(high, 7), byte(low, 0), byte(low, 1), byte(low, 2), byte(low, 3),
-                           byte(low, 4), byte(low, 5), byte(low, 6), byte(low, 7)))
+        return APNsIdentifiers.uuid(high: high, low: low, version: 8)
     }
 }
 

@@ -287,7 +287,7 @@ public final class RelayPipeline: Sendable {
                 let sentAt = ContinuousClock.now
                 result = try await client.send(intent.notification)
                 let took = ContinuousClock.now - sentAt
-                RelayMetrics.apnsLatency.recordNanoseconds(took.components.seconds * 1_000_000_000 + took.components.attoseconds / 1_000_000_000)
+                RelayMetrics.apnsLatency.recordNanoseconds(took.totalNanoseconds)
                 attempts += result.attempts
             } catch APNsError.invalidNotification(let invalid) {
                 return makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: attempts)
@@ -420,7 +420,7 @@ public final class RelayPipeline: Sendable {
                              reason: String?) -> Outcome {
         let elapsed = ContinuousClock.now - item.consumedAt
         return Outcome(id: id, token: token, topic: topic, status: status, reason: reason, attempts: 0,
-                       latencyMilliseconds: elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000,
+                       latencyMilliseconds: elapsed.totalMilliseconds,
                        partition: item.partition.partition, offset: item.offset, worker: worker,
                        at: APNsIdentifiers.epochMilliseconds())
     }
