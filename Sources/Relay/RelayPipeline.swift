@@ -194,20 +194,22 @@ public final class RelayPipeline: Sendable {
             parsed = .failure(error)
         }
         let partition = message.topicPartition
-        let startDevice: WorkItem? = state.withLock { state in
-            guard state.trackers[partition] != nil, let generation = state.generations[partition] else { return nil }
+        let (startDevice, inFlight) = state.withLock { state -> (WorkItem?, Int) in
+            guard state.trackers[partition] != nil, let generation = state.generations[partition] else {
+                return (nil, state.inFlight)
+            }
             if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
             state.trackers[partition]!.started(message.offset)
             state.inFlight += 1
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
                                 consumedAt: .now, intent: parsed)
-            guard case .success(let intent) = parsed else { return item }
+            guard case .success(let intent) = parsed else { return (item, state.inFlight) }
             if state.devices[intent.token] != nil {
                 state.devices[intent.token]!.append(item)
-                return nil
+                return (nil, state.inFlight)
             }
             state.devices[intent.token] = CircularBuffer()
-            return item
+            return (item, state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
@@ -264,6 +266,7 @@ public final class RelayPipeline: Sendable {
         }
         let teamID = configuration.apns.credentials[credentialIndex].teamID
         let retryDeadline = clock() + configuration.retry.deadlineSeconds
+        let notification = intent.notification
         var attempts = 0
         var retry = 0
         var lastReason: String?
@@ -285,7 +288,7 @@ public final class RelayPipeline: Sendable {
             let result: APNsResult
             do {
                 let sentAt = ContinuousClock.now
-                result = try await client.send(intent.notification)
+                result = try await client.send(notification)
                 let took = ContinuousClock.now - sentAt
                 RelayMetrics.apnsLatency.recordNanoseconds(took.totalNanoseconds)
                 attempts += result.attempts
@@ -410,7 +413,7 @@ public final class RelayPipeline: Sendable {
         var outcome = makeOutcome(item, id: intent.id, token: intent.token, topic: intent.topic, status: status,
                                   reason: reason ?? result?.reason?.description ?? result?.failure.map { "\($0)" })
         outcome.httpStatus = result?.status
-        outcome.apnsID = result?.apnsID ?? APNsIdentifiers.format(intent.notification.apnsID)
+        outcome.apnsID = result?.apnsID ?? APNsIdentifiers.format(Intent.apnsID(for: intent.id))
         outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
         outcome.attempts = attempts
         return outcome
@@ -451,7 +454,7 @@ public final class RelayPipeline: Sendable {
     }
 
     private func finish(_ item: WorkItem, stored: Bool) {
-        let (committable, waiters) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>]) in
+        let (committable, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
             var committable: Int64?
             if stored, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil {
@@ -466,7 +469,7 @@ public final class RelayPipeline: Sendable {
                 state.drainedWaiter = nil
                 waiters.append(waiter)
             }
-            return (committable, waiters)
+            return (committable, waiters, state.inFlight)
         }
         if let committable {
             do {
