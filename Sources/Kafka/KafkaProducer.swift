@@ -20,6 +20,9 @@ public final class KafkaProducer: Sendable {
     private let topics: Mutex<[String: TopicHandle]>
     private let poller: PollThread
     private let logger: Logger
+    /// Set by ``close(timeout:)``: later sends fail at once instead of waiting for a delivery
+    /// report nobody would serve.
+    private let closed = Atomic<Bool>(false)
 
     /// - Parameters:
     ///   - bootstrapServers: `host:port[,host:port]`.
@@ -61,6 +64,9 @@ public final class KafkaProducer: Sendable {
     /// Throws when librdkafka refuses the record at once (its local queue is full:
     /// ``KafkaError/queueFullCode``, retriable) or when the delivery report carries an error.
     public func send(topic: String, key: [UInt8]?, value: [UInt8]) async throws(KafkaError) -> Delivery {
+        guard !closed.load(ordering: .relaxed) else {
+            throw KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")
+        }
         let topicHandle = try self.topic(topic)
         let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
             let box = DeliveryBox(continuation)
@@ -95,6 +101,7 @@ public final class KafkaProducer: Sendable {
     /// Flushes for up to `timeout`, then fails whatever is still undelivered (its `send` throws)
     /// and stops the poll thread. The producer is unusable afterwards.
     public func close(timeout: Duration = .seconds(10)) async {
+        closed.store(true, ordering: .relaxed)
         _ = await flush(timeout: timeout)
         let handle = self.handle
         let poller = self.poller

@@ -168,6 +168,16 @@ struct KafkaTests {
         await producer.close()
     }
 
+    @Test func sendingAfterCloseFailsAtOnce() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("outcomes")
+        try cluster.createTopic(topic, partitions: 1)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        _ = try await producer.send(topic: topic, key: nil, value: [1])
+        await producer.close()
+        await #expect(throws: KafkaError.self) { _ = try await producer.send(topic: topic, key: nil, value: [2]) }
+    }
+
     @Test func badSettingsAreNamed() {
         do {
             _ = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["no.such.setting": "1"])
