@@ -103,8 +103,6 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     public var streamLimit: Int { min(serverStreamLimit, configuration.maxConcurrentStreams) }
     /// Requests on the wire.
     public var openStreams: Int { streams.count }
-    /// Requests waiting for a free stream.
-    public var queuedRequests: Int { pending.count }
     /// True while new requests are accepted.
     public var isAcceptingRequests: Bool { state == .starting || state == .open }
 

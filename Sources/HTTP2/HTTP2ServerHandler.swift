@@ -60,7 +60,6 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public var channel: (any Channel)? { context?.channel }
     public var openStreams: Int { openStreamIDs.count }
-    public var isGoingAway: Bool { goingAway }
 
     // MARK: Public, event loop only
 

@@ -62,11 +62,6 @@ public final class KafkaMockCluster: @unchecked Sendable {
             rd_kafka_mock_push_request_errors_array(cluster, apiKey, buffer.count, buffer.baseAddress)
         }
     }
-
-    /// Moves a partition's leadership to another broker.
-    public func setPartitionLeader(topic: String, partition: Int32, broker: Int32) {
-        _ = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
-    }
 }
 
 /// Broker error codes tests inject.

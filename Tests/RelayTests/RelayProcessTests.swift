@@ -20,13 +20,10 @@ struct RelayProcess {
         return directory.appendingPathComponent("apns-relay")
     }
 
-    static func start(config: String, worker: String) throws -> RelayProcess {
+    static func start(config: String) throws -> RelayProcess {
         let process = Process()
         process.executableURL = binary
         process.arguments = ["run", "--config", config]
-        var environment = ProcessInfo.processInfo.environment
-        environment["APNS_RELAY_WORKER"] = worker
-        process.environment = environment
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
@@ -172,7 +169,7 @@ struct RelayProcessTests {
         let harness = try await ProcessHarness.start()
         let port = try freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
-        let relay = try RelayProcess.start(config: config, worker: "w1")
+        let relay = try RelayProcess.start(config: config)
         try await harness.produce(200)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 200)
         #expect(ids.count == 200)
@@ -198,7 +195,7 @@ struct RelayProcessTests {
     @Test func killDashNineLosesNothing() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(20))
         let config = try writeConfig(harness: harness)
-        let first = try RelayProcess.start(config: config, worker: "w1")
+        let first = try RelayProcess.start(config: config)
         try await harness.produce(600)
         // Kill mid-stream, once APNs has seen a good part of the stream but not all of it.
         let deadline = ContinuousClock.now + .seconds(60)
@@ -208,7 +205,7 @@ struct RelayProcessTests {
         first.kill9()
         // What the dead relay had not committed is what the next one must redo.
         let committedAtKill = try await harness.committedTotal()
-        let second = try RelayProcess.start(config: config, worker: "w2")
+        let second = try RelayProcess.start(config: config)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 600)
         #expect(ids.count == 600)
         let accepted = harness.simulator.accepted.map(\.apnsID)
@@ -225,9 +222,9 @@ struct RelayProcessTests {
     @Test func twoRelaysRebalanceWithoutLosingIntents() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(5))
         let config = try writeConfig(harness: harness)
-        let first = try RelayProcess.start(config: config, worker: "w1")
+        let first = try RelayProcess.start(config: config)
         try await harness.produce(400)
-        let second = try RelayProcess.start(config: config, worker: "w2")
+        let second = try RelayProcess.start(config: config)
         try await harness.produce(400, from: 400)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 800)
         #expect(ids.count == 800)
