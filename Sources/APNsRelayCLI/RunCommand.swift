@@ -42,10 +42,7 @@ struct RunCommand: AsyncParsableCommand {
         }
         let status: StatusServer
         do {
-            let readinessPipeline = pipeline
-            status = try await StatusServer.start(port: configuration.http.port, registry: registry) {
-                readinessPipeline.notReadyReason
-            }
+            status = try await StatusServer.start(port: configuration.http.port, registry: registry, status: pipeline)
         } catch {
             Terminal.error("cannot serve http.port \(configuration.http.port): \(error)")
             throw ExitCode(1)

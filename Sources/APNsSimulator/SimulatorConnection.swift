@@ -126,7 +126,10 @@ final class SharedState: Sendable {
                 if answer.status == 200 {
                     state.delivered += 1
                     if recordInMemory { state.accepted.append(accepted) }
-                    if let file = state.recordFile { file.write(Self.jsonLine(accepted)) }
+                    if let file = state.recordFile {
+                        // A full disk must not bring the simulator down: the record loses lines.
+                        try? file.write(contentsOf: Self.jsonLine(accepted))
+                    }
                 }
             }
             if answer.status != 200 { state.answers[answer.key, default: 0] += 1 }

@@ -19,7 +19,7 @@ import Synchronization
 /// - An offset becomes committable once its outcome's delivery report succeeded and every
 ///   earlier offset of the partition is done. Work for revoked partitions is dropped unsent
 ///   where it has not reached APNs, and its offsets are never stored.
-public final class RelayPipeline: Sendable {
+public final class RelayPipeline: RelayStatus {
     public let configuration: RelayConfiguration
     public let worker: String
     private let consumer: KafkaConsumer
@@ -82,12 +82,17 @@ public final class RelayPipeline: Sendable {
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
 
+    /// Not alive once the outcome producer hit a fatal error: no outcome can be published again
+    /// (their intents stay uncommitted), so the process must be restarted.
+    public var notAliveReason: String? {
+        producer.fatalError.map { "outcome producer failed: \($0)" }
+    }
+
     /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
-    /// stopping, the outcome producer has no fatal error, and every APNs client it has opened has
-    /// a ready connection.
+    /// stopping, it is alive, and every APNs client it has opened has a ready connection.
     public var notReadyReason: String? {
         if stopRequested.withLock({ $0 }) { return "stopping" }
-        if let fatal = producer.fatalError { return "outcome producer failed: \(fatal)" }
+        if let dead = notAliveReason { return dead }
         let clients = clients.withLock { Array($0) }
         for (key, client) in clients where client.readyConnections == 0 {
             return "no ready APNs connection for \(key.split(separator: "|").last.map(String.init) ?? key)"

@@ -3,23 +3,30 @@ import NIOHTTP1
 import NIOPosix
 public import Prometheus
 
+/// What the status endpoints report: nil when fine, else why not.
+public protocol RelayStatus: Sendable {
+    /// Why the process should be restarted (liveness), if it should.
+    var notAliveReason: String? { get }
+    /// Why it should get no traffic now (readiness), if it should not.
+    var notReadyReason: String? { get }
+}
+
 /// The relay's HTTP endpoints on `http.port`: `GET /metrics` (Prometheus text format),
-/// `GET /healthz` (200 while the process runs), `GET /readyz` (200 when ready, else 503 with the
-/// reason). Anything else is 404. Requests are small; bodies are ignored.
+/// `GET /healthz` (200 while alive, else 503 with the reason), `GET /readyz` (200 when ready,
+/// else 503 with the reason). Anything else is 404. Requests are small; bodies are ignored.
 public final class StatusServer: Sendable {
     private let channel: any Channel
     public let port: Int
 
-    /// - Parameter readiness: nil when ready, else why not.
     public static func start(host: String = "0.0.0.0", port: Int, registry: PrometheusCollectorRegistry,
-                             readiness: @escaping @Sendable () -> String?,
+                             status: any RelayStatus,
                              group: (any EventLoopGroup)? = nil) async throws -> StatusServer {
         let channel = try await ServerBootstrap(group: group ?? MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(StatusHandler(registry: registry, readiness: readiness))
+                    try channel.pipeline.syncOperations.addHandler(StatusHandler(registry: registry, status: status))
                 }
             }
             .bind(host: host, port: port).get()
@@ -41,13 +48,13 @@ private final class StatusHandler: ChannelInboundHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     private let registry: PrometheusCollectorRegistry
-    private let readiness: @Sendable () -> String?
+    private let status: any RelayStatus
     private var path: String?
     private var keepAlive = false
 
-    init(registry: PrometheusCollectorRegistry, readiness: @escaping @Sendable () -> String?) {
+    init(registry: PrometheusCollectorRegistry, status: any RelayStatus) {
         self.registry = registry
-        self.readiness = readiness
+        self.status = status
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -77,9 +84,12 @@ private final class StatusHandler: ChannelInboundHandler {
         case "/metrics":
             return (.ok, "text/plain; version=0.0.4", ByteBuffer(bytes: registry.emitToBuffer()))
         case "/healthz":
+            if let reason = status.notAliveReason {
+                return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not alive: \(reason)\n"))
+            }
             return (.ok, "text/plain", ByteBuffer(string: "ok\n"))
         case "/readyz":
-            if let reason = readiness() {
+            if let reason = status.notReadyReason {
                 return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not ready: \(reason)\n"))
             }
             return (.ok, "text/plain", ByteBuffer(string: "ready\n"))
