@@ -129,7 +129,9 @@ public final class APNsClient: Sendable {
                    case .token(let source) = configuration.credential, let rejected = token {
                     refreshedToken = true
                     token = try await source.refresh(after: rejected)
-                    request = makeRequest(notification, apnsID: apnsID, token: token)
+                    if let token, let index = request.headers.fields.firstIndex(where: { $0.name == "authorization" }) {
+                        request.headers.fields[index].value = token.authorization
+                    }
                     continue
                 }
                 return result
