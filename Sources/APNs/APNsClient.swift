@@ -101,53 +101,24 @@ public final class APNsClient: Sendable {
     /// validation fails, ``APNsError/queueFull(limit:)`` when too many sends wait for a stream,
     /// and ``APNsError/shutdown`` after ``shutdown()``.
     public func send(_ notification: APNsNotification) async throws -> APNsResult {
-        do {
-            try notification.validate()
-        } catch {
-            throw APNsError.invalidNotification(error)
-        }
-        guard !isShutDown.load(ordering: .relaxed) else { throw APNsError.shutdown }
-        try admit()
+        // The synchronous work lives in helpers that are never inlined here: every byte of this
+        // function's locals sits in the async frame of each send in flight, so it stays small.
+        try admit(notification)
         defer { outstanding.subtract(1, ordering: .relaxed) }
-        let deadline = NIODeadline.now() + configuration.requestTimeout
-        let apnsID = APNsIdentifiers.format(notification.apnsID)
-        var token: ProviderToken?
+        let attempt = makeAttempt(notification)
         if case .token(let source) = configuration.credential {
-            token = try await source.currentToken()
+            attempt.use(try await source.currentToken())
         }
-        var request = makeRequest(notification, apnsID: apnsID, token: token)
-        var attempts = 0
-        var refreshedToken = false
-        var avoid: Int?
         while true {
-            let connection = pickConnection(avoiding: avoid)
-            attempts += 1
-            switch await connection.execute(request, deadline: deadline) {
-            case .success(let response):
-                let result = Self.result(from: response, apnsID: apnsID, attempts: attempts)
-                if result.reason == .expiredProviderToken, !refreshedToken,
-                   case .token(let source) = configuration.credential, let rejected = token {
-                    refreshedToken = true
-                    token = try await source.refresh(after: rejected)
-                    if let token, let index = request.headers.fields.firstIndex(where: { $0.name == "authorization" }) {
-                        request.headers.fields[index].value = token.authorization
-                    }
-                    continue
-                }
+            let connection = pickConnection(avoiding: attempt.avoid)
+            let answer = await connection.execute(attempt.request, deadline: attempt.deadline)
+            switch judge(answer, from: connection, attempt) {
+            case .finished(let result):
                 return result
-            case .failure(.refused(let why)):
-                if attempts > configuration.maxResends || NIODeadline.now() >= deadline || isShutDown.load(ordering: .relaxed) {
-                    return APNsResult(failure: .notSent(why), apnsID: apnsID, attempts: attempts)
-                }
-                avoid = connection.index
-            case .failure(.connectionLost(let why)):
-                return APNsResult(failure: .connectionLost(why), apnsID: apnsID, attempts: attempts)
-            case .failure(.timedOut):
-                return APNsResult(failure: .timedOut(""), apnsID: apnsID, attempts: attempts)
-            case .failure(.reset(let code)):
-                return APNsResult(failure: .streamReset(code), apnsID: apnsID, attempts: attempts)
-            case .failure(let error):
-                return APNsResult(failure: .invalidResponse(error.description), apnsID: apnsID, attempts: attempts)
+            case .resend:
+                continue
+            case .refreshToken(let source, let rejected):
+                attempt.use(try await source.refresh(after: rejected))
             }
         }
     }
@@ -175,11 +146,16 @@ public final class APNsClient: Sendable {
 
     // MARK: Internals
 
-    /// The least-loaded ready connection (round robin among equals), preferring those on the
-    /// caller's own event loop; any connection when none is ready, so the send waits for a
-    /// reconnect instead of failing at once.
-    /// Counts a send in, or refuses it when every stream is busy and the wait queue is full.
-    private func admit() throws(APNsError) {
+    /// Validates a notification and counts it in, or refuses it when every stream is busy and
+    /// the wait queue is full.
+    @inline(never)
+    private func admit(_ notification: APNsNotification) throws(APNsError) {
+        do {
+            try notification.validate()
+        } catch {
+            throw .invalidNotification(error)
+        }
+        guard !isShutDown.load(ordering: .relaxed) else { throw .shutdown }
         let streams = connections.reduce(0) { $0 + $1.streamLimit.load(ordering: .relaxed) }
         let capacity = streams + configuration.maxQueuedNotifications
         var current = outstanding.load(ordering: .relaxed)
@@ -192,6 +168,85 @@ public final class APNsClient: Sendable {
         }
     }
 
+    /// One send's state across its attempts. A class, so the async frame of each send in
+    /// flight holds one reference instead of the request.
+    private final class Attempt {
+        var request: HTTP2Request
+        let apnsID: String
+        let deadline: NIODeadline
+        var token: ProviderToken?
+        var count = 0
+        var refreshedToken = false
+        /// The connection that refused the last attempt.
+        var avoid: Int?
+
+        init(request: HTTP2Request, apnsID: String, deadline: NIODeadline) {
+            self.request = request
+            self.apnsID = apnsID
+            self.deadline = deadline
+        }
+
+        /// Sends `fresh` as the `authorization` header from now on.
+        func use(_ fresh: ProviderToken) {
+            token = fresh
+            if let index = request.headers.fields.firstIndex(where: { $0.name == "authorization" }) {
+                request.headers.fields[index].value = fresh.authorization
+            } else {
+                request.headers.add("authorization", fresh.authorization)
+            }
+        }
+    }
+
+    private enum Verdict {
+        case finished(APNsResult)
+        case resend
+        case refreshToken(any ProviderTokenSource, rejected: ProviderToken)
+    }
+
+    @inline(never)
+    private func makeAttempt(_ notification: APNsNotification) -> Attempt {
+        let apnsID = APNsIdentifiers.format(notification.apnsID)
+        return Attempt(request: makeRequest(notification, apnsID: apnsID), apnsID: apnsID,
+                       deadline: .now() + configuration.requestTimeout)
+    }
+
+    /// What to do after one attempt: answer the caller, send again elsewhere, or retry once with
+    /// a fresh token after ExpiredProviderToken.
+    @inline(never)
+    private func judge(_ answer: Result<HTTP2Response, HTTP2StreamError>, from connection: APNsConnection,
+                       _ attempt: Attempt) -> Verdict {
+        attempt.count += 1
+        let apnsID = attempt.apnsID
+        let attempts = attempt.count
+        switch answer {
+        case .success(let response):
+            let result = Self.result(from: response, apnsID: apnsID, attempts: attempts)
+            if result.reason == .expiredProviderToken, !attempt.refreshedToken,
+               case .token(let source) = configuration.credential, let rejected = attempt.token {
+                attempt.refreshedToken = true
+                return .refreshToken(source, rejected: rejected)
+            }
+            return .finished(result)
+        case .failure(.refused(let why)):
+            if attempts > configuration.maxResends || NIODeadline.now() >= attempt.deadline || isShutDown.load(ordering: .relaxed) {
+                return .finished(APNsResult(failure: .notSent(why), apnsID: apnsID, attempts: attempts))
+            }
+            attempt.avoid = connection.index
+            return .resend
+        case .failure(.connectionLost(let why)):
+            return .finished(APNsResult(failure: .connectionLost(why), apnsID: apnsID, attempts: attempts))
+        case .failure(.timedOut):
+            return .finished(APNsResult(failure: .timedOut(""), apnsID: apnsID, attempts: attempts))
+        case .failure(.reset(let code)):
+            return .finished(APNsResult(failure: .streamReset(code), apnsID: apnsID, attempts: attempts))
+        case .failure(let error):
+            return .finished(APNsResult(failure: .invalidResponse(error.description), apnsID: apnsID, attempts: attempts))
+        }
+    }
+
+    /// The least-loaded ready connection (round robin among equals), preferring those on the
+    /// caller's own event loop; any connection when none is ready, so the send waits for a
+    /// reconnect instead of failing at once.
     private func pickConnection(avoiding avoided: Int?) -> APNsConnection {
         let start = next.wrappingAdd(1, ordering: .relaxed).oldValue
         var best: APNsConnection?
@@ -210,10 +265,10 @@ public final class APNsClient: Sendable {
         return best!
     }
 
-    private func makeRequest(_ notification: APNsNotification, apnsID: String, token: ProviderToken?) -> HTTP2Request {
+    /// The request without its `authorization` header (``Attempt/use(_:)`` adds it).
+    private func makeRequest(_ notification: APNsNotification, apnsID: String) -> HTTP2Request {
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(8)
-        if let token { headers.add("authorization", token.authorization) }
         headers.add("apns-id", apnsID)
         headers.add("apns-push-type", notification.pushType.rawValue)
         headers.add("apns-topic", notification.topic)

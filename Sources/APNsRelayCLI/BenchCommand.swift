@@ -101,35 +101,28 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         }
 
         let next = SharedCounter()
+        let failed = SharedCounter()
         let count = self.count
+        // One slot per notification, written once by whichever sender took its index: the
+        // benchmark's own bookkeeping stays out of the client's memory figure.
+        let latencies = LatencyRecorder(count: count)
         let started = ContinuousClock.now
-        let outcomes = try await withThrowingTaskGroup(of: (latencies: [Int64], failed: Int).self) { group in
+        try await withThrowingTaskGroup(of: Void.self) { group in
             let executors = client.taskExecutors
             for task in 0..<min(concurrency, count) {
                 // Each sender runs on one of the pool's event loops, next to its connection.
                 group.addTask(executorPreference: executors[task % executors.count]) {
-                    var latencies: [Int64] = []
-                    var failed = 0
                     while true {
                         let index = next.value.wrappingAdd(1, ordering: .relaxed).oldValue
                         if index >= count { break }
                         let sent = ContinuousClock.now
                         let result = try await client.send(notification(index))
-                        let elapsed = ContinuousClock.now - sent
-                        latencies.append(elapsed.totalNanoseconds)
-                        if result.classification != .delivered { failed += 1 }
+                        latencies.record(index, ContinuousClock.now - sent)
+                        if result.classification != .delivered { failed.value.add(1, ordering: .relaxed) }
                     }
-                    return (latencies, failed)
                 }
             }
-            var all: [Int64] = []
-            all.reserveCapacity(count)
-            var failed = 0
-            for try await outcome in group {
-                all.append(contentsOf: outcome.latencies)
-                failed += outcome.failed
-            }
-            return (latencies: all, failed: failed)
+            try await group.waitForAll()
         }
         let elapsed = ContinuousClock.now - started
         let rss = peakResidentMiB()
@@ -137,20 +130,41 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         await simulator?.stop()
 
         let seconds = elapsed.totalSeconds
-        let sorted = outcomes.latencies.sorted()
+        let sorted = latencies.sorted()
+        let failures = failed.value.load(ordering: .relaxed)
         func percentile(_ p: Double) -> Double {
             guard !sorted.isEmpty else { return 0 }
             return Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]) / 1e6
         }
-        Terminal.line("sent: \(count) failed: \(outcomes.failed) seconds: \(String(format: "%.3f", seconds)) connections: \(connections) concurrency: \(concurrency)")
+        Terminal.line("sent: \(count) failed: \(failures) seconds: \(String(format: "%.3f", seconds)) connections: \(connections) concurrency: \(concurrency)")
         Terminal.line("peak_rss_mb: \(rss.map { String(format: "%.1f", $0) } ?? "unknown")")
         Terminal.line(String(format: "notifications/s: %.0f p50_ms: %.2f p99_ms: %.2f",
                              Double(count) / seconds, percentile(0.50), percentile(0.99)))
-        if outcomes.failed > 0 { throw ExitCode(1) }
+        if failures > 0 { throw ExitCode(1) }
     }
 }
 
 /// A counter the sending tasks share.
 final class SharedCounter: Sendable {
     let value = Atomic<Int>(0)
+}
+
+/// Latencies of the benchmark's sends in nanoseconds, one preallocated slot per notification.
+/// Slot `i` is written only by the sender that took index `i` from the shared counter, and read
+/// only after every sender finished, so no two threads touch a slot at once.
+final class LatencyRecorder: @unchecked Sendable {
+    private let slots: UnsafeMutableBufferPointer<Int64>
+
+    init(count: Int) {
+        slots = .allocate(capacity: count)
+        slots.initialize(repeating: 0)
+    }
+
+    deinit { slots.deallocate() }
+
+    func record(_ index: Int, _ elapsed: Duration) {
+        slots[index] = elapsed.totalNanoseconds
+    }
+
+    func sorted() -> [Int64] { slots.sorted() }
 }
