@@ -62,6 +62,9 @@ extension Intent {
 
     /// Parses and validates one message value. `now` is epoch seconds; `defaultTTL` applies when
     /// the intent names no expiration.
+    ///
+    /// One pass over the bytes (``JSONReader``), no Foundation object tree: this runs for every
+    /// consumed message. The payload is sent as given with its insignificant whitespace removed.
     public static func parse(_ value: [UInt8], key: [UInt8]?, now: Int64, defaultTTL: Int64) throws(InvalidIntent) -> Intent {
         let keyToken = key.map { String(decoding: $0, as: UTF8.self) }
         func invalid(_ reason: String, _ message: String, id: String? = nil, token: String? = nil, topic: String? = nil) -> InvalidIntent {
@@ -70,70 +73,69 @@ extension Intent {
         guard value.count <= maxMessageBytes else {
             throw invalid("MessageTooLarge", "intent is \(value.count) bytes, at most \(maxMessageBytes) allowed")
         }
-        guard let object = (try? JSONSerialization.jsonObject(with: Data(value), options: [])) as? [String: Any] else {
+        guard let fields = value.withUnsafeBytes({ Fields.read($0) }) else {
             throw invalid("NotJSON", "intent is not a JSON object")
         }
-        let rawID = object["id"]
-        let id = rawID as? String
-        let token = object["token"] as? String
-        let topic = object["topic"] as? String
+        let id = fields.string("id")
+        let token = fields.string("token")
+        let topic = fields.string("topic")
         func fail(_ reason: String, _ message: String) -> InvalidIntent {
             invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic)
         }
         guard let id else {
-            throw fail("MissingField", rawID == nil ? "\"id\" is missing" : "\"id\" must be a string")
+            throw fail("MissingField", fields["id"] == nil ? "\"id\" is missing" : "\"id\" must be a string")
         }
         guard (1...128).contains(id.count) else {
             throw fail("BadId", "\"id\" must be 1 to 128 characters, got \(id.count)")
         }
         guard let token else {
-            throw fail("MissingField", object["token"] == nil ? "\"token\" is missing" : "\"token\" must be a string")
+            throw fail("MissingField", fields["token"] == nil ? "\"token\" is missing" : "\"token\" must be a string")
         }
         guard let topic, !topic.isEmpty else {
-            throw fail("MissingField", object["topic"] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
+            throw fail("MissingField", fields["topic"] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
         }
-        guard let payloadObject = object["payload"] else { throw fail("MissingField", "\"payload\" is missing") }
-        guard payloadObject is [String: Any] else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
+        guard let payloadValue = fields["payload"] else { throw fail("MissingField", "\"payload\" is missing") }
+        guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 
         var pushType = PushType.alert
-        if let text = object["push_type"] {
-            guard let text = text as? String, let parsed = PushType(rawValue: text) else {
+        if let value = fields["push_type"] {
+            guard case .string(let text) = value, let parsed = PushType(rawValue: text) else {
                 throw fail("InvalidPushType", "\"push_type\" must be one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             pushType = parsed
         }
         var priority = pushType.defaultPriority
-        if let value = object["priority"] {
-            guard let number = value as? NSNumber, !isBool(number), let parsed = Int(exactly: number.doubleValue) else {
+        if let value = fields["priority"] {
+            guard let parsed = value.exactInteger, let small = Int(exactly: parsed) else {
                 throw fail("BadPriority", "\"priority\" must be an integer (10, 5 or 1)")
             }
-            priority = parsed
+            priority = small
         }
         var environment = APNsEnvironment.production
-        if let value = object["environment"] {
-            guard let text = value as? String, let parsed = APNsEnvironment(rawValue: text) else {
+        if let value = fields["environment"] {
+            guard case .string(let text) = value, let parsed = APNsEnvironment(rawValue: text) else {
                 throw fail("BadEnvironment", "\"environment\" must be production or development")
             }
             environment = parsed
         }
         var expiration = now + defaultTTL
-        if let value = object["expiration"] {
-            guard let number = value as? NSNumber, !isBool(number), let parsed = Int64(exactly: number.doubleValue), parsed >= 0 else {
+        if let value = fields["expiration"] {
+            guard let parsed = value.exactInteger, parsed >= 0 else {
                 throw fail("BadExpirationDate", "\"expiration\" must be epoch seconds (an integer, 0 for now-or-never)")
             }
             expiration = parsed
         }
         var collapseID: String?
-        if let value = object["collapse_id"] {
-            guard let text = value as? String else { throw fail("BadCollapseId", "\"collapse_id\" must be a string") }
+        if let value = fields["collapse_id"] {
+            guard case .string(let text) = value else { throw fail("BadCollapseId", "\"collapse_id\" must be a string") }
             collapseID = text
         }
-        guard let payloadData = try? JSONSerialization.data(withJSONObject: payloadObject, options: [.withoutEscapingSlashes]) else {
-            throw fail("BadPayload", "\"payload\" cannot be serialised")
+        let payload = value.withUnsafeBytes { bytes in
+            JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
         let intent = Intent(id: id, token: token, topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment,
-                            payload: ByteBuffer(bytes: payloadData))
+                            payload: ByteBuffer(bytes: payload))
         do {
             try intent.notification.validate()
         } catch {
@@ -142,7 +144,39 @@ extension Intent {
         return intent
     }
 
-    private static func isBool(_ number: NSNumber) -> Bool {
-        String(cString: number.objCType) == "c" || type(of: number) == type(of: NSNumber(value: true))
+    /// The top-level members of an intent that the relay reads, each as the last value given.
+    private struct Fields {
+        static let names: [String] = ["id", "token", "topic", "payload", "push_type", "priority",
+                                      "environment", "expiration", "collapse_id"]
+        private var values: [JSONReader.Value?] = Array(repeating: nil, count: names.count)
+
+        /// nil unless the bytes are exactly one well-formed JSON object.
+        static func read(_ bytes: UnsafeRawBufferPointer) -> Fields? {
+            var fields = Fields()
+            var reader = JSONReader(bytes)
+            guard reader.nextIs(UInt8(ascii: "{")) else { return nil }
+            do {
+                try reader.forEachMember { reader, key throws(JSONReader.Failure) in
+                    if let slot = names.firstIndex(of: key) {
+                        fields.values[slot] = try reader.readValue(depth: 1)
+                    } else {
+                        try reader.skipValue(depth: 1)
+                    }
+                }
+                try reader.expectEnd()
+            } catch {
+                return nil
+            }
+            return fields
+        }
+
+        subscript(name: String) -> JSONReader.Value? {
+            values[Self.names.firstIndex(of: name)!]
+        }
+
+        func string(_ name: String) -> String? {
+            if case .string(let text)? = self[name] { return text }
+            return nil
+        }
     }
 }

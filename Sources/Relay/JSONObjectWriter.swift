@@ -1,69 +1,109 @@
 /// Writes one JSON object with its keys in the order given (outcomes and CLI answers are read by
-/// people as well as machines). `null` is written only where asked for.
+/// people as well as machines). `null` is written only where asked for. Builds UTF-8 bytes
+/// directly: one outcome per intent goes through it.
 public struct JSONObjectWriter: Sendable {
-    private var text = "{"
+    private var bytes: [UInt8]
     private var empty = true
 
-    public init() {}
+    public init(capacity: Int = 256) {
+        bytes = []
+        bytes.reserveCapacity(capacity)
+        bytes.append(UInt8(ascii: "{"))
+    }
 
-    private mutating func key(_ name: String) {
-        if !empty { text += "," }
+    private mutating func key(_ name: StaticString) {
+        if !empty { bytes.append(UInt8(ascii: ",")) }
         empty = false
-        text += Self.quote(name)
-        text += ":"
+        bytes.append(UInt8(ascii: "\""))
+        bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
+        bytes.append(contentsOf: #"":"#.utf8)
     }
 
-    public mutating func add(_ name: String, _ value: String) {
+    public mutating func add(_ name: StaticString, _ value: String) {
         key(name)
-        text += Self.quote(value)
+        Self.appendQuoted(value, to: &bytes)
     }
 
-    public mutating func add<N: BinaryInteger>(_ name: String, _ value: N) {
+    public mutating func add<N: BinaryInteger>(_ name: StaticString, _ value: N) {
         key(name)
-        text += String(value)
+        Self.appendDecimal(Int64(clamping: value), to: &bytes)
     }
 
     /// Adds the value, or `null` when it is nil.
-    public mutating func addOrNull(_ name: String, _ value: String?) {
+    public mutating func addOrNull(_ name: StaticString, _ value: String?) {
         if let value { add(name, value) } else { addNull(name) }
     }
 
-    public mutating func addOrNull<N: BinaryInteger>(_ name: String, _ value: N?) {
+    public mutating func addOrNull<N: BinaryInteger>(_ name: StaticString, _ value: N?) {
         if let value { add(name, value) } else { addNull(name) }
     }
 
     /// Adds the value, or nothing when it is nil.
-    public mutating func addIfPresent(_ name: String, _ value: String?) {
+    public mutating func addIfPresent(_ name: StaticString, _ value: String?) {
         if let value { add(name, value) }
     }
 
-    public mutating func addIfPresent<N: BinaryInteger>(_ name: String, _ value: N?) {
+    public mutating func addIfPresent<N: BinaryInteger>(_ name: StaticString, _ value: N?) {
         if let value { add(name, value) }
     }
 
-    public mutating func addNull(_ name: String) {
+    public mutating func addNull(_ name: StaticString) {
         key(name)
-        text += "null"
+        bytes.append(contentsOf: "null".utf8)
     }
 
-    public var json: String { text + "}" }
+    /// The finished object as UTF-8 bytes.
+    public var utf8: [UInt8] { bytes + [UInt8(ascii: "}")] }
 
+    public var json: String { String(decoding: utf8, as: UTF8.self) }
+
+    /// `string` as a JSON string literal.
     public static func quote(_ string: String) -> String {
-        var out = "\""
+        var out: [UInt8] = []
         out.reserveCapacity(string.utf8.count + 2)
-        for scalar in string.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20:
-                let hex = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
+        appendQuoted(string, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    private static func appendQuoted(_ string: String, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "\""))
+        for byte in string.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): out.append(contentsOf: #"\""#.utf8)
+            case UInt8(ascii: "\\"): out.append(contentsOf: #"\\"#.utf8)
+            case 0x0A: out.append(contentsOf: #"\n"#.utf8)
+            case 0x0D: out.append(contentsOf: #"\r"#.utf8)
+            case 0x09: out.append(contentsOf: #"\t"#.utf8)
+            case 0..<0x20:
+                let low = byte & 0xF
+                out.append(contentsOf: #"\u00"#.utf8)
+                out.append(UInt8(ascii: "0") + (byte >> 4))
+                out.append(low < 10 ? UInt8(ascii: "0") + low : UInt8(ascii: "a") + low - 10)
+            default:
+                out.append(byte)  // UTF-8 above 0x7F passes through: JSON text is UTF-8
             }
         }
-        return out + "\""
+        out.append(UInt8(ascii: "\""))
+    }
+
+    private static func appendDecimal(_ value: Int64, to out: inout [UInt8]) {
+        if value == 0 {
+            out.append(UInt8(ascii: "0"))
+            return
+        }
+        var magnitude = value.magnitude
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            while magnitude > 0 {
+                buffer[19 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+                count += 1
+            }
+            if value < 0 { out.append(UInt8(ascii: "-")) }
+            out.append(contentsOf: buffer[(20 - count)...])
+        }
     }
 }

@@ -55,7 +55,10 @@ public struct Outcome: Sendable, Equatable {
     }
 
     /// The event as published: version 1, every field present, unknown ones null.
-    public var json: String {
+    public var json: String { String(decoding: utf8, as: UTF8.self) }
+
+    /// ``json`` as the UTF-8 bytes published.
+    public var utf8: [UInt8] {
         var writer = JSONObjectWriter()
         writer.add("v", 1)
         writer.addOrNull("id", id)
@@ -72,6 +75,6 @@ public struct Outcome: Sendable, Equatable {
         writer.add("offset", offset)
         writer.add("worker", worker)
         writer.add("at", at)
-        return writer.json
+        return writer.utf8
     }
 }

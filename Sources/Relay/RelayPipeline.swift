@@ -436,7 +436,7 @@ public final class RelayPipeline: RelayStatus {
     /// Publishes until the delivery report succeeds (retrying with backoff), then finishes the
     /// item. If the partition is revoked meanwhile the offset is not stored.
     private func publish(_ outcome: Outcome, _ item: WorkItem, metadata: Logger.Metadata) async {
-        let value = Array(outcome.json.utf8)
+        let value = outcome.utf8
         let key = outcome.token.map { Array($0.utf8) }
         var retry = 0
         while true {

@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Relay
 import Testing
 
@@ -93,5 +94,29 @@ struct IntentTests {
                               latencyMilliseconds: 7, partition: 3, offset: 42, worker: "w", at: 9)
         #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
+    }
+}
+
+extension IntentTests {
+    @Test func escapedStringsAreDecodedAndThePayloadIsSentCompact() throws {
+        let json = """
+            {"id":"caf\\u00e9-1","token":"\(Self.token)","topic":"com.x","ignored":[1,{"x":null}],
+             "payload": { "aps" : { "alert" : "hi  there" } , "n" : 1 } }
+            """
+        let intent = try Self.parse(json).get()
+        #expect(intent.id == "café-1")
+        #expect(String(buffer: intent.payload) == #"{"aps":{"alert":"hi  there"},"n":1}"#)
+    }
+
+    @Test func theLastOfARepeatedFieldCounts() throws {
+        let intent = try Self.parse(#"{"id":"a","id":"b","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}}"#).get()
+        #expect(intent.id == "b")
+    }
+
+    @Test func outcomeJSONEscapesControlCharactersAndKeepsUnicode() {
+        let outcome = Outcome(id: "tab\there\u{1}é", token: nil, topic: nil, status: .invalid, partition: -1, offset: -7,
+                              worker: "w", at: 0)
+        #expect(outcome.json.hasPrefix(#"{"v":1,"id":"tab\there\u0001é","token":null"#))
+        #expect(outcome.json.contains(#""partition":-1,"offset":-7,"#))
     }
 }
