@@ -1,5 +1,5 @@
 /// Where notifications go.
-public struct APNsEndpoint: Sendable, Equatable, CustomStringConvertible {
+public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
     public var host: String
     public var port: Int
 

@@ -6,49 +6,36 @@ import Logging
 import Relay
 
 /// `apns-relay bench e2e`: N intents through Kafka (mock cluster), the relay and the simulator.
+///
+/// The mock cluster and the simulator run in a child process (`bench e2e-stack`), as a broker
+/// and APNs would in production, so the peak RSS printed is the relay's own; the three still
+/// share the machine's cores. The child produces every intent before the relay starts.
 struct BenchE2ECommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "e2e",
-        abstract: "Produce N intents into the mock cluster, relay them to the simulator; prints intents/s, latency and peak RSS.")
+        abstract: "Produce N intents into the mock cluster, relay them to the simulator; prints intents/s, latency and the relay's peak RSS.")
 
-    @Option(help: "Intents to relay.")
-    var count: Int = 100_000
-
-    @Option(help: "Partitions of the intents and outcomes topics.")
-    var partitions: Int = 8
-
-    @Option(help: "Distinct device tokens.")
-    var devices: Int = 20_000
-
-    func validate() throws {
-        if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
-    }
+    @OptionGroup var workload: BenchWorkload
 
     func run() async throws {
         Terminal.logErrorsOnly()
-        let stack = try await EmbeddedStack.start(partitions: partitions)
-        // The Kafka clients must be gone before the mock cluster is.
-        let figures = try await measure(stack.configuration)
-        await stack.stop()
+        let stack = try StackProcess.start(workload)
+        defer { stack.stop() }
+        let configuration: RelayConfiguration
+        do {
+            configuration = try RelayConfiguration.load(file: stack.configurationFile, environment: [:])
+        } catch {
+            Terminal.error("the stack's configuration does not load: \(error)")
+            throw ExitCode(1)
+        }
+        let figures = try await measure(configuration)
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
         Terminal.line(figures.line)
-        if figures.counts["delivered"] != count { throw ExitCode(1) }
+        if figures.counts["delivered"] != workload.count { throw ExitCode(1) }
     }
 
     private func measure(_ configuration: RelayConfiguration) async throws -> (counts: [String: Int], line: String) {
-        let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
-        let topic = configuration.kafka.intentsTopic
-        // Produce everything first, at most 5,000 awaiting their delivery report at once.
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for index in 0..<count {
-                if index >= 5000 { try await group.next() }
-                let token = EmbeddedStack.token(index % devices)
-                let value = #"{"id":"bench-\#(index)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
-                group.addTask { _ = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8)) }
-            }
-            try await group.waitForAll()
-        }
-
+        let count = workload.count
         let pipeline = try RelayPipeline(configuration: configuration, worker: "bench")
         let running = Task { await pipeline.run() }
         let deadline = ContinuousClock.now + .seconds(600)
@@ -82,7 +69,6 @@ struct BenchE2ECommand: AsyncParsableCommand {
             if latencies.count >= count || ContinuousClock.now > deadline { break }
         }
         await reader.close()
-        await producer.close()
 
         let elapsed = finishedAt - started
         let seconds = elapsed.totalSeconds
@@ -90,5 +76,108 @@ struct BenchE2ECommand: AsyncParsableCommand {
         func percentile(_ p: Double) -> Int { latencies.isEmpty ? 0 : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] }
         return (counts, String(format: "intents/s: %.0f p50_ms: %d p99_ms: %d peak_rss_mb: %.1f",
                                Double(count) / max(seconds, 0.001), percentile(0.5), percentile(0.99), rss ?? 0))
+    }
+}
+
+/// What `bench e2e` relays.
+struct BenchWorkload: ParsableArguments {
+    @Option(help: "Intents to relay.")
+    var count: Int = 100_000
+
+    @Option(help: "Partitions of the intents and outcomes topics.")
+    var partitions: Int = 8
+
+    @Option(help: "Distinct device tokens.")
+    var devices: Int = 20_000
+
+    func validate() throws {
+        if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
+    }
+
+    var arguments: [String] {
+        ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
+    }
+}
+
+/// `apns-relay bench e2e-stack` (not listed in help): the mock Kafka cluster and the simulator
+/// for `bench e2e`, with the workload produced into the intents topic. Prints
+/// `ready CONFIG_FILE` once everything is produced, then serves until standard input closes.
+struct BenchStackCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "e2e-stack", shouldDisplay: false)
+
+    @OptionGroup var workload: BenchWorkload
+
+    func run() async throws {
+        Terminal.logErrorsOnly()
+        let stack = try await EmbeddedStack.start(partitions: workload.partitions)
+        let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
+        do {
+            try await produce(into: stack.configuration)
+            try stack.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+        } catch {
+            Terminal.error("cannot prepare the benchmark: \(error)")
+            await stack.stop()
+            throw ExitCode(1)
+        }
+        Terminal.line("ready \(file)")
+        // Serve until the parent closes our standard input (or dies).
+        await Task.detached { _ = FileHandle.standardInput.readDataToEndOfFile() }.value
+        await stack.stop()
+    }
+
+    private func produce(into configuration: RelayConfiguration) async throws {
+        let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
+        let topic = configuration.kafka.intentsTopic
+        let devices = workload.devices
+        // At most 5,000 awaiting their delivery report at once.
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<workload.count {
+                if index >= 5000 { try await group.next() }
+                let token = EmbeddedStack.token(index % devices)
+                let value = #"{"id":"bench-\#(index)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
+                group.addTask { _ = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8)) }
+            }
+            try await group.waitForAll()
+        }
+        await producer.close()
+    }
+}
+
+/// The `bench e2e-stack` child process.
+struct StackProcess {
+    let process: Process
+    let input: Pipe
+    let configurationFile: String
+
+    static func start(_ workload: BenchWorkload) throws -> StackProcess {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        process.arguments = ["bench", "e2e-stack"] + workload.arguments
+        let input = Pipe(), output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        try process.run()
+        // Its first line says where the configuration is; EOF first means it failed (its stderr
+        // is ours, so it has said why).
+        var line = Data()
+        while true {
+            let byte = output.fileHandleForReading.readData(ofLength: 1)
+            if byte.isEmpty || byte == Data("\n".utf8) { break }
+            line.append(byte)
+        }
+        let text = String(decoding: line, as: UTF8.self)
+        guard text.hasPrefix("ready ") else {
+            process.terminate()
+            process.waitUntilExit()
+            Terminal.error("the benchmark's Kafka and APNs stack did not start")
+            throw ExitCode(1)
+        }
+        return StackProcess(process: process, input: input, configurationFile: String(text.dropFirst(6)))
+    }
+
+    /// Closes its standard input and waits for it to exit.
+    func stop() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
     }
 }

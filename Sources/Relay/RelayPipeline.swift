@@ -26,7 +26,9 @@ public final class RelayPipeline: RelayStatus {
     private let producer: KafkaProducer
     private let credentials: CredentialDirectory
     private let tokenSources: [LocalProviderTokenSource]
-    private let clients: Mutex<[String: APNsClient]>
+    /// APNs clients by credential and endpoint, opened on first use.
+    private let clients: Mutex<[ClientKey: APNsClient]>
+    private let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
     private let state = Mutex(State())
     private let logger: Logger
     private let clock: @Sendable () -> Int64
@@ -46,12 +48,23 @@ public final class RelayPipeline: RelayStatus {
         var firstConsumedAt: ContinuousClock.Instant?
     }
 
-    struct WorkItem: Sendable {
-        var partition: TopicPartition
-        var offset: Int64
-        var generation: Int
-        var consumedAt: ContinuousClock.Instant
-        var intent: Result<Intent, InvalidIntent>
+    /// One consumed message on its way to an outcome; a class, so the async frames on the way
+    /// hold one reference instead of the intent.
+    final class WorkItem: Sendable {
+        let partition: TopicPartition
+        let offset: Int64
+        let generation: Int
+        let consumedAt: ContinuousClock.Instant
+        let intent: Result<Intent, InvalidIntent>
+
+        init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
+             intent: Result<Intent, InvalidIntent>) {
+            self.partition = partition
+            self.offset = offset
+            self.generation = generation
+            self.consumedAt = consumedAt
+            self.intent = intent
+        }
     }
 
     /// - Parameter clock: epoch seconds (tests inject one).
@@ -70,6 +83,7 @@ public final class RelayPipeline: RelayStatus {
             return try LocalProviderTokenSource(signer: signer)
         }
         self.clients = Mutex([:])
+        self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
                                           properties: configuration.kafka.properties, logger: logger)
         self.consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
@@ -95,7 +109,7 @@ public final class RelayPipeline: RelayStatus {
         if let dead = notAliveReason { return dead }
         let clients = clients.withLock { Array($0) }
         for (key, client) in clients where client.readyConnections == 0 {
-            return "no ready APNs connection for \(key.split(separator: "|").last.map(String.init) ?? key)"
+            return "no ready APNs connection for \(key.endpoint)"
         }
         return nil
     }
@@ -213,7 +227,7 @@ public final class RelayPipeline: RelayStatus {
                 state.devices[intent.token]!.append(item)
                 return (nil, state.inFlight)
             }
-            state.devices[intent.token] = CircularBuffer()
+            state.devices[intent.token] = CircularBuffer(initialCapacity: 4)
             return (item, state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()
@@ -236,26 +250,55 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
+    /// One intent from consume to outcome. Async functions on this path keep their frames small
+    /// (the decisions live in synchronous helpers that are not inlined into them): each frame is
+    /// held by every intent in flight.
+    @inline(never)
     private func handle(_ item: WorkItem) async {
-        var metadata: Logger.Metadata = [
-            "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(item.offset)",
-        ]
         let outcome: Outcome?
-        switch item.intent {
-        case .failure(let invalid):
-            metadata["intent.id"] = "\(invalid.id ?? "none")"
-            logger.info("invalid intent", metadata: metadata.merging(["intent.reason": "\(invalid.reason)"]) { $1 })
-            outcome = makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
-                                  reason: "\(invalid.reason): \(invalid.message)")
-        case .success(let intent):
-            metadata["intent.id"] = "\(intent.id)"
-            outcome = await deliver(intent, item, metadata: metadata)
+        switch prepare(item) {
+        case .left(let invalid):
+            outcome = invalid
+        case .right(let delivery):
+            outcome = await deliver(delivery)
         }
         guard let outcome else {
             finish(item, stored: false)
             return
         }
-        await publish(outcome, item, metadata: metadata)
+        await publish(outcome, item)
+    }
+
+    /// Log metadata naming one intent.
+    private func metadata(_ item: WorkItem, _ extra: Logger.Metadata = [:]) -> Logger.Metadata {
+        var metadata: Logger.Metadata = [
+            "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(item.offset)",
+        ]
+        switch item.intent {
+        case .success(let intent): metadata["intent.id"] = "\(intent.id)"
+        case .failure(let invalid): metadata["intent.id"] = "\(invalid.id ?? "none")"
+        }
+        return metadata.merging(extra) { $1 }
+    }
+
+    /// The outcome of an unusable message, or the delivery of a usable one.
+    @inline(never)
+    private func prepare(_ item: WorkItem) -> Either<Outcome, Delivery> {
+        switch item.intent {
+        case .failure(let invalid): .left(invalidOutcome(item, invalid))
+        case .success(let intent): .right(Delivery(intent: intent, item: item))
+        }
+    }
+
+    private enum Either<Left, Right> {
+        case left(Left)
+        case right(Right)
+    }
+
+    private func invalidOutcome(_ item: WorkItem, _ invalid: InvalidIntent) -> Outcome {
+        logger.info("invalid intent", metadata: metadata(item, ["intent.reason": "\(invalid.reason)"]))
+        return makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
+                           reason: "\(invalid.reason): \(invalid.message)")
     }
 
     // MARK: Delivering
@@ -264,110 +307,167 @@ public final class RelayPipeline: RelayStatus {
         state.withLock { $0.trackers[item.partition] != nil && $0.generations[item.partition] == item.generation }
     }
 
-    /// Sends with retries; nil when the work was abandoned (its partition was revoked).
-    private func deliver(_ intent: Intent, _ item: WorkItem, metadata: Logger.Metadata) async -> Outcome? {
-        guard let credentialIndex = credentials.index(forTopic: intent.topic) else {
-            return makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials")
-        }
-        let teamID = configuration.apns.credentials[credentialIndex].teamID
-        let retryDeadline = clock() + configuration.retry.deadlineSeconds
-        let notification = intent.notification
+    /// One intent's delivery across its attempts.
+    private final class Delivery {
+        let intent: Intent
+        let item: WorkItem
+        let notification: APNsNotification
+        var retryDeadline: Int64 = 0
         var attempts = 0
         var retry = 0
         var lastReason: String?
+        /// The last answer, for the outcome when retries run out.
+        var lastResult: APNsResult?
+
+        init(intent: Intent, item: WorkItem) {
+            self.intent = intent
+            self.item = item
+            self.notification = intent.notification
+        }
+    }
+
+    private enum Step {
+        case finish(Outcome?)
+        case send(APNsClient)
+        case wait(Duration)
+    }
+
+    /// Sends with retries; nil when the work was abandoned (its partition was revoked).
+    @inline(never)
+    private func deliver(_ delivery: Delivery) async -> Outcome? {
+        delivery.retryDeadline = clock() + configuration.retry.deadlineSeconds
+        var step = nextAttempt(delivery)
         while true {
-            guard isCurrent(item), !Task.isCancelled else { return nil }
-            let now = clock()
-            if intent.expiration != 0, now > intent.expiration {
-                return makeOutcome(item, intent: intent, status: .expired, reason: lastReason ?? "ExpiredBeforeSending", attempts: attempts)
-            }
-            if let fault = activeCredentialFault(teamID: teamID, now: now) {
-                return makeOutcome(item, intent: intent, status: .failed, reason: fault, attempts: attempts)
-            }
-            let client: APNsClient
-            do {
-                client = try self.client(credentialIndex: credentialIndex, environment: intent.environment)
-            } catch {
-                return makeOutcome(item, intent: intent, status: .failed, reason: "ClientSetup: \(error)", attempts: attempts)
-            }
-            let result: APNsResult
-            do {
+            switch step {
+            case .finish(let outcome):
+                return outcome
+            case .send(let client):
                 let sentAt = ContinuousClock.now
-                result = try await client.send(notification)
-                let took = ContinuousClock.now - sentAt
-                RelayMetrics.apnsLatency.recordNanoseconds(took.totalNanoseconds)
-                attempts += result.attempts
-            } catch APNsError.invalidNotification(let invalid) {
-                return makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: attempts)
-            } catch {
-                // Queue full or shutting down: nothing was sent; wait and try again.
-                lastReason = "\(error)"
-                if await !sleepBeforeRetry(&retry, intent: intent, deadline: retryDeadline) {
-                    return timeoutOutcome(item, intent: intent, attempts: attempts, reason: lastReason, deadline: retryDeadline)
+                let answer: Result<APNsResult, any Error>
+                do {
+                    answer = .success(try await client.send(delivery.notification))
+                } catch {
+                    answer = .failure(error)
                 }
-                continue
-            }
-            let reason = result.reason?.description ?? result.failure.map { "\($0)" }
-            switch result.classification {
-            case .delivered:
-                clearCredentialFault(teamID: teamID)
-                return makeOutcome(item, intent: intent, status: .delivered, result: result, attempts: attempts)
-            case .rejected:
-                return makeOutcome(item, intent: intent, status: .rejected, result: result, attempts: attempts)
-            case .unregistered:
-                return makeOutcome(item, intent: intent, status: .unregistered, result: result, attempts: attempts)
-            case .credentialFault:
-                recordCredentialFault(teamID: teamID, reason: reason ?? "CredentialFault", now: clock())
-                return makeOutcome(item, intent: intent, status: .failed, result: result, attempts: attempts)
-            case .retryable:
-                lastReason = reason
-                if intent.expiration == 0 {
-                    // Now or never: one try.
-                    return makeOutcome(item, intent: intent, status: .expired, result: result, attempts: attempts)
-                }
-                logger.debug("retrying", metadata: metadata.merging(["apns.reason": "\(reason ?? "none")"]) { $1 })
-                RelayMetrics.retries.increment()
-                if await !sleepBeforeRetry(&retry, intent: intent, deadline: retryDeadline) {
-                    var outcome = timeoutOutcome(item, intent: intent, attempts: attempts, reason: lastReason, deadline: retryDeadline)
-                    outcome.httpStatus = result.status
-                    outcome.apnsID = result.apnsID
-                    return outcome
+                step = judge(answer, delivery, sentAt: sentAt)
+            case .wait(let delay):
+                do {
+                    try await Task.sleep(for: delay)
+                    step = nextAttempt(delivery)
+                } catch {
+                    step = .finish(timeoutOutcome(delivery))
                 }
             }
         }
     }
 
-    /// Waits the next backoff; false when that would pass the intent's expiration or the retry
-    /// deadline.
-    private func sleepBeforeRetry(_ retry: inout Int, intent: Intent, deadline: Int64) async -> Bool {
-        let delay = backoff.delay(attempt: retry)
-        retry += 1
-        let resumeAt = clock() + delay.components.seconds
-        if resumeAt > deadline || resumeAt > intent.expiration { return false }
+    /// Whether to send now: not when the partition was revoked, the intent expired or its
+    /// team's credentials are in a fault cool-down.
+    @inline(never)
+    private func nextAttempt(_ delivery: Delivery) -> Step {
+        let intent = delivery.intent
+        let item = delivery.item
+        guard isCurrent(item), !Task.isCancelled else { return .finish(nil) }
+        guard let credentialIndex = credentials.index(forTopic: intent.topic) else {
+            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials"))
+        }
+        let now = clock()
+        if intent.expiration != 0, now > intent.expiration {
+            return .finish(makeOutcome(item, intent: intent, status: .expired, reason: delivery.lastReason ?? "ExpiredBeforeSending",
+                                       attempts: delivery.attempts))
+        }
+        let teamID = configuration.apns.credentials[credentialIndex].teamID
+        if let fault = activeCredentialFault(teamID: teamID, now: now) {
+            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: fault, attempts: delivery.attempts))
+        }
         do {
-            try await Task.sleep(for: delay)
+            return .send(try client(credentialIndex: credentialIndex, environment: intent.environment))
         } catch {
-            return false
+            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: "ClientSetup: \(error)", attempts: delivery.attempts))
         }
-        return true
     }
 
-    private func timeoutOutcome(_ item: WorkItem, intent: Intent, attempts: Int, reason: String?, deadline: Int64) -> Outcome {
-        let expired = intent.expiration <= deadline
-        return makeOutcome(item, intent: intent, status: expired ? .expired : .failed,
-                           reason: expired ? (reason ?? "Expired") : "RetryDeadline: \(reason ?? "no answer")", attempts: attempts)
+    /// What APNs' answer (or the send's error) means for the intent.
+    @inline(never)
+    private func judge(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) -> Step {
+        let intent = delivery.intent
+        let item = delivery.item
+        let result: APNsResult
+        switch answer {
+        case .success(let value):
+            result = value
+            RelayMetrics.apnsLatency.recordNanoseconds((ContinuousClock.now - sentAt).totalNanoseconds)
+            delivery.attempts += result.attempts
+        case .failure(APNsError.invalidNotification(let invalid)):
+            return .finish(makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: delivery.attempts))
+        case .failure(let error):
+            // Queue full or shutting down: nothing was sent; wait and try again.
+            delivery.lastReason = "\(error)"
+            return retryOrGiveUp(delivery)
+        }
+        let teamID = credentials.index(forTopic: intent.topic).map { configuration.apns.credentials[$0].teamID } ?? ""
+        switch result.classification {
+        case .delivered:
+            clearCredentialFault(teamID: teamID)
+            return .finish(makeOutcome(item, intent: intent, status: .delivered, result: result, attempts: delivery.attempts))
+        case .rejected:
+            return .finish(makeOutcome(item, intent: intent, status: .rejected, result: result, attempts: delivery.attempts))
+        case .unregistered:
+            return .finish(makeOutcome(item, intent: intent, status: .unregistered, result: result, attempts: delivery.attempts))
+        case .credentialFault:
+            let reason = result.reason?.description ?? result.failure.map { "\($0)" }
+            recordCredentialFault(teamID: teamID, reason: reason ?? "CredentialFault", now: clock())
+            return .finish(makeOutcome(item, intent: intent, status: .failed, result: result, attempts: delivery.attempts))
+        case .retryable:
+            let reason = result.reason?.description ?? result.failure.map { "\($0)" }
+            delivery.lastReason = reason
+            delivery.lastResult = result
+            if intent.expiration == 0 {
+                // Now or never: one try.
+                return .finish(makeOutcome(item, intent: intent, status: .expired, result: result, attempts: delivery.attempts))
+            }
+            logger.debug("retrying", metadata: metadata(item, ["apns.reason": "\(reason ?? "none")"]))
+            RelayMetrics.retries.increment()
+            return retryOrGiveUp(delivery)
+        }
+    }
+
+    /// The next backoff, or the final outcome when waiting it would pass the intent's
+    /// expiration or the retry deadline.
+    private func retryOrGiveUp(_ delivery: Delivery) -> Step {
+        let delay = backoff.delay(attempt: delivery.retry)
+        delivery.retry += 1
+        let resumeAt = clock() + delay.components.seconds
+        if resumeAt > delivery.retryDeadline || resumeAt > delivery.intent.expiration {
+            return .finish(timeoutOutcome(delivery))
+        }
+        return .wait(delay)
+    }
+
+    private func timeoutOutcome(_ delivery: Delivery) -> Outcome {
+        let intent = delivery.intent
+        let reason = delivery.lastReason
+        let expired = intent.expiration <= delivery.retryDeadline
+        var outcome = makeOutcome(delivery.item, intent: intent, status: expired ? .expired : .failed,
+                                  reason: expired ? (reason ?? "Expired") : "RetryDeadline: \(reason ?? "no answer")",
+                                  attempts: delivery.attempts)
+        if let last = delivery.lastResult {
+            outcome.httpStatus = last.status
+            outcome.apnsID = last.apnsID
+        }
+        return outcome
+    }
+
+    struct ClientKey: Hashable {
+        var credential: Int
+        var endpoint: APNsEndpoint
     }
 
     private func client(credentialIndex: Int, environment: APNsEnvironment) throws -> APNsClient {
-        let endpoint: APNsEndpoint
-        switch configuration.apns.endpoint {
-        case "production": endpoint = environment == .production ? .production : .development
-        default: endpoint = try APNsEndpoint(parsing: configuration.apns.endpoint)
-        }
-        let key = "\(credentialIndex)|\(endpoint)"
+        let key = ClientKey(credential: credentialIndex, endpoint: try endpoints[environment]!.get())
         return try clients.withLock { clients in
             if let existing = clients[key] { return existing }
-            var settings = APNsClientConfiguration(endpoint: endpoint, credential: .token(tokenSources[credentialIndex]))
+            var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[credentialIndex]))
             settings.connections = configuration.apns.connections
             settings.insecureSkipVerify = configuration.apns.insecureSkipVerify
             settings.requestTimeout = .seconds(Int64(configuration.apns.requestTimeoutSeconds))
@@ -376,6 +476,14 @@ public final class RelayPipeline: RelayStatus {
             clients[key] = client
             return client
         }
+    }
+
+    /// Where each environment's intents go: Apple's hosts when `apns.endpoint` is
+    /// `production`, else the one endpoint configured.
+    private static func endpoints(_ configured: String) -> [APNsEnvironment: Result<APNsEndpoint, APNsError>] {
+        guard configured != "production" else { return [.production: .success(.production), .development: .success(.development)] }
+        let endpoint = Result { () throws(APNsError) in try APNsEndpoint(parsing: configured) }
+        return [.production: endpoint, .development: endpoint]
     }
 
     // MARK: Credential faults
@@ -435,7 +543,8 @@ public final class RelayPipeline: RelayStatus {
 
     /// Publishes until the delivery report succeeds (retrying with backoff), then finishes the
     /// item. If the partition is revoked meanwhile the offset is not stored.
-    private func publish(_ outcome: Outcome, _ item: WorkItem, metadata: Logger.Metadata) async {
+    @inline(never)
+    private func publish(_ outcome: Outcome, _ item: WorkItem) async {
         let value = outcome.utf8
         let key = outcome.token.map { Array($0.utf8) }
         var retry = 0
@@ -444,7 +553,7 @@ public final class RelayPipeline: RelayStatus {
                 _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
                 break
             } catch {
-                logger.warning("outcome not published yet", metadata: metadata.merging(["kafka.error": "\(error)"]) { $1 })
+                logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
                 if !isCurrent(item) {
                     finish(item, stored: false)
                     return
