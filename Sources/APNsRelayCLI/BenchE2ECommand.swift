@@ -4,6 +4,7 @@ import Foundation
 import Kafka
 import Logging
 import Relay
+import Synchronization
 
 /// `apns-relay bench e2e`: N intents through Kafka (mock cluster), the relay and the simulator.
 ///
@@ -36,14 +37,25 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
     private func measure(_ configuration: RelayConfiguration) async throws -> (counts: [String: Int], line: String) {
         let count = workload.count
-        let pipeline = try RelayPipeline(configuration: configuration, worker: "bench")
+        // Latencies (consume to outcome) as the relay publishes its outcomes.
+        let latencies = Mutex<[Int64]>([])
+        latencies.withLock { $0.reserveCapacity(count) }
+        let pipeline = try RelayPipeline(configuration: configuration, worker: "bench", published: { outcome in
+            latencies.withLock { $0.append(outcome.latencyMilliseconds) }
+        })
         let running = Task { await pipeline.run() }
         let deadline = ContinuousClock.now + .seconds(600)
         var finishedAt = ContinuousClock.now
+        var lastReport = ContinuousClock.now
         while ContinuousClock.now < deadline {
-            if pipeline.outcomeCounts.values.reduce(0, +) >= count {
+            let done = pipeline.outcomeCounts.values.reduce(0, +)
+            if done >= count {
                 finishedAt = .now
                 break
+            }
+            if ContinuousClock.now - lastReport >= .seconds(5) {
+                lastReport = .now
+                FileHandle.standardError.write(Data("bench: \(done) of \(count) outcomes, \(pipeline.inFlight) in flight\n".utf8))
             }
             try await Task.sleep(for: .milliseconds(5))
         }
@@ -53,28 +65,11 @@ struct BenchE2ECommand: AsyncParsableCommand {
         pipeline.requestStop()
         await running.value
 
-        // Latencies from the outcome events (consume to APNs' answer), read after the clock stopped.
-        let reader = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers, groupID: "bench-reader",
-                                       topics: [configuration.kafka.outcomesTopic], properties: configuration.kafka.properties)
-        var latencies: [Int] = []
-        latencies.reserveCapacity(count)
-        for await event in reader.events {
-            guard case .messages(let batch) = event else { continue }
-            for message in batch {
-                if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
-                   let latency = object["latency_ms"] as? Int {
-                    latencies.append(latency)
-                }
-            }
-            if latencies.count >= count || ContinuousClock.now > deadline { break }
-        }
-        await reader.close()
-
         let elapsed = finishedAt - started
         let seconds = elapsed.totalSeconds
-        latencies.sort()
-        func percentile(_ p: Double) -> Int { latencies.isEmpty ? 0 : latencies[min(latencies.count - 1, Int(Double(latencies.count) * p))] }
-        return (counts, String(format: "intents/s: %.0f p50_ms: %d p99_ms: %d peak_rss_mb: %.1f",
+        let sorted = latencies.withLock { $0.sorted() }
+        func percentile(_ p: Double) -> Int64 { sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
+        return (counts, String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f",
                                Double(count) / max(seconds, 0.001), percentile(0.5), percentile(0.99), rss ?? 0))
     }
 }

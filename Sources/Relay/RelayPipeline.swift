@@ -34,6 +34,7 @@ public final class RelayPipeline: RelayStatus {
     private let clock: @Sendable () -> Int64
     private let backoff: Backoff
     private let stopRequested = Mutex(false)
+    private let published: (@Sendable (Outcome) -> Void)?
 
     struct State {
         var trackers: [TopicPartition: OffsetTracker] = [:]
@@ -67,14 +68,18 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    /// - Parameter clock: epoch seconds (tests inject one).
+    /// - Parameters:
+    ///   - clock: epoch seconds (tests inject one).
+    ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
     public init(configuration: RelayConfiguration, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
-                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock) throws {
+                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
+                published: (@Sendable (Outcome) -> Void)? = nil) throws {
         self.configuration = configuration
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
         self.logger = logger
         self.clock = clock
+        self.published = published
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
         self.credentials = CredentialDirectory(configuration.apns.credentials)
@@ -564,6 +569,7 @@ public final class RelayPipeline: RelayStatus {
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome)
+        published?(outcome)
         finish(item, stored: true)
     }
 
