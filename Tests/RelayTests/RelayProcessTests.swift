@@ -234,3 +234,24 @@ struct RelayProcessTests {
         await harness.simulator.stop()
     }
 }
+
+@Suite("apns-relay bench e2e")
+struct BenchE2EProcessTests {
+    /// The benchmark's child process (mock cluster + simulator) and its figures line.
+    @Test func smallRunPrintsItsFigures() throws {
+        let process = Process()
+        process.executableURL = RelayProcess.binary
+        process.arguments = ["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(text)")
+        let lines = text.split(separator: "\n")
+        #expect(lines.contains("outcomes: delivered=300"))
+        let last = try #require(lines.last)
+        #expect(last.hasPrefix("intents/s: "))
+        #expect(last.contains(" p50_ms: ") && last.contains(" p99_ms: ") && last.contains(" peak_rss_mb: "))
+    }
+}
