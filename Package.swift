@@ -37,13 +37,17 @@ let package = Package(
         .systemLibrary(
             name: "CNghttp2", pkgConfig: "libnghttp2",
             providers: [.apt(["libnghttp2-dev"])]),
+        // No pkgConfig: hiredis.pc adds -D_FILE_OFFSET_BITS=64, a flag SwiftPM refuses with a
+        // warning; the shim includes <hiredis/hiredis.h> from the default include path instead.
         .systemLibrary(
-            name: "CHiredis", pkgConfig: "hiredis",
+            name: "CHiredis",
             providers: [.apt(["libhiredis-dev"])]),
         .systemLibrary(
             name: "CRdKafka", pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]),
 
+        // Small utilities every module uses: backoff with jitter, Duration arithmetic.
+        .target(name: "Common", swiftSettings: strict),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.
         .target(
             name: "HTTP2",
@@ -61,10 +65,24 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
+        // Redis over NIO with hiredis' RESP writer and reply reader as the protocol engine.
+        .target(
+            name: "Redis",
+            dependencies: [
+                "CHiredis",
+                "Common",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict),
         // The APNs domain: notifications, validation, JWT, responses, connections, pool.
         .target(
             name: "APNs",
             dependencies: [
+                "Common",
                 "HTTP2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -78,6 +96,7 @@ let package = Package(
         .target(
             name: "Relay",
             dependencies: [
+                "Common",
                 "APNs",
                 "Kafka",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -107,6 +126,7 @@ let package = Package(
         .executableTarget(
             name: "APNsRelayCLI",
             dependencies: [
+                "Common",
                 "APNs",
                 "Relay",
                 "Kafka",
@@ -125,11 +145,19 @@ let package = Package(
         .testTarget(
             name: "APNsTests",
             dependencies: [
-                "APNs", "APNsSimulator", "HTTP2",
+                "Common", "APNs", "APNsSimulator", "HTTP2",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strict),
+        .testTarget(
+            name: "RedisTests",
+            dependencies: [
+                "Redis", "Common",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict),
         .testTarget(
@@ -139,7 +167,7 @@ let package = Package(
         .testTarget(
             name: "RelayTests",
             dependencies: [
-                "Relay", "APNs", "APNsSimulator", "Kafka",
+                "Common", "Relay", "APNs", "APNsSimulator", "Kafka",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

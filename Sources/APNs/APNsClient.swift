@@ -1,3 +1,4 @@
+public import Common
 import Foundation
 import HTTP2
 public import Logging

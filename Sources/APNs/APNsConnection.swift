@@ -1,3 +1,4 @@
+import Common
 import HTTP2
 import Logging
 import NIOCore

@@ -1,2 +1,2 @@
 #pragma once
-#include <hiredis.h>
+#include <hiredis/hiredis.h>

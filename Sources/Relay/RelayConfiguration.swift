@@ -1,3 +1,4 @@
+import Common
 import APNs
 
 /// Everything `apns-relay run` needs. Loaded from YAML by ``RelayConfiguration/load(yaml:environment:)``;

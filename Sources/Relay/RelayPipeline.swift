@@ -1,3 +1,4 @@
+import Common
 public import APNs
 import Foundation
 import Kafka

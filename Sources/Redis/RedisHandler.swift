@@ -1,0 +1,90 @@
+import NIOCore
+
+/// Commands written together, answered together: one round trip.
+struct RedisBatch {
+    var commands: [[[UInt8]]]
+    var promise: EventLoopPromise<[RESPValue]>
+}
+
+/// Drives one Redis connection: batches of commands go out RESP-encoded (hiredis' formatter),
+/// replies come back through hiredis' reader and complete the batches in order (Redis answers
+/// in order, which is what makes pipelining work). Used only on its channel's event loop, which
+/// is what makes the unchecked `Sendable` true.
+final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = RedisBatch
+    typealias OutboundOut = ByteBuffer
+
+    private struct Pending {
+        var remaining: Int
+        var replies: [RESPValue]
+        var promise: EventLoopPromise<[RESPValue]>
+    }
+
+    private let decoder = RESPDecoder()
+    private var pending = CircularBuffer<Pending>()
+    private var failure: RedisError?
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let batch = unwrapOutboundIn(data)
+        if let failure {
+            batch.promise.fail(failure)
+            promise?.fail(failure)
+            return
+        }
+        guard !batch.commands.isEmpty else {
+            batch.promise.succeed([])
+            promise?.succeed(())
+            return
+        }
+        var buffer = context.channel.allocator.buffer(capacity: 64 * batch.commands.count)
+        for command in batch.commands {
+            RESPEncoder.encode(command, into: &buffer)
+        }
+        var replies: [RESPValue] = []
+        replies.reserveCapacity(batch.commands.count)
+        pending.append(Pending(remaining: batch.commands.count, replies: replies, promise: batch.promise))
+        context.write(wrapOutboundOut(buffer), promise: promise)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        do {
+            try decoder.feed(unwrapInboundIn(data))
+            while let reply = try decoder.next() {
+                guard !pending.isEmpty else {
+                    throw RESPDecoder.ProtocolError(description: "a reply nobody asked for")
+                }
+                pending[pending.startIndex].replies.append(reply)
+                pending[pending.startIndex].remaining -= 1
+                if pending[pending.startIndex].remaining == 0 {
+                    let done = pending.removeFirst()
+                    done.promise.succeed(done.replies)
+                }
+            }
+        } catch let error as RESPDecoder.ProtocolError {
+            failAll(.protocolError(error.description))
+            context.close(promise: nil)
+        } catch {
+            failAll(.protocolError("\(error)"))
+            context.close(promise: nil)
+        }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        failAll(failure ?? .connectionLost("connection closed"))
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        failAll(.connectionLost("\(error)"))
+        context.close(promise: nil)
+    }
+
+    /// Fails every batch still waiting and every later write.
+    func failAll(_ error: RedisError) {
+        if failure == nil { failure = error }
+        while let waiting = pending.popFirst() {
+            waiting.promise.fail(error)
+        }
+    }
+}

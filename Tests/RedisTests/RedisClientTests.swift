@@ -1,0 +1,167 @@
+import Common
+import Foundation
+import Redis
+import Testing
+
+@Suite("Redis URLs")
+struct RedisURLTests {
+    @Test func parsesEveryPart() throws {
+        let plain = try RedisURL(parsing: "redis://127.0.0.1:6380/2")
+        #expect(plain == RedisURL(host: "127.0.0.1", port: 6380, database: 2))
+        let defaults = try RedisURL(parsing: "redis://cache.internal")
+        #expect(defaults.port == 6379 && defaults.database == 0 && defaults.password == nil && !defaults.tls)
+        let secret = try RedisURL(parsing: "rediss://:p%40ss@cache:6379/0")
+        #expect(secret.password == "p@ss" && secret.username == nil && secret.tls)
+        let acl = try RedisURL(parsing: "redis://relay:hunter2@cache/1")
+        #expect(acl.username == "relay" && acl.password == "hunter2" && acl.database == 1)
+        #expect(!acl.description.contains("hunter2"))
+        #expect(acl.description == "redis://relay:<redacted>@cache:6379/1")
+    }
+
+    @Test func rejectsWhatIsNotARedisURL() {
+        for bad in ["http://cache:6379", "redis://", "redis://cache:0", "redis://cache:6379/x", "redis://cache/-1", "cache:6379"] {
+            #expect(throws: RedisError.self, "\(bad)") { try RedisURL(parsing: bad) }
+        }
+    }
+}
+
+@Suite("Redis client against redis-server")
+struct RedisClientTests {
+    static func client(_ url: String, timeout: Duration = .seconds(2), connections: Int = 2) throws -> RedisClient {
+        var configuration = RedisConfiguration(url: try RedisURL(parsing: url))
+        configuration.commandTimeout = timeout
+        configuration.connections = connections
+        configuration.reconnectBackoff = Backoff(base: .milliseconds(20), maximum: .milliseconds(200))
+        return try RedisClient(configuration: configuration)
+    }
+
+    @Test func commandsAndReplies() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url)
+        let binary: [UInt8] = [0, 1, 0xFF, 13, 10, 36]
+        #expect(try await client.send(RedisCommand("SET", ["bin", binary])) == .status("OK"))
+        #expect(try await client.send(RedisCommand("GET", ["bin"])) == .bulk(binary))
+        #expect(try await client.send(RedisCommand("GET", ["missing"])) == .null)
+        #expect(try await client.send(RedisCommand("INCRBY", ["n", 5])) == .integer(5))
+        #expect(try await client.send(RedisCommand("RPUSH", ["list", "a", "b"])) == .integer(2))
+        #expect(try await client.send(RedisCommand("LRANGE", ["list", 0, -1])) == .array([.bulk(Array("a".utf8)), .bulk(Array("b".utf8))]))
+        await #expect(throws: RedisError.self) { try await client.send(RedisCommand("INCR", ["list"])) }
+        await client.shutdown()
+    }
+
+    @Test func aPipelineIsOneRoundTripWithRepliesInOrder() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url)
+        let commands = (0..<1000).map { RedisCommand("SET", ["k\($0)", $0]) } + (0..<1000).map { RedisCommand("GET", ["k\($0)"]) }
+            + [RedisCommand("HGET", ["k1", "x"])]
+        let replies = try await client.pipeline(commands)
+        #expect(replies.count == 2001)
+        #expect(replies[0..<1000].allSatisfy { $0 == .status("OK") })
+        #expect(replies[1000..<2000].enumerated().allSatisfy { $0.element.integer == Int64($0.offset) })
+        guard case .error(let message) = replies[2000] else {
+            Issue.record("expected WRONGTYPE, got \(replies[2000])")
+            return
+        }
+        #expect(message.hasPrefix("WRONGTYPE"))
+        await client.shutdown()
+    }
+
+    @Test func concurrentCallersAllGetTheirOwnAnswers() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<200 {
+                group.addTask {
+                    let key = "c\(index)"
+                    _ = try await client.send(RedisCommand("SET", [key, index]))
+                    #expect(try await client.send(RedisCommand("GET", [key])).integer == Int64(index))
+                }
+            }
+            try await group.waitForAll()
+        }
+        await client.shutdown()
+    }
+
+    @Test func scriptsRunBySHAAndAreLoadedAgainAfterAFlush() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url)
+        let script = RedisScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        #expect(try await client.evaluate(script, keys: ["s"], arguments: [2]) == .integer(2))
+        #expect(try await client.send(RedisCommand("SCRIPT", ["EXISTS", script.sha1])) == .array([.integer(1)]))
+        _ = try await client.send(RedisCommand("SCRIPT", ["FLUSH"]))
+        #expect(try await client.evaluate(script, keys: ["s"], arguments: [3]) == .integer(5))
+        let broken = RedisScript("return redis.call('NOPE')")
+        await #expect(throws: RedisError.self) { try await client.evaluate(broken, keys: [], arguments: []) }
+        await client.shutdown()
+    }
+
+    @Test func authAndDatabaseFromTheURL() async throws {
+        let server = try RedisServer(arguments: ["--requirepass", "s3cret-pw"])
+        let client = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/3")
+        _ = try await client.send(RedisCommand("SET", ["where", "db3"]))
+        let other = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/0")
+        #expect(try await other.send(RedisCommand("GET", ["where"])) == .null)
+        #expect(try await other.send(RedisCommand("SELECT", [3])) == .status("OK"))
+        await other.shutdown()
+
+        let wrong = try Self.client("redis://:wrong-pw@127.0.0.1:\(server.port)/0")
+        do {
+            _ = try await wrong.send(RedisCommand("PING"))
+            Issue.record("a wrong password was accepted")
+        } catch {
+            guard case .unavailable(let why) = error else {
+                Issue.record("expected unavailable, got \(error)")
+                return
+            }
+            #expect(!why.contains("wrong-pw"))
+        }
+        await wrong.shutdown()
+        await client.shutdown()
+    }
+
+    @Test func aLateAnswerFailsAtTheDeadlineAndTheNextCallWorks() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url, timeout: .milliseconds(300), connections: 1)
+        let started = ContinuousClock.now
+        await #expect(throws: RedisError.timedOut) { try await client.send(RedisCommand("BLPOP", ["empty", 5])) }
+        #expect(ContinuousClock.now - started < .seconds(2))
+        #expect(try await client.send(RedisCommand("PING")) == .status("PONG"))
+        await client.shutdown()
+    }
+
+    @Test func unreachableRedisFailsFastNamingWhere() async throws {
+        let port = try RedisServer.freePort()
+        let client = try Self.client("redis://127.0.0.1:\(port)/0")
+        let started = ContinuousClock.now
+        do {
+            _ = try await client.send(RedisCommand("PING"))
+            Issue.record("nothing listens there")
+        } catch {
+            #expect("\(error)".contains("127.0.0.1:\(port)"))
+        }
+        #expect(ContinuousClock.now - started < .seconds(3))
+        await client.shutdown()
+    }
+
+    @Test func reconnectsAfterARedisRestart() async throws {
+        let server = try RedisServer()
+        let client = try Self.client(server.url, connections: 1)
+        #expect(try await client.send(RedisCommand("PING")) == .status("PONG"))
+        server.stop()
+        await #expect(throws: RedisError.self) { try await client.send(RedisCommand("PING")) }
+        try server.start()
+        // Calls fail fast while the connection's backoff runs (at most 200 ms here), then the
+        // client connects again by itself.
+        var answer: RESPValue?
+        let giveUp = ContinuousClock.now + .seconds(10)
+        while answer == nil, ContinuousClock.now < giveUp {
+            do {
+                answer = try await client.send(RedisCommand("PING"))
+            } catch {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        #expect(answer == .status("PONG"))
+        await client.shutdown()
+    }
+}

@@ -1,0 +1,69 @@
+import Foundation
+import NIOPosix
+
+/// A private `redis-server` on a free loopback port, for one test. No persistence.
+final class RedisServer: @unchecked Sendable {
+    let port: Int
+    private var process: Process?
+    private let extraArguments: [String]
+
+    var url: String { "redis://127.0.0.1:\(port)/0" }
+
+    init(arguments: [String] = []) throws {
+        port = try Self.freePort()
+        extraArguments = arguments
+        try start()
+    }
+
+    deinit { stop() }
+
+    /// Starts (again) on the same port and returns once it accepts connections.
+    func start() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: try Self.executable())
+        process.arguments = ["--port", "\(port)", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--daemonize", "no", "--logfile", ""] + extraArguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        self.process = process
+        // Its log says when it is ready.
+        var log = Data()
+        while true {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { throw ServerFailed(log: String(decoding: log, as: UTF8.self)) }
+            log.append(chunk)
+            if String(decoding: log, as: UTF8.self).contains("Ready to accept connections") { break }
+        }
+        // Keep draining its log so it never blocks on a full pipe.
+        output.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
+    }
+
+    /// Kills it (SIGKILL: the test runner's threads block SIGTERM, and children inherit that
+    /// mask; with no persistence nothing is lost).
+    func stop() {
+        guard let process, process.isRunning else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    struct ServerFailed: Error, CustomStringConvertible {
+        var log: String
+        var description: String { "redis-server did not start:\n\(log)" }
+    }
+
+    private static func executable() throws -> String {
+        for path in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] where FileManager.default.isExecutableFile(atPath: path) {
+            return path
+        }
+        throw ServerFailed(log: "redis-server is not installed (scripts/test installs it)")
+    }
+
+    static func freePort() throws -> Int {
+        let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+        let port = channel.localAddress!.port!
+        try channel.close().wait()
+        return port
+    }
+}
