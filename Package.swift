@@ -98,6 +98,7 @@ let package = Package(
             dependencies: [
                 "Common",
                 "APNs",
+                "Redis",
                 "Kafka",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -152,22 +153,28 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
+        // Helpers the test targets share (a private redis-server).
+        .target(
+            name: "TestSupport",
+            dependencies: [.product(name: "NIOPosix", package: "swift-nio")],
+            path: "Tests/TestSupport",
+            swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
             dependencies: [
-                "Redis", "Common",
+                "Redis", "Common", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Kafka"],
+            dependencies: ["Kafka", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "RelayTests",
             dependencies: [
-                "Common", "Relay", "APNs", "APNsSimulator", "Kafka",
+                "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "Redis", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -1,6 +1,7 @@
 import Common
 import APNs
 import Foundation
+import Redis
 import Yams
 
 /// One thing wrong with a configuration: the key, the value found and what is allowed.
@@ -89,6 +90,13 @@ extension RelayConfiguration {
         lines.append("  max_backoff_ms: \(retry.maxBackoffMilliseconds)")
         lines.append("  deadline_seconds: \(retry.deadlineSeconds)")
         lines.append("  credential_fault_cooldown_seconds: \(retry.credentialFaultCooldownSeconds)")
+        lines.append("redis:")
+        lines.append("  url: \(quote(redis.url.isEmpty ? "" : (try? RedisURL(parsing: redis.url))?.description ?? "<redacted>"))")
+        lines.append("  fail_open: \(redis.failOpen)")
+        lines.append("  connections: \(redis.connections)")
+        lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
+        lines.append("policy:")
+        lines.append("  dedupe_window_seconds: \(policy.dedupeWindowSeconds)")
         lines.append("http:")
         lines.append("  port: \(http.port)")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
@@ -117,7 +125,7 @@ struct ConfigurationReader {
     mutating func read() -> RelayConfiguration {
         var configuration = RelayConfiguration()
         let top = mapping(root, key: "(top level)") ?? [:]
-        checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "http", "shutdown_deadline_seconds"])
+        checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "shutdown_deadline_seconds"])
 
         let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
         checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config"])
@@ -175,6 +183,26 @@ struct ConfigurationReader {
             issues.append(.init(key: "retry.max_backoff_ms", value: "\(configuration.retry.maxBackoffMilliseconds)",
                                 allowed: "it must be at least retry.initial_backoff_ms (\(configuration.retry.initialBackoffMilliseconds))"))
         }
+
+        let redis = mapping(top["redis"], key: "redis") ?? [:]
+        checkKnown(redis, prefix: "redis.", known: ["url", "fail_open", "connections", "timeout_ms"])
+        configuration.redis.url = string(redis, "redis.url", default: "")
+        if !configuration.redis.url.isEmpty {
+            do {
+                _ = try RedisURL(parsing: configuration.redis.url)
+            } catch {
+                // The value may hold a password: show it redacted.
+                let shown = configuration.redis.url.replacingOccurrences(of: #":[^:@/]*@"#, with: ":<redacted>@", options: .regularExpression)
+                issues.append(.init(key: "redis.url", value: shown, allowed: "\(error); use redis://[[user]:password@]host[:port][/db] or rediss://, or leave it empty for no Redis"))
+            }
+        }
+        configuration.redis.failOpen = bool(redis, "redis.fail_open", default: false)
+        configuration.redis.connections = integer(redis, "redis.connections", default: 2, range: 1...32)
+        configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
+
+        let policy = mapping(top["policy"], key: "policy") ?? [:]
+        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds"])
+        configuration.policy.dedupeWindowSeconds = Int64(integer(policy, "policy.dedupe_window_seconds", default: 86_400, range: 1...2_592_000))
 
         let http = mapping(top["http"], key: "http") ?? [:]
         checkKnown(http, prefix: "http.", known: ["port"])

@@ -14,6 +14,9 @@ public struct Outcome: Sendable, Equatable {
         case expired
         /// Gave up: credential fault, no credentials, or the retry deadline passed.
         case failed
+        /// APNs already answered this (topic, id) within the dedupe window, or a copy of it is
+        /// in flight: not sent again.
+        case duplicate
     }
 
     public var id: String?

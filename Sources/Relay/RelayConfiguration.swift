@@ -65,6 +65,26 @@ public struct RelayConfiguration: Sendable {
         public init() {}
     }
 
+    public struct RedisSettings: Sendable {
+        /// `redis://[[user]:password@]host[:port][/db]` or `rediss://…`; empty: no Redis, and
+        /// so no per-device policy (every intent is sent as it comes).
+        public var url = ""
+        /// While Redis is unreachable: false (default) stops consuming until it is back; true
+        /// sends without policy (no dedupe) meanwhile.
+        public var failOpen = false
+        public var connections = 2
+        /// Deadline of one Redis call (ms).
+        public var timeoutMilliseconds = 1000
+        public init() {}
+    }
+
+    public struct Policy: Sendable {
+        /// An intent whose (topic, id) APNs already answered within this window is not sent
+        /// again; its outcome is `duplicate`.
+        public var dedupeWindowSeconds: Int64 = 86_400
+        public init() {}
+    }
+
     public struct HTTP: Sendable {
         public var port = 9464
         public init() {}
@@ -75,6 +95,8 @@ public struct RelayConfiguration: Sendable {
     public var limits = Limits()
     public var defaults = Defaults()
     public var retry = Retry()
+    public var redis = RedisSettings()
+    public var policy = Policy()
     public var http = HTTP()
     /// Seconds SIGTERM waits for in-flight intents before giving up on them (uncommitted).
     public var shutdownDeadlineSeconds = 20

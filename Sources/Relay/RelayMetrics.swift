@@ -5,6 +5,7 @@ import Metrics
 enum RelayMetrics {
     static let intentsConsumed = Counter(label: "relay_intents_consumed_total")
     static let retries = Counter(label: "relay_retries_total")
+    static let redisErrors = Counter(label: "relay_redis_errors_total")
     static let inFlight = Gauge(label: "relay_in_flight")
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 

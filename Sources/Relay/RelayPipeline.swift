@@ -4,6 +4,7 @@ import Foundation
 import Kafka
 public import Logging
 import NIOCore
+import Redis
 import Synchronization
 
 /// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
@@ -36,6 +37,8 @@ public final class RelayPipeline: RelayStatus {
     private let backoff: Backoff
     private let stopRequested = Mutex(false)
     private let published: (@Sendable (Outcome) -> Void)?
+    /// Nil without Redis (`redis.url` empty).
+    private let deduplicator: Deduplicator?
 
     struct State {
         var trackers: [TopicPartition: OffsetTracker] = [:]
@@ -48,6 +51,10 @@ public final class RelayPipeline: RelayStatus {
         var disabledTeams: [String: (until: Int64, reason: String)] = [:]
         var outcomeCounts: [String: Int] = [:]
         var firstConsumedAt: ContinuousClock.Instant?
+        /// Dedupe keys of the intents in flight here.
+        var inFlightKeys: Set<String> = []
+        /// Why Redis is failing, while it is.
+        var redisTrouble: String?
     }
 
     /// One consumed message on its way to an outcome; a class, so the async frames on the way
@@ -58,14 +65,21 @@ public final class RelayPipeline: RelayStatus {
         let generation: Int
         let consumedAt: ContinuousClock.Instant
         let intent: Result<Intent, InvalidIntent>
+        /// Answered before (Redis), or a copy of one in flight here: not sent, outcome `duplicate`.
+        let duplicate: Bool
+        /// The dedupe key this item holds among the in-flight ones (nil for duplicates, invalid
+        /// messages, and without Redis).
+        let dedupeKey: String?
 
         init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
-             intent: Result<Intent, InvalidIntent>) {
+             intent: Result<Intent, InvalidIntent>, duplicate: Bool = false, dedupeKey: String? = nil) {
             self.partition = partition
             self.offset = offset
             self.generation = generation
             self.consumedAt = consumedAt
             self.intent = intent
+            self.duplicate = duplicate
+            self.dedupeKey = dedupeKey
         }
     }
 
@@ -89,6 +103,15 @@ public final class RelayPipeline: RelayStatus {
             return try LocalProviderTokenSource(signer: signer)
         }
         self.clients = Mutex([:])
+        if configuration.redis.url.isEmpty {
+            self.deduplicator = nil
+        } else {
+            var redis = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
+            redis.connections = configuration.redis.connections
+            redis.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
+            let client = try RedisClient(configuration: redis, logger: logger)
+            self.deduplicator = Deduplicator(client: client, window: configuration.policy.dedupeWindowSeconds)
+        }
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
                                           properties: configuration.kafka.properties, logger: logger)
@@ -113,6 +136,9 @@ public final class RelayPipeline: RelayStatus {
     public var notReadyReason: String? {
         if stopRequested.withLock({ $0 }) { return "stopping" }
         if let dead = notAliveReason { return dead }
+        if let trouble = state.withLock({ $0.redisTrouble }) {
+            return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
+        }
         let clients = clients.withLock { Array($0) }
         for (key, client) in clients where client.readyConnections == 0 {
             return "no ready APNs connection for \(key.endpoint)"
@@ -153,6 +179,7 @@ public final class RelayPipeline: RelayStatus {
         await consumer.close()
         await producer.close()
         for client in clients.withLock({ Array($0.values) }) { await client.shutdown() }
+        await deduplicator?.client.shutdown()
         logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
     }
 
@@ -178,10 +205,12 @@ public final class RelayPipeline: RelayStatus {
                 }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
-                for message in batch {
+                let parsed = batch.map(parse)
+                guard let seen = await seenBefore(parsed) else { return }
+                for (index, message) in batch.enumerated() {
                     await waitForCapacity()
                     if Task.isCancelled { return }
-                    admit(message)
+                    admit(message, parsed[index], seen: seen[index])
                 }
             case .error(let error):
                 logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
@@ -210,14 +239,69 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    private func admit(_ message: KafkaMessage) {
-        let parsed: Result<Intent, InvalidIntent>
+    private func parse(_ message: KafkaMessage) -> Result<Intent, InvalidIntent> {
         do {
-            parsed = .success(try Intent.parse(message.value, key: message.key, now: clock(),
-                                               defaultTTL: configuration.defaults.expirationSeconds))
+            return .success(try Intent.parse(message.value, key: message.key, now: clock(),
+                                             defaultTTL: configuration.defaults.expirationSeconds))
         } catch {
-            parsed = .failure(error)
+            return .failure(error)
         }
+    }
+
+    /// For each message of a batch, whether Redis says APNs already answered its intent: one
+    /// round trip. While Redis fails this retries with backoff (consuming stops, the consumer's
+    /// buffer fills and its partitions pause), or with `redis.fail_open` answers "no" for all.
+    /// Nil when cancelled meanwhile.
+    private func seenBefore(_ parsed: [Result<Intent, InvalidIntent>]) async -> [Bool]? {
+        guard let deduplicator else { return Array(repeating: false, count: parsed.count) }
+        var positions: [Int] = []
+        var keys: [String] = []
+        for (index, entry) in parsed.enumerated() {
+            guard case .success(let intent) = entry else { continue }
+            positions.append(index)
+            keys.append(Deduplicator.key(topic: intent.topic, id: intent.id))
+        }
+        guard !keys.isEmpty else { return Array(repeating: false, count: parsed.count) }
+        var attempt = 0
+        while true {
+            do {
+                let found = try await deduplicator.seen(keys)
+                redisRecovered()
+                var seen = Array(repeating: false, count: parsed.count)
+                for (position, wasSeen) in zip(positions, found) { seen[position] = wasSeen }
+                return seen
+            } catch {
+                redisFailed(error)
+                if configuration.redis.failOpen { return Array(repeating: false, count: parsed.count) }
+                if Task.isCancelled { return nil }
+                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                attempt += 1
+            }
+        }
+    }
+
+    private func redisFailed(_ error: RedisError) {
+        let isNew = state.withLock { state in
+            defer { state.redisTrouble = "\(error)" }
+            return state.redisTrouble == nil
+        }
+        RelayMetrics.redisErrors.increment()
+        if isNew {
+            logger.error("Redis is failing", metadata: [
+                "redis.error": "\(error)", "redis.fail_open": "\(configuration.redis.failOpen)",
+            ])
+        }
+    }
+
+    private func redisRecovered() {
+        let wasDown = state.withLock { state in
+            defer { state.redisTrouble = nil }
+            return state.redisTrouble != nil
+        }
+        if wasDown { logger.warning("Redis answers again") }
+    }
+
+    private func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, seen: Bool) {
         let partition = message.topicPartition
         let (startDevice, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard state.trackers[partition] != nil, let generation = state.generations[partition] else {
@@ -226,9 +310,22 @@ public final class RelayPipeline: RelayStatus {
             if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
             state.trackers[partition]!.started(message.offset)
             state.inFlight += 1
+            guard case .success(let intent) = parsed else {
+                return (WorkItem(partition: partition, offset: message.offset, generation: generation,
+                                 consumedAt: .now, intent: parsed), state.inFlight)
+            }
+            var dedupeKey: String?
+            if deduplicator != nil {
+                let key = Deduplicator.key(topic: intent.topic, id: intent.id)
+                if seen || state.inFlightKeys.contains(key) {
+                    return (WorkItem(partition: partition, offset: message.offset, generation: generation,
+                                     consumedAt: .now, intent: parsed, duplicate: true), state.inFlight)
+                }
+                state.inFlightKeys.insert(key)
+                dedupeKey = key
+            }
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                consumedAt: .now, intent: parsed)
-            guard case .success(let intent) = parsed else { return (item, state.inFlight) }
+                                consumedAt: .now, intent: parsed, dedupeKey: dedupeKey)
             if state.devices[intent.token] != nil {
                 state.devices[intent.token]!.append(item)
                 return (nil, state.inFlight)
@@ -247,7 +344,7 @@ public final class RelayPipeline: RelayStatus {
         var next: WorkItem? = first
         while let item = next {
             await handle(item)
-            guard case .success(let intent) = item.intent else { return }
+            guard case .success(let intent) = item.intent, !item.duplicate else { return }
             next = state.withLock { state in
                 if let queued = state.devices[intent.token]?.popFirst() { return queued }
                 state.devices[intent.token] = nil
@@ -272,7 +369,34 @@ public final class RelayPipeline: RelayStatus {
             finish(item, stored: false)
             return
         }
+        if let key = item.dedupeKey, Self.isAnswered(outcome.status) {
+            await record(key, outcome, item)
+        }
         await publish(outcome, item)
+    }
+
+    /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
+    private static func isAnswered(_ status: Outcome.Status) -> Bool {
+        status == .delivered || status == .rejected || status == .unregistered
+    }
+
+    /// Records the answered intent in Redis before its outcome is published (so a redelivery
+    /// of it is a duplicate). Retries while Redis fails, unless `redis.fail_open`.
+    @inline(never)
+    private func record(_ key: String, _ outcome: Outcome, _ item: WorkItem) async {
+        guard let deduplicator else { return }
+        var attempt = 0
+        while true {
+            do {
+                try await deduplicator.record(key, status: outcome.status.rawValue)
+                return
+            } catch {
+                redisFailed(error)
+                if configuration.redis.failOpen || !isCurrent(item) { return }
+                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                attempt += 1
+            }
+        }
     }
 
     /// Log metadata naming one intent.
@@ -292,6 +416,8 @@ public final class RelayPipeline: RelayStatus {
     private func prepare(_ item: WorkItem) -> Either<Outcome, Delivery> {
         switch item.intent {
         case .failure(let invalid): .left(invalidOutcome(item, invalid))
+        case .success(let intent) where item.duplicate:
+            .left(makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered"))
         case .success(let intent): .right(Delivery(intent: intent, item: item))
         }
     }
@@ -577,6 +703,7 @@ public final class RelayPipeline: RelayStatus {
     private func finish(_ item: WorkItem, stored: Bool) {
         let (committable, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
+            if let key = item.dedupeKey { state.inFlightKeys.remove(key) }
             var committable: Int64?
             if stored, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil {
                 committable = state.trackers[item.partition]!.finish(item.offset)

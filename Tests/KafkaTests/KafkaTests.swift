@@ -1,5 +1,6 @@
 import Foundation
 import Kafka
+import TestSupport
 import Testing
 
 /// Waits for `condition` over the consumer's events, up to `timeout`.
@@ -29,16 +30,6 @@ func collect(_ consumer: KafkaConsumer, timeout: Duration = .seconds(30),
 }
 
 struct TimedOut: Error {}
-
-/// Checks `condition` every 20 ms until it holds; throws after `timeout`. For states that no
-/// event announces (what librdkafka holds in its queues).
-func waitUntil(timeout: Duration = .seconds(20), _ condition: () -> Bool) async throws {
-    let deadline = ContinuousClock.now + timeout
-    while !condition() {
-        guard ContinuousClock.now < deadline else { throw TimedOut() }
-        try await Task.sleep(for: .milliseconds(20))
-    }
-}
 
 /// The mock cluster rebalances only when a member's session times out; keep that short.
 let fastGroup = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]

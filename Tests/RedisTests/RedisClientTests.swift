@@ -1,6 +1,7 @@
 import Common
 import Foundation
 import Redis
+import TestSupport
 import Testing
 
 @Suite("Redis URLs")

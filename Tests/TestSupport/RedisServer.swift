@@ -2,14 +2,14 @@ import Foundation
 import NIOPosix
 
 /// A private `redis-server` on a free loopback port, for one test. No persistence.
-final class RedisServer: @unchecked Sendable {
-    let port: Int
+public final class RedisServer: @unchecked Sendable {
+    public let port: Int
     private var process: Process?
     private let extraArguments: [String]
 
-    var url: String { "redis://127.0.0.1:\(port)/0" }
+    public var url: String { "redis://127.0.0.1:\(port)/0" }
 
-    init(arguments: [String] = []) throws {
+    public init(arguments: [String] = []) throws {
         port = try Self.freePort()
         extraArguments = arguments
         try start()
@@ -18,7 +18,7 @@ final class RedisServer: @unchecked Sendable {
     deinit { stop() }
 
     /// Starts (again) on the same port and returns once it accepts connections.
-    func start() throws {
+    public func start() throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try Self.executable())
         process.arguments = ["--port", "\(port)", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -42,7 +42,7 @@ final class RedisServer: @unchecked Sendable {
 
     /// Kills it (SIGKILL: the test runner's threads block SIGTERM, and children inherit that
     /// mask; with no persistence nothing is lost).
-    func stop() {
+    public func stop() {
         guard let process, process.isRunning else { return }
         kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
@@ -60,7 +60,7 @@ final class RedisServer: @unchecked Sendable {
         throw ServerFailed(log: "redis-server is not installed (scripts/test installs it)")
     }
 
-    static func freePort() throws -> Int {
+    public static func freePort() throws -> Int {
         let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
         let port = channel.localAddress!.port!
         try channel.close().wait()

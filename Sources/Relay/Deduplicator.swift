@@ -1,0 +1,103 @@
+import Common
+import Foundation
+import Redis
+import Synchronization
+
+/// Which intents APNs already answered, kept in Redis for the dedupe window.
+///
+/// Keys: `apns-relay:seen:<topic>:<id>` (a string holding the outcome status, with the window
+/// as TTL). Every command touches one key, so this works unchanged on Redis Cluster.
+///
+/// An intent is recorded once APNs gave a final answer for it (delivered, rejected or
+/// unregistered) and before its outcome is published; an intent seen in Redis is not sent again
+/// and gets the outcome `duplicate`. So a redelivery after a rebalance or a restart comes out
+/// `duplicate`, and only a crash between APNs answering and Redis recording can send an intent
+/// twice: at most the intents in flight at the crash. Intents that ended `failed` or `expired`
+/// are not recorded: publishing the same intent again tries again.
+final class Deduplicator: Sendable {
+    let client: RedisClient
+    let window: Int64
+    private let recorder: GroupCommit
+
+    init(client: RedisClient, window: Int64) {
+        self.client = client
+        self.window = window
+        self.recorder = GroupCommit(client: client)
+    }
+
+    static func key(topic: String, id: String) -> String {
+        "apns-relay:seen:\(topic):\(id)"
+    }
+
+    /// Which of these keys Redis holds: one round trip for the whole batch.
+    func seen(_ keys: [String]) async throws(RedisError) -> [Bool] {
+        guard !keys.isEmpty else { return [] }
+        let replies = try await client.pipeline(keys.map { RedisCommand("EXISTS", [$0]) })
+        return try replies.map { reply throws(RedisError) in
+            guard case .integer(let count) = reply else { throw .protocolError("EXISTS answered \(reply)") }
+            return count > 0
+        }
+    }
+
+    /// Records an answered intent; concurrent records share round trips.
+    func record(_ key: String, status: String) async throws(RedisError) {
+        try await recorder.submit(RedisCommand("SET", [key, status, "EX", window]))
+    }
+}
+
+/// Sends the commands submitted while a round trip is under way together in the next one, so
+/// that many concurrent writers cost few round trips.
+final class GroupCommit: Sendable {
+    private struct State {
+        var queued: [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>)] = []
+        var flushing = false
+    }
+
+    private let client: RedisClient
+    private let state = Mutex(State())
+    /// Commands per round trip at most.
+    private let maxBatch = 1000
+
+    init(client: RedisClient) {
+        self.client = client
+    }
+
+    func submit(_ command: RedisCommand) async throws(RedisError) {
+        let result = await withCheckedContinuation { continuation in
+            let startFlush = state.withLock { state -> Bool in
+                state.queued.append((command, continuation))
+                guard !state.flushing else { return false }
+                state.flushing = true
+                return true
+            }
+            if startFlush {
+                Task { await self.flush() }
+            }
+        }
+        try result.get()
+    }
+
+    private func flush() async {
+        while true {
+            let batch = state.withLock { state -> [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>)] in
+                let taken = Array(state.queued.prefix(maxBatch))
+                state.queued.removeFirst(taken.count)
+                if taken.isEmpty { state.flushing = false }
+                return taken
+            }
+            guard !batch.isEmpty else { return }
+            do {
+                let replies = try await client.pipeline(batch.map(\.0))
+                for (reply, (_, continuation)) in zip(replies, batch) {
+                    if case .error(let message) = reply {
+                        continuation.resume(returning: .failure(.server(message)))
+                    } else {
+                        continuation.resume(returning: .success(()))
+                    }
+                }
+            } catch {
+                for (_, continuation) in batch { continuation.resume(returning: .failure(error)) }
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+import APNs
+import Foundation
+import Redis
+import Relay
+import TestSupport
+import Testing
+
+@Suite("Dedupe in Redis")
+struct DedupeTests {
+    static func harness(_ redis: RedisServer, failOpen: Bool = false) async throws -> RelayHarness {
+        try await RelayHarness.start(configureRelay: {
+            $0.redis.url = redis.url
+            $0.redis.timeoutMilliseconds = 300
+            $0.redis.failOpen = failOpen
+            $0.policy.dedupeWindowSeconds = 3600
+        })
+    }
+
+    static func byID(_ outcomes: [[String: Any]]) -> [String: [[String: Any]]] {
+        Dictionary(grouping: outcomes) { $0["id"] as? String ?? "" }
+    }
+
+    @Test func anAnsweredIntentIsADuplicateWhenItComesAgain() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis)
+        try await harness.produce(intent("d-1", token: hexToken(1)), key: hexToken(1))
+        let first = try await harness.outcomes(count: 1)
+        #expect(first.first?["status"] as? String == "delivered")
+
+        try await harness.produce(intent("d-1", token: hexToken(1)), key: hexToken(1))
+        try await harness.produce(intent("d-2", token: hexToken(1)), key: hexToken(1))
+        let all = Self.byID(try await harness.outcomes(count: 3))
+        let again = try #require(all["d-1"]?.first { $0["status"] as? String == "duplicate" })
+        #expect(again["reason"] as? String == "AlreadyAnswered")
+        #expect(again["attempts"] as? Int == 0)
+        #expect(again["http_status"] is NSNull)
+        #expect(again["token"] as? String == hexToken(1))
+        #expect(again["apns_id"] as? String == APNsIdentifiers.format(Intent.apnsID(for: "d-1")))
+        #expect(all["d-2"]?.first?["status"] as? String == "delivered")
+        let sentD1 = harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: "d-1")) }
+        #expect(sentD1.count == 1)
+
+        // The record holds the status, with the window as its TTL.
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:com.example.app:d-1"])).string == "delivered")
+        let ttl = try #require(try await client.send(RedisCommand("TTL", ["apns-relay:seen:com.example.app:d-1"])).integer)
+        #expect(ttl > 3500 && ttl <= 3600)
+        await client.shutdown()
+        await harness.stop()
+    }
+
+    @Test func copiesInFlightTogetherAreSentOnce() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis)
+        for _ in 0..<3 {
+            try await harness.produce(intent("same", token: hexToken(7)), key: hexToken(7))
+        }
+        let statuses = try await harness.outcomes(count: 3).compactMap { $0["status"] as? String }.sorted()
+        #expect(statuses == ["delivered", "duplicate", "duplicate"])
+        #expect(harness.simulator.accepted.count == 1)
+        await harness.stop()
+    }
+
+    @Test func failedIntentsAreNotRecorded() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis)
+        // No credentials for this topic: `failed`, and a later copy is tried again.
+        let other = #"{"id":"nc","token":"\#(hexToken(8))","topic":"com.other.app","payload":{"aps":{}}}"#
+        try await harness.produce(other, key: hexToken(8))
+        _ = try await harness.outcomes(count: 1)
+        try await harness.produce(other, key: hexToken(8))
+        let statuses = try await harness.outcomes(count: 2).compactMap { $0["status"] as? String }
+        #expect(statuses == ["failed", "failed"])
+        await harness.stop()
+    }
+
+    @Test func redisDownStopsConsumingAndNothingIsLostOrSentTwice() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis)
+        try await harness.produce(intent("before", token: hexToken(1)), key: hexToken(1))
+        _ = try await harness.outcomes(count: 1)
+        redis.stop()
+        for index in 0..<50 {
+            try await harness.produce(intent("r-\(index)", token: hexToken(100 + index % 7)), key: hexToken(100 + index % 7))
+        }
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.contains("Redis unreachable") == true }
+        #expect(harness.simulator.accepted.count == 1)
+        try redis.start()
+        let outcomes = try await harness.outcomes(count: 51)
+        #expect(outcomes.count == 51)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 51)
+        #expect(harness.simulator.accepted.count == 51)
+        try await waitUntil(timeout: .seconds(10)) { harness.pipeline.notReadyReason == nil }
+        await harness.stop()
+    }
+
+    @Test func failOpenSendsWithoutPolicyWhileRedisIsDown() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis, failOpen: true)
+        redis.stop()
+        for index in 0..<10 {
+            try await harness.produce(intent("o-\(index)", token: hexToken(200 + index)), key: hexToken(200 + index))
+        }
+        let outcomes = try await harness.outcomes(count: 10)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        #expect(harness.pipeline.notReadyReason?.contains("sending without policy") == true)
+        await harness.stop()
+    }
+}
