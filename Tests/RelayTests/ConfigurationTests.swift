@@ -21,6 +21,42 @@ struct ConfigurationTests {
         #expect(configuration.limits.maxInFlight == 10_000)
         #expect(configuration.defaults.expirationSeconds == 86_400)
         #expect(configuration.http.port == 9464)
+        #expect(configuration.redis.url == defaults.redis.url)
+        #expect(configuration.redis.failOpen == defaults.redis.failOpen)
+        #expect(configuration.redis.connections == defaults.redis.connections)
+        #expect(configuration.redis.timeoutMilliseconds == defaults.redis.timeoutMilliseconds)
+        #expect(configuration.policy.dedupeWindowSeconds == defaults.policy.dedupeWindowSeconds)
+    }
+
+    @Test func redisSettingsAreCheckedAndTheirPasswordNeverShown() throws {
+        let configuration = try RelayConfiguration.load(yaml: """
+            redis:
+              url: redis://:pa55word@cache:6380/2
+              fail_open: true
+            policy:
+              dedupe_window_seconds: 600
+            """, environment: ["APNS_RELAY_REDIS_TIMEOUT_MS": "250"])
+        #expect(configuration.redis.failOpen)
+        #expect(configuration.redis.timeoutMilliseconds == 250)
+        #expect(configuration.policy.dedupeWindowSeconds == 600)
+        #expect(!configuration.redactedYAML.contains("pa55word"))
+        #expect(configuration.redactedYAML.contains("redis://:<redacted>@cache:6380/2"))
+        let overridden = try RelayConfiguration.load(yaml: "", environment: ["APNS_RELAY_REDIS_URL": "redis://10.0.0.5"])
+        #expect(overridden.redis.url == "redis://10.0.0.5")
+        do {
+            _ = try RelayConfiguration.load(yaml: """
+                redis:
+                  url: "http://:pa55word@cache"
+                  connections: 0
+                policy:
+                  dedupe_window_seconds: 0
+                  surprise: 1
+                """, environment: [:])
+            Issue.record("a bad redis configuration was accepted")
+        } catch let error as ConfigurationError {
+            #expect(Set(error.issues.map(\.key)) == ["redis.url", "redis.connections", "policy.dedupe_window_seconds", "policy.surprise"])
+            #expect(!error.description.contains("pa55word"))
+        }
     }
 
     @Test func environmentOverridesScalars() throws {

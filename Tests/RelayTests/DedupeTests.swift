@@ -107,4 +107,26 @@ struct DedupeTests {
         #expect(harness.pipeline.notReadyReason?.contains("sending without policy") == true)
         await harness.stop()
     }
+
+    @Test func everythingConsumedAgainComesOutDuplicate() async throws {
+        let redis = try RedisServer()
+        let harness = try await Self.harness(redis)
+        for index in 0..<100 {
+            try await harness.produce(intent("again-\(index)", token: hexToken(300 + index % 13)), key: hexToken(300 + index % 13))
+        }
+        _ = try await harness.outcomes(count: 100)
+        // A second relay in another group reads the whole topic again, as after lost commits.
+        var configuration = harness.configuration
+        configuration.kafka.groupID += "-again"
+        let second = try RelayPipeline(configuration: configuration, worker: "second")
+        let running = Task { await second.run() }
+        let outcomes = try await harness.outcomes(count: 200)
+        let fromSecond = outcomes.filter { $0["worker"] as? String == "second" }
+        #expect(fromSecond.count == 100)
+        #expect(fromSecond.allSatisfy { $0["status"] as? String == "duplicate" })
+        #expect(harness.simulator.accepted.count == 100)
+        second.requestStop()
+        await running.value
+        await harness.stop()
+    }
 }

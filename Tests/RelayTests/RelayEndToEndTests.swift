@@ -15,6 +15,7 @@ struct RelayHarness {
     let cluster: KafkaMockCluster
     let simulator: APNsSimulator
     let pipeline: RelayPipeline
+    let configuration: RelayConfiguration
     let producer: KafkaProducer
     let intentsTopic: String
     let outcomesTopic: String
@@ -50,7 +51,7 @@ struct RelayHarness {
         let pipeline = try RelayPipeline(configuration: configuration, worker: "test-worker")
         let running = Task { await pipeline.run() }
         let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
-        return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, producer: producer,
+        return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration, producer: producer,
                             intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
     }
 
