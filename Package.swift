@@ -129,6 +129,7 @@ let package = Package(
             dependencies: [
                 "Common",
                 "APNs",
+                "Redis",
                 "Relay",
                 "Kafka",
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -153,19 +154,14 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),
-        // Helpers the test targets share (a private redis-server).
+        // Helpers the test targets share.
         .target(
             name: "TestSupport",
-            dependencies: [.product(name: "NIOPosix", package: "swift-nio")],
             path: "Tests/TestSupport",
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
-            dependencies: [
-                "Redis", "Common", "TestSupport",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-            ],
+            dependencies: ["Redis", "Common"],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",

@@ -4,6 +4,7 @@ import ArgumentParser
 import Foundation
 import Kafka
 import Logging
+import Redis
 import Relay
 import Synchronization
 
@@ -86,12 +87,15 @@ struct BenchWorkload: ParsableArguments {
     @Option(help: "Distinct device tokens.")
     var devices: Int = 20_000
 
+    @Flag(help: "Per-device policy on: a private redis-server, dedupe of every intent.")
+    var policy = false
+
     func validate() throws {
         if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
     }
 
     var arguments: [String] {
-        ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
+        ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"] + (policy ? ["--policy"] : [])
     }
 }
 
@@ -107,9 +111,16 @@ struct BenchStackCommand: AsyncParsableCommand {
         Terminal.logErrorsOnly()
         let stack = try await EmbeddedStack.start(partitions: workload.partitions)
         let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
+        var redis: RedisServerProcess?
         do {
             try await produce(into: stack.configuration)
-            try stack.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+            var configuration = stack.configuration
+            if workload.policy {
+                let server = try RedisServerProcess()
+                redis = server
+                configuration.redis.url = server.url
+            }
+            try configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
         } catch {
             Terminal.error("cannot prepare the benchmark: \(error)")
             await stack.stop()
@@ -118,6 +129,7 @@ struct BenchStackCommand: AsyncParsableCommand {
         Terminal.line("ready \(file)")
         // Serve until the parent closes our standard input (or dies).
         await Task.detached { _ = FileHandle.standardInput.readDataToEndOfFile() }.value
+        redis?.stop()
         await stack.stop()
     }
 

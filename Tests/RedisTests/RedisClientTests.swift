@@ -1,7 +1,6 @@
 import Common
 import Foundation
 import Redis
-import TestSupport
 import Testing
 
 @Suite("Redis URLs")
@@ -37,7 +36,7 @@ struct RedisClientTests {
     }
 
     @Test func commandsAndReplies() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url)
         let binary: [UInt8] = [0, 1, 0xFF, 13, 10, 36]
         #expect(try await client.send(RedisCommand("SET", ["bin", binary])) == .status("OK"))
@@ -51,7 +50,7 @@ struct RedisClientTests {
     }
 
     @Test func aPipelineIsOneRoundTripWithRepliesInOrder() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url)
         let commands = (0..<1000).map { RedisCommand("SET", ["k\($0)", $0]) } + (0..<1000).map { RedisCommand("GET", ["k\($0)"]) }
             + [RedisCommand("HGET", ["k1", "x"])]
@@ -68,7 +67,7 @@ struct RedisClientTests {
     }
 
     @Test func concurrentCallersAllGetTheirOwnAnswers() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for index in 0..<200 {
@@ -84,7 +83,7 @@ struct RedisClientTests {
     }
 
     @Test func scriptsRunBySHAAndAreLoadedAgainAfterAFlush() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url)
         let script = RedisScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
         #expect(try await client.evaluate(script, keys: ["s"], arguments: [2]) == .integer(2))
@@ -97,7 +96,7 @@ struct RedisClientTests {
     }
 
     @Test func authAndDatabaseFromTheURL() async throws {
-        let server = try RedisServer(arguments: ["--requirepass", "s3cret-pw"])
+        let server = try RedisServerProcess(arguments: ["--requirepass", "s3cret-pw"])
         let client = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/3")
         _ = try await client.send(RedisCommand("SET", ["where", "db3"]))
         let other = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/0")
@@ -121,7 +120,7 @@ struct RedisClientTests {
     }
 
     @Test func aLateAnswerFailsAtTheDeadlineAndTheNextCallWorks() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url, timeout: .milliseconds(300), connections: 1)
         let started = ContinuousClock.now
         await #expect(throws: RedisError.timedOut) { try await client.send(RedisCommand("BLPOP", ["empty", 5])) }
@@ -131,7 +130,7 @@ struct RedisClientTests {
     }
 
     @Test func unreachableRedisFailsFastNamingWhere() async throws {
-        let port = try RedisServer.freePort()
+        let port = try RedisServerProcess.freePort()
         let client = try Self.client("redis://127.0.0.1:\(port)/0")
         let started = ContinuousClock.now
         do {
@@ -145,7 +144,7 @@ struct RedisClientTests {
     }
 
     @Test func reconnectsAfterARedisRestart() async throws {
-        let server = try RedisServer()
+        let server = try RedisServerProcess()
         let client = try Self.client(server.url, connections: 1)
         #expect(try await client.send(RedisCommand("PING")) == .status("PONG"))
         server.stop()

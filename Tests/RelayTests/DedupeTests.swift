@@ -7,7 +7,7 @@ import Testing
 
 @Suite("Dedupe in Redis")
 struct DedupeTests {
-    static func harness(_ redis: RedisServer, failOpen: Bool = false) async throws -> RelayHarness {
+    static func harness(_ redis: RedisServerProcess, failOpen: Bool = false) async throws -> RelayHarness {
         try await RelayHarness.start(configureRelay: {
             $0.redis.url = redis.url
             $0.redis.timeoutMilliseconds = 300
@@ -21,7 +21,7 @@ struct DedupeTests {
     }
 
     @Test func anAnsweredIntentIsADuplicateWhenItComesAgain() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis)
         try await harness.produce(intent("d-1", token: hexToken(1)), key: hexToken(1))
         let first = try await harness.outcomes(count: 1)
@@ -50,7 +50,7 @@ struct DedupeTests {
     }
 
     @Test func copiesInFlightTogetherAreSentOnce() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis)
         for _ in 0..<3 {
             try await harness.produce(intent("same", token: hexToken(7)), key: hexToken(7))
@@ -62,7 +62,7 @@ struct DedupeTests {
     }
 
     @Test func failedIntentsAreNotRecorded() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis)
         // No credentials for this topic: `failed`, and a later copy is tried again.
         let other = #"{"id":"nc","token":"\#(hexToken(8))","topic":"com.other.app","payload":{"aps":{}}}"#
@@ -75,7 +75,7 @@ struct DedupeTests {
     }
 
     @Test func redisDownStopsConsumingAndNothingIsLostOrSentTwice() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis)
         try await harness.produce(intent("before", token: hexToken(1)), key: hexToken(1))
         _ = try await harness.outcomes(count: 1)
@@ -96,7 +96,7 @@ struct DedupeTests {
     }
 
     @Test func failOpenSendsWithoutPolicyWhileRedisIsDown() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis, failOpen: true)
         redis.stop()
         for index in 0..<10 {
@@ -109,7 +109,7 @@ struct DedupeTests {
     }
 
     @Test func everythingConsumedAgainComesOutDuplicate() async throws {
-        let redis = try RedisServer()
+        let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis)
         for index in 0..<100 {
             try await harness.produce(intent("again-\(index)", token: hexToken(300 + index % 13)), key: hexToken(300 + index % 13))

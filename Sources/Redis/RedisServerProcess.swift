@@ -1,8 +1,9 @@
 import Foundation
 import NIOPosix
 
-/// A private `redis-server` on a free loopback port, for one test. No persistence.
-public final class RedisServer: @unchecked Sendable {
+/// A private `redis-server` on a free loopback port, without persistence: for the demo, the
+/// benchmarks and the tests. Killed when released.
+public final class RedisServerProcess: @unchecked Sendable {
     public let port: Int
     private var process: Process?
     private let extraArguments: [String]
@@ -40,8 +41,8 @@ public final class RedisServer: @unchecked Sendable {
         output.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
     }
 
-    /// Kills it (SIGKILL: the test runner's threads block SIGTERM, and children inherit that
-    /// mask; with no persistence nothing is lost).
+    /// Kills it (SIGKILL: a parent's threads may block SIGTERM, and children inherit that mask;
+    /// with no persistence nothing is lost).
     public func stop() {
         guard let process, process.isRunning else { return }
         kill(process.processIdentifier, SIGKILL)
@@ -57,7 +58,7 @@ public final class RedisServer: @unchecked Sendable {
         for path in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] where FileManager.default.isExecutableFile(atPath: path) {
             return path
         }
-        throw ServerFailed(log: "redis-server is not installed (scripts/test installs it)")
+        throw ServerFailed(log: "redis-server is not installed (apt-get install redis-server; the scripts install it)")
     }
 
     public static func freePort() throws -> Int {
