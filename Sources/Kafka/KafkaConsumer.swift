@@ -140,9 +140,18 @@ public final class KafkaConsumer: Sendable {
     public func close() async {
         let handle = self.handle
         let poller = self.poller
+        let logger = self.logger
         await runBlocking {
             poller.stop()
-            _ = handle.withHandle { rd_kafka_commit($0, nil, 0) }
+            // The final commit can meet a rebalance or a coordinator change: try a few times.
+            for attempt in 0..<5 {
+                let result = handle.withHandle { rd_kafka_commit($0, nil, 0) }
+                if result == RD_KAFKA_RESP_ERR_NO_ERROR || result == RD_KAFKA_RESP_ERR__NO_OFFSET { break }
+                logger.warning("final commit failed", metadata: [
+                    "kafka.error": "\(String(cString: rd_kafka_err2str(result)))", "kafka.attempt": "\(attempt + 1)",
+                ])
+                usleep(UInt32(100_000 << attempt))
+            }
             _ = handle.withHandle { rd_kafka_consumer_close($0) }
         }
         shared.finish()
