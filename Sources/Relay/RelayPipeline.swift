@@ -700,13 +700,23 @@ public final class RelayPipeline: RelayStatus {
         finish(item, stored: true)
     }
 
+    /// Ends an item: its offset becomes committable once it and every earlier one are done.
+    ///
+    /// The offset is stored inside the state lock: two items finishing at once must store their
+    /// positions in order (a later store of an older position would move the commit back), and
+    /// the drain that waits for the last item must find its offset stored.
     private func finish(_ item: WorkItem, stored: Bool) {
-        let (committable, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
+        let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
             if let key = item.dedupeKey { state.inFlightKeys.remove(key) }
-            var committable: Int64?
-            if stored, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil {
-                committable = state.trackers[item.partition]!.finish(item.offset)
+            var notStored: Int64?
+            if stored, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil,
+               let committable = state.trackers[item.partition]!.finish(item.offset) {
+                do {
+                    try consumer.storeOffset(item.partition, offset: committable)
+                } catch {
+                    notStored = committable
+                }
             }
             var waiters: [CheckedContinuation<Void, Never>] = []
             if state.inFlight < configuration.limits.maxInFlight, let waiter = state.capacityWaiter {
@@ -717,16 +727,12 @@ public final class RelayPipeline: RelayStatus {
                 state.drainedWaiter = nil
                 waiters.append(waiter)
             }
-            return (committable, waiters, state.inFlight)
+            return (notStored, waiters, state.inFlight)
         }
-        if let committable {
-            do {
-                try consumer.storeOffset(item.partition, offset: committable)
-            } catch {
-                logger.info("offset not stored (partition no longer ours)", metadata: [
-                    "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(committable)",
-                ])
-            }
+        if let notStored {
+            logger.info("offset not stored (partition no longer ours)", metadata: [
+                "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(notStored)",
+            ])
         }
         RelayMetrics.inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }

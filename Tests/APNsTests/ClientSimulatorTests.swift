@@ -265,7 +265,9 @@ struct ClientSimulatorTests {
         let elapsed = ContinuousClock.now - started
         #expect(result.classification == .retryable)
         #expect(result.failure == .timedOut(""))
-        #expect(elapsed < .seconds(3))
+        // The simulator never answers: only the 500 ms deadline ends the send (a generous bound,
+        // the suite loads both cores).
+        #expect(elapsed < .seconds(10))
         await harness.stop()
     }
 
