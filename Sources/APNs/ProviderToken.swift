@@ -29,6 +29,14 @@ public struct ProviderToken: Sendable, Equatable {
     }
 }
 
+extension ProviderTokenSigner {
+    /// Counts a minted token that was put in use (`apns_jwt_mints_total{team_id,key_id}`), for
+    /// token sources outside this module.
+    public func countMint() {
+        APNsMetrics.tokenMinted(teamID: teamID, keyID: keyID)
+    }
+}
+
 /// Signs provider tokens: ES256 over `{"alg":"ES256","kid":KEY}.{"iss":TEAM,"iat":SECONDS}`.
 public struct ProviderTokenSigner: Sendable {
     public let teamID: String
@@ -127,7 +135,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
         let token = ProviderToken(jwt: try signer.mint(issuedAt: now), issuedAt: now)
         state.token = token
         state.mints += 1
-        APNsMetrics.tokenMinted(teamID: signer.teamID, keyID: signer.keyID)
+        signer.countMint()
         return token
     }
 }

@@ -27,7 +27,8 @@ public final class RelayPipeline: RelayStatus {
     private let consumer: KafkaConsumer
     private let producer: KafkaProducer
     private let credentials: CredentialDirectory
-    private let tokenSources: [LocalProviderTokenSource]
+    /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
+    private let tokenSources: [any ProviderTokenSource]
     /// APNs clients by credential and endpoint, opened on first use.
     private let clients: Mutex<[ClientKey: APNsClient]>
     private let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
@@ -98,20 +99,20 @@ public final class RelayPipeline: RelayStatus {
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
         self.credentials = CredentialDirectory(configuration.apns.credentials)
-        self.tokenSources = try configuration.apns.credentials.map { credential in
+        var redis: RedisClient?
+        if !configuration.redis.url.isEmpty {
+            var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
+            settings.connections = configuration.redis.connections
+            settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
+            redis = try RedisClient(configuration: settings, logger: logger)
+        }
+        self.deduplicator = redis.map { Deduplicator(client: $0, window: configuration.policy.dedupeWindowSeconds) }
+        self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
             let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
-            return try LocalProviderTokenSource(signer: signer)
+            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
+            return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
         self.clients = Mutex([:])
-        if configuration.redis.url.isEmpty {
-            self.deduplicator = nil
-        } else {
-            var redis = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
-            redis.connections = configuration.redis.connections
-            redis.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
-            let client = try RedisClient(configuration: redis, logger: logger)
-            self.deduplicator = Deduplicator(client: client, window: configuration.policy.dedupeWindowSeconds)
-        }
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
                                           properties: configuration.kafka.properties, logger: logger)

@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 import Kafka
 import NIOPosix
+import Redis
 import Relay
 import Testing
 
@@ -49,7 +50,7 @@ struct RelayProcess {
 }
 
 /// Writes a configuration for the relay processes.
-func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0) throws -> String {
+func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0, redisURL: String = "") throws -> String {
     let yaml = """
         kafka:
           brokers: "\(harness.cluster.bootstrapServers)"
@@ -70,6 +71,8 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
         retry:
           initial_backoff_ms: 20
           max_backoff_ms: 200
+        redis:
+          url: "\(redisURL)"
         http:
           port: \(httpPort)
         shutdown_deadline_seconds: \(shutdownDeadline)
@@ -237,6 +240,44 @@ struct RelayProcessTests {
         #expect(first.terminate() == 0)
         #expect(second.terminate() == 0)
         #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 800)
+        await harness.simulator.stop()
+    }
+}
+
+extension RelayProcessTests {
+    @Test func twoRelayProcessesShareOneProviderToken() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await ProcessHarness.start()
+        let ports = [try freePort(), try freePort()]
+        let relays = try ports.map { try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: $0, redisURL: redis.url)) }
+        // Produce in waves until both relays have consumed some (the group split the partitions).
+        func consumed(_ port: Int) async -> Int {
+            guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return 0 }
+            let line = metrics.body.split(separator: "\n").first { $0.hasPrefix("relay_intents_consumed_total ") }
+            return line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
+        }
+        var produced = 0
+        let giveUp = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < giveUp {
+            try await harness.produce(50, from: produced)
+            produced += 50
+            let counts = [await consumed(ports[0]), await consumed(ports[1])]
+            if counts.allSatisfy({ $0 > 0 }) { break }
+        }
+        let (ids, _) = try await harness.outcomeIDs(atLeast: produced)
+        #expect(ids.count == produced)
+        let first = await consumed(ports[0]), second = await consumed(ports[1])
+        #expect(first > 0 && second > 0, "consumed: \(first) and \(second)")
+        var mints = 0
+        for port in ports {
+            let metrics = try await httpGet(port: port, path: "/metrics")
+            for line in metrics.body.split(separator: "\n") where line.hasPrefix("apns_jwt_mints_total{") {
+                mints += Int(line.split(separator: " ").last ?? "") ?? 0
+            }
+        }
+        // Both relays sent (the group split the partitions) with one token, minted once.
+        #expect(mints == 1)
+        for relay in relays { #expect(relay.terminate() == 0) }
         await harness.simulator.stop()
     }
 }

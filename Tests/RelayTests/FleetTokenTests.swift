@@ -1,0 +1,87 @@
+import APNs
+import Crypto
+import Redis
+import Relay
+import Synchronization
+import Testing
+
+@Suite("Fleet-wide provider token in Redis")
+struct FleetTokenTests {
+    final class Clock: Sendable {
+        let now = Atomic<Int64>(1_700_000_000)
+        func advance(minutes: Int64) { now.add(minutes * 60, ordering: .relaxed) }
+        var read: @Sendable () -> Int64 { { self.now.load(ordering: .relaxed) } }
+    }
+
+    static func redisClient(_ server: RedisServerProcess) throws -> RedisClient {
+        try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: server.url)))
+    }
+
+    @Test func processesShareOneTokenAndOneMintPerRefresh() async throws {
+        let server = try RedisServerProcess()
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        // Two relay processes: their own Redis connections, the same key.
+        let first = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        let second = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+
+        let a = try await first.currentToken()
+        let b = try await second.currentToken()
+        #expect(a == b)
+        #expect(first.mintCount + second.mintCount == 1)
+
+        // 49 minutes on both keep it; at 50 the first to ask mints, the other takes that one.
+        clock.advance(minutes: 49)
+        #expect(try await second.currentToken() == a)
+        clock.advance(minutes: 1)
+        let c = try await second.currentToken()
+        #expect(c != a && c.issuedAt == clock.now.load(ordering: .relaxed))
+        #expect(try await first.currentToken() == c)
+        #expect(first.mintCount + second.mintCount == 2)
+    }
+
+    @Test func manyCallersAtOnceMintOnce() async throws {
+        let server = try RedisServerProcess()
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let sources = try (0..<4).map { _ in try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read) }
+        let tokens = try await withThrowingTaskGroup(of: ProviderToken.self) { group in
+            for index in 0..<200 {
+                group.addTask { try await sources[index % sources.count].currentToken() }
+            }
+            return try await group.reduce(into: Set<String>()) { $0.insert($1.jwt) }
+        }
+        #expect(tokens.count == 1)
+        #expect(sources.reduce(0) { $0 + $1.mintCount } == 1)
+    }
+
+    @Test func expiredProviderTokenReplacesItOnlyAfterTwentyMinutes() async throws {
+        let server = try RedisServerProcess()
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let first = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        let second = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        let token = try await first.currentToken()
+        clock.advance(minutes: 10)
+        #expect(try await first.refresh(after: token) == token)
+        clock.advance(minutes: 10)
+        let fresh = try await first.refresh(after: token)
+        #expect(fresh != token)
+        // The other process reports the same stale token: it gets the new one, no second mint.
+        #expect(try await second.refresh(after: token) == fresh)
+        #expect(first.mintCount + second.mintCount == 2)
+    }
+
+    @Test func withoutRedisAProcessMintsForItself() async throws {
+        let port = try RedisServerProcess.freePort()
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let redis = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: "redis://127.0.0.1:\(port)")))
+        let source = try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock.read)
+        let token = try await source.currentToken()
+        #expect(token.issuedAt == clock.now.load(ordering: .relaxed))
+        #expect(try await source.currentToken() == token)
+        #expect(source.mintCount == 1)
+        await redis.shutdown()
+    }
+}
