@@ -4,6 +4,7 @@ import ArgumentParser
 import Foundation
 import Kafka
 import Logging
+import Redis
 import Relay
 
 /// `apns-relay demo`: the relay's main job on embedded defaults, in one process.
@@ -21,6 +22,12 @@ struct DemoCommand: AsyncParsableCommand {
     @Option(name: .customLong("failure-rate"), help: "Fraction of APNs answers that are 500/503 (retried by the relay).")
     var failureRate: Double = 0.02
 
+    @Flag(help: "Run without Redis (no dedupe, tokens minted in this process).")
+    var noRedis = false
+
+    /// Intents published a second time: they come out `duplicate`.
+    static let republished = 50
+
     func validate() throws {
         if count < 1 || devices < 1 { throw ValidationError("--count and --devices must be at least 1") }
         if !(0...0.5).contains(failureRate) { throw ValidationError("--failure-rate must be between 0 and 0.5") }
@@ -30,15 +37,30 @@ struct DemoCommand: AsyncParsableCommand {
         Terminal.logErrorsOnly()
         let unregistered = EmbeddedStack.token(0xdead_beef)
         let failureRate = self.failureRate
-        Terminal.line("starting: Kafka mock cluster (3 brokers), APNs simulator, relay")
+        Terminal.line("starting: Kafka mock cluster (3 brokers), APNs simulator\(noRedis ? "" : ", redis-server"), relay")
         let stack = try await EmbeddedStack.start { simulator in
             simulator.behaviour.unregistered = [unregistered: 1_432_819_882_000]
             simulator.behaviour.failureRate = failureRate
         }
-        Terminal.line("kafka: \(stack.configuration.kafka.brokers)  apns: \(stack.configuration.apns.endpoint)")
+        var configuration = stack.configuration
+        var redis: RedisServerProcess?
+        if !noRedis {
+            do {
+                let server = try RedisServerProcess()
+                redis = server
+                configuration.redis.url = server.url
+            } catch {
+                Terminal.error("\(error) (or run with --no-redis)")
+                await stack.stop()
+                throw ExitCode(1)
+            }
+        }
+        Terminal.line("kafka: \(configuration.kafka.brokers)  apns: \(configuration.apns.endpoint)"
+                      + (redis.map { "  redis: \($0.url)" } ?? ""))
         // The relay's Kafka clients must be gone before the mock cluster is.
-        let counts = try await relay(stack.configuration, unregistered: unregistered)
+        let counts = try await relay(configuration, unregistered: unregistered)
         let answers = stack.simulator.answers
+        redis?.stop()
         await stack.stop()
 
         Terminal.line("")
@@ -59,8 +81,13 @@ struct DemoCommand: AsyncParsableCommand {
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
         var intents = Self.mixedStream(count: count, devices: devices, unregistered: unregistered)
         intents.shuffle()
+        if !noRedis {
+            // Some intents published twice: one copy is delivered, the other comes out duplicate.
+            intents += intents.prefix(Self.republished).filter { $0.1.hasPrefix(#"{"id":"demo-"#) }
+        }
         let total = intents.count
-        Terminal.line("producing \(total) intents: \(count) normal, plus unregistered, expired, no-credentials and invalid ones")
+        Terminal.line("producing \(total) intents: \(count) normal, plus unregistered, expired, no-credentials and invalid ones"
+                      + (noRedis ? "" : ", and some published twice"))
         let topic = configuration.kafka.intentsTopic
         try await withThrowingTaskGroup(of: Void.self) { group in
             for (key, value) in intents {

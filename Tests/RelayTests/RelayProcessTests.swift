@@ -302,3 +302,25 @@ struct BenchE2EProcessTests {
         #expect(last.contains(" p50_ms: ") && last.contains(" p99_ms: ") && last.contains(" peak_rss_mb: "))
     }
 }
+
+@Suite("apns-relay demo")
+struct DemoProcessTests {
+    @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() throws {
+        let process = Process()
+        process.executableURL = RelayProcess.binary
+        process.arguments = ["demo", "--count", "200", "--devices", "20", "--failure-rate", "0"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(text)")
+        func count(_ status: String) -> Int? {
+            text.split(separator: "\n").first { $0.hasPrefix(status + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
+        }
+        #expect(count("delivered") == 200, "\(text)")
+        #expect((count("duplicate") ?? 0) > 0, "\(text)")
+        #expect(count("unregistered") == 5)
+        #expect(count("invalid") == 3)
+    }
+}
