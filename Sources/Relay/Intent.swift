@@ -16,6 +16,9 @@ public struct Intent: Sendable {
     public var environment: APNsEnvironment
     /// The payload as it will be sent.
     public var payload: ByteBuffer
+    /// A change to the device's badge count kept by the relay (needs Redis); the resulting
+    /// count goes into `aps.badge` of the payload sent.
+    public var badge: BadgeChange?
 
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.
@@ -36,6 +39,33 @@ public struct Intent: Sendable {
             low = (low ^ UInt64(byte)) &* 0x0000_0100_0000_01B3 &+ 0x9E37_79B9
         }
         return APNsIdentifiers.uuid(high: high, low: low, version: 8)
+    }
+}
+
+/// `"badge": {"increment": n}` or `{"set": n}` in an intent.
+public enum BadgeChange: Sendable, Equatable {
+    /// Adds n (may be negative; the count never goes below 0).
+    case increment(Int64)
+    /// Sets the count to n (0 clears).
+    case set(Int64)
+
+    /// Reads `{"increment": n}` or `{"set": n}` (exactly one member, an integer; set ≥ 0).
+    static func read(_ bytes: UnsafeRawBufferPointer) -> BadgeChange? {
+        var reader = JSONReader(bytes)
+        var members: [(String, JSONReader.Value)] = []
+        do {
+            try reader.forEachMember { reader, key throws(JSONReader.Failure) in
+                members.append((key, try reader.readValue(depth: 2)))
+            }
+        } catch {
+            return nil
+        }
+        guard members.count == 1, let number = members[0].1.exactInteger else { return nil }
+        switch members[0].0 {
+        case "increment": return .increment(number)
+        case "set" where number >= 0: return .set(number)
+        default: return nil
+        }
     }
 }
 
@@ -130,12 +160,21 @@ extension Intent {
             guard case .string(let text) = value else { throw fail("BadCollapseId", "\"collapse_id\" must be a string") }
             collapseID = text
         }
+        var badge: BadgeChange?
+        if let badgeValue = fields["badge"] {
+            guard case .object(let range) = badgeValue,
+                  let parsed = value.withUnsafeBytes({ BadgeChange.read(UnsafeRawBufferPointer(rebasing: $0[range])) }) else {
+                throw fail("BadBadge", #""badge" must be {"increment": integer} or {"set": integer ≥ 0}"#)
+            }
+            badge = parsed
+        }
         let payload = value.withUnsafeBytes { bytes in
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
-        let intent = Intent(id: id, token: token, topic: topic, pushType: pushType, priority: priority,
+        var intent = Intent(id: id, token: token, topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment,
                             payload: ByteBuffer(bytes: payload))
+        intent.badge = badge
         do {
             try intent.notification.validate()
         } catch {
@@ -147,7 +186,7 @@ extension Intent {
     /// The top-level members of an intent that the relay reads, each as the last value given.
     private struct Fields {
         static let names: [String] = ["id", "token", "topic", "payload", "push_type", "priority",
-                                      "environment", "expiration", "collapse_id"]
+                                      "environment", "expiration", "collapse_id", "badge"]
         private var values: [JSONReader.Value?] = Array(repeating: nil, count: names.count)
 
         /// nil unless the bytes are exactly one well-formed JSON object.

@@ -28,6 +28,8 @@ public struct Outcome: Sendable, Equatable {
     public var apnsID: String?
     /// 410 only: when APNs last knew the token was invalid, ms since the epoch.
     public var unregisteredAt: Int64?
+    /// The badge count sent in `aps.badge`, for intents that change it.
+    public var badge: Int64?
     /// Requests sent to APNs for this intent (0 when none was).
     public var attempts: Int
     /// From consuming the intent to deciding the outcome, in milliseconds.
@@ -72,6 +74,7 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("reason", reason)
         writer.addOrNull("apns_id", apnsID)
         writer.addOrNull("unregistered_at", unregisteredAt)
+        writer.addOrNull("badge", badge)
         writer.add("attempts", attempts)
         writer.add("latency_ms", latencyMilliseconds)
         writer.add("partition", partition)

@@ -40,6 +40,7 @@ public final class RelayPipeline: RelayStatus {
     private let published: (@Sendable (Outcome) -> Void)?
     /// Nil without Redis (`redis.url` empty).
     private let deduplicator: Deduplicator?
+    private let badges: BadgeStore?
 
     struct State {
         var trackers: [TopicPartition: OffsetTracker] = [:]
@@ -107,6 +108,7 @@ public final class RelayPipeline: RelayStatus {
             redis = try RedisClient(configuration: settings, logger: logger)
         }
         self.deduplicator = redis.map { Deduplicator(client: $0, window: configuration.policy.dedupeWindowSeconds) }
+        self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.dedupeWindowSeconds) }
         self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
             let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
@@ -364,7 +366,15 @@ public final class RelayPipeline: RelayStatus {
         case .left(let invalid):
             outcome = invalid
         case .right(let delivery):
-            outcome = await deliver(delivery)
+            if delivery.intent.badge != nil, case .stop(let stopped) = await applyBadge(delivery) {
+                outcome = stopped
+            } else {
+                outcome = await deliver(delivery).map { finished in
+                    var withBadge = finished
+                    withBadge.badge = delivery.badge
+                    return withBadge
+                }
+            }
         }
         guard let outcome else {
             finish(item, stored: false)
@@ -444,7 +454,9 @@ public final class RelayPipeline: RelayStatus {
     private final class Delivery {
         let intent: Intent
         let item: WorkItem
-        let notification: APNsNotification
+        var notification: APNsNotification
+        /// The badge count written into the payload, for intents that change it.
+        var badge: Int64?
         var retryDeadline: Int64 = 0
         var attempts = 0
         var retry = 0
@@ -459,10 +471,43 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
+    private enum BadgeStep {
+        case proceed
+        /// With this outcome; nil when the work was abandoned (its partition was revoked).
+        case stop(Outcome?)
+    }
+
     private enum Step {
         case finish(Outcome?)
         case send(APNsClient)
         case wait(Duration)
+    }
+
+    /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries
+    /// included) and writes the count into the payload.
+    @inline(never)
+    private func applyBadge(_ delivery: Delivery) async -> BadgeStep {
+        guard let change = delivery.intent.badge else { return .proceed }
+        let intent = delivery.intent
+        guard let badges else {
+            return .stop(makeOutcome(delivery.item, intent: intent, status: .failed, reason: "BadgeNeedsRedis"))
+        }
+        var attempt = 0
+        while true {
+            do {
+                let count = try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
+                delivery.badge = count
+                delivery.notification.payload = BadgeStore.payload(delivery.notification.payload, badge: count)
+                return .proceed
+            } catch {
+                redisFailed(error)
+                // Failing open sends the payload as it came.
+                if configuration.redis.failOpen { return .proceed }
+                guard isCurrent(delivery.item) else { return .stop(nil) }
+                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                attempt += 1
+            }
+        }
     }
 
     /// Sends with retries; nil when the work was abandoned (its partition was revoked).

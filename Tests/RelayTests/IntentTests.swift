@@ -92,7 +92,7 @@ struct IntentTests {
         let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
                               reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
                               latencyMilliseconds: 7, partition: 3, offset: 42, worker: "w", at: 9)
-        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"badge":null,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
     }
 }
@@ -118,5 +118,19 @@ extension IntentTests {
                               worker: "w", at: 0)
         #expect(outcome.json.hasPrefix(#"{"v":1,"id":"tab\there\u0001é","token":null"#))
         #expect(outcome.json.contains(#""partition":-1,"offset":-7,"#))
+    }
+}
+
+extension IntentTests {
+    @Test func badgeChangesAreReadOrNamedBad() throws {
+        let t = Self.token
+        let increment = try Self.parse(#"{"id":"b1","token":"\#(t)","topic":"com.x","badge":{"increment":2},"payload":{"aps":{}}}"#).get()
+        #expect(increment.badge == .increment(2))
+        let clear = try Self.parse(#"{"id":"b2","token":"\#(t)","topic":"com.x","badge":{"set":0},"payload":{"aps":{}}}"#).get()
+        #expect(clear.badge == .set(0))
+        #expect(try Self.parse(#"{"id":"b3","token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#).get().badge == nil)
+        for bad in [#"{"set":-1}"#, #"{"increment":1,"set":2}"#, #"{"increment":"1"}"#, #"{"add":1}"#, #"{}"#, "3", #""set""#] {
+            #expect(Self.reason(#"{"id":"b","token":"\#(t)","topic":"com.x","badge":\#(bad),"payload":{"aps":{}}}"#) == "BadBadge", "\(bad)")
+        }
     }
 }

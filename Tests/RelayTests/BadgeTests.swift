@@ -1,0 +1,68 @@
+import APNs
+import Foundation
+import NIOCore
+import Redis
+@testable import Relay
+import Testing
+
+@Suite("Server-side badges")
+struct BadgeTests {
+    @Test func theCountGoesIntoApsBadge() {
+        func edited(_ json: String, _ count: Int64) -> String {
+            String(buffer: BadgeStore.payload(ByteBuffer(string: json), badge: count))
+        }
+        #expect(edited(#"{"aps":{}}"#, 3) == #"{"aps":{"badge":3}}"#)
+        #expect(edited(#"{"aps":{"alert":"hi"},"x":1}"#, 7) == #"{"aps":{"badge":7,"alert":"hi"},"x":1}"#)
+        #expect(edited(#"{"x":{"aps":1},"aps":{"alert":"hi","badge":12,"sound":"a"}}"#, 0)
+                == #"{"x":{"aps":1},"aps":{"alert":"hi","badge":0,"sound":"a"}}"#)
+    }
+
+    @Test func countsChangeInOrderOnceEachAndSurviveARestart() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await DedupeTests.harness(redis)
+        let device = hexToken(0xbad9e)
+        let changes = [#"{"increment":1}"#, #"{"increment":1}"#, #"{"increment":1}"#, #"{"set":0}"#, #"{"increment":2}"#]
+        for (index, change) in changes.enumerated() {
+            try await harness.produce(intent("badge-\(index)", token: device, extra: #","badge":\#(change)"#), key: device)
+        }
+        let outcomes = try await harness.outcomes(count: 5)
+        let badges = Dictionary(uniqueKeysWithValues: outcomes.map { ($0["id"] as? String ?? "", $0["badge"] as? Int ?? -1) })
+        #expect(badges == ["badge-0": 1, "badge-1": 2, "badge-2": 3, "badge-3": 0, "badge-4": 2])
+        let sent = harness.simulator.accepted.filter { $0.deviceToken == device }.map { payload in
+            ((try? JSONSerialization.jsonObject(with: Data(payload.payload))) as? [String: Any])?["aps"] as? [String: Any]
+        }.compactMap { $0?["badge"] as? Int }
+        #expect(sent == [1, 2, 3, 0, 2])
+        await harness.stop()
+
+        // Another relay later (a restart): the count is where it was.
+        let again = try await DedupeTests.harness(redis)
+        try await again.produce(intent("badge-later", token: device, extra: #","badge":{"increment":1}"#), key: device)
+        let later = try await again.outcomes(count: 1)
+        #expect(later.first?["badge"] as? Int == 3)
+        await again.stop()
+    }
+
+    @Test func anIntentAppliedTwiceChangesTheCountOnce() async throws {
+        let redis = try RedisServerProcess()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let store = BadgeStore(client: client, appliedTTL: 60)
+        let token = hexToken(42)
+        #expect(try await store.apply(.increment(1), intentID: "a", token: token, topic: "com.x") == 1)
+        // A retry or a redelivery of "a" gets the count it produced, unchanged.
+        #expect(try await store.apply(.increment(1), intentID: "a", token: token, topic: "com.x") == 1)
+        #expect(try await store.apply(.increment(-5), intentID: "b", token: token, topic: "com.x") == 0)
+        #expect(try await store.apply(.set(9), intentID: "c", token: token, topic: "com.y") == 9)
+        #expect(try await store.apply(.increment(1), intentID: "d", token: token, topic: "com.x") == 1)
+        await client.shutdown()
+    }
+
+    @Test func withoutRedisABadgeIntentFails() async throws {
+        let harness = try await RelayHarness.start()
+        try await harness.produce(intent("nb", token: hexToken(5), extra: #","badge":{"increment":1}"#), key: hexToken(5))
+        let outcome = try #require(try await harness.outcomes(count: 1).first)
+        #expect(outcome["status"] as? String == "failed")
+        #expect(outcome["reason"] as? String == "BadgeNeedsRedis")
+        #expect(harness.simulator.accepted.isEmpty)
+        await harness.stop()
+    }
+}
