@@ -20,11 +20,18 @@ func httpGet(port: Int, path: String) async throws -> (status: Int, body: String
     }
     let loop = MultiThreadedEventLoopGroup.singleton.any()
     let done = loop.makePromise(of: String.self)
-    let channel = try await ClientBootstrap(group: loop)
-        .channelInitializer { channel in
-            channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Collect(done: done)) }
-        }
-        .connect(host: "127.0.0.1", port: port).get()
+    let channel: any Channel
+    do {
+        channel = try await ClientBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Collect(done: done)) }
+            }
+            .connect(host: "127.0.0.1", port: port).get()
+    } catch {
+        // Nothing listens (yet): the promise must still be completed.
+        done.fail(error)
+        throw error
+    }
     try await channel.writeAndFlush(ByteBuffer(string: "GET \(path) HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"))
     let response = try await done.futureResult.get()
     let status = Int(response.split(separator: " ").dropFirst().first ?? "") ?? 0
