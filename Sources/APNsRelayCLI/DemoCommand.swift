@@ -6,6 +6,7 @@ import Kafka
 import Logging
 import Redis
 import Relay
+import Synchronization
 
 /// `apns-relay demo`: the relay's main job on embedded defaults, in one process.
 struct DemoCommand: AsyncParsableCommand {
@@ -27,6 +28,13 @@ struct DemoCommand: AsyncParsableCommand {
 
     /// Intents published a second time: they come out `duplicate`.
     static let republished = 50
+    /// Intents with `"badge": {"increment": 1}` for one device.
+    static let badgeIncrements = 20
+
+    /// The highest badge count an outcome reported.
+    final class BadgeSeen: Sendable {
+        let value = Atomic<Int64>(0)
+    }
 
     func validate() throws {
         if count < 1 || devices < 1 { throw ValidationError("--count and --devices must be at least 1") }
@@ -58,7 +66,8 @@ struct DemoCommand: AsyncParsableCommand {
         Terminal.line("kafka: \(configuration.kafka.brokers)  apns: \(configuration.apns.endpoint)"
                       + (redis.map { "  redis: \($0.url)" } ?? ""))
         // The relay's Kafka clients must be gone before the mock cluster is.
-        let counts = try await relay(configuration, unregistered: unregistered)
+        let badgeSeen = BadgeSeen()
+        let counts = try await relay(configuration, unregistered: unregistered, badgeSeen: badgeSeen)
         let answers = stack.simulator.answers
         redis?.stop()
         await stack.stop()
@@ -68,14 +77,22 @@ struct DemoCommand: AsyncParsableCommand {
         for status in Outcome.Status.allCases {
             Terminal.line(status.rawValue.padding(toLength: 13, withPad: " ", startingAt: 0) + " " + String(counts[status.rawValue] ?? 0))
         }
+        if !noRedis {
+            Terminal.line("")
+            Terminal.line("badge count after \(Self.badgeIncrements) increments for one device: \(badgeSeen.value.load(ordering: .relaxed)) (kept in Redis)")
+        }
         Terminal.line("")
         Terminal.line("APNs simulator answers: " + answers.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", "))
     }
 
     /// Produces the stream, runs the relay until every intent has its outcome; returns the
     /// outcome counts.
-    private func relay(_ configuration: RelayConfiguration, unregistered: String) async throws -> [String: Int] {
-        let pipeline = try RelayPipeline(configuration: configuration, worker: "demo")
+    private func relay(_ configuration: RelayConfiguration, unregistered: String, badgeSeen: BadgeSeen) async throws -> [String: Int] {
+        // The highest badge count among the outcomes (the badge increments arrive in order).
+        let badge = badgeSeen
+        let pipeline = try RelayPipeline(configuration: configuration, worker: "demo", published: { outcome in
+            if let count = outcome.badge { badge.value.max(count, ordering: .relaxed) }
+        })
         let running = Task { await pipeline.run() }
 
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
@@ -84,10 +101,15 @@ struct DemoCommand: AsyncParsableCommand {
         if !noRedis {
             // Some intents published twice: one copy is delivered, the other comes out duplicate.
             intents += intents.prefix(Self.republished).filter { $0.1.hasPrefix(#"{"id":"demo-"#) }
+            // Badge increments for one device: the relay counts them in Redis, in order.
+            let badged = EmbeddedStack.token(0xbad9e)
+            for index in 0..<Self.badgeIncrements {
+                intents.append((badged, #"{"id":"badge-\#(index)","token":"\#(badged)","topic":"\#(EmbeddedStack.topic)","badge":{"increment":1},"payload":{"aps":{"alert":"New message"}}}"#))
+            }
         }
         let total = intents.count
         Terminal.line("producing \(total) intents: \(count) normal, plus unregistered, expired, no-credentials and invalid ones"
-                      + (noRedis ? "" : ", and some published twice"))
+                      + (noRedis ? "" : ", some published twice, and \(Self.badgeIncrements) badge increments for one device"))
         let topic = configuration.kafka.intentsTopic
         try await withThrowingTaskGroup(of: Void.self) { group in
             for (key, value) in intents {

@@ -318,7 +318,9 @@ struct DemoProcessTests {
         func count(_ status: String) -> Int? {
             text.split(separator: "\n").first { $0.hasPrefix(status + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
         }
-        #expect(count("delivered") == 200, "\(text)")
+        // 200 normal intents and 20 badge increments for one device.
+        #expect(count("delivered") == 220, "\(text)")
+        #expect(text.contains("badge count after 20 increments for one device: 20"), "\(text)")
         #expect((count("duplicate") ?? 0) > 0, "\(text)")
         #expect(count("unregistered") == 5)
         #expect(count("invalid") == 3)
