@@ -39,9 +39,15 @@ final class Deduplicator: Sendable {
         }
     }
 
-    /// Records an answered intent; concurrent records share round trips.
-    func record(_ key: String, status: String) async throws(RedisError) {
-        try await recorder.submit(RedisCommand("SET", [key, status, "EX", window]))
+    /// Records an answered intent (and, when APNs accepted it, the device's last notification);
+    /// concurrent records share round trips.
+    func record(_ key: String, status: String, lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
+        var commands = [RedisCommand("SET", [key, status, "EX", window])]
+        if let lastSent {
+            commands.append(RedisCommand("SET", [DeviceRecords.lastSentKey(token: lastSent.token, topic: lastSent.topic),
+                                                 lastSent.json, "EX", DeviceRecords.lastSentTTL]))
+        }
+        try await recorder.submit(commands)
     }
 }
 
@@ -49,7 +55,8 @@ final class Deduplicator: Sendable {
 /// that many concurrent writers cost few round trips.
 final class GroupCommit: Sendable {
     private struct State {
-        var queued: [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>)] = []
+        /// Commands with the submitter waiting for them (resumed once per submission).
+        var queued: [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>?)] = []
         var flushing = false
     }
 
@@ -62,10 +69,14 @@ final class GroupCommit: Sendable {
         self.client = client
     }
 
-    func submit(_ command: RedisCommand) async throws(RedisError) {
+    /// Sends the commands in the next round trip (together); fails when any of them failed.
+    func submit(_ commands: [RedisCommand]) async throws(RedisError) {
+        guard let last = commands.last else { return }
         let result = await withCheckedContinuation { continuation in
             let startFlush = state.withLock { state -> Bool in
-                state.queued.append((command, continuation))
+                // The submitter hears once, with its last command, after all of them ran.
+                for command in commands.dropLast() { state.queued.append((command, nil)) }
+                state.queued.append((last, continuation))
                 guard !state.flushing else { return false }
                 state.flushing = true
                 return true
@@ -79,8 +90,11 @@ final class GroupCommit: Sendable {
 
     private func flush() async {
         while true {
-            let batch = state.withLock { state -> [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>)] in
-                let taken = Array(state.queued.prefix(maxBatch))
+            let batch = state.withLock { state -> [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>?)] in
+                // Never split one submission over two round trips.
+                var count = min(state.queued.count, maxBatch)
+                while count < state.queued.count, state.queued[count - 1].1 == nil { count += 1 }
+                let taken = Array(state.queued.prefix(count))
                 state.queued.removeFirst(taken.count)
                 if taken.isEmpty { state.flushing = false }
                 return taken
@@ -88,15 +102,15 @@ final class GroupCommit: Sendable {
             guard !batch.isEmpty else { return }
             do {
                 let replies = try await client.pipeline(batch.map(\.0))
+                var failure: RedisError?
                 for (reply, (_, continuation)) in zip(replies, batch) {
-                    if case .error(let message) = reply {
-                        continuation.resume(returning: .failure(.server(message)))
-                    } else {
-                        continuation.resume(returning: .success(()))
-                    }
+                    if case .error(let message) = reply { failure = .server(message) }
+                    guard let continuation else { continue }
+                    continuation.resume(returning: failure.map { .failure($0) } ?? .success(()))
+                    failure = nil
                 }
             } catch {
-                for (_, continuation) in batch { continuation.resume(returning: .failure(error)) }
+                for case (_, let continuation?) in batch { continuation.resume(returning: .failure(error)) }
             }
         }
     }

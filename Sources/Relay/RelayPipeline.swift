@@ -362,6 +362,7 @@ public final class RelayPipeline: RelayStatus {
     @inline(never)
     private func handle(_ item: WorkItem) async {
         let outcome: Outcome?
+        var lastSent: DeviceRecords.LastSent?
         switch prepare(item) {
         case .left(let invalid):
             outcome = invalid
@@ -374,6 +375,7 @@ public final class RelayPipeline: RelayStatus {
                     withBadge.badge = delivery.badge
                     return withBadge
                 }
+                lastSent = Self.lastSent(delivery, outcome)
             }
         }
         guard let outcome else {
@@ -381,9 +383,16 @@ public final class RelayPipeline: RelayStatus {
             return
         }
         if let key = item.dedupeKey, Self.isAnswered(outcome.status) {
-            await record(key, outcome, item)
+            await record(key, outcome, item, lastSent: lastSent)
         }
         await publish(outcome, item)
+    }
+
+    /// The device's last notification, for `inspect`, when APNs accepted this one.
+    @inline(never)
+    private static func lastSent(_ delivery: Delivery, _ outcome: Outcome?) -> DeviceRecords.LastSent? {
+        guard let outcome, outcome.status == .delivered else { return nil }
+        return DeviceRecords.lastSent(delivery.intent, delivery.notification, apnsID: outcome.apnsID, at: outcome.at)
     }
 
     /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
@@ -394,12 +403,12 @@ public final class RelayPipeline: RelayStatus {
     /// Records the answered intent in Redis before its outcome is published (so a redelivery
     /// of it is a duplicate). Retries while Redis fails, unless `redis.fail_open`.
     @inline(never)
-    private func record(_ key: String, _ outcome: Outcome, _ item: WorkItem) async {
+    private func record(_ key: String, _ outcome: Outcome, _ item: WorkItem, lastSent: DeviceRecords.LastSent?) async {
         guard let deduplicator else { return }
         var attempt = 0
         while true {
             do {
-                try await deduplicator.record(key, status: outcome.status.rawValue)
+                try await deduplicator.record(key, status: outcome.status.rawValue, lastSent: lastSent)
                 return
             } catch {
                 redisFailed(error)

@@ -34,12 +34,31 @@ struct BadgeTests {
         #expect(sent == [1, 2, 3, 0, 2])
         await harness.stop()
 
-        // Another relay later (a restart): the count is where it was.
+        // Another relay later (a restart): the count is where it was. (This harness signs with a
+        // new key under the same key id, so the fleet's stored token must go.)
+        let cleanup = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        _ = try await cleanup.send(RedisCommand("DEL", ["apns-relay:jwt:{TEAM123456:ABC123DEFG}"]))
+        await cleanup.shutdown()
         let again = try await DedupeTests.harness(redis)
         try await again.produce(intent("badge-later", token: device, extra: #","badge":{"increment":1}"#), key: device)
         let later = try await again.outcomes(count: 1)
         #expect(later.first?["badge"] as? Int == 3)
+        #expect(later.first?["status"] as? String == "delivered")
         await again.stop()
+
+        // `inspect` shows the device's last notification (with the badge sent) and its count.
+        let process = Process()
+        process.executableURL = RelayProcess.binary
+        process.arguments = ["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(text)")
+        #expect(text.contains(#"last sent: {"id":"badge-later","apns_id":""#), "\(text)")
+        #expect(text.contains(#"\"badge\":3"#), "\(text)")
+        #expect(text.contains("badge: 3"), "\(text)")
     }
 
     @Test func anIntentAppliedTwiceChangesTheCountOnce() async throws {
