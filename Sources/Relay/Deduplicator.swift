@@ -52,7 +52,8 @@ final class Deduplicator: Sendable {
 }
 
 /// Sends the commands submitted while a round trip is under way together in the next one, so
-/// that many concurrent writers cost few round trips.
+/// that many concurrent writers cost few round trips. The queue is bounded by its callers: each
+/// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
 final class GroupCommit: Sendable {
     private struct State {
         /// Commands with the submitter waiting for them (resumed once per submission).
