@@ -1,4 +1,5 @@
 import Metrics
+import Synchronization
 
 /// The metrics the relay emits; names live here only (docs/operations.md and dashboards read
 /// them from here).
@@ -9,12 +10,26 @@ enum RelayMetrics {
     static let inFlight = Gauge(label: "relay_in_flight")
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 
-    /// Outcomes by status and reason code (the part before any ":" detail, so the label set
-    /// stays small).
+    /// Outcomes by status and reason code (the part before any ":" detail). Reasons partly come
+    /// from outside (APNs may answer a reason this version does not know), so at most
+    /// `maxReasonLabels` distinct codes get their own label; later new ones count as `other`.
     static func outcome(_ outcome: Outcome) {
-        let reason = outcome.reason.map { String($0.prefix { $0 != ":" }) } ?? "none"
-        Counter(label: "relay_outcomes_total", dimensions: [("status", outcome.status.rawValue), ("reason", reason)]).increment()
+        Counter(label: "relay_outcomes_total", dimensions: [("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason))]).increment()
     }
+
+    /// The `reason` label for an outcome's reason.
+    static func reasonLabel(_ reason: String?) -> String {
+        let code = reason.map { String($0.prefix { $0 != ":" }) } ?? "none"
+        return reasonLabels.withLock { labels -> String in
+            if labels.contains(code) { return code }
+            guard labels.count < maxReasonLabels else { return "other" }
+            labels.insert(code)
+            return code
+        }
+    }
+
+    static let maxReasonLabels = 100
+    private static let reasonLabels = Mutex(Set<String>())
 
     static func consumerLag(partition: Int32, records: Int64) {
         Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)

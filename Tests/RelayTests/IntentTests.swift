@@ -1,6 +1,6 @@
 import Foundation
 import NIOCore
-import Relay
+@testable import Relay
 import Testing
 
 @Suite("Intents and outcomes")
@@ -132,5 +132,17 @@ extension IntentTests {
         for bad in [#"{"set":-1}"#, #"{"increment":1,"set":2}"#, #"{"increment":"1"}"#, #"{"add":1}"#, #"{}"#, "3", #""set""#] {
             #expect(Self.reason(#"{"id":"b","token":"\#(t)","topic":"com.x","badge":\#(bad),"payload":{"aps":{}}}"#) == "BadBadge", "\(bad)")
         }
+    }
+}
+
+@Suite("Relay metrics")
+struct RelayMetricsTests {
+    @Test func reasonLabelsStayBoundedWhateverAPNsAnswers() {
+        #expect(RelayMetrics.reasonLabel("RetryDeadline: ServiceUnavailable") == "RetryDeadline")
+        #expect(RelayMetrics.reasonLabel(nil) == "none")
+        let labels = Set((0..<500).map { RelayMetrics.reasonLabel("ServerInvented\($0): detail") })
+        #expect(labels.count <= RelayMetrics.maxReasonLabels + 1)
+        #expect(labels.contains("other"))
+        #expect(RelayMetrics.reasonLabel("RetryDeadline: Shutdown") == "RetryDeadline")
     }
 }
