@@ -147,7 +147,7 @@ let package = Package(
         .testTarget(
             name: "APNsTests",
             dependencies: [
-                "Common", "APNs", "APNsSimulator", "HTTP2",
+                "Common", "APNs", "APNsSimulator", "HTTP2", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),

@@ -1,42 +1,7 @@
 import APNsSimulator
 import Foundation
+import TestSupport
 import Testing
-
-/// The `apns-relay` binary, built next to the test bundle.
-enum RelayBinary {
-    static var url: URL {
-        let testBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-        var directory = testBinary.deletingLastPathComponent()
-        // Swift Testing may run from inside the .xctest bundle on Linux.
-        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("apns-relay").path),
-              directory.pathComponents.count > 1 {
-            directory.deleteLastPathComponent()
-        }
-        return directory.appendingPathComponent("apns-relay")
-    }
-
-    struct Output {
-        var status: Int32
-        var stdout: String
-        var stderr: String
-    }
-
-    /// Runs the binary to completion.
-    static func run(_ arguments: [String]) throws -> Output {
-        let process = Process()
-        process.executableURL = url
-        process.arguments = arguments
-        let out = Pipe(), err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        try process.run()
-        let stdout = out.fileHandleForReading.readDataToEndOfFile()
-        let stderr = err.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return Output(status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
-                      stderr: String(decoding: stderr, as: UTF8.self))
-    }
-}
 
 @Suite("apns-relay send and simulate")
 struct CommandLineTests {

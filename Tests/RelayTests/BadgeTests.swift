@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import Redis
 @testable import Relay
+import TestSupport
 import Testing
 
 @Suite("Server-side badges")
@@ -47,15 +48,9 @@ struct BadgeTests {
         await again.stop()
 
         // `inspect` shows the device's last notification (with the badge sent) and its count.
-        let process = Process()
-        process.executableURL = RelayProcess.binary
-        process.arguments = ["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(text)")
+        let run = try RelayBinary.run(["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"])
+        let text = run.stdout
+        #expect(run.status == 0, "\(text)")
         #expect(text.contains(#"last sent: {"id":"badge-later","apns_id":""#), "\(text)")
         #expect(text.contains(#"\"badge\":3"#), "\(text)")
         #expect(text.contains("badge: 3"), "\(text)")

@@ -5,6 +5,7 @@ import Kafka
 import NIOPosix
 import Redis
 import Relay
+import TestSupport
 import Testing
 
 /// `apns-relay run` as a real process, against the mock cluster and simulator of this process.
@@ -12,18 +13,9 @@ struct RelayProcess {
     let process: Process
     let output: Pipe
 
-    static var binary: URL {
-        var directory = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
-        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("apns-relay").path),
-              directory.pathComponents.count > 1 {
-            directory.deleteLastPathComponent()
-        }
-        return directory.appendingPathComponent("apns-relay")
-    }
-
     static func start(config: String) throws -> RelayProcess {
         let process = Process()
-        process.executableURL = binary
+        process.executableURL = RelayBinary.url
         process.arguments = ["run", "--config", config]
         let output = Pipe()
         process.standardOutput = output
@@ -286,15 +278,9 @@ extension RelayProcessTests {
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line.
     @Test func smallRunPrintsItsFigures() throws {
-        let process = Process()
-        process.executableURL = RelayProcess.binary
-        process.arguments = ["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(text)")
+        let run = try RelayBinary.run(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
+        let text = run.stdout
+        #expect(run.status == 0, "\(text)")
         let lines = text.split(separator: "\n")
         #expect(lines.contains("outcomes: delivered=300"))
         let last = try #require(lines.last)
@@ -306,15 +292,9 @@ struct BenchE2EProcessTests {
 @Suite("apns-relay demo")
 struct DemoProcessTests {
     @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() throws {
-        let process = Process()
-        process.executableURL = RelayProcess.binary
-        process.arguments = ["demo", "--count", "200", "--devices", "20", "--failure-rate", "0"]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "\(text)")
+        let run = try RelayBinary.run(["demo", "--count", "200", "--devices", "20", "--failure-rate", "0"])
+        let text = run.stdout
+        #expect(run.status == 0, "\(text)")
         func count(_ status: String) -> Int? {
             text.split(separator: "\n").first { $0.hasPrefix(status + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
         }
