@@ -106,62 +106,62 @@ extension Intent {
         guard let fields = value.withUnsafeBytes({ Fields.read($0) }) else {
             throw invalid("NotJSON", "intent is not a JSON object")
         }
-        let id = fields.string("id")
-        let token = fields.string("token")
-        let topic = fields.string("topic")
+        let id = fields.string(.id)
+        let token = fields.string(.token)
+        let topic = fields.string(.topic)
         func fail(_ reason: String, _ message: String) -> InvalidIntent {
             invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic)
         }
         guard let id else {
-            throw fail("MissingField", fields["id"] == nil ? "\"id\" is missing" : "\"id\" must be a string")
+            throw fail("MissingField", fields[.id] == nil ? "\"id\" is missing" : "\"id\" must be a string")
         }
         guard (1...128).contains(id.count) else {
             throw fail("BadId", "\"id\" must be 1 to 128 characters, got \(id.count)")
         }
         guard let token else {
-            throw fail("MissingField", fields["token"] == nil ? "\"token\" is missing" : "\"token\" must be a string")
+            throw fail("MissingField", fields[.token] == nil ? "\"token\" is missing" : "\"token\" must be a string")
         }
         guard let topic, !topic.isEmpty else {
-            throw fail("MissingField", fields["topic"] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
+            throw fail("MissingField", fields[.topic] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
         }
-        guard let payloadValue = fields["payload"] else { throw fail("MissingField", "\"payload\" is missing") }
+        guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 
         var pushType = PushType.alert
-        if let value = fields["push_type"] {
+        if let value = fields[.pushType] {
             guard case .string(let text) = value, let parsed = PushType(rawValue: text) else {
                 throw fail("InvalidPushType", "\"push_type\" must be one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             pushType = parsed
         }
         var priority = pushType.defaultPriority
-        if let value = fields["priority"] {
+        if let value = fields[.priority] {
             guard let parsed = value.exactInteger, let small = Int(exactly: parsed) else {
                 throw fail("BadPriority", "\"priority\" must be an integer (10, 5 or 1)")
             }
             priority = small
         }
         var environment = APNsEnvironment.production
-        if let value = fields["environment"] {
+        if let value = fields[.environment] {
             guard case .string(let text) = value, let parsed = APNsEnvironment(rawValue: text) else {
                 throw fail("BadEnvironment", "\"environment\" must be production or development")
             }
             environment = parsed
         }
         var expiration = now + defaultTTL
-        if let value = fields["expiration"] {
+        if let value = fields[.expiration] {
             guard let parsed = value.exactInteger, parsed >= 0 else {
                 throw fail("BadExpirationDate", "\"expiration\" must be epoch seconds (an integer, 0 for now-or-never)")
             }
             expiration = parsed
         }
         var collapseID: String?
-        if let value = fields["collapse_id"] {
+        if let value = fields[.collapseID] {
             guard case .string(let text) = value else { throw fail("BadCollapseId", "\"collapse_id\" must be a string") }
             collapseID = text
         }
         var badge: BadgeChange?
-        if let badgeValue = fields["badge"] {
+        if let badgeValue = fields[.badge] {
             guard case .object(let range) = badgeValue,
                   let parsed = value.withUnsafeBytes({ BadgeChange.read(UnsafeRawBufferPointer(rebasing: $0[range])) }) else {
                 throw fail("BadBadge", #""badge" must be {"increment": integer} or {"set": integer ≥ 0}"#)
@@ -185,9 +185,27 @@ extension Intent {
 
     /// The top-level members of an intent that the relay reads, each as the last value given.
     private struct Fields {
-        static let names: [String] = ["id", "token", "topic", "payload", "push_type", "priority",
-                                      "environment", "expiration", "collapse_id", "badge"]
-        private var values: [JSONReader.Value?] = Array(repeating: nil, count: names.count)
+        enum Field: Int, CaseIterable {
+            case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge
+
+            init?(key: String) {
+                switch key {
+                case "id": self = .id
+                case "token": self = .token
+                case "topic": self = .topic
+                case "payload": self = .payload
+                case "push_type": self = .pushType
+                case "priority": self = .priority
+                case "environment": self = .environment
+                case "expiration": self = .expiration
+                case "collapse_id": self = .collapseID
+                case "badge": self = .badge
+                default: return nil
+                }
+            }
+        }
+
+        private var values: [JSONReader.Value?] = Array(repeating: nil, count: Field.allCases.count)
 
         /// nil unless the bytes are exactly one well-formed JSON object.
         static func read(_ bytes: UnsafeRawBufferPointer) -> Fields? {
@@ -196,8 +214,8 @@ extension Intent {
             guard reader.nextIs(UInt8(ascii: "{")) else { return nil }
             do {
                 try reader.forEachMember { reader, key throws(JSONReader.Failure) in
-                    if let slot = names.firstIndex(of: key) {
-                        fields.values[slot] = try reader.readValue(depth: 1)
+                    if let field = Field(key: key) {
+                        fields.values[field.rawValue] = try reader.readValue(depth: 1)
                     } else {
                         try reader.skipValue(depth: 1)
                     }
@@ -209,12 +227,10 @@ extension Intent {
             return fields
         }
 
-        subscript(name: String) -> JSONReader.Value? {
-            values[Self.names.firstIndex(of: name)!]
-        }
+        subscript(field: Field) -> JSONReader.Value? { values[field.rawValue] }
 
-        func string(_ name: String) -> String? {
-            if case .string(let text)? = self[name] { return text }
+        func string(_ field: Field) -> String? {
+            if case .string(let text)? = self[field] { return text }
             return nil
         }
     }

@@ -438,7 +438,8 @@ public final class RelayPipeline: RelayStatus {
         case .failure(let invalid): .left(invalidOutcome(item, invalid))
         case .success(let intent) where item.duplicate:
             .left(makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered"))
-        case .success(let intent): .right(Delivery(intent: intent, item: item))
+        case .success(let intent):
+            .right(Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic)))
         }
     }
 
@@ -466,6 +467,8 @@ public final class RelayPipeline: RelayStatus {
         var notification: APNsNotification
         /// The badge count written into the payload, for intents that change it.
         var badge: Int64?
+        /// Which credentials send for the intent's topic (nil: none do).
+        let credentialIndex: Int?
         var retryDeadline: Int64 = 0
         var attempts = 0
         var retry = 0
@@ -473,10 +476,11 @@ public final class RelayPipeline: RelayStatus {
         /// The last answer, for the outcome when retries run out.
         var lastResult: APNsResult?
 
-        init(intent: Intent, item: WorkItem) {
+        init(intent: Intent, item: WorkItem, credentialIndex: Int?) {
             self.intent = intent
             self.item = item
             self.notification = intent.notification
+            self.credentialIndex = credentialIndex
         }
     }
 
@@ -555,7 +559,7 @@ public final class RelayPipeline: RelayStatus {
         let intent = delivery.intent
         let item = delivery.item
         guard isCurrent(item), !Task.isCancelled else { return .finish(nil) }
-        guard let credentialIndex = credentials.index(forTopic: intent.topic) else {
+        guard let credentialIndex = delivery.credentialIndex else {
             return .finish(makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials"))
         }
         let now = clock()
@@ -592,7 +596,7 @@ public final class RelayPipeline: RelayStatus {
             delivery.lastReason = "\(error)"
             return retryOrGiveUp(delivery)
         }
-        let teamID = credentials.index(forTopic: intent.topic).map { configuration.apns.credentials[$0].teamID } ?? ""
+        let teamID = delivery.credentialIndex.map { configuration.apns.credentials[$0].teamID } ?? ""
         switch result.classification {
         case .delivered:
             clearCredentialFault(teamID: teamID)
