@@ -106,7 +106,7 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         let count = self.count
         // One slot per notification, written once by whichever sender took its index: the
         // benchmark's own bookkeeping stays out of the client's memory figure.
-        let latencies = LatencyRecorder(count: count)
+        let latencies = LatencyRecorder(capacity: count)
         let started = ContinuousClock.now
         try await withThrowingTaskGroup(of: Void.self) { group in
             let executors = client.taskExecutors
@@ -118,7 +118,7 @@ struct BenchAPNsCommand: AsyncParsableCommand {
                         if index >= count { break }
                         let sent = ContinuousClock.now
                         let result = try await client.send(notification(index))
-                        latencies.record(index, ContinuousClock.now - sent)
+                        latencies.record((ContinuousClock.now - sent).totalNanoseconds)
                         if result.classification != .delivered { failed.value.add(1, ordering: .relaxed) }
                     }
                 }
@@ -131,16 +131,12 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         await simulator?.stop()
 
         let seconds = elapsed.totalSeconds
-        let sorted = latencies.sorted()
+        let milliseconds = latencies.percentiles(0.50, 0.99).map { Double($0) / 1e6 }
         let failures = failed.value.load(ordering: .relaxed)
-        func percentile(_ p: Double) -> Double {
-            guard !sorted.isEmpty else { return 0 }
-            return Double(sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]) / 1e6
-        }
         Terminal.line("sent: \(count) failed: \(failures) seconds: \(String(format: "%.3f", seconds)) connections: \(connections) concurrency: \(concurrency)")
         Terminal.line("peak_rss_mb: \(rss.map { String(format: "%.1f", $0) } ?? "unknown")")
         Terminal.line(String(format: "notifications/s: %.0f p50_ms: %.2f p99_ms: %.2f",
-                             Double(count) / seconds, percentile(0.50), percentile(0.99)))
+                             Double(count) / seconds, milliseconds[0], milliseconds[1]))
         if failures > 0 { throw ExitCode(1) }
     }
 }
@@ -150,22 +146,31 @@ final class SharedCounter: Sendable {
     let value = Atomic<Int>(0)
 }
 
-/// Latencies of the benchmark's sends in nanoseconds, one preallocated slot per notification.
-/// Slot `i` is written only by the sender that took index `i` from the shared counter, and read
-/// only after every sender finished, so no two threads touch a slot at once.
+/// A benchmark's latencies, one preallocated slot per measured item: each `record` takes its own
+/// slot from an atomic counter (no lock, no growth on the measured path), and the slots are read
+/// only after every writer finished. Values past the capacity are dropped.
 final class LatencyRecorder: @unchecked Sendable {
     private let slots: UnsafeMutableBufferPointer<Int64>
+    private let next = Atomic<Int>(0)
 
-    init(count: Int) {
-        slots = .allocate(capacity: count)
+    init(capacity: Int) {
+        slots = .allocate(capacity: capacity)
         slots.initialize(repeating: 0)
     }
 
     deinit { slots.deallocate() }
 
-    func record(_ index: Int, _ elapsed: Duration) {
-        slots[index] = elapsed.totalNanoseconds
+    func record(_ value: Int64) {
+        let index = next.wrappingAdd(1, ordering: .relaxed).oldValue
+        if index < slots.count { slots[index] = value }
     }
 
-    func sorted() -> [Int64] { slots.sorted() }
+    /// The given percentiles (0...1) of what was recorded; 0 when nothing was.
+    func percentiles(_ points: Double...) -> [Int64] {
+        let recorded = min(next.load(ordering: .relaxed), slots.count)
+        let sorted = slots.prefix(recorded).sorted()
+        return points.map { point in
+            sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * point))]
+        }
+    }
 }

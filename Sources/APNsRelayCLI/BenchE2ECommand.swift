@@ -6,7 +6,6 @@ import Kafka
 import Logging
 import Redis
 import Relay
-import Synchronization
 
 /// `apns-relay bench e2e`: N intents through Kafka (mock cluster), the relay and the simulator.
 ///
@@ -40,10 +39,9 @@ struct BenchE2ECommand: AsyncParsableCommand {
     private func measure(_ configuration: RelayConfiguration) async throws -> (counts: [String: Int], line: String) {
         let count = workload.count
         // Latencies (consume to outcome) as the relay publishes its outcomes.
-        let latencies = Mutex<[Int64]>([])
-        latencies.withLock { $0.reserveCapacity(count) }
+        let latencies = LatencyRecorder(capacity: count)
         let pipeline = try RelayPipeline(configuration: configuration, worker: "bench", published: { outcome in
-            latencies.withLock { $0.append(outcome.latencyMilliseconds) }
+            latencies.record(outcome.latencyMilliseconds)
         })
         let running = Task { await pipeline.run() }
         let deadline = ContinuousClock.now + .seconds(600)
@@ -69,10 +67,9 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
         let elapsed = finishedAt - started
         let seconds = elapsed.totalSeconds
-        let sorted = latencies.withLock { $0.sorted() }
-        func percentile(_ p: Double) -> Int64 { sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
+        let milliseconds = latencies.percentiles(0.5, 0.99)
         return (counts, String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f",
-                               Double(count) / max(seconds, 0.001), percentile(0.5), percentile(0.99), rss ?? 0))
+                               Double(count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], rss ?? 0))
     }
 }
 
