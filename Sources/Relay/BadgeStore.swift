@@ -11,7 +11,8 @@ import Redis
 struct BadgeStore: Sendable {
     static let countTTL = 30 * 86_400
 
-    /// KEYS: count, applied. ARGV: intent id, "set" or "increment", n, applied TTL, count TTL.
+    /// KEYS: count, applied. ARGV: intent id, "set" or "increment", n, applied TTL, count TTL,
+    /// largest count. A count key holding something else than a number counts as 0.
     static let script = RedisScript("""
         local done = redis.call('HGET', KEYS[2], ARGV[1])
         if done then return tonumber(done) end
@@ -19,8 +20,9 @@ struct BadgeStore: Sendable {
         if ARGV[2] == 'set' then
             count = tonumber(ARGV[3])
         else
-            count = tonumber(redis.call('GET', KEYS[1]) or '0') + tonumber(ARGV[3])
+            count = (tonumber(redis.call('GET', KEYS[1]) or '0') or 0) + tonumber(ARGV[3])
             if count < 0 then count = 0 end
+            if count > tonumber(ARGV[6]) then count = tonumber(ARGV[6]) end
         end
         redis.call('SET', KEYS[1], count, 'EX', ARGV[5])
         redis.call('HSET', KEYS[2], ARGV[1], count)
@@ -41,7 +43,7 @@ struct BadgeStore: Sendable {
         case .set(let n): ("set", n)
         }
         let reply = try await client.evaluate(Self.script, keys: [key, key + ":applied"],
-                                              arguments: [intentID, mode, amount, appliedTTL, Self.countTTL])
+                                              arguments: [intentID, mode, amount, appliedTTL, Self.countTTL, BadgeChange.limit])
         guard let count = reply.integer else { throw .protocolError("badge script answered \(reply)") }
         return count
     }

@@ -49,7 +49,12 @@ public enum BadgeChange: Sendable, Equatable {
     /// Sets the count to n (0 clears).
     case set(Int64)
 
-    /// Reads `{"increment": n}` or `{"set": n}` (exactly one member, an integer; set ≥ 0).
+    /// The largest count and step: APNs shows a badge as a number, and Redis' Lua numbers are
+    /// doubles, so counts stay far from where they would lose precision.
+    public static let limit: Int64 = 1_000_000
+
+    /// Reads `{"increment": n}` or `{"set": n}` (exactly one member, an integer; set ≥ 0; both
+    /// at most ``limit`` in size).
     static func read(_ bytes: UnsafeRawBufferPointer) -> BadgeChange? {
         var reader = JSONReader(bytes)
         var members: [(String, JSONReader.Value)] = []
@@ -60,7 +65,7 @@ public enum BadgeChange: Sendable, Equatable {
         } catch {
             return nil
         }
-        guard members.count == 1, let number = members[0].1.exactInteger else { return nil }
+        guard members.count == 1, let number = members[0].1.exactInteger, abs(number) <= limit else { return nil }
         switch members[0].0 {
         case "increment": return .increment(number)
         case "set" where number >= 0: return .set(number)
@@ -164,7 +169,7 @@ extension Intent {
         if let badgeValue = fields[.badge] {
             guard case .object(let range) = badgeValue,
                   let parsed = value.withUnsafeBytes({ BadgeChange.read(UnsafeRawBufferPointer(rebasing: $0[range])) }) else {
-                throw fail("BadBadge", #""badge" must be {"increment": integer} or {"set": integer ≥ 0}"#)
+                throw fail("BadBadge", #""badge" must be {"increment": integer} or {"set": integer ≥ 0}, at most 1000000 in size"#)
             }
             badge = parsed
         }

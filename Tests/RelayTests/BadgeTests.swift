@@ -67,6 +67,11 @@ struct BadgeTests {
         #expect(try await store.apply(.increment(-5), intentID: "b", token: token, topic: "com.x") == 0)
         #expect(try await store.apply(.set(9), intentID: "c", token: token, topic: "com.y") == 9)
         #expect(try await store.apply(.increment(1), intentID: "d", token: token, topic: "com.x") == 1)
+        // The count stays within the limit, and a count key someone overwrote counts as 0.
+        #expect(try await store.apply(.set(BadgeChange.limit), intentID: "e", token: token, topic: "com.x") == BadgeChange.limit)
+        #expect(try await store.apply(.increment(5), intentID: "f", token: token, topic: "com.x") == BadgeChange.limit)
+        _ = try await client.send(RedisCommand("SET", [BadgeStore.countKey(token: token, topic: "com.x"), "garbage"]))
+        #expect(try await store.apply(.increment(2), intentID: "g", token: token, topic: "com.x") == 2)
         await client.shutdown()
     }
 

@@ -129,7 +129,7 @@ extension IntentTests {
         let clear = try Self.parse(#"{"id":"b2","token":"\#(t)","topic":"com.x","badge":{"set":0},"payload":{"aps":{}}}"#).get()
         #expect(clear.badge == .set(0))
         #expect(try Self.parse(#"{"id":"b3","token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#).get().badge == nil)
-        for bad in [#"{"set":-1}"#, #"{"increment":1,"set":2}"#, #"{"increment":"1"}"#, #"{"add":1}"#, #"{}"#, "3", #""set""#] {
+        for bad in [#"{"set":-1}"#, #"{"set":1000001}"#, #"{"increment":-9223372036854775807}"#, #"{"increment":1,"set":2}"#, #"{"increment":"1"}"#, #"{"add":1}"#, #"{}"#, "3", #""set""#] {
             #expect(Self.reason(#"{"id":"b","token":"\#(t)","topic":"com.x","badge":\#(bad),"payload":{"aps":{}}}"#) == "BadBadge", "\(bad)")
         }
     }
