@@ -15,7 +15,7 @@ import Synchronization
 /// twice: at most the intents in flight at the crash. Intents that ended `failed` or `expired`
 /// are not recorded: publishing the same intent again tries again.
 final class Deduplicator: Sendable {
-    let client: RedisClient
+    private let client: RedisClient
     let window: Int64
     private let recorder: GroupCommit
 

@@ -52,10 +52,16 @@ public struct JSONObjectWriter: Sendable {
         bytes.append(contentsOf: "null".utf8)
     }
 
-    /// The finished object as UTF-8 bytes.
-    public var utf8: [UInt8] { bytes + [UInt8(ascii: "}")] }
+    /// The finished object as UTF-8 bytes (closes the object in place: no copy).
+    public consuming func finish() -> [UInt8] {
+        bytes.append(UInt8(ascii: "}"))
+        return bytes
+    }
 
-    public var json: String { String(decoding: utf8, as: UTF8.self) }
+    public var json: String {
+        let copy = self
+        return String(decoding: copy.finish(), as: UTF8.self)
+    }
 
     /// `string` as a JSON string literal.
     public static func quote(_ string: String) -> String {

@@ -81,6 +81,6 @@ public struct Outcome: Sendable, Equatable {
         writer.add("offset", offset)
         writer.add("worker", worker)
         writer.add("at", at)
-        return writer.utf8
+        return writer.finish()
     }
 }

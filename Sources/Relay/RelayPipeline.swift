@@ -38,7 +38,8 @@ public final class RelayPipeline: RelayStatus {
     private let backoff: Backoff
     private let stopRequested = Mutex(false)
     private let published: (@Sendable (Outcome) -> Void)?
-    /// Nil without Redis (`redis.url` empty).
+    /// Nil without Redis (`redis.url` empty); dedupe, badges and the fleet's tokens share it.
+    private let redis: RedisClient?
     private let deduplicator: Deduplicator?
     private let badges: BadgeStore?
 
@@ -107,6 +108,7 @@ public final class RelayPipeline: RelayStatus {
             settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
             redis = try RedisClient(configuration: settings, logger: logger)
         }
+        self.redis = redis
         self.deduplicator = redis.map { Deduplicator(client: $0, window: configuration.policy.dedupeWindowSeconds) }
         self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.dedupeWindowSeconds) }
         self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
@@ -182,7 +184,7 @@ public final class RelayPipeline: RelayStatus {
         await consumer.close()
         await producer.close()
         for client in clients.withLock({ Array($0.values) }) { await client.shutdown() }
-        await deduplicator?.client.shutdown()
+        await redis?.shutdown()
         logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
     }
 
