@@ -363,38 +363,59 @@ public final class RelayPipeline: RelayStatus {
     /// held by every intent in flight.
     @inline(never)
     private func handle(_ item: WorkItem) async {
-        let outcome: Outcome?
-        var lastSent: DeviceRecords.LastSent?
-        switch prepare(item) {
-        case .left(let invalid):
-            outcome = invalid
-        case .right(let delivery):
-            if delivery.intent.badge != nil, case .stop(let stopped) = await applyBadge(delivery) {
-                outcome = stopped
-            } else {
-                outcome = await deliver(delivery).map { finished in
-                    var withBadge = finished
-                    withBadge.badge = delivery.badge
-                    return withBadge
-                }
-                lastSent = Self.lastSent(delivery, outcome)
-            }
+        let ending: Ending
+        if let delivery = prepare(item) {
+            await send(delivery)
+            ending = delivery.ending
+        } else {
+            ending = Ending(outcome: earlyOutcome(item))
         }
-        guard let outcome else {
+        await conclude(item, ending)
+    }
+
+    /// How an item ended: its outcome (nil when its work was abandoned, its partition revoked)
+    /// and, when APNs accepted it, the device's last-notification record. A class, so the async
+    /// frames on the way hold a reference, not the outcome.
+    private final class Ending {
+        var outcome: Outcome?
+        var lastSent: DeviceRecords.LastSent?
+
+        init(outcome: Outcome? = nil) {
+            self.outcome = outcome
+        }
+    }
+
+    /// Badge change (if any), then delivery.
+    @inline(never)
+    private func send(_ delivery: Delivery) async {
+        if delivery.intent.badge != nil, await !applyBadge(delivery) { return }
+        await deliver(delivery)
+        Self.settle(delivery)
+    }
+
+    /// Adds the badge sent to the outcome and notes the device's last notification.
+    @inline(never)
+    private static func settle(_ delivery: Delivery) {
+        guard var outcome = delivery.ending.outcome else { return }
+        outcome.badge = delivery.badge
+        delivery.ending.outcome = outcome
+        if outcome.status == .delivered {
+            delivery.ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
+                                                              apnsID: outcome.apnsID, at: outcome.at)
+        }
+    }
+
+    /// Records what needs recording, publishes the outcome and ends the item.
+    @inline(never)
+    private func conclude(_ item: WorkItem, _ ending: Ending) async {
+        guard let outcome = ending.outcome else {
             finish(item, stored: false)
             return
         }
         if let key = item.dedupeKey, Self.isAnswered(outcome.status) {
-            await record(key, outcome, item, lastSent: lastSent)
+            await record(key, outcome, item, lastSent: ending.lastSent)
         }
         await publish(outcome, item)
-    }
-
-    /// The device's last notification, for `inspect`, when APNs accepted this one.
-    @inline(never)
-    private static func lastSent(_ delivery: Delivery, _ outcome: Outcome?) -> DeviceRecords.LastSent? {
-        guard let outcome, outcome.status == .delivered else { return nil }
-        return DeviceRecords.lastSent(delivery.intent, delivery.notification, apnsID: outcome.apnsID, at: outcome.at)
     }
 
     /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
@@ -433,21 +454,20 @@ public final class RelayPipeline: RelayStatus {
         return metadata.merging(extra) { $1 }
     }
 
-    /// The outcome of an unusable message, or the delivery of a usable one.
+    /// The delivery of a usable, new intent; nil for the others (see ``earlyOutcome(_:)``).
     @inline(never)
-    private func prepare(_ item: WorkItem) -> Either<Outcome, Delivery> {
-        switch item.intent {
-        case .failure(let invalid): .left(invalidOutcome(item, invalid))
-        case .success(let intent) where item.duplicate:
-            .left(makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered"))
-        case .success(let intent):
-            .right(Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic)))
-        }
+    private func prepare(_ item: WorkItem) -> Delivery? {
+        guard case .success(let intent) = item.intent, !item.duplicate else { return nil }
+        return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic))
     }
 
-    private enum Either<Left, Right> {
-        case left(Left)
-        case right(Right)
+    /// The outcome of an unusable message or a duplicate.
+    @inline(never)
+    private func earlyOutcome(_ item: WorkItem) -> Outcome {
+        switch item.intent {
+        case .failure(let invalid): invalidOutcome(item, invalid)
+        case .success(let intent): makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
+        }
     }
 
     private func invalidOutcome(_ item: WorkItem, _ invalid: InvalidIntent) -> Outcome {
@@ -471,6 +491,13 @@ public final class RelayPipeline: RelayStatus {
         var badge: Int64?
         /// Which credentials send for the intent's topic (nil: none do).
         let credentialIndex: Int?
+        let ending = Ending()
+
+        /// Ends the delivery with this outcome (nil: abandoned).
+        func finish(_ outcome: Outcome?) -> Step {
+            ending.outcome = outcome
+            return .finish
+        }
         var retryDeadline: Int64 = 0
         var attempts = 0
         var retry = 0
@@ -486,14 +513,9 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    private enum BadgeStep {
-        case proceed
-        /// With this outcome; nil when the work was abandoned (its partition was revoked).
-        case stop(Outcome?)
-    }
-
     private enum Step {
-        case finish(Outcome?)
+        /// The outcome is in the delivery's ending.
+        case finish
         case send(APNsClient)
         case wait(Duration)
     }
@@ -501,11 +523,13 @@ public final class RelayPipeline: RelayStatus {
     /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries
     /// included) and writes the count into the payload.
     @inline(never)
-    private func applyBadge(_ delivery: Delivery) async -> BadgeStep {
-        guard let change = delivery.intent.badge else { return .proceed }
+    /// False when the delivery ended here (its ending says how).
+    private func applyBadge(_ delivery: Delivery) async -> Bool {
+        guard let change = delivery.intent.badge else { return true }
         let intent = delivery.intent
         guard let badges else {
-            return .stop(makeOutcome(delivery.item, intent: intent, status: .failed, reason: "BadgeNeedsRedis"))
+            delivery.ending.outcome = makeOutcome(delivery.item, intent: intent, status: .failed, reason: "BadgeNeedsRedis")
+            return false
         }
         var attempt = 0
         while true {
@@ -513,27 +537,28 @@ public final class RelayPipeline: RelayStatus {
                 let count = try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
                 delivery.badge = count
                 delivery.notification.payload = BadgeStore.payload(delivery.notification.payload, badge: count)
-                return .proceed
+                return true
             } catch {
                 redisFailed(error)
                 // Failing open sends the payload as it came.
-                if configuration.redis.failOpen { return .proceed }
-                guard isCurrent(delivery.item) else { return .stop(nil) }
+                if configuration.redis.failOpen { return true }
+                guard isCurrent(delivery.item) else { return false }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
             }
         }
     }
 
-    /// Sends with retries; nil when the work was abandoned (its partition was revoked).
+    /// Sends with retries; the outcome goes to the delivery's ending (nil there when the work
+    /// was abandoned, its partition revoked).
     @inline(never)
-    private func deliver(_ delivery: Delivery) async -> Outcome? {
+    private func deliver(_ delivery: Delivery) async {
         delivery.retryDeadline = clock() + configuration.retry.deadlineSeconds
         var step = nextAttempt(delivery)
         while true {
             switch step {
-            case .finish(let outcome):
-                return outcome
+            case .finish:
+                return
             case .send(let client):
                 let sentAt = ContinuousClock.now
                 let answer: Result<APNsResult, any Error>
@@ -548,7 +573,7 @@ public final class RelayPipeline: RelayStatus {
                     try await Task.sleep(for: delay)
                     step = nextAttempt(delivery)
                 } catch {
-                    step = .finish(timeoutOutcome(delivery))
+                    step = delivery.finish(timeoutOutcome(delivery))
                 }
             }
         }
@@ -560,23 +585,23 @@ public final class RelayPipeline: RelayStatus {
     private func nextAttempt(_ delivery: Delivery) -> Step {
         let intent = delivery.intent
         let item = delivery.item
-        guard isCurrent(item), !Task.isCancelled else { return .finish(nil) }
+        guard isCurrent(item), !Task.isCancelled else { return delivery.finish(nil) }
         guard let credentialIndex = delivery.credentialIndex else {
-            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials"))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials"))
         }
         let now = clock()
         if intent.expiration != 0, now > intent.expiration {
-            return .finish(makeOutcome(item, intent: intent, status: .expired, reason: delivery.lastReason ?? "ExpiredBeforeSending",
+            return delivery.finish(makeOutcome(item, intent: intent, status: .expired, reason: delivery.lastReason ?? "ExpiredBeforeSending",
                                        attempts: delivery.attempts))
         }
         let teamID = configuration.apns.credentials[credentialIndex].teamID
         if let fault = activeCredentialFault(teamID: teamID, now: now) {
-            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: fault, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: fault, attempts: delivery.attempts))
         }
         do {
             return .send(try client(credentialIndex: credentialIndex, environment: intent.environment))
         } catch {
-            return .finish(makeOutcome(item, intent: intent, status: .failed, reason: "ClientSetup: \(error)", attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: "ClientSetup: \(error)", attempts: delivery.attempts))
         }
     }
 
@@ -592,7 +617,7 @@ public final class RelayPipeline: RelayStatus {
             RelayMetrics.apnsLatency.recordNanoseconds((ContinuousClock.now - sentAt).totalNanoseconds)
             delivery.attempts += result.attempts
         case .failure(APNsError.invalidNotification(let invalid)):
-            return .finish(makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: delivery.attempts))
         case .failure(let error):
             // Queue full or shutting down: nothing was sent; wait and try again.
             delivery.lastReason = "\(error)"
@@ -602,22 +627,22 @@ public final class RelayPipeline: RelayStatus {
         switch result.classification {
         case .delivered:
             clearCredentialFault(teamID: teamID)
-            return .finish(makeOutcome(item, intent: intent, status: .delivered, result: result, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .delivered, result: result, attempts: delivery.attempts))
         case .rejected:
-            return .finish(makeOutcome(item, intent: intent, status: .rejected, result: result, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .rejected, result: result, attempts: delivery.attempts))
         case .unregistered:
-            return .finish(makeOutcome(item, intent: intent, status: .unregistered, result: result, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .unregistered, result: result, attempts: delivery.attempts))
         case .credentialFault:
             let reason = result.reason?.description ?? result.failure.map { "\($0)" }
             recordCredentialFault(teamID: teamID, reason: reason ?? "CredentialFault", now: clock())
-            return .finish(makeOutcome(item, intent: intent, status: .failed, result: result, attempts: delivery.attempts))
+            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, result: result, attempts: delivery.attempts))
         case .retryable:
             let reason = result.reason?.description ?? result.failure.map { "\($0)" }
             delivery.lastReason = reason
             delivery.lastResult = result
             if intent.expiration == 0 {
                 // Now or never: one try.
-                return .finish(makeOutcome(item, intent: intent, status: .expired, result: result, attempts: delivery.attempts))
+                return delivery.finish(makeOutcome(item, intent: intent, status: .expired, result: result, attempts: delivery.attempts))
             }
             logger.debug("retrying", metadata: metadata(item, ["apns.reason": "\(reason ?? "none")"]))
             RelayMetrics.retries.increment()
@@ -632,7 +657,7 @@ public final class RelayPipeline: RelayStatus {
         delivery.retry += 1
         let resumeAt = clock() + delay.components.seconds
         if resumeAt > delivery.retryDeadline || resumeAt > delivery.intent.expiration {
-            return .finish(timeoutOutcome(delivery))
+            return delivery.finish(timeoutOutcome(delivery))
         }
         return .wait(delay)
     }
