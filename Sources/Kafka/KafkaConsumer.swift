@@ -45,7 +45,7 @@ public final class KafkaConsumer: Sendable {
             rd_kafka_conf_set_rebalance_cb(conf, rebalance)
             rd_kafka_conf_set_error_cb(conf, consumerError)
         }
-        let handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder)
+        let handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder, context: shared)
         handle.withHandle { _ = rd_kafka_poll_set_consumer($0) }
         // No topics: a group member that only reads or commits offsets (no subscription).
         let subscribed = topics.isEmpty ? RD_KAFKA_RESP_ERR_NO_ERROR : handle.withHandle { rk in

@@ -11,8 +11,9 @@ class KafkaCallbackContext: @unchecked Sendable {
         self.logger = logger
     }
 
-    /// Installs the log callback and makes `self` the configuration's opaque pointer. The owner
-    /// of the client keeps `self` alive for as long as the client lives.
+    /// Installs the log callback and makes `self` the configuration's opaque pointer. Pass the
+    /// same context to ``KafkaHandle/init(type:configuration:context:)``: the handle keeps it
+    /// alive until `rd_kafka_destroy` returned (librdkafka's threads log while it shuts down).
     func install(on builder: KafkaConfigBuilder) {
         builder.withConf { conf in
             rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(self).toOpaque())
@@ -73,12 +74,19 @@ final class KafkaConfigBuilder {
 
 /// Owns one `rd_kafka_t` (producer or consumer); destroys it in `deinit`.
 ///
+/// Lifetimes: the handle holds the callback context its C callbacks reach through the opaque
+/// pointer, so the context outlives `rd_kafka_destroy` whichever thread drops the last
+/// reference; topic handles hold the handle (librdkafka requires every topic to be destroyed
+/// before its client).
+///
 /// Thread-safety: librdkafka handles are thread-safe; this class only hands the pointer out
 /// through ``withHandle(_:)``.
 final class KafkaHandle: @unchecked Sendable {
     private let handle: OpaquePointer
+    /// Released only after `deinit` destroyed the client.
+    private let context: KafkaCallbackContext?
 
-    init(type: rd_kafka_type_t, configuration: KafkaConfigBuilder) throws(KafkaError) {
+    init(type: rd_kafka_type_t, configuration: KafkaConfigBuilder, context: KafkaCallbackContext?) throws(KafkaError) {
         var errorText = [CChar](repeating: 0, count: 512)
         let conf = configuration.take()
         guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
@@ -87,10 +95,16 @@ final class KafkaHandle: @unchecked Sendable {
                              message: "cannot create the Kafka client: \(string(fromCBuffer: errorText))")
         }
         self.handle = handle
+        self.context = context
     }
 
     deinit {
         rd_kafka_destroy(handle)
+    }
+
+    /// A topic handle for producing; it keeps this client alive.
+    func topic(_ name: String) -> TopicHandle? {
+        rd_kafka_topic_new(handle, name, nil).map { TopicHandle($0, client: self) }
     }
 
     func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {

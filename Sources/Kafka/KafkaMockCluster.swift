@@ -24,7 +24,7 @@ public final class KafkaMockCluster: @unchecked Sendable {
     public init(brokers: Int = 3) throws(KafkaError) {
         // The cluster lives inside a client instance of its own.
         let builder = try KafkaConfigBuilder(["log_level": "3"])
-        let owner = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder)
+        let owner = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder, context: nil)
         guard let cluster = owner.withHandle({ rd_kafka_mock_cluster_new($0, Int32(brokers)) }) else {
             throw KafkaError(code: RD_KAFKA_RESP_ERR__FAIL.rawValue, message: "cannot start the mock Kafka cluster")
         }

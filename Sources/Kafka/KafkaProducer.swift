@@ -45,7 +45,7 @@ public final class KafkaProducer: Sendable {
             rd_kafka_conf_set_dr_msg_cb(conf, deliveryReport)
             rd_kafka_conf_set_error_cb(conf, producerError)
         }
-        self.handle = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder)
+        self.handle = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder, context: callbacks)
         self.callbacks = callbacks
         self.topics = Mutex([:])
         self.logger = logger
@@ -126,9 +126,9 @@ public final class KafkaProducer: Sendable {
     private func topic(_ name: String) throws(KafkaError) -> TopicHandle {
         let result: Result<TopicHandle, KafkaError> = topics.withLock { topics in
             if let existing = topics[name] { return .success(existing) }
-            let created = handle.withHandle { rd_kafka_topic_new($0, name, nil) }
-            guard let created else { return .failure(KafkaError(rd_kafka_last_error(), context: "topic \(name)")) }
-            let topic = TopicHandle(created)
+            guard let topic = handle.topic(name) else {
+                return .failure(KafkaError(rd_kafka_last_error(), context: "topic \(name)"))
+            }
             topics[name] = topic
             return .success(topic)
         }
@@ -136,10 +136,14 @@ public final class KafkaProducer: Sendable {
     }
 }
 
-/// Owns an `rd_kafka_topic_t`.
+/// Owns an `rd_kafka_topic_t`, and keeps its client alive until the topic is destroyed.
 final class TopicHandle: @unchecked Sendable {
     let pointer: OpaquePointer
-    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    private let client: KafkaHandle
+    init(_ pointer: OpaquePointer, client: KafkaHandle) {
+        self.pointer = pointer
+        self.client = client
+    }
     deinit { rd_kafka_topic_destroy(pointer) }
 }
 

@@ -169,6 +169,28 @@ struct KafkaTests {
         await #expect(throws: KafkaError.self) { _ = try await producer.send(topic: topic, key: nil, value: [2]) }
     }
 
+    /// Clients dropped without `close()` while their brokers are gone: librdkafka's threads log
+    /// the disconnects while `rd_kafka_destroy` runs, and topic handles outlive the producer's
+    /// other state. Both once reached freed memory (a crash, not a failed expectation).
+    @Test func clientsDroppedWhileTheirClusterIsGoneShutDownCleanly() async throws {
+        for _ in 0..<3 {
+            var cluster: KafkaMockCluster? = try KafkaMockCluster(brokers: 1)
+            let topic = uniqueName("outcomes")
+            try cluster!.createTopic(topic, partitions: 1)
+            var producer: KafkaProducer? = try KafkaProducer(bootstrapServers: cluster!.bootstrapServers,
+                                                             properties: ["message.timeout.ms": "1000"])
+            var consumer: KafkaConsumer? = try KafkaConsumer(bootstrapServers: cluster!.bootstrapServers, groupID: uniqueName("group"),
+                                                             topics: [topic], properties: fastGroup)
+            _ = try await producer!.send(topic: topic, key: nil, value: [1])
+            let (messages, _) = try await collect(consumer!) { messages, _ in !messages.isEmpty }
+            #expect(messages.count == 1)
+            cluster = nil
+            producer = nil
+            consumer = nil
+            #expect(producer == nil && consumer == nil && cluster == nil)
+        }
+    }
+
     @Test func badSettingsAreNamed() {
         do {
             _ = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["no.such.setting": "1"])
