@@ -17,8 +17,8 @@ struct DemoCommand: AsyncParsableCommand {
     @Option(help: "Normal intents to send (spread over --devices devices).")
     var count: Int = 5000
 
-    @Option(help: "Distinct device tokens for the normal intents.")
-    var devices: Int = 500
+    @Option(help: "Distinct device tokens for the normal intents (keep count/devices at most the rate limit's burst, 10, or some come out coalesced).")
+    var devices: Int = 1000
 
     @Option(name: .customLong("failure-rate"), help: "Fraction of APNs answers that are 500/503 (retried by the relay).")
     var failureRate: Double = 0.02
@@ -28,7 +28,8 @@ struct DemoCommand: AsyncParsableCommand {
 
     /// Intents published a second time: they come out `duplicate`.
     static let republished = 50
-    /// Intents with `"badge": {"increment": 1}` for one device.
+    /// Intents with `"badge": {"increment": 1}` for one device, all at once: a burst past the
+    /// rate limit's (burst 10, then one per 5 s).
     static let badgeIncrements = 20
 
     /// The highest badge count an outcome reported.
@@ -79,6 +80,9 @@ struct DemoCommand: AsyncParsableCommand {
         }
         if !noRedis {
             Terminal.line("")
+            let limit = configuration.policy.defaults.rateLimit
+            Terminal.line("rate limit per device: burst \(limit.burst), then \(limit.refillPerSecond)/s; the burst of \(Self.badgeIncrements) at one device: "
+                          + "\(limit.burst) sent at once, \(counts["coalesced"] ?? 0) coalesced, the newest sent when the bucket refilled")
             Terminal.line("badge count after \(Self.badgeIncrements) increments for one device: \(badgeSeen.value.load(ordering: .relaxed)) (kept in Redis)")
         }
         Terminal.line("")
@@ -101,7 +105,9 @@ struct DemoCommand: AsyncParsableCommand {
         if !noRedis {
             // Some intents published twice: one copy is delivered, the other comes out duplicate.
             intents += intents.prefix(Self.republished).filter { $0.1.hasPrefix(#"{"id":"demo-"#) }
-            // Badge increments for one device: the relay counts them in Redis, in order.
+            // A burst of badge increments for one device: the first ones go out at once, the rest
+            // are coalesced into the newest, which waits in the device's mailbox until the
+            // bucket refills; the relay counts every increment in Redis.
             let badged = EmbeddedStack.token(0xbad9e)
             for index in 0..<Self.badgeIncrements {
                 intents.append((badged, #"{"id":"badge-\#(index)","token":"\#(badged)","topic":"\#(EmbeddedStack.topic)","badge":{"increment":1},"payload":{"aps":{"alert":"New message"}}}"#))
@@ -111,12 +117,7 @@ struct DemoCommand: AsyncParsableCommand {
         Terminal.line("producing \(total) intents: \(count) normal, plus unregistered, expired, no-credentials and invalid ones"
                       + (noRedis ? "" : ", some published twice, and \(Self.badgeIncrements) badge increments for one device"))
         let topic = configuration.kafka.intentsTopic
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for (key, value) in intents {
-                group.addTask { _ = try await producer.send(topic: topic, key: key.map { Array($0.utf8) }, value: Array(value.utf8)) }
-            }
-            try await group.waitForAll()
-        }
+        _ = try await producer.send(topic: topic, records: intents.map { (key, value) in (key.map { Array($0.utf8) }, Array(value.utf8)) })
 
         let started = ContinuousClock.now
         var last = 0

@@ -69,23 +69,45 @@ public final class KafkaProducer: Sendable {
         }
         let topicHandle = try self.topic(topic)
         let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
-            let box = DeliveryBox(continuation)
-            // Retained here, released by the delivery report (or below when produce fails).
-            let opaque = Unmanaged.passRetained(box).toOpaque()
-            let produced = value.withUnsafeBytes { valueBytes in
-                withOptionalBytes(key) { keyBytes in
-                    rd_kafka_produce(
-                        topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
-                        UnsafeMutableRawPointer(mutating: valueBytes.baseAddress), valueBytes.count,
-                        keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
-                }
-            }
-            if produced != 0 {
-                Unmanaged<DeliveryBox>.fromOpaque(opaque).release()
-                continuation.resume(returning: .failure(KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")))
-            }
+            Self.produce(topicHandle, key: key, value: value, to: DeliveryBox(continuation), topic: topic)
         }
         return try result.get()
+    }
+
+    /// Appends the records in the order given (records for one partition keep it) and waits for
+    /// all their delivery reports; the first failure throws.
+    public func send(topic: String, records: [(key: [UInt8]?, value: [UInt8])]) async throws(KafkaError) -> [Delivery] {
+        guard !closed.load(ordering: .relaxed) else {
+            throw KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")
+        }
+        guard !records.isEmpty else { return [] }
+        let topicHandle = try self.topic(topic)
+        let results: [Result<Delivery, KafkaError>] = await withUnsafeContinuation { continuation in
+            let collector = DeliveryCollector(count: records.count, continuation)
+            for (index, record) in records.enumerated() {
+                Self.produce(topicHandle, key: record.key, value: record.value, to: CollectedDelivery(collector, index), topic: topic)
+            }
+        }
+        return try results.map { result throws(KafkaError) in try result.get() }
+    }
+
+    /// Hands one record to librdkafka; `target` hears its delivery report (at once when
+    /// librdkafka refuses the record).
+    private static func produce(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8], to target: DeliveryTarget, topic: String) {
+        // Retained here, released by the delivery report (or below when produce fails).
+        let opaque = Unmanaged.passRetained(target).toOpaque()
+        let produced = value.withUnsafeBytes { valueBytes in
+            withOptionalBytes(key) { keyBytes in
+                rd_kafka_produce(
+                    topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
+                    UnsafeMutableRawPointer(mutating: valueBytes.baseAddress), valueBytes.count,
+                    keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
+            }
+        }
+        if produced != 0 {
+            Unmanaged<DeliveryTarget>.fromOpaque(opaque).release()
+            target.report(.failure(KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")))
+        }
     }
 
     /// Waits until every record handed over has its delivery report, or the timeout passes.
@@ -148,10 +170,52 @@ final class TopicHandle: @unchecked Sendable {
 }
 
 /// Where a delivery report goes.
-private final class DeliveryBox {
+private class DeliveryTarget {
+    func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {}
+}
+
+/// One `send`'s waiting task.
+private final class DeliveryBox: DeliveryTarget {
     let continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>
     init(_ continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>) {
         self.continuation = continuation
+    }
+
+    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        continuation.resume(returning: result)
+    }
+}
+
+/// Gathers the delivery reports of a batch of records; resumes its task with the last one.
+private final class DeliveryCollector: Sendable {
+    private let state: Mutex<(results: [Result<KafkaProducer.Delivery, KafkaError>?], missing: Int)>
+    private let continuation: UnsafeContinuation<[Result<KafkaProducer.Delivery, KafkaError>], Never>
+
+    init(count: Int, _ continuation: UnsafeContinuation<[Result<KafkaProducer.Delivery, KafkaError>], Never>) {
+        self.state = Mutex((Array(repeating: nil, count: count), count))
+        self.continuation = continuation
+    }
+
+    func set(_ index: Int, _ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        let finished = state.withLock { state -> [Result<KafkaProducer.Delivery, KafkaError>]? in
+            state.results[index] = result
+            state.missing -= 1
+            return state.missing == 0 ? state.results.map { $0! } : nil
+        }
+        if let finished { continuation.resume(returning: finished) }
+    }
+}
+
+private final class CollectedDelivery: DeliveryTarget {
+    let collector: DeliveryCollector
+    let index: Int
+    init(_ collector: DeliveryCollector, _ index: Int) {
+        self.collector = collector
+        self.index = index
+    }
+
+    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        collector.set(index, result)
     }
 }
 
@@ -162,11 +226,11 @@ final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
 
 private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, _ in
     guard let message, let opaque = message.pointee._private else { return }
-    let box = Unmanaged<DeliveryBox>.fromOpaque(opaque).takeRetainedValue()
+    let target = Unmanaged<DeliveryTarget>.fromOpaque(opaque).takeRetainedValue()
     if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-        box.continuation.resume(returning: .success(.init(partition: message.pointee.partition, offset: message.pointee.offset)))
+        target.report(.success(.init(partition: message.pointee.partition, offset: message.pointee.offset)))
     } else {
-        box.continuation.resume(returning: .failure(KafkaError(message.pointee.err, context: "delivery")))
+        target.report(.failure(KafkaError(message.pointee.err, context: "delivery")))
     }
 }
 

@@ -32,6 +32,12 @@ public enum RESPValue: Sendable, Equatable {
         }
     }
 
+    /// A bulk string's bytes.
+    public var bytes: [UInt8]? {
+        if case .bulk(let bytes) = self { return bytes }
+        return nil
+    }
+
     public var array: [RESPValue]? {
         if case .array(let values) = self { return values }
         return nil

@@ -43,6 +43,11 @@ public struct RedisCommand: Sendable, Equatable {
     public init(_ name: String, _ arguments: [any RESPArgument] = []) {
         self.arguments = [Array(name.utf8)] + arguments.map(\.respBytes)
     }
+
+    /// `EVALSHA sha numkeys keys... arguments...`
+    public static func evalsha(_ script: RedisScript, keys: [any RESPArgument], arguments: [any RESPArgument]) -> RedisCommand {
+        RedisCommand("EVALSHA", [script.sha1, keys.count] + keys + arguments)
+    }
 }
 
 /// A Lua script, run with EVALSHA by its SHA-1 and loaded (SCRIPT LOAD) when Redis answers
@@ -124,14 +129,28 @@ public final class RedisClient: Sendable {
 
     /// Runs a script with EVALSHA, loading it first when Redis does not have it.
     public func evaluate(_ script: RedisScript, keys: [any RESPArgument], arguments: [any RESPArgument]) async throws(RedisError) -> RESPValue {
-        let call = RedisCommand("EVALSHA", [script.sha1, keys.count] + keys + arguments)
-        let reply = try await pipeline([call])[0]
-        guard case .error(let message) = reply else { return reply }
-        guard message.hasPrefix("NOSCRIPT") else { throw .server(message) }
-        let loaded = try await pipeline([RedisCommand("SCRIPT", ["LOAD", script.source]), call])
-        if case .error(let message) = loaded[0] { throw .server(message) }
-        if case .error(let message) = loaded[1] { throw .server(message) }
-        return loaded[1]
+        let reply = try await pipelineLoading([script], [RedisCommand.evalsha(script, keys: keys, arguments: arguments)])[0]
+        if case .error(let message) = reply { throw .server(message) }
+        return reply
+    }
+
+    /// Runs the commands in one round trip, like ``pipeline(_:)``; when Redis answers NOSCRIPT
+    /// (its script cache is empty: first use, restart, SCRIPT FLUSH) it loads `scripts` and runs
+    /// again only the commands that were refused (they did not run), in a second round trip.
+    public func pipelineLoading(_ scripts: [RedisScript], _ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
+        var replies = try await pipeline(commands)
+        let refused = replies.indices.filter { index in
+            if case .error(let message) = replies[index] { return message.hasPrefix("NOSCRIPT") }
+            return false
+        }
+        guard !refused.isEmpty else { return replies }
+        let loads = scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) }
+        let again = try await pipeline(loads + refused.map { commands[$0] })
+        for load in again.prefix(loads.count) {
+            if case .error(let message) = load { throw .server(message) }
+        }
+        for (index, reply) in zip(refused, again.dropFirst(loads.count)) { replies[index] = reply }
+        return replies
     }
 
     /// Connections that are open now.

@@ -96,7 +96,20 @@ extension RelayConfiguration {
         lines.append("  connections: \(redis.connections)")
         lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
         lines.append("policy:")
-        lines.append("  dedupe_window_seconds: \(policy.dedupeWindowSeconds)")
+        func rules(_ rules: Policy.Rules, indent: String) {
+            lines.append("\(indent)dedupe_window_seconds: \(rules.dedupeWindowSeconds)")
+            lines.append("\(indent)rate_limit: {burst: \(rules.rateLimit.burst), refill_per_second: \(rules.rateLimit.refillPerSecond)}")
+            lines.append("\(indent)coalesce: \(rules.coalesce)")
+        }
+        rules(policy.defaults, indent: "  ")
+        lines.append("  mailbox_poll_ms: \(policy.mailboxPollMilliseconds)")
+        lines.append("  backoff_initial_seconds: \(policy.backoffInitialSeconds)")
+        lines.append("  backoff_max_seconds: \(policy.backoffMaxSeconds)")
+        lines.append(policy.topics.isEmpty ? "  topics: {}" : "  topics:")
+        for (topic, topicRules) in policy.topics.sorted(by: { $0.key < $1.key }) {
+            lines.append("    \(quote(topic)):")
+            rules(topicRules, indent: "      ")
+        }
         lines.append("http:")
         lines.append("  port: \(http.port)")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
@@ -179,10 +192,8 @@ struct ConfigurationReader {
         configuration.retry.maxBackoffMilliseconds = integer(retry, "retry.max_backoff_ms", default: 30_000, range: 1...600_000)
         configuration.retry.deadlineSeconds = Int64(integer(retry, "retry.deadline_seconds", default: 600, range: 1...2_592_000))
         configuration.retry.credentialFaultCooldownSeconds = Int64(integer(retry, "retry.credential_fault_cooldown_seconds", default: 300, range: 1...86_400))
-        if configuration.retry.maxBackoffMilliseconds < configuration.retry.initialBackoffMilliseconds {
-            issues.append(.init(key: "retry.max_backoff_ms", value: "\(configuration.retry.maxBackoffMilliseconds)",
-                                allowed: "it must be at least retry.initial_backoff_ms (\(configuration.retry.initialBackoffMilliseconds))"))
-        }
+        requireAtLeast("retry.max_backoff_ms", Int64(configuration.retry.maxBackoffMilliseconds),
+                       "retry.initial_backoff_ms", Int64(configuration.retry.initialBackoffMilliseconds))
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
         checkKnown(redis, prefix: "redis.", known: ["url", "fail_open", "connections", "timeout_ms"])
@@ -201,14 +212,59 @@ struct ConfigurationReader {
         configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
-        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds"])
-        configuration.policy.dedupeWindowSeconds = Int64(integer(policy, "policy.dedupe_window_seconds", default: 86_400, range: 1...2_592_000))
+        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",
+                                                           "backoff_initial_seconds", "backoff_max_seconds"])
+        configuration.policy.defaults = readRules(policy, prefix: "policy.", base: RelayConfiguration.Policy.Rules())
+        configuration.policy.mailboxPollMilliseconds = integer(policy, "policy.mailbox_poll_ms", default: 1000, range: 10...60_000)
+        configuration.policy.backoffInitialSeconds = Int64(integer(policy, "policy.backoff_initial_seconds", default: 60, range: 1...86_400))
+        configuration.policy.backoffMaxSeconds = Int64(integer(policy, "policy.backoff_max_seconds", default: 3600, range: 1...86_400))
+        requireAtLeast("policy.backoff_max_seconds", configuration.policy.backoffMaxSeconds,
+                       "policy.backoff_initial_seconds", configuration.policy.backoffInitialSeconds)
+        if let topics = mapping(policy["topics"], key: "policy.topics") {
+            for (topic, value) in topics.sorted(by: { $0.key < $1.key }) {
+                let prefix = "policy.topics.\(topic)."
+                guard let fields = mapping(value, key: "policy.topics.\(topic)") else { continue }
+                checkKnown(fields, prefix: prefix, known: ["dedupe_window_seconds", "rate_limit", "coalesce"])
+                configuration.policy.topics[topic] = readRules(fields, prefix: prefix, base: configuration.policy.defaults,
+                                                               overridable: false)
+            }
+        }
 
         let http = mapping(top["http"], key: "http") ?? [:]
         checkKnown(http, prefix: "http.", known: ["port"])
         configuration.http.port = integer(http, "http.port", default: 9464, range: 0...65535)
         configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
         return configuration
+    }
+
+    /// Reports `key` when its value is below `lowerKey`'s.
+    private mutating func requireAtLeast(_ key: String, _ value: Int64, _ lowerKey: String, _ lower: Int64) {
+        if value < lower {
+            issues.append(.init(key: key, value: "\(value)", allowed: "it must be at least \(lowerKey) (\(lower))"))
+        }
+    }
+
+    /// Policy rules under `prefix`, keys absent taking `base`'s values.
+    private mutating func readRules(_ fields: [String: Any], prefix: String, base: RelayConfiguration.Policy.Rules,
+                                    overridable: Bool = true) -> RelayConfiguration.Policy.Rules {
+        var rules = base
+        rules.dedupeWindowSeconds = Int64(integer(fields, prefix + "dedupe_window_seconds", default: Int(base.dedupeWindowSeconds),
+                                                  range: 1...2_592_000, overridable: overridable))
+        rules.coalesce = bool(fields, prefix + "coalesce", default: base.coalesce, overridable: overridable)
+        if let limit = mapping(fields["rate_limit"], key: prefix + "rate_limit") {
+            checkKnown(limit, prefix: prefix + "rate_limit.", known: ["burst", "refill_per_second"])
+            rules.rateLimit.burst = integer(limit, prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000,
+                                            overridable: overridable)
+            rules.rateLimit.refillPerSecond = number(limit, prefix + "rate_limit.refill_per_second",
+                                                     default: base.rateLimit.refillPerSecond, range: 0.000_1...10_000,
+                                                     overridable: overridable)
+        } else if overridable {
+            // Environment overrides apply to the global rules even without the mapping in the file.
+            rules.rateLimit.burst = integer([:], prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000)
+            rules.rateLimit.refillPerSecond = number([:], prefix + "rate_limit.refill_per_second",
+                                                     default: base.rateLimit.refillPerSecond, range: 0.000_1...10_000)
+        }
+        return rules
     }
 
     private mutating func readCredential(_ item: Any, key: String) -> RelayConfiguration.Credential? {
@@ -257,6 +313,13 @@ struct ConfigurationReader {
         }
     }
 
+    /// The value given for `key` (its last path component in `fields`), or its environment
+    /// override.
+    private func value(_ fields: [String: Any], _ key: String, overridable: Bool) -> Any? {
+        if overridable, let overridden = override(key) { return overridden }
+        return fields[String(key.split(separator: ".").last ?? "")]
+    }
+
     /// The environment override for `key`, if set.
     private func override(_ key: String) -> String? {
         environment[RelayConfiguration.environmentName(forKey: key)]
@@ -277,11 +340,9 @@ struct ConfigurationReader {
         return result
     }
 
-    private mutating func integer(_ fields: [String: Any], _ key: String, default fallback: Int, range: ClosedRange<Int>) -> Int {
-        let name = String(key.split(separator: ".").last ?? "")
-        var raw: Any? = fields[name]
-        if let overridden = override(key) { raw = overridden }
-        guard let raw else { return fallback }
+    private mutating func integer(_ fields: [String: Any], _ key: String, default fallback: Int, range: ClosedRange<Int>,
+                                  overridable: Bool = true) -> Int {
+        guard let raw = value(fields, key, overridable: overridable) else { return fallback }
         let parsed: Int? = (raw as? Int) ?? (raw as? String).flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard let parsed, !(raw is Bool) else {
             issues.append(.init(key: key, value: describe(raw), allowed: "it must be a whole number in \(range.lowerBound)...\(range.upperBound)"))
@@ -294,11 +355,20 @@ struct ConfigurationReader {
         return parsed
     }
 
-    private mutating func bool(_ fields: [String: Any], _ key: String, default fallback: Bool) -> Bool {
-        let name = String(key.split(separator: ".").last ?? "")
-        var raw: Any? = fields[name]
-        if let overridden = override(key) { raw = overridden }
-        guard let raw else { return fallback }
+    private mutating func number(_ fields: [String: Any], _ key: String, default fallback: Double, range: ClosedRange<Double>,
+                                 overridable: Bool = true) -> Double {
+        guard let raw = value(fields, key, overridable: overridable) else { return fallback }
+        let parsed: Double? = (raw as? Double) ?? (raw as? Int).map(Double.init)
+            ?? (raw as? String).flatMap { Double($0.trimmingCharacters(in: .whitespaces)) }
+        guard let parsed, !(raw is Bool), parsed.isFinite, range.contains(parsed) else {
+            issues.append(.init(key: key, value: describe(raw), allowed: "it must be a number in \(range.lowerBound)...\(range.upperBound)"))
+            return fallback
+        }
+        return parsed
+    }
+
+    private mutating func bool(_ fields: [String: Any], _ key: String, default fallback: Bool, overridable: Bool = true) -> Bool {
+        guard let raw = value(fields, key, overridable: overridable) else { return fallback }
         if let value = raw as? Bool { return value }
         if let text = raw as? String {
             switch text.lowercased() {

@@ -3,10 +3,8 @@ import Foundation
 import Redis
 import Synchronization
 
-/// Which intents APNs already answered, kept in Redis for the dedupe window.
-///
-/// Keys: `apns-relay:seen:<topic>:<id>` (a string holding the outcome status, with the window
-/// as TTL). Every command touches one key, so this works unchanged on Redis Cluster.
+/// Records which intents APNs already answered (see ``DevicePolicy`` for the key and for the
+/// check, which is part of every batch's admission).
 ///
 /// An intent is recorded once APNs gave a final answer for it (delivered, rejected or
 /// unregistered) and before its outcome is published; an intent seen in Redis is not sent again
@@ -15,38 +13,25 @@ import Synchronization
 /// twice: at most the intents in flight at the crash. Intents that ended `failed` or `expired`
 /// are not recorded: publishing the same intent again tries again.
 final class Deduplicator: Sendable {
-    private let client: RedisClient
-    let window: Int64
     private let recorder: GroupCommit
 
-    init(client: RedisClient, window: Int64) {
-        self.client = client
-        self.window = window
+    init(client: RedisClient) {
         self.recorder = GroupCommit(client: client)
     }
 
-    static func key(topic: String, id: String) -> String {
-        "apns-relay:seen:\(topic):\(id)"
-    }
-
-    /// Which of these keys Redis holds: one round trip for the whole batch.
-    func seen(_ keys: [String]) async throws(RedisError) -> [Bool] {
-        guard !keys.isEmpty else { return [] }
-        let replies = try await client.pipeline(keys.map { RedisCommand("EXISTS", [$0]) })
-        return try replies.map { reply throws(RedisError) in
-            guard case .integer(let count) = reply else { throw .protocolError("EXISTS answered \(reply)") }
-            return count > 0
-        }
-    }
-
-    /// Records an answered intent (and, when APNs accepted it, the device's last notification);
-    /// concurrent records share round trips.
-    func record(_ key: String, status: String, lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
+    /// Records an answered intent for `window` seconds (and, when APNs accepted it, the
+    /// device's last notification); concurrent records share round trips.
+    func record(_ key: String, status: String, window: Int64, lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
         var commands = [RedisCommand("SET", [key, status, "EX", window])]
         if let lastSent {
             commands.append(RedisCommand("SET", [DeviceRecords.lastSentKey(token: lastSent.token, topic: lastSent.topic),
                                                  lastSent.json, "EX", DeviceRecords.lastSentTTL]))
         }
+        try await recorder.submit(commands)
+    }
+
+    /// Other writes that may share the records' round trips.
+    func submit(_ commands: [RedisCommand]) async throws(RedisError) {
         try await recorder.submit(commands)
     }
 }

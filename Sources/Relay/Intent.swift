@@ -28,6 +28,28 @@ public struct Intent: Sendable {
                          payload: payload)
     }
 
+    /// The intent as an intents-topic message, every field explicit (the expiration resolved):
+    /// how a parked intent is kept in its mailbox. ``parse(_:key:now:defaultTTL:)`` reads it back
+    /// to the same intent.
+    public var encoded: [UInt8] {
+        var writer = JSONObjectWriter(capacity: 256 + payload.readableBytes)
+        writer.add("id", id)
+        writer.add("token", token)
+        writer.add("topic", topic)
+        writer.add("push_type", pushType.rawValue)
+        writer.add("priority", priority)
+        writer.add("expiration", expiration)
+        writer.addIfPresent("collapse_id", collapseID)
+        writer.add("environment", environment.rawValue)
+        switch badge {
+        case .increment(let n): writer.addJSON("badge", #"{"increment":\#(n)}"#.utf8)
+        case .set(let n): writer.addJSON("badge", #"{"set":\#(n)}"#.utf8)
+        case nil: break
+        }
+        writer.addJSON("payload", payload.readableBytesView)
+        return writer.finish()
+    }
+
     /// A UUID hashed from the intent id (FNV-1a in two lanes, marked as an RFC 9562 version 8
     /// UUID): stable across retries and processes, so APNs and its logs see one id per intent.
     public static func apnsID(for id: String) -> UUID {

@@ -47,6 +47,12 @@ public struct JSONObjectWriter: Sendable {
         if let value { add(name, value) }
     }
 
+    /// Adds a value that is already JSON (an object, say), as it is.
+    public mutating func addJSON(_ name: StaticString, _ json: some Sequence<UInt8>) {
+        key(name)
+        bytes.append(contentsOf: json)
+    }
+
     public mutating func addNull(_ name: StaticString) {
         key(name)
         bytes.append(contentsOf: "null".utf8)

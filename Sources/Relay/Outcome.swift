@@ -17,6 +17,10 @@ public struct Outcome: Sendable, Equatable {
         /// APNs already answered this (topic, id) within the dedupe window, or a copy of it is
         /// in flight: not sent again.
         case duplicate
+        /// A newer intent for the same device and app took its place before it could be sent
+        /// (`supersededBy` names it): the same collapse id in one consumed batch, or a newer
+        /// intent parked in the device's mailbox while this one waited there.
+        case coalesced
     }
 
     public var id: String?
@@ -30,6 +34,8 @@ public struct Outcome: Sendable, Equatable {
     public var unregisteredAt: Int64?
     /// The badge count sent in `aps.badge`, for intents that change it.
     public var badge: Int64?
+    /// `coalesced` only: the id of the intent that took this one's place.
+    public var supersededBy: String?
     /// Requests sent to APNs for this intent (0 when none was).
     public var attempts: Int
     /// From consuming the intent to deciding the outcome, in milliseconds.
@@ -75,6 +81,7 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("apns_id", apnsID)
         writer.addOrNull("unregistered_at", unregisteredAt)
         writer.addOrNull("badge", badge)
+        writer.addOrNull("superseded_by", supersededBy)
         writer.add("attempts", attempts)
         writer.add("latency_ms", latencyMilliseconds)
         writer.add("partition", partition)

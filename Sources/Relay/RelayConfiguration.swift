@@ -78,11 +78,62 @@ public struct RelayConfiguration: Sendable {
         public init() {}
     }
 
+    /// Per-device rules applied in Redis (see docs/redis.md); without Redis none apply.
     public struct Policy: Sendable {
-        /// An intent whose (topic, id) APNs already answered within this window is not sent
-        /// again; its outcome is `duplicate`.
-        public var dedupeWindowSeconds: Int64 = 86_400
+        /// A token bucket per device token: `burst` sends at once, then `refillPerSecond`.
+        public struct RateLimit: Sendable, Equatable {
+            /// 0 turns the limit off.
+            public var burst: Int
+            public var refillPerSecond: Double
+
+            public init(burst: Int = 10, refillPerSecond: Double = 0.2) {
+                self.burst = burst
+                self.refillPerSecond = refillPerSecond
+            }
+
+            public var isEnabled: Bool { burst > 0 }
+        }
+
+        /// The rules for one topic: the global ones with that topic's overrides applied.
+        public struct Rules: Sendable, Equatable {
+            /// An intent whose (topic, id) APNs already answered within this window is not sent
+            /// again; its outcome is `duplicate`.
+            public var dedupeWindowSeconds: Int64 = 86_400
+            public var rateLimit = RateLimit()
+            /// Intents of one consumed batch with the same (token, topic, collapse id) collapse
+            /// to the newest; the others come out `coalesced`.
+            public var coalesce = true
+
+            public init() {}
+        }
+
+        /// The global rules.
+        public var defaults = Rules()
+        /// Per-topic rules (complete: overrides merged with the global rules when loaded).
+        public var topics: [String: Rules] = [:]
+        /// How often the owner of a partition looks for mailboxes that became due.
+        public var mailboxPollMilliseconds = 1000
+        /// A device APNs answers 429 TooManyRequests waits this long, doubling while 429s
+        /// repeat, up to the maximum.
+        public var backoffInitialSeconds: Int64 = 60
+        public var backoffMaxSeconds: Int64 = 3600
+
         public init() {}
+
+        public var dedupeWindowSeconds: Int64 {
+            get { defaults.dedupeWindowSeconds }
+            set { defaults.dedupeWindowSeconds = newValue }
+        }
+
+        /// The rules that apply to `topic`.
+        public func rules(for topic: String) -> Rules {
+            topics.isEmpty ? defaults : topics[topic] ?? defaults
+        }
+
+        /// The longest dedupe window of any topic (records that serve every topic keep this long).
+        public var longestDedupeWindowSeconds: Int64 {
+            topics.values.reduce(defaults.dedupeWindowSeconds) { max($0, $1.dedupeWindowSeconds) }
+        }
     }
 
     public struct HTTP: Sendable {

@@ -7,6 +7,8 @@ enum RelayMetrics {
     static let intentsConsumed = Counter(label: "relay_intents_consumed_total")
     static let retries = Counter(label: "relay_retries_total")
     static let redisErrors = Counter(label: "relay_redis_errors_total")
+    /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
+    static let parked = Counter(label: "relay_parked_total")
     static let inFlight = Gauge(label: "relay_in_flight")
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 

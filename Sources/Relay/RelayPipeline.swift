@@ -38,9 +38,10 @@ public final class RelayPipeline: RelayStatus {
     private let backoff: Backoff
     private let stopRequested = Mutex(false)
     private let published: (@Sendable (Outcome) -> Void)?
-    /// Nil without Redis (`redis.url` empty); dedupe, badges and the fleet's tokens share it.
+    /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     private let redis: RedisClient?
     private let deduplicator: Deduplicator?
+    private let policy: DevicePolicy?
     private let badges: BadgeStore?
 
     struct State {
@@ -58,31 +59,63 @@ public final class RelayPipeline: RelayStatus {
         var inFlightKeys: Set<String> = []
         /// Why Redis is failing, while it is.
         var redisTrouble: String?
+        /// Due-index members taken from a mailbox and in flight here.
+        var mailboxJobs: Set<String> = []
     }
 
-    /// One consumed message on its way to an outcome; a class, so the async frames on the way
-    /// hold one reference instead of the intent.
+    /// What the policy decided for a consumed intent before it reaches its device's queue.
+    enum Admission: Sendable {
+        case send
+        /// APNs answered it before, or a copy is in flight here: outcome `duplicate`.
+        case duplicate
+        /// A newer intent of the batch or the mailbox takes its place: outcome `coalesced`.
+        case coalesced(by: String)
+        /// It sits in its mailbox already (a redelivery): no outcome now, its offset moves on.
+        case inMailbox
+        /// The device may not be sent to now and the intent is now-or-never: outcome `expired`.
+        case nowOrNever
+        /// The device may not be sent to before `due`: park it in the device's mailbox.
+        case park(due: Int64)
+        /// Taken from a mailbox after its expiration passed: outcome `expired`.
+        case expiredParked
+    }
+
+    /// One consumed message (or one intent taken from a mailbox) on its way to an outcome; a
+    /// class, so the async frames on the way hold one reference instead of the intent.
     final class WorkItem: Sendable {
         let partition: TopicPartition
         let offset: Int64
         let generation: Int
         let consumedAt: ContinuousClock.Instant
         let intent: Result<Intent, InvalidIntent>
-        /// Answered before (Redis), or a copy of one in flight here: not sent, outcome `duplicate`.
-        let duplicate: Bool
+        let admission: Admission
         /// The dedupe key this item holds among the in-flight ones (nil for duplicates, invalid
         /// messages, and without Redis).
         let dedupeKey: String?
+        /// Taken from a mailbox: its due-index member (its offset was committed when it was
+        /// parked, so this item stores none).
+        let mailboxMember: String?
 
         init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
-             intent: Result<Intent, InvalidIntent>, duplicate: Bool = false, dedupeKey: String? = nil) {
+             intent: Result<Intent, InvalidIntent>, admission: Admission = .send, dedupeKey: String? = nil,
+             mailboxMember: String? = nil) {
             self.partition = partition
             self.offset = offset
             self.generation = generation
             self.consumedAt = consumedAt
             self.intent = intent
-            self.duplicate = duplicate
+            self.admission = admission
             self.dedupeKey = dedupeKey
+            self.mailboxMember = mailboxMember
+        }
+
+        /// The device whose queue this item waits in: items that are sent or parked.
+        var queueToken: String? {
+            guard case .success(let intent) = intent else { return nil }
+            switch admission {
+            case .send, .park: return intent.token
+            default: return nil
+            }
         }
     }
 
@@ -109,8 +142,13 @@ public final class RelayPipeline: RelayStatus {
             redis = try RedisClient(configuration: settings, logger: logger)
         }
         self.redis = redis
-        self.deduplicator = redis.map { Deduplicator(client: $0, window: configuration.policy.dedupeWindowSeconds) }
-        self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.dedupeWindowSeconds) }
+        self.deduplicator = redis.map { Deduplicator(client: $0) }
+        self.policy = redis.map {
+            DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
+                         backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
+                         backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
+        }
+        self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
             let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
@@ -167,6 +205,7 @@ public final class RelayPipeline: RelayStatus {
     public func run() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
         let consuming = Task { await consume() }
+        let mailboxes = Task { await deliverMailboxes() }
         var lastLagReport = ContinuousClock.now
         while !stopRequested.withLock({ $0 }) && !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(100))
@@ -178,7 +217,9 @@ public final class RelayPipeline: RelayStatus {
             }
         }
         consuming.cancel()
+        mailboxes.cancel()
         await consuming.value
+        await mailboxes.value
         await drain()
         _ = await producer.flush(timeout: .seconds(10))
         await consumer.close()
@@ -211,11 +252,11 @@ public final class RelayPipeline: RelayStatus {
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
                 let parsed = batch.map(parse)
-                guard let seen = await seenBefore(parsed) else { return }
+                guard let admissions = await admit(parsed) else { return }
                 for (index, message) in batch.enumerated() {
                     await waitForCapacity()
                     if Task.isCancelled { return }
-                    admit(message, parsed[index], seen: seen[index])
+                    admit(message, parsed[index], admissions[index])
                 }
             case .error(let error):
                 logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
@@ -253,34 +294,98 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    /// For each message of a batch, whether Redis says APNs already answered its intent: one
-    /// round trip. While Redis fails this retries with backoff (consuming stops, the consumer's
-    /// buffer fills and its partitions pause), or with `redis.fail_open` answers "no" for all.
-    /// Nil when cancelled meanwhile.
-    private func seenBefore(_ parsed: [Result<Intent, InvalidIntent>]) async -> [Bool]? {
-        guard let deduplicator else { return Array(repeating: false, count: parsed.count) }
-        var positions: [Int] = []
-        var keys: [String] = []
-        for (index, entry) in parsed.enumerated() {
-            guard case .success(let intent) = entry else { continue }
-            positions.append(index)
-            keys.append(Deduplicator.key(topic: intent.topic, id: intent.id))
-        }
-        guard !keys.isEmpty else { return Array(repeating: false, count: parsed.count) }
+    /// What the policy says for each message of a batch (invalid ones: `.send`, they never get
+    /// that far). Collapses intents with the same (token, topic, collapse id) to the newest where
+    /// the topic coalesces, then asks Redis about the rest: one round trip. While Redis fails this
+    /// retries with backoff (consuming stops, the consumer's buffer fills and its partitions
+    /// pause), or with `redis.fail_open` lets everything through. Nil when cancelled meanwhile.
+    private func admit(_ parsed: [Result<Intent, InvalidIntent>]) async -> [Admission]? {
+        var admissions = Array(repeating: Admission.send, count: parsed.count)
+        guard let policy else { return admissions }
+        var groups: [DevicePolicy.Group] = []
+        var members: [[Int]] = []
+        Self.group(parsed, rules: configuration.policy.rules(for:), admissions: &admissions, groups: &groups, members: &members)
+        guard !groups.isEmpty else { return admissions }
         var attempt = 0
         while true {
             do {
-                let found = try await deduplicator.seen(keys)
+                let answers = try await policy.admit(groups, now: nowMilliseconds())
                 redisRecovered()
-                var seen = Array(repeating: false, count: parsed.count)
-                for (position, wasSeen) in zip(positions, found) { seen[position] = wasSeen }
-                return seen
+                for (index, answer) in answers.enumerated() {
+                    Self.apply(answer, to: members[index], parsed, &admissions)
+                }
+                return admissions
             } catch {
                 redisFailed(error)
-                if configuration.redis.failOpen { return Array(repeating: false, count: parsed.count) }
+                if configuration.redis.failOpen { return admissions }
                 if Task.isCancelled { return nil }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
+            }
+        }
+    }
+
+    /// Now in epoch milliseconds, for the policy's clocks: the system's milliseconds, or the
+    /// injected seconds clock when it disagrees with the system (tests moving time).
+    private func nowMilliseconds() -> Int64 {
+        let milliseconds = APNsIdentifiers.epochMilliseconds()
+        let seconds = clock()
+        return abs(milliseconds / 1000 - seconds) <= 1 ? milliseconds : seconds * 1000
+    }
+
+    /// Collapses in-batch duplicates of a collapse id (the older ones are `coalesced` by the
+    /// newest) and groups the other usable intents by device and topic, in batch order.
+    private static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (String) -> RelayConfiguration.Policy.Rules,
+                              admissions: inout [Admission], groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
+        struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
+        var newest: [CollapseKey: Int] = [:]
+        for (index, entry) in parsed.enumerated() {
+            guard case .success(let intent) = entry, let collapseID = intent.collapseID, rules(intent.topic).coalesce else { continue }
+            newest[CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)] = index
+        }
+        struct GroupKey: Hashable { var token: String, topic: String }
+        var groupIndex: [GroupKey: Int] = [:]
+        for (index, entry) in parsed.enumerated() {
+            guard case .success(let intent) = entry else { continue }
+            if let collapseID = intent.collapseID,
+               let last = newest[CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)], last != index,
+               case .success(let newer) = parsed[last] {
+                admissions[index] = .coalesced(by: newer.id)
+                continue
+            }
+            let key = GroupKey(token: intent.token, topic: intent.topic)
+            if let existing = groupIndex[key] {
+                groups[existing].ids.append(intent.id)
+                members[existing].append(index)
+            } else {
+                groupIndex[key] = groups.count
+                groups.append(DevicePolicy.Group(token: intent.token, topic: intent.topic, ids: [intent.id], rules: rules(intent.topic)))
+                members.append([index])
+            }
+        }
+    }
+
+    /// Turns one group's answer into admissions: of the intents that must wait, the newest is
+    /// parked and the older ones are `coalesced` by it (now-or-never ones expire instead).
+    private static func apply(_ answer: (decisions: [DevicePolicy.Admission], due: Int64), to positions: [Int],
+                              _ parsed: [Result<Intent, InvalidIntent>], _ admissions: inout [Admission]) {
+        var parking: Int?
+        for (position, decision) in zip(positions, answer.decisions).reversed() {
+            guard case .success(let intent) = parsed[position] else { continue }
+            switch decision {
+            case .send: admissions[position] = .send
+            case .duplicate: admissions[position] = .duplicate
+            case .inMailbox: admissions[position] = .inMailbox
+            case .wait:
+                if intent.expiration == 0 {
+                    admissions[position] = .nowOrNever
+                } else if let parking, case .success(let newer) = parsed[parking] {
+                    // A copy of the intent being parked is that intent: a duplicate.
+                    admissions[position] = newer.id == intent.id ? .duplicate : .coalesced(by: newer.id)
+                } else {
+                    admissions[position] = .park(due: answer.due)
+                    parking = position
+                }
             }
         }
     }
@@ -306,9 +411,9 @@ public final class RelayPipeline: RelayStatus {
         if wasDown { logger.warning("Redis answers again") }
     }
 
-    private func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, seen: Bool) {
+    private func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) {
         let partition = message.topicPartition
-        let (startDevice, inFlight) = state.withLock { state -> (WorkItem?, Int) in
+        let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard state.trackers[partition] != nil, let generation = state.generations[partition] else {
                 return (nil, state.inFlight)
             }
@@ -319,29 +424,36 @@ public final class RelayPipeline: RelayStatus {
                 return (WorkItem(partition: partition, offset: message.offset, generation: generation,
                                  consumedAt: .now, intent: parsed), state.inFlight)
             }
+            var admission = admission
             var dedupeKey: String?
-            if deduplicator != nil {
-                let key = Deduplicator.key(topic: intent.topic, id: intent.id)
-                if seen || state.inFlightKeys.contains(key) {
-                    return (WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                     consumedAt: .now, intent: parsed, duplicate: true), state.inFlight)
+            if deduplicator != nil, case .send = admission {
+                let key = DevicePolicy.seenKey(token: intent.token, topic: intent.topic, id: intent.id)
+                if state.inFlightKeys.contains(key) {
+                    admission = .duplicate
+                } else {
+                    state.inFlightKeys.insert(key)
+                    dedupeKey = key
                 }
-                state.inFlightKeys.insert(key)
-                dedupeKey = key
             }
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                consumedAt: .now, intent: parsed, dedupeKey: dedupeKey)
-            if state.devices[intent.token] != nil {
-                state.devices[intent.token]!.append(item)
-                return (nil, state.inFlight)
-            }
-            state.devices[intent.token] = CircularBuffer(initialCapacity: 4)
-            return (item, state.inFlight)
+                                consumedAt: .now, intent: parsed, admission: admission, dedupeKey: dedupeKey)
+            return (Self.enqueue(item, &state), state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
-        guard let item = startDevice else { return }
-        Task { await self.work(item) }
+        guard let start else { return }
+        Task { await self.work(start) }
+    }
+
+    /// Queues an item behind its device's earlier ones; returns it when it can start now.
+    private static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
+        guard let token = item.queueToken else { return item }
+        if state.devices[token] != nil {
+            state.devices[token]!.append(item)
+            return nil
+        }
+        state.devices[token] = CircularBuffer(initialCapacity: 4)
+        return item
     }
 
     /// Runs one item, then the items queued behind it for the same device, in order.
@@ -349,10 +461,10 @@ public final class RelayPipeline: RelayStatus {
         var next: WorkItem? = first
         while let item = next {
             await handle(item)
-            guard case .success(let intent) = item.intent, !item.duplicate else { return }
+            guard let token = item.queueToken else { return }
             next = state.withLock { state in
-                if let queued = state.devices[intent.token]?.popFirst() { return queued }
-                state.devices[intent.token] = nil
+                if let queued = state.devices[token]?.popFirst() { return queued }
+                state.devices[token] = nil
                 return nil
             }
         }
@@ -364,11 +476,13 @@ public final class RelayPipeline: RelayStatus {
     @inline(never)
     private func handle(_ item: WorkItem) async {
         let ending: Ending
-        if let delivery = prepare(item) {
+        if case .park(let due) = item.admission, await park(item, due: due) {
+            ending = Ending(parked: true)
+        } else if let delivery = prepare(item) {
             await send(delivery)
             ending = delivery.ending
         } else {
-            ending = Ending(outcome: earlyOutcome(item))
+            ending = await earlyEnding(item)
         }
         await conclude(item, ending)
     }
@@ -379,9 +493,13 @@ public final class RelayPipeline: RelayStatus {
     private final class Ending {
         var outcome: Outcome?
         var lastSent: DeviceRecords.LastSent?
+        /// In its device's mailbox: no outcome now (the mailbox answers it later), and its
+        /// offset may be committed.
+        var parked: Bool
 
-        init(outcome: Outcome? = nil) {
+        init(outcome: Outcome? = nil, parked: Bool = false) {
             self.outcome = outcome
+            self.parked = parked
         }
     }
 
@@ -409,13 +527,18 @@ public final class RelayPipeline: RelayStatus {
     @inline(never)
     private func conclude(_ item: WorkItem, _ ending: Ending) async {
         guard let outcome = ending.outcome else {
-            finish(item, stored: false)
+            finish(item, stored: ending.parked)
             return
         }
         if let key = item.dedupeKey, Self.isAnswered(outcome.status) {
             await record(key, outcome, item, lastSent: ending.lastSent)
         }
-        await publish(outcome, item)
+        guard await publish(outcome, item) else {
+            finish(item, stored: false)
+            return
+        }
+        if let member = item.mailboxMember { await release(member, item) }
+        finish(item, stored: true)
     }
 
     /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
@@ -428,17 +551,166 @@ public final class RelayPipeline: RelayStatus {
     @inline(never)
     private func record(_ key: String, _ outcome: Outcome, _ item: WorkItem, lastSent: DeviceRecords.LastSent?) async {
         guard let deduplicator else { return }
+        let window = configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds
+        _ = await withRedisRetries(item) { () throws(RedisError) in
+            try await deduplicator.record(key, status: outcome.status.rawValue, window: window, lastSent: lastSent)
+        }
+    }
+
+    /// Runs `body` until it succeeds. While Redis fails: retries with backoff as long as the
+    /// item's partition is still ours, or with `redis.fail_open` gives up at once. Nil when it
+    /// gave up.
+    private func withRedisRetries<T>(_ item: WorkItem, _ body: () async throws(RedisError) -> T) async -> T? {
         var attempt = 0
         while true {
             do {
-                try await deduplicator.record(key, status: outcome.status.rawValue, lastSent: lastSent)
-                return
+                let result = try await body()
+                if attempt > 0 { redisRecovered() }
+                return result
             } catch {
                 redisFailed(error)
-                if configuration.redis.failOpen || !isCurrent(item) { return }
+                if configuration.redis.failOpen || !isCurrent(item) || Task.isCancelled { return nil }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
             }
+        }
+    }
+
+    // MARK: Mailboxes
+
+    /// Parks the item's intent in its device's mailbox (the intent it displaces there comes out
+    /// `coalesced`). False when it could not (Redis failing with `redis.fail_open`, or the
+    /// partition was revoked meanwhile: then the intent is sent, or abandoned, as usual).
+    @inline(never)
+    private func park(_ item: WorkItem, due: Int64, tooManyRequests: Bool = false) async -> Bool {
+        guard let policy, case .success(let intent) = item.intent, isCurrent(item) else { return false }
+        let entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
+                                       consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
+                                       expiration: intent.expiration, message: intent.encoded)
+        let now = nowMilliseconds()
+        guard let parked = await withRedisRetries(item, { () throws(RedisError) in
+            try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
+                                  due: max(due, now), now: now, tooManyRequests: tooManyRequests)
+        }) else { return false }
+        RelayMetrics.parked.increment()
+        logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
+        if let displaced = parked.displaced {
+            await publishDisplaced(displaced, by: intent.id, item)
+        }
+        return true
+    }
+
+    /// Publishes `coalesced` for an intent a newer one displaced from its mailbox.
+    @inline(never)
+    private func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async {
+        let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
+        var outcome = earlyOutcome(displaced, .coalesced(by: newer))
+        outcome.supersededBy = newer
+        _ = await publish(outcome, item)
+    }
+
+    /// A work item for an intent kept in a mailbox (its offset is not stored again).
+    private func mailboxItem(_ entry: DevicePolicy.Entry, token: String?, member: String?, generation: Int,
+                             admission: Admission = .send) -> WorkItem {
+        let now = APNsIdentifiers.epochMilliseconds()
+        var intent = Result { () throws(InvalidIntent) in
+            try Intent.parse(entry.message, key: token.map { Array($0.utf8) }, now: clock(), defaultTTL: configuration.defaults.expirationSeconds)
+        }
+        if case .success(var parsed) = intent {
+            parsed.expiration = entry.expiration
+            intent = .success(parsed)
+        }
+        let partition = TopicPartition(topic: configuration.kafka.intentsTopic, partition: entry.partition)
+        var dedupeKey: String?
+        if case .success(let parsed) = intent, case .send = admission {
+            dedupeKey = DevicePolicy.seenKey(token: parsed.token, topic: parsed.topic, id: parsed.id)
+        }
+        return WorkItem(partition: partition, offset: entry.offset, generation: generation,
+                        consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
+                        intent: intent, admission: admission, dedupeKey: dedupeKey, mailboxMember: member)
+    }
+
+    /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease
+    /// runs out and the entry is taken again, then answered `duplicate`).
+    private func release(_ member: String, _ item: WorkItem) async {
+        guard let policy, let deduplicator, let parts = DevicePolicy.parseMember(member) else { return }
+        do throws(RedisError) {
+            try await deduplicator.submit(policy.releaseCommands(partition: item.partition.partition,
+                                                                 token: parts.token, topic: parts.topic, id: parts.id))
+        } catch {
+            redisFailed(error)
+        }
+    }
+
+    /// While running: every `policy.mailbox_poll_ms`, takes the mailbox entries that became due
+    /// on the partitions this relay owns and sends them through their devices' queues.
+    private func deliverMailboxes() async {
+        guard let policy else { return }
+        let interval = Duration.milliseconds(configuration.policy.mailboxPollMilliseconds)
+        while !Task.isCancelled {
+            try? await Task.sleep(for: interval)
+            if Task.isCancelled { return }
+            await takeDueMailboxes(policy)
+        }
+    }
+
+    @inline(never)
+    private func takeDueMailboxes(_ policy: DevicePolicy) async {
+        let (owned, room) = state.withLock { state in
+            (state.trackers.keys.filter { $0.topic == configuration.kafka.intentsTopic }.map { ($0.partition, state.generations[$0] ?? 0) },
+             configuration.limits.maxInFlight - state.inFlight)
+        }
+        guard !owned.isEmpty, room > 0 else { return }
+        let generations = Dictionary(owned, uniquingKeysWith: { $1 })
+        let now = nowMilliseconds()
+        let due: [(partition: Int32, member: String)]
+        do {
+            due = try await policy.due(partitions: owned.map(\.0).sorted(), now: now, limit: min(room, 500))
+        } catch {
+            redisFailed(error)
+            return
+        }
+        for (partition, member) in due {
+            let claimed = state.withLock { $0.mailboxJobs.insert(member).inserted }
+            guard claimed else { continue }
+            guard let parts = DevicePolicy.parseMember(member) else {
+                _ = try? await policy.reindex(partition: partition, member: member, due: nil)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            }
+            let taken: DevicePolicy.Take
+            do {
+                taken = try await policy.take(partition: partition, token: parts.token, topic: parts.topic, id: parts.id,
+                                              rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
+            } catch {
+                redisFailed(error)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                return
+            }
+            let generation = generations[partition] ?? 0
+            let item: WorkItem
+            switch taken {
+            case .stale, .notYet:
+                if case .notYet(let next) = taken {
+                    _ = try? await policy.reindex(partition: partition, member: member, due: next)
+                } else {
+                    _ = try? await policy.reindex(partition: partition, member: member, due: nil)
+                }
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            case .answered(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .duplicate)
+            case .expired(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .expiredParked)
+            case .claimed(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation)
+            }
+            let start = state.withLock { state -> WorkItem? in
+                state.inFlight += 1
+                if let key = item.dedupeKey { state.inFlightKeys.insert(key) }
+                return Self.enqueue(item, &state)
+            }
+            if let start { Task { await self.work(start) } }
         }
     }
 
@@ -454,19 +726,49 @@ public final class RelayPipeline: RelayStatus {
         return metadata.merging(extra) { $1 }
     }
 
-    /// The delivery of a usable, new intent; nil for the others (see ``earlyOutcome(_:)``).
+    /// The delivery of a usable intent that is to be sent; nil for the others (see
+    /// ``earlyEnding(_:)``).
     @inline(never)
     private func prepare(_ item: WorkItem) -> Delivery? {
-        guard case .success(let intent) = item.intent, !item.duplicate else { return nil }
-        return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic))
+        guard case .success(let intent) = item.intent else { return nil }
+        switch item.admission {
+        case .send, .park: return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic))
+        default: return nil
+        }
     }
 
-    /// The outcome of an unusable message or a duplicate.
+    /// How an intent that is not sent ends. A coalesced intent's badge change still counts
+    /// (the newer notification shows the sum).
     @inline(never)
-    private func earlyOutcome(_ item: WorkItem) -> Outcome {
-        switch item.intent {
-        case .failure(let invalid): invalidOutcome(item, invalid)
-        case .success(let intent): makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
+    private func earlyEnding(_ item: WorkItem) async -> Ending {
+        if case .inMailbox = item.admission { return Ending(parked: true) }
+        var outcome = earlyOutcome(item, item.admission)
+        if case .coalesced = item.admission, case .success(let intent) = item.intent, let change = intent.badge, let badges {
+            outcome.badge = await withRedisRetries(item) { () throws(RedisError) in
+                try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
+            }
+        }
+        return Ending(outcome: outcome)
+    }
+
+    /// The outcome of an unusable message or of an intent the policy keeps from being sent.
+    @inline(never)
+    private func earlyOutcome(_ item: WorkItem, _ admission: Admission) -> Outcome {
+        guard case .success(let intent) = item.intent else {
+            if case .failure(let invalid) = item.intent { return invalidOutcome(item, invalid) }
+            fatalError("unreachable")
+        }
+        switch admission {
+        case .coalesced(let newer):
+            var outcome = makeOutcome(item, intent: intent, status: .coalesced, reason: "Superseded")
+            outcome.supersededBy = newer
+            return outcome
+        case .nowOrNever:
+            return makeOutcome(item, intent: intent, status: .expired, reason: "RateLimited")
+        case .expiredParked:
+            return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
+        case .duplicate, .send, .park, .inMailbox:
+            return makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
         }
     }
 
@@ -518,6 +820,8 @@ public final class RelayPipeline: RelayStatus {
         case finish
         case send(APNsClient)
         case wait(Duration)
+        /// Into the device's mailbox until `due` (epoch ms), after a 429 or past the retry budget.
+        case park(due: Int64, tooManyRequests: Bool)
     }
 
     /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries
@@ -575,6 +879,12 @@ public final class RelayPipeline: RelayStatus {
                 } catch {
                     step = delivery.finish(timeoutOutcome(delivery))
                 }
+            case .park(let due, let tooManyRequests):
+                if await park(delivery.item, due: due, tooManyRequests: tooManyRequests) {
+                    delivery.ending.parked = true
+                    return
+                }
+                step = tooManyRequests ? retryOrGiveUp(delivery) : delivery.finish(timeoutOutcome(delivery))
             }
         }
     }
@@ -644,6 +954,10 @@ public final class RelayPipeline: RelayStatus {
                 // Now or never: one try.
                 return delivery.finish(makeOutcome(item, intent: intent, status: .expired, result: result, attempts: delivery.attempts))
             }
+            if result.reason == .tooManyRequests, policy != nil {
+                // Too fast for this device: it backs off in Redis and the intent waits in its mailbox.
+                return .park(due: nowMilliseconds(), tooManyRequests: true)
+            }
             logger.debug("retrying", metadata: metadata(item, ["apns.reason": "\(reason ?? "none")"]))
             RelayMetrics.retries.increment()
             return retryOrGiveUp(delivery)
@@ -656,8 +970,14 @@ public final class RelayPipeline: RelayStatus {
         let delay = backoff.delay(attempt: delivery.retry)
         delivery.retry += 1
         let resumeAt = clock() + delay.components.seconds
-        if resumeAt > delivery.retryDeadline || resumeAt > delivery.intent.expiration {
+        if resumeAt > delivery.intent.expiration {
             return delivery.finish(timeoutOutcome(delivery))
+        }
+        if resumeAt > delivery.retryDeadline {
+            // APNs unavailable past the retry budget: with Redis the intent waits in its mailbox
+            // (tried again after the longest backoff) instead of failing.
+            guard policy != nil else { return delivery.finish(timeoutOutcome(delivery)) }
+            return .park(due: nowMilliseconds() + Int64(configuration.retry.maxBackoffMilliseconds), tooManyRequests: false)
         }
         return .wait(delay)
     }
@@ -759,10 +1079,10 @@ public final class RelayPipeline: RelayStatus {
                        at: APNsIdentifiers.epochMilliseconds())
     }
 
-    /// Publishes until the delivery report succeeds (retrying with backoff), then finishes the
-    /// item. If the partition is revoked meanwhile the offset is not stored.
+    /// Publishes until the delivery report succeeds (retrying with backoff). False when the
+    /// item's partition was revoked meanwhile (the outcome may not be out).
     @inline(never)
-    private func publish(_ outcome: Outcome, _ item: WorkItem) async {
+    private func publish(_ outcome: Outcome, _ item: WorkItem) async -> Bool {
         let value = outcome.utf8
         let key = outcome.token.map { Array($0.utf8) }
         var retry = 0
@@ -772,10 +1092,7 @@ public final class RelayPipeline: RelayStatus {
                 break
             } catch {
                 logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
-                if !isCurrent(item) {
-                    finish(item, stored: false)
-                    return
-                }
+                if !isCurrent(item) { return false }
                 try? await Task.sleep(for: backoff.delay(attempt: retry))
                 retry += 1
             }
@@ -783,7 +1100,7 @@ public final class RelayPipeline: RelayStatus {
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome)
         published?(outcome)
-        finish(item, stored: true)
+        return true
     }
 
     /// Ends an item: its offset becomes committable once it and every earlier one are done.
@@ -795,8 +1112,10 @@ public final class RelayPipeline: RelayStatus {
         let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
             if let key = item.dedupeKey { state.inFlightKeys.remove(key) }
+            if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
-            if stored, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil,
+            // Intents from a mailbox had their offsets stored when they were parked.
+            if stored, item.mailboxMember == nil, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil,
                let committable = state.trackers[item.partition]!.finish(item.offset) {
                 do {
                     try consumer.storeOffset(item.partition, offset: committable)

@@ -26,6 +26,57 @@ struct ConfigurationTests {
         #expect(configuration.redis.connections == defaults.redis.connections)
         #expect(configuration.redis.timeoutMilliseconds == defaults.redis.timeoutMilliseconds)
         #expect(configuration.policy.dedupeWindowSeconds == defaults.policy.dedupeWindowSeconds)
+        #expect(configuration.policy.defaults == defaults.policy.defaults)
+        #expect(configuration.policy.topics.isEmpty)
+        #expect(configuration.policy.mailboxPollMilliseconds == defaults.policy.mailboxPollMilliseconds)
+        #expect(configuration.policy.backoffInitialSeconds == defaults.policy.backoffInitialSeconds)
+        #expect(configuration.policy.backoffMaxSeconds == defaults.policy.backoffMaxSeconds)
+    }
+
+    @Test func policyRulesApplyPerTopicOverTheGlobalOnes() throws {
+        let configuration = try RelayConfiguration.load(yaml: """
+            policy:
+              dedupe_window_seconds: 3600
+              rate_limit: {burst: 8, refill_per_second: 0.5}
+              topics:
+                com.example.game:
+                  rate_limit: {burst: 3, refill_per_second: 0.05}
+                  coalesce: false
+                com.example.news:
+                  dedupe_window_seconds: 60
+            """, environment: ["APNS_RELAY_POLICY_RATE_LIMIT_BURST": "9"])
+        let global = configuration.policy.rules(for: "com.example.app")
+        #expect(global.rateLimit == .init(burst: 9, refillPerSecond: 0.5))
+        #expect(global.dedupeWindowSeconds == 3600 && global.coalesce)
+        let game = configuration.policy.rules(for: "com.example.game")
+        #expect(game.rateLimit == .init(burst: 3, refillPerSecond: 0.05))
+        #expect(!game.coalesce && game.dedupeWindowSeconds == 3600)
+        let news = configuration.policy.rules(for: "com.example.news")
+        #expect(news.dedupeWindowSeconds == 60 && news.rateLimit == global.rateLimit && news.coalesce)
+        #expect(configuration.policy.longestDedupeWindowSeconds == 3600)
+        #expect(configuration.redactedYAML.contains("rate_limit: {burst: 3, refill_per_second: 0.05}"))
+        // Off: burst 0.
+        let off = try RelayConfiguration.load(yaml: "policy: {rate_limit: {burst: 0}}", environment: [:])
+        #expect(!off.policy.defaults.rateLimit.isEnabled)
+        do {
+            _ = try RelayConfiguration.load(yaml: """
+                policy:
+                  rate_limit: {burst: -1, refill_per_second: "fast", spare: 1}
+                  coalesce: maybe
+                  backoff_initial_seconds: 600
+                  backoff_max_seconds: 60
+                  topics:
+                    com.example.game: {rate_limit: {refill_per_second: 0}, shape: round}
+                    com.example.bad: 7
+                """, environment: [:])
+            Issue.record("bad policy settings were accepted")
+        } catch let error as ConfigurationError {
+            #expect(Set(error.issues.map(\.key)) == [
+                "policy.rate_limit.burst", "policy.rate_limit.refill_per_second", "policy.rate_limit.spare", "policy.coalesce",
+                "policy.backoff_max_seconds", "policy.topics.com.example.game.rate_limit.refill_per_second",
+                "policy.topics.com.example.game.shape", "policy.topics.com.example.bad",
+            ])
+        }
     }
 
     @Test func redisSettingsAreCheckedAndTheirPasswordNeverShown() throws {

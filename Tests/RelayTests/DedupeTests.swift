@@ -42,8 +42,8 @@ struct DedupeTests {
 
         // The record holds the status, with the window as its TTL.
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:com.example.app:d-1"])).string == "delivered")
-        let ttl = try #require(try await client.send(RedisCommand("TTL", ["apns-relay:seen:com.example.app:d-1"])).integer)
+        #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).string == "delivered")
+        let ttl = try #require(try await client.send(RedisCommand("TTL", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).integer)
         #expect(ttl > 3500 && ttl <= 3600)
         await client.shutdown()
         await harness.stop()

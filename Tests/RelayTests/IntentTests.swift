@@ -88,11 +88,25 @@ struct IntentTests {
         #expect(garbage.token == "the-key")
     }
 
+    /// How a parked intent is kept: written back as an intent that parses to the same one.
+    @Test func anEncodedIntentParsesBackToTheSameIntent() throws {
+        let t = String(repeating: "ab", count: 32)
+        let original = try Self.parse(#"{"id":"e\"1","token":"\#(t)","topic":"com.x","push_type":"alert","priority":5,"expiration":1900000000,"collapse_id":"c","environment":"development","badge":{"increment":-2},"payload":{"aps":{"alert":"hi \u00e9"},"k":[1,2]}}"#).get()
+        let again = try Intent.parse(original.encoded, key: nil, now: 0, defaultTTL: 5)
+        #expect(again.id == original.id && again.token == t && again.topic == "com.x")
+        #expect(again.pushType == original.pushType && again.priority == 5 && again.expiration == 1_900_000_000)
+        #expect(again.collapseID == "c" && again.environment == .development && again.badge == .increment(-2))
+        #expect(again.payload == original.payload)
+        // No expiration given: the one resolved when it was consumed is kept.
+        let defaulted = try Self.parse(#"{"id":"d","token":"\#(t)","topic":"com.x","payload":{"aps":{}}}"#).get()
+        #expect(try Intent.parse(defaulted.encoded, key: nil, now: 99, defaultTTL: 1).expiration == defaulted.expiration)
+    }
+
     @Test func outcomeJSONHasEveryFieldInOrder() throws {
         let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
                               reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
                               latencyMilliseconds: 7, partition: 3, offset: 42, worker: "w", at: 9)
-        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"badge":null,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"badge":null,"superseded_by":null,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
     }
 }

@@ -21,8 +21,11 @@ struct RelayHarness {
     let outcomesTopic: String
     let running: Task<Void, Never>
 
+    /// - Parameter preload: intents (JSON, key) on the topic before the relay starts, so that it
+    ///   consumes them in one batch.
     static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
-                      configureRelay: (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
+                      configureRelay: (inout RelayConfiguration) -> Void = { _ in },
+                      preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
         let cluster = try KafkaMockCluster(brokers: 1)
         let suffix = UUID().uuidString.prefix(8)
         let intentsTopic = "apns.intents.\(suffix)", outcomesTopic = "apns.outcomes.\(suffix)"
@@ -48,9 +51,12 @@ struct RelayHarness {
         configuration.retry.initialBackoffMilliseconds = 20
         configuration.retry.maxBackoffMilliseconds = 200
         configureRelay(&configuration)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        // All at once, in order: the producer puts them in one record batch (the mock cluster
+        // answers a fetch with one record batch per partition).
+        _ = try await producer.send(topic: intentsTopic, records: preload.map { (Array($0.key.utf8), Array($0.json.utf8)) })
         let pipeline = try RelayPipeline(configuration: configuration, worker: "test-worker")
         let running = Task { await pipeline.run() }
-        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
         return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration, producer: producer,
                             intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
     }

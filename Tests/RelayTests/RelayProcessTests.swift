@@ -292,14 +292,16 @@ struct BenchE2EProcessTests {
 @Suite("apns-relay demo")
 struct DemoProcessTests {
     @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() throws {
-        let run = try RelayBinary.run(["demo", "--count", "200", "--devices", "20", "--failure-rate", "0"])
+        let run = try RelayBinary.run(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         func count(_ status: String) -> Int? {
             text.split(separator: "\n").first { $0.hasPrefix(status + " ") }.flatMap { Int($0.split(separator: " ").last ?? "") }
         }
-        // 200 normal intents and 20 badge increments for one device.
-        #expect(count("delivered") == 220, "\(text)")
+        // 200 normal intents (5 per device), and a burst of 20 badge increments at one device
+        // with the default rate limit (burst 10): 10 at once, 9 coalesced, the newest later.
+        #expect(count("delivered") == 211, "\(text)")
+        #expect(count("coalesced") == 9, "\(text)")
         #expect(text.contains("badge count after 20 increments for one device: 20"), "\(text)")
         #expect((count("duplicate") ?? 0) > 0, "\(text)")
         #expect(count("unregistered") == 5)

@@ -1,0 +1,186 @@
+import APNs
+import APNsSimulator
+import Foundation
+import Redis
+import Relay
+import TestSupport
+import Testing
+
+/// Rate limits, mailboxes and coalescing against a real redis-server, the simulator and the
+/// mock Kafka cluster.
+@Suite("Per-device policy: rate limit, mailboxes, coalescing")
+struct PolicyTests {
+    static func harness(_ redis: RedisServerProcess, burst: Int, refill: Double,
+                        configure: (inout RelayConfiguration) -> Void = { _ in },
+                        simulator: (inout SimulatorConfiguration) -> Void = { _ in },
+                        preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
+        try await RelayHarness.start(configure: simulator, configureRelay: {
+            $0.redis.url = redis.url
+            $0.policy.defaults.rateLimit = .init(burst: burst, refillPerSecond: refill)
+            $0.policy.mailboxPollMilliseconds = 100
+            configure(&$0)
+        }, preload: preload)
+    }
+
+    /// A relay with burst 1 and one token per 5 s, after `sent` went out and `parked` went into
+    /// the device's mailbox (due about 5 s after `sent`).
+    static func oneSentOneParked(_ redis: RedisServerProcess, token: String, sent: String, parked: String) async throws -> RelayHarness {
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.2)
+        try await harness.produce(intent(sent, token: token), key: token)
+        try await harness.produce(intent(parked, token: token), key: token)
+        try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 1 && harness.pipeline.inFlight == 0 }
+        return harness
+    }
+
+    static func byID(_ outcomes: [[String: Any]]) -> [String: [String: Any]] {
+        Dictionary(outcomes.map { ($0["id"] as? String ?? "", $0) }, uniquingKeysWith: { first, _ in first })
+    }
+
+    static func sent(_ harness: RelayHarness, _ id: String) -> Int {
+        harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: id)) }.count
+    }
+
+    @Test func aBurstAtOneDeviceSendsTheBurstThenOnlyTheNewest() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0xb0)
+        let harness = try await Self.harness(redis, burst: 5, refill: 0.5,
+                                             preload: (1...20).map { (intent("burst-\($0)", token: token), token) })
+        let outcomes = try await harness.outcomes(count: 20)
+        let byID = Self.byID(outcomes)
+        #expect(byID.count == 20)
+        for index in 1...5 {
+            #expect(byID["burst-\(index)"]?["status"] as? String == "delivered", "burst-\(index)")
+        }
+        for index in 6...19 {
+            let outcome = try #require(byID["burst-\(index)"])
+            #expect(outcome["status"] as? String == "coalesced", "burst-\(index)")
+            #expect(outcome["reason"] as? String == "Superseded")
+            #expect(outcome["attempts"] as? Int == 0)
+            #expect(outcome["token"] as? String == token)
+            let newer = try #require(outcome["superseded_by"] as? String)
+            #expect(Int(newer.dropFirst("burst-".count))! > index)
+        }
+        // The newest waited in the mailbox until the bucket had a token again (2 s per token).
+        let newest = try #require(byID["burst-20"])
+        #expect(newest["status"] as? String == "delivered")
+        #expect(newest["superseded_by"] is NSNull)
+        #expect((newest["latency_ms"] as? Int ?? 0) >= 1000)
+        #expect(harness.simulator.accepted.count == 6)
+        #expect(Self.sent(harness, "burst-20") == 1)
+        await harness.stop()
+    }
+
+    @Test func anIntentExpiringWhileParkedComesOutExpired() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.001)
+        let token = hexToken(0xe1)
+        let soon = Int64(Date().timeIntervalSince1970) + 2
+        try await harness.produce(intent("first", token: token), key: token)
+        try await harness.produce(intent("parked", token: token, extra: #","expiration":\#(soon)"#), key: token)
+        try await harness.produce(intent("now-or-never", token: hexToken(0xe1), extra: #","expiration":0"#), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        #expect(byID["first"]?["status"] as? String == "delivered")
+        let parked = try #require(byID["parked"])
+        #expect(parked["status"] as? String == "expired")
+        #expect(parked["reason"] as? String == "ExpiredWhileParked")
+        #expect(parked["attempts"] as? Int == 0)
+        let nowOrNever = try #require(byID["now-or-never"])
+        #expect(nowOrNever["status"] as? String == "expired")
+        #expect(nowOrNever["reason"] as? String == "RateLimited")
+        #expect(harness.simulator.accepted.count == 1)
+        await harness.stop()
+    }
+
+    @Test func intentsParkedAcrossARestartAreDeliveredOnceAfterIt() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0x5e)
+        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "before", parked: "waiting")
+        // Stop this relay while "waiting" sits in the mailbox (due about 5 s after "before") ...
+        harness.pipeline.requestStop()
+        await harness.running.value
+        #expect(harness.pipeline.outcomeCounts == ["delivered": 1])
+        // ... and start another one in the same group: it owns the partition now and delivers it.
+        let second = try RelayPipeline(configuration: harness.configuration, worker: "second")
+        let running = Task { await second.run() }
+        let outcomes = try await harness.outcomes(count: 2)
+        let waiting = try #require(Self.byID(outcomes)["waiting"])
+        #expect(waiting["status"] as? String == "delivered")
+        #expect(waiting["worker"] as? String == "second")
+        #expect(Self.sent(harness, "waiting") == 1)
+        // Consuming again from the committed offsets finds nothing more to do.
+        try await waitUntil { second.inFlight == 0 }
+        #expect(second.outcomeCounts == ["delivered": 1])
+        second.requestStop()
+        await running.value
+        await harness.producer.close()
+        await harness.simulator.stop()
+    }
+
+    @Test func a429BacksTheDeviceOffAndTheNewestIntentWaitsItOut() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 4
+        }, simulator: {
+            $0.behaviour.rateLimitPerDevice = 2
+            $0.behaviour.rateLimitWindow = .milliseconds(500)
+        })
+        let token = hexToken(0x429)
+        for index in 1...3 {
+            try await harness.produce(intent("fast-\(index)", token: token), key: token)
+        }
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        #expect(byID.values.allSatisfy { $0["status"] as? String == "delivered" })
+        // The third met a 429, waited out the device's backoff in its mailbox, then went out.
+        let third = try #require(byID["fast-3"])
+        #expect((third["latency_ms"] as? Int ?? 0) >= 900)
+        #expect(Self.sent(harness, "fast-3") == 1)
+        #expect(harness.simulator.accepted.count == 3)
+        await harness.stop()
+    }
+
+    @Test func oneBatchCollapsesToTheNewestPerCollapseIDUnlessTheTopicSaysNo() async throws {
+        for coalesce in [true, false] {
+            let redis = try RedisServerProcess()
+            let token = hexToken(0xc0)
+            let intents = (1...3).map { (intent("score-\($0)", token: token, extra: #","collapse_id":"score""#), token) }
+                + [(intent("other", token: token, extra: #","collapse_id":"chat""#), token)]
+            let harness = try await Self.harness(redis, burst: 100, refill: 1, configure: { configuration in
+                if !coalesce {
+                    var rules = configuration.policy.defaults
+                    rules.coalesce = false
+                    configuration.policy.topics["com.example.app"] = rules
+                }
+            }, preload: intents)
+            let byID = Self.byID(try await harness.outcomes(count: 4))
+            #expect(byID["score-3"]?["status"] as? String == "delivered")
+            #expect(byID["other"]?["status"] as? String == "delivered")
+            for index in 1...2 {
+                let outcome = try #require(byID["score-\(index)"])
+                if coalesce {
+                    #expect(outcome["status"] as? String == "coalesced")
+                    #expect(outcome["superseded_by"] as? String == "score-3")
+                } else {
+                    #expect(outcome["status"] as? String == "delivered")
+                }
+            }
+            #expect(harness.simulator.accepted.count == (coalesce ? 2 : 4))
+            await harness.stop()
+        }
+    }
+
+    @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0xd0)
+        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two")
+        // A copy of the parked intent while it waits (due 5 s after "one"): it is in the mailbox already.
+        try await harness.produce(intent("two", token: token), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 2))
+        #expect(byID["one"]?["status"] as? String == "delivered")
+        #expect(byID["two"]?["status"] as? String == "delivered")
+        try await waitUntil { harness.pipeline.inFlight == 0 }
+        #expect(Self.sent(harness, "two") == 1)
+        #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
+        await harness.stop()
+    }
+}
