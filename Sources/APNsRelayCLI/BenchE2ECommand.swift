@@ -84,7 +84,7 @@ struct BenchWorkload: ParsableArguments {
     @Option(help: "Distinct device tokens.")
     var devices: Int = 20_000
 
-    @Flag(help: "Per-device policy on: a private redis-server, dedupe of every intent.")
+    @Flag(help: "Per-device policy on (the defaults: dedupe, rate limit burst 10, coalescing): a private redis-server. With the default workload no device reaches its limit.")
     var policy = false
 
     func validate() throws {

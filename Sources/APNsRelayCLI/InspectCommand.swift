@@ -29,6 +29,8 @@ struct InspectCommand: AsyncParsableCommand {
     func run() async throws {
         Terminal.logErrorsOnly()
         let url: RedisURL
+        // The rules the bucket is read with: the file's, or the defaults.
+        var policy = RelayConfiguration.Policy()
         do {
             if let redis {
                 url = try RedisURL(parsing: redis)
@@ -39,6 +41,7 @@ struct InspectCommand: AsyncParsableCommand {
                     throw ExitCode(1)
                 }
                 url = try RedisURL(parsing: configuration.redis.url)
+                policy = configuration.policy
             }
         } catch let error as ExitCode {
             throw error
@@ -69,6 +72,32 @@ struct InspectCommand: AsyncParsableCommand {
             Terminal.line("last sent: none recorded")
         }
         Terminal.line("badge: \(records.badge.map(String.init) ?? "none")")
-        Terminal.line("parked: none (rate limits and store-and-forward are not part of this version)")
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        func when(_ milliseconds: Int64) -> String {
+            let date = Date(timeIntervalSince1970: Double(milliseconds) / 1000).formatted(.iso8601)
+            let seconds = Double(milliseconds - now) / 1000
+            return seconds >= 0 ? String(format: "in %.1f s (%@)", seconds, date) : String(format: "%.1f s ago (%@)", -seconds, date)
+        }
+        if let parked = records.parked {
+            Terminal.line("parked: \(parked.id), due \(parked.at.map(when) ?? "?"), expires \(when(parked.expiration * 1000)): \(parked.intentJSON)")
+        } else {
+            Terminal.line("parked: none")
+        }
+        if let sending = records.sending {
+            Terminal.line("being sent: \(sending.id) (claim ends \(sending.at.map(when) ?? "?")): \(sending.intentJSON)")
+        }
+        let limit = policy.rules(for: topic).rateLimit
+        if !limit.isEnabled {
+            Terminal.line("bucket: rate limit off for \(topic)")
+        } else {
+            let tokens = records.tokens(at: now, limit: limit)
+            Terminal.line(String(format: "bucket: %.2f of %d tokens (refill %g/s%@)", tokens, limit.burst, limit.refillPerSecond,
+                                 config == nil ? ", the default rules: pass --config for the file's" : ""))
+        }
+        if let until = records.backoffUntil, until > now {
+            Terminal.line("429 backoff: until \(when(until)) (doubled \(records.backoffLevel ?? 0) times)")
+        } else {
+            Terminal.line("429 backoff: none")
+        }
     }
 }

@@ -30,16 +30,65 @@ public struct DeviceRecords: Sendable {
     /// The badge count kept for server-side badges, or nil when none was ever set.
     public var badge: Int64?
 
+    /// An intent in the device's mailbox.
+    public struct MailboxEntry: Sendable {
+        public var id: String
+        /// The intent as kept (an intents-topic message).
+        public var intentJSON: String
+        /// Epoch seconds.
+        public var expiration: Int64
+        /// Parked: when it may be sent (epoch ms). Being sent: when its claim's lease ends.
+        public var at: Int64?
+    }
+
+    /// The intent waiting in the mailbox, if any.
+    public var parked: MailboxEntry?
+    /// The intent a relay took from the mailbox and is sending, if any.
+    public var sending: MailboxEntry?
+
+    /// The device's token bucket as stored: tokens left when last counted, and when (epoch ms);
+    /// nil when the bucket is full (its key expired or was never written).
+    public var bucketTokens: Double?
+    public var bucketCountedAt: Int64?
+    /// 429 backoff: until when (epoch ms) and how many times it doubled.
+    public var backoffUntil: Int64?
+    public var backoffLevel: Int64?
+
+    /// Tokens in the bucket at `now` (epoch ms) under `limit`.
+    public func tokens(at now: Int64, limit: RelayConfiguration.Policy.RateLimit) -> Double {
+        guard let tokens = bucketTokens, let countedAt = bucketCountedAt else { return Double(limit.burst) }
+        return min(Double(limit.burst), tokens + Double(max(now - countedAt, 0)) * limit.refillPerSecond / 1000)
+    }
+
     /// Reads the device's records in one round trip.
     public static func read(token: String, topic: String, from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
         let last = lastSentKey(token: token, topic: topic)
         let replies = try await redis.pipeline([
             RedisCommand("GET", [last]), RedisCommand("TTL", [last]),
             RedisCommand("GET", [BadgeStore.countKey(token: token, topic: topic)]),
+            RedisCommand("HMGET", [DevicePolicy.mailboxKey(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
+            RedisCommand("HMGET", [DevicePolicy.deviceKey(token: token), "t", "at", "bu", "bl"]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
-        return DeviceRecords(lastSentJSON: replies[0].string,
-                             lastSentSecondsToLive: replies[0].isNull ? nil : replies[1].integer,
-                             badge: replies[2].integer)
+        var records = DeviceRecords(lastSentJSON: replies[0].string,
+                                    lastSentSecondsToLive: replies[0].isNull ? nil : replies[1].integer,
+                                    badge: replies[2].integer)
+        let mailbox = replies[3].array ?? []
+        func entry(_ first: Int) -> MailboxEntry? {
+            guard mailbox.count >= first + 4, let id = mailbox[first].string,
+                  let bytes = mailbox[first + 1].bytes, let stored = DevicePolicy.Entry(bytes) else { return nil }
+            return MailboxEntry(id: id, intentJSON: String(decoding: stored.message, as: UTF8.self),
+                                expiration: stored.expiration, at: mailbox[first + 3].integer)
+        }
+        records.parked = entry(0)
+        records.sending = entry(4)
+        let device = replies[4].array ?? []
+        if device.count == 4 {
+            records.bucketTokens = device[0].string.flatMap(Double.init)
+            records.bucketCountedAt = device[1].integer
+            records.backoffUntil = device[2].integer
+            records.backoffLevel = device[3].integer
+        }
+        return records
     }
 }

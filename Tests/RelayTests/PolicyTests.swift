@@ -173,6 +173,16 @@ struct PolicyTests {
         let redis = try RedisServerProcess()
         let token = hexToken(0xd0)
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two")
+        // `inspect` shows the parked intent, the empty bucket and the last notification sent.
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("policy-\(UUID()).yaml").path
+        try harness.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+        let inspected = try RelayBinary.run(["inspect", "--config", file, "--token", token, "--topic", "com.example.app"])
+        #expect(inspected.status == 0, "\(inspected.stdout)")
+        let lines = inspected.stdout.split(separator: "\n")
+        #expect(lines.contains { $0.hasPrefix("parked: two, due in ") && $0.contains(#""id":"two""#) }, "\(inspected.stdout)")
+        #expect(lines.contains { $0.hasPrefix("bucket: 0.") && $0.contains(" of 1 tokens (refill 0.2/s)") }, "\(inspected.stdout)")
+        #expect(lines.contains { $0.hasPrefix("last sent: ") && $0.contains(#""id":"one""#) }, "\(inspected.stdout)")
+        #expect(lines.contains("429 backoff: none"), "\(inspected.stdout)")
         // A copy of the parked intent while it waits (due 5 s after "one"): it is in the mailbox already.
         try await harness.produce(intent("two", token: token), key: token)
         let byID = Self.byID(try await harness.outcomes(count: 2))
