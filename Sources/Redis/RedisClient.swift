@@ -115,16 +115,23 @@ public final class RedisClient: Sendable {
     /// Runs the commands in one round trip; their replies in order (error replies included as
     /// ``RESPValue/error(_:)``).
     public func pipeline(_ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
-        guard !isShutDown.load(ordering: .relaxed) else { throw .shutdown }
-        let slot = slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]
-        let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
-        do {
-            return try await slot.execute(commands.map(\.arguments), deadline: deadline).get()
-        } catch let error as RedisError {
-            throw error
-        } catch {
-            throw .connectionLost("\(error)")
+        try await execute(commands, on: slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]).get()
+    }
+
+    /// Writes the commands now, as one pipeline on the client's first connection, and returns
+    /// their pending replies. Calls made one after another run in Redis in that order (one
+    /// connection answers in order), so a caller can have several round trips under way whose
+    /// effects must not be reordered.
+    public func submit(_ commands: [RedisCommand]) -> RedisPendingReplies {
+        execute(commands, on: slots[0])
+    }
+
+    private func execute(_ commands: [RedisCommand], on slot: RedisSlot) -> RedisPendingReplies {
+        guard !isShutDown.load(ordering: .relaxed) else {
+            return RedisPendingReplies(future: slot.eventLoop.makeFailedFuture(RedisError.shutdown))
         }
+        let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
+        return RedisPendingReplies(future: slot.execute(commands.map(\.arguments), deadline: deadline))
     }
 
     /// Runs a script with EVALSHA, loading it first when Redis does not have it.
@@ -138,7 +145,13 @@ public final class RedisClient: Sendable {
     /// (its script cache is empty: first use, restart, SCRIPT FLUSH) it loads `scripts` and runs
     /// again only the commands that were refused (they did not run), in a second round trip.
     public func pipelineLoading(_ scripts: [RedisScript], _ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
-        var replies = try await pipeline(commands)
+        try await reloadingRefused(scripts, commands, replies: try await pipeline(commands))
+    }
+
+    /// `replies` (to `commands`) with any NOSCRIPT answer replaced: loads `scripts` and runs the
+    /// refused commands again (they did not run), in one more round trip.
+    public func reloadingRefused(_ scripts: [RedisScript], _ commands: [RedisCommand], replies: [RESPValue]) async throws(RedisError) -> [RESPValue] {
+        var replies = replies
         let refused = replies.indices.filter { index in
             if case .error(let message) = replies[index] { return message.hasPrefix("NOSCRIPT") }
             return false
@@ -165,6 +178,21 @@ public final class RedisClient: Sendable {
         }
         if ownsGroup {
             try? await group.shutdownGracefully()
+        }
+    }
+}
+
+/// The replies of a ``RedisClient/submit(_:)``, to be awaited.
+public struct RedisPendingReplies: Sendable {
+    let future: EventLoopFuture<[RESPValue]>
+
+    public func get() async throws(RedisError) -> [RESPValue] {
+        do {
+            return try await future.get()
+        } catch let error as RedisError {
+            throw error
+        } catch {
+            throw .connectionLost("\(error)")
         }
     }
 }

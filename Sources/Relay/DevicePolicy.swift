@@ -67,9 +67,12 @@ struct DevicePolicy: Sendable {
     /// The decisions for one device and topic's intents of a consumed batch, in order.
     /// KEYS: device, mailbox, then one seen key per intent. ARGV: now ms, burst, refill per ms,
     /// then the intents' ids. Answers one code per intent (``Admission``), then the due time.
-    static let admitScript = RedisScript(bucket + """
+    static let admitScript = RedisScript("""
         local now, burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-        local tokens, bu = bucket(KEYS[1], now, burst, rate)
+        local d = redis.call('HMGET', KEYS[1], 't', 'at', 'bu')
+        local tokens, at, bu = tonumber(d[1]), tonumber(d[2]), tonumber(d[3]) or 0
+        if tokens == nil or at == nil then tokens = burst; at = now end
+        if burst > 0 then tokens = math.min(burst, tokens + math.max(0, now - at) * rate) end
         local m = redis.call('HMGET', KEYS[2], 'pid', 'cid')
         local out, took = {}, false
         for i = 4, #ARGV do
@@ -81,8 +84,16 @@ struct DevicePolicy: Sendable {
             elseif tokens >= 1 then tokens = tokens - 1; took = true; out[#out + 1] = 0
             else out[#out + 1] = 3 end
         end
-        if took then spend(KEYS[1], now, burst, rate, tokens, bu) end
-        out[#out + 1] = due(now, burst, rate, tokens, bu)
+        if took then
+            redis.call('HSET', KEYS[1], 't', tokens, 'at', now)
+            local keep = math.ceil(burst / rate) + 60000
+            if bu > now then keep = math.max(keep, bu - now + 60000) end
+            redis.call('PEXPIRE', KEYS[1], keep)
+        end
+        local due = now
+        if bu > now then due = bu end
+        if burst > 0 and tokens < 1 then due = math.max(due, now + math.ceil((1 - tokens) / rate)) end
+        out[#out + 1] = due
         return out
         """)
 
@@ -170,10 +181,12 @@ struct DevicePolicy: Sendable {
         var rules: RelayConfiguration.Policy.Rules
     }
 
-    /// The decisions for every group, and for each the time the device may be sent to next:
-    /// one round trip for the batch.
-    func admit(_ groups: [Group], now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
-        guard !groups.isEmpty else { return [] }
+    /// Asks for the decisions for every group: one round trip for the batch, written now.
+    /// Admissions submitted one after another run in Redis in that order (so a device's tokens
+    /// go to its intents in offset order even with several batches under way); a script cache
+    /// Redis lost (restart) costs the refused calls a second round trip, which can run after a
+    /// later batch's.
+    func submitAdmission(_ groups: [Group], now: Int64) -> PendingAdmission {
         let calls = groups.map { group -> RedisCommand in
             var keys = [Self.deviceKey(token: group.token), Self.mailboxKey(token: group.token, topic: group.topic)]
             keys += group.ids.map { Self.seenKey(token: group.token, topic: group.topic, id: $0) }
@@ -182,17 +195,36 @@ struct DevicePolicy: Sendable {
             arguments += group.ids.map { $0 as any RESPArgument }
             return RedisCommand.evalsha(Self.admitScript, keys: keys, arguments: arguments)
         }
-        let replies = try await client.pipelineLoading([Self.admitScript], calls)
-        return try zip(groups, replies).map { group, reply throws(RedisError) in
-            guard case .array(let values) = reply, values.count == group.ids.count + 1,
-                  let due = values.last?.integer else { throw .protocolError("admit script answered \(reply)") }
-            let decisions = try values.dropLast().map { value throws(RedisError) in
-                guard let code = value.integer, let decision = Admission(rawValue: Int(code)) else {
-                    throw .protocolError("admit script answered \(reply)")
+        return PendingAdmission(policy: self, groups: groups, calls: calls, replies: groups.isEmpty ? nil : client.submit(calls))
+    }
+
+    /// A batch's admission under way.
+    struct PendingAdmission: Sendable {
+        let policy: DevicePolicy
+        let groups: [Group]
+        let calls: [RedisCommand]
+        let replies: RedisPendingReplies?
+
+        /// The decisions for every group, and for each the time the device may be sent to next.
+        func get() async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
+            guard let replies else { return [] }
+            let answers = try await policy.client.reloadingRefused([DevicePolicy.admitScript], calls, replies: try await replies.get())
+            return try zip(groups.map(\.ids.count), answers).map { count, reply throws(RedisError) in
+                guard case .array(let values) = reply, values.count == count + 1,
+                      let due = values.last?.integer else { throw .protocolError("admit script answered \(reply)") }
+                let decisions = try values.dropLast().map { value throws(RedisError) in
+                    guard let code = value.integer, let decision = Admission(rawValue: Int(code)) else {
+                        throw .protocolError("admit script answered \(reply)")
+                    }
+                    return decision
                 }
-                return decision
+                return (decisions, due)
             }
-            return (decisions, due)
+        }
+
+        /// The same question asked again at `now` (after Redis failed it).
+        func again(now: Int64) -> PendingAdmission {
+            policy.submitAdmission(groups, now: now)
         }
     }
 

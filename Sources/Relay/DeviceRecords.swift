@@ -8,7 +8,8 @@ public struct DeviceRecords: Sendable {
     public struct LastSent: Sendable {
         public var token: String
         public var topic: String
-        public var json: String
+        /// `{"id":…,"apns_id":…,"at":ms,"payload":{…}}` as UTF-8.
+        public var json: [UInt8]
     }
 
     static let lastSentTTL = 7 * 86_400
@@ -20,11 +21,12 @@ public struct DeviceRecords: Sendable {
         writer.add("id", intent.id)
         writer.addOrNull("apns_id", apnsID)
         writer.add("at", at)
-        writer.add("payload", String(buffer: notification.payload))
-        return LastSent(token: intent.token, topic: intent.topic, json: writer.json)
+        // The payload is compact JSON already: kept as it is (no escaping on the hot path).
+        writer.addJSON("payload", notification.payload.readableBytesView)
+        return LastSent(token: intent.token, topic: intent.topic, json: writer.finish())
     }
 
-    /// `{"id":…,"apns_id":…,"at":ms,"payload":"…"}` of the last notification APNs accepted, or nil.
+    /// `{"id":…,"apns_id":…,"at":ms,"payload":{…}}` of the last notification APNs accepted, or nil.
     public var lastSentJSON: String?
     public var lastSentSecondsToLive: Int64?
     /// The badge count kept for server-side badges, or nil when none was ever set.

@@ -231,9 +231,47 @@ public final class RelayPipeline: RelayStatus {
 
     // MARK: Consuming
 
+    /// What consuming hands to admitting, in consumption order: batches with their admission
+    /// under way in Redis, and rebalances (so they apply between the right batches).
+    private enum Consumed: Sendable {
+        case batch([KafkaMessage], [Result<Intent, InvalidIntent>], Admitting)
+        case assigned([TopicPartition])
+        case revoked([TopicPartition])
+    }
+
+    /// Batches whose admission may be under way in Redis at once.
+    private static let admissionsUnderWay = 2
+
+    /// Reads the consumer's events; each batch is parsed and its admission asked of Redis at
+    /// once, while earlier batches' answers are still coming (their round trips overlap), and
+    /// the admitting task takes them in order.
     private func consume() async {
-        for await event in consumer.events {
-            switch event {
+        // Without Redis there is nothing to overlap: hand over one batch at a time (fewer
+        // consumed messages held).
+        let handOver = HandOver<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.admitConsumed(handOver) }
+            events: for await event in consumer.events {
+                let consumed: Consumed
+                switch event {
+                case .assigned(let partitions): consumed = .assigned(partitions)
+                case .revoked(let partitions): consumed = .revoked(partitions)
+                case .messages(let batch):
+                    let parsed = batch.map(parse)
+                    consumed = .batch(batch, parsed, startAdmission(parsed))
+                case .error(let error):
+                    logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
+                    continue
+                }
+                guard await handOver.push(consumed), !Task.isCancelled else { break events }
+            }
+            handOver.finish()
+        }
+    }
+
+    private func admitConsumed(_ handOver: HandOver<Consumed>) async {
+        while let next = await handOver.pop() {
+            switch next {
             case .assigned(let partitions):
                 state.withLock { state in
                     for partition in partitions {
@@ -250,16 +288,13 @@ public final class RelayPipeline: RelayStatus {
                     }
                 }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
-            case .messages(let batch):
-                let parsed = batch.map(parse)
-                guard let admissions = await admit(parsed) else { return }
+            case .batch(let batch, let parsed, let admitting):
+                guard let admissions = await finishAdmission(parsed, admitting) else { return }
                 for (index, message) in batch.enumerated() {
                     await waitForCapacity()
                     if Task.isCancelled { return }
                     admit(message, parsed[index], admissions[index])
                 }
-            case .error(let error):
-                logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
             }
             if Task.isCancelled { return }
         }
@@ -294,25 +329,41 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    /// What the policy says for each message of a batch (invalid ones: `.send`, they never get
-    /// that far). Collapses intents with the same (token, topic, collapse id) to the newest where
-    /// the topic coalesces, then asks Redis about the rest: one round trip. While Redis fails this
-    /// retries with backoff (consuming stops, the consumer's buffer fills and its partitions
-    /// pause), or with `redis.fail_open` lets everything through. Nil when cancelled meanwhile.
-    private func admit(_ parsed: [Result<Intent, InvalidIntent>]) async -> [Admission]? {
-        var admissions = Array(repeating: Admission.send, count: parsed.count)
-        guard let policy else { return admissions }
+    /// A batch's admission: what was decided without Redis, and the round trip under way.
+    private struct Admitting: Sendable {
+        var admissions: [Admission]
+        /// For each group of the round trip, the batch positions of its intents.
+        var members: [[Int]]
+        var pending: DevicePolicy.PendingAdmission?
+    }
+
+    /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
+    /// they never get that far): collapses intents with the same (token, topic, collapse id) to
+    /// the newest where the topic coalesces, and asks Redis about the rest (one round trip,
+    /// written now).
+    private func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
+        var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
+        guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
-        var members: [[Int]] = []
-        Self.group(parsed, rules: configuration.policy.rules(for:), admissions: &admissions, groups: &groups, members: &members)
-        guard !groups.isEmpty else { return admissions }
+        Self.group(parsed, rules: configuration.policy.rules(for:), admissions: &admitting.admissions, groups: &groups,
+                   members: &admitting.members)
+        if !groups.isEmpty { admitting.pending = policy.submitAdmission(groups, now: nowMilliseconds()) }
+        return admitting
+    }
+
+    /// Waits for a batch's admission. While Redis fails this asks again with backoff (admitting
+    /// stops, the consumer's buffer fills and its partitions pause), or with `redis.fail_open`
+    /// lets everything through. Nil when cancelled meanwhile.
+    private func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> [Admission]? {
+        var admissions = admitting.admissions
+        guard var pending = admitting.pending else { return admissions }
         var attempt = 0
         while true {
             do {
-                let answers = try await policy.admit(groups, now: nowMilliseconds())
+                let answers = try await pending.get()
                 redisRecovered()
                 for (index, answer) in answers.enumerated() {
-                    Self.apply(answer, to: members[index], parsed, &admissions)
+                    Self.apply(answer, to: admitting.members[index], parsed, &admissions)
                 }
                 return admissions
             } catch {
@@ -321,6 +372,7 @@ public final class RelayPipeline: RelayStatus {
                 if Task.isCancelled { return nil }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
+                pending = pending.again(now: nowMilliseconds())
             }
         }
     }

@@ -52,7 +52,7 @@ struct BadgeTests {
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         #expect(text.contains(#"last sent: {"id":"badge-later","apns_id":""#), "\(text)")
-        #expect(text.contains(#"\"badge\":3"#), "\(text)")
+        #expect(text.contains(#""aps":{"badge":3"#), "\(text)")
         #expect(text.contains("badge: 3"), "\(text)")
     }
 
