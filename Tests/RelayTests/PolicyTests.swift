@@ -139,6 +139,23 @@ struct PolicyTests {
         await harness.stop()
     }
 
+    @Test func anIntentOutlastingTheRetryBudgetWaitsInItsMailboxInsteadOfFailing() async throws {
+        let redis = try RedisServerProcess()
+        // APNs answers 503 for a while: longer than the 1 s retry budget.
+        let harness = try await Self.harness(redis, burst: 10, refill: 1, configure: {
+            $0.retry.deadlineSeconds = 1
+        }, simulator: {
+            $0.behaviour.failNext = (40, 503)
+        })
+        let token = hexToken(0x503)
+        try await harness.produce(intent("patient", token: token), key: token)
+        let outcome = try #require(try await harness.outcomes(count: 1).first)
+        #expect(outcome["status"] as? String == "delivered")
+        #expect((outcome["latency_ms"] as? Int ?? 0) >= 1000)
+        #expect(Self.sent(harness, "patient") == 1)
+        await harness.stop()
+    }
+
     @Test func oneBatchCollapsesToTheNewestPerCollapseIDUnlessTheTopicSaysNo() async throws {
         for coalesce in [true, false] {
             let redis = try RedisServerProcess()
