@@ -48,24 +48,17 @@ public enum RESPValue: Sendable, Equatable {
 
 /// Writes commands in RESP with hiredis' formatter.
 enum RESPEncoder {
-    /// Appends `arguments` as one command (`*N\r\n$len\r\narg\r\n...`).
-    static func encode(_ arguments: [[UInt8]], into buffer: inout ByteBuffer) {
-        var pointers: [UnsafePointer<CChar>?] = []
-        var lengths: [Int] = []
-        pointers.reserveCapacity(arguments.count)
-        lengths.reserveCapacity(arguments.count)
-        // Keep every argument alive and contiguous while hiredis reads it.
-        let joined = arguments.reduce(into: [UInt8]()) { $0.append(contentsOf: $1) }
-        joined.withUnsafeBufferPointer { all in
+    /// Appends `command` (`*N\r\n$len\r\narg\r\n...`).
+    static func encode(_ command: RedisCommand, into buffer: inout ByteBuffer) {
+        command.bytes.withUnsafeBufferPointer { all in
             let base = UnsafeRawPointer(all.baseAddress ?? UnsafePointer(bitPattern: 1)!)
             var offset = 0
-            for argument in arguments {
-                pointers.append((base + offset).assumingMemoryBound(to: CChar.self))
-                lengths.append(argument.count)
-                offset += argument.count
+            var pointers = command.lengths.map { length -> UnsafePointer<CChar>? in
+                defer { offset += length }
+                return (base + offset).assumingMemoryBound(to: CChar.self)
             }
             var target: UnsafeMutablePointer<CChar>?
-            let length = redisFormatCommandArgv(&target, Int32(arguments.count), &pointers, lengths)
+            let length = redisFormatCommandArgv(&target, Int32(command.lengths.count), &pointers, command.lengths)
             guard length > 0, let target else { return }
             defer { redisFreeCommand(target) }
             buffer.writeBytes(UnsafeRawBufferPointer(start: target, count: Int(length)))

@@ -26,27 +26,62 @@ public struct RedisConfiguration: Sendable {
 
 /// Something that goes into a command as one RESP bulk string.
 public protocol RESPArgument {
-    var respBytes: [UInt8] { get }
+    /// Appends the argument's bytes.
+    func appendRESP(to bytes: inout [UInt8])
 }
 
-extension String: RESPArgument { public var respBytes: [UInt8] { Array(utf8) } }
-extension Substring: RESPArgument { public var respBytes: [UInt8] { Array(utf8) } }
-extension Int: RESPArgument { public var respBytes: [UInt8] { Array(String(self).utf8) } }
-extension Int64: RESPArgument { public var respBytes: [UInt8] { Array(String(self).utf8) } }
-extension Double: RESPArgument { public var respBytes: [UInt8] { Array(String(self).utf8) } }
-extension Array: RESPArgument where Element == UInt8 { public var respBytes: [UInt8] { self } }
+extension String: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: utf8) } }
+extension Substring: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: utf8) } }
+extension Int: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { Int64(self).appendRESP(to: &bytes) } }
+extension Int64: RESPArgument {
+    // Numbers up to 15 digits are small strings: no allocation.
+    public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: String(self).utf8) }
+}
+extension Double: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: String(self).utf8) } }
+extension Array: RESPArgument where Element == UInt8 { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: self) } }
 
-/// One Redis command: its name and arguments.
+/// One Redis command: its name and arguments, kept as one byte array and the arguments'
+/// lengths (few allocations per command: every policy decision and record is one).
 public struct RedisCommand: Sendable, Equatable {
-    public var arguments: [[UInt8]]
+    /// Every argument's bytes, one after another (the command name first).
+    var bytes: [UInt8]
+    var lengths: [Int]
 
     public init(_ name: String, _ arguments: [any RESPArgument] = []) {
-        self.arguments = [Array(name.utf8)] + arguments.map(\.respBytes)
+        bytes = []
+        lengths = []
+        lengths.reserveCapacity(arguments.count + 1)
+        append(name)
+        for argument in arguments { append(argument) }
+    }
+
+    private mutating func append(_ argument: some RESPArgument) {
+        let start = bytes.count
+        argument.appendRESP(to: &bytes)
+        lengths.append(bytes.count - start)
+    }
+
+    private mutating func append(_ argument: any RESPArgument) {
+        let start = bytes.count
+        argument.appendRESP(to: &bytes)
+        lengths.append(bytes.count - start)
+    }
+
+    /// The arguments (the command name first), one array each.
+    public var arguments: [[UInt8]] {
+        var offset = 0
+        return lengths.map { length in
+            defer { offset += length }
+            return Array(bytes[offset..<(offset + length)])
+        }
     }
 
     /// `EVALSHA sha numkeys keys... arguments...`
     public static func evalsha(_ script: RedisScript, keys: [any RESPArgument], arguments: [any RESPArgument]) -> RedisCommand {
-        RedisCommand("EVALSHA", [script.sha1, keys.count] + keys + arguments)
+        var command = RedisCommand("EVALSHA", [script.sha1, keys.count])
+        for key in keys { command.append(key) }
+        for argument in arguments { command.append(argument) }
+        return command
     }
 }
 
@@ -131,7 +166,7 @@ public final class RedisClient: Sendable {
             return RedisPendingReplies(future: slot.eventLoop.makeFailedFuture(RedisError.shutdown))
         }
         let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
-        return RedisPendingReplies(future: slot.execute(commands.map(\.arguments), deadline: deadline))
+        return RedisPendingReplies(future: slot.execute(commands, deadline: deadline))
     }
 
     /// Runs a script with EVALSHA, loading it first when Redis does not have it.
@@ -224,7 +259,7 @@ final class RedisSlot: @unchecked Sendable {
         self.logger = logger
     }
 
-    func execute(_ commands: [[[UInt8]]], deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
+    func execute(_ commands: [RedisCommand], deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
         eventLoop.flatSubmit {
             self.connection(deadline: deadline).flatMap { channel, handler in
                 let promise = self.eventLoop.makePromise(of: [RESPValue].self)
@@ -327,12 +362,12 @@ final class RedisSlot: @unchecked Sendable {
 
     private func handshake(_ channel: any Channel, _ handler: RedisHandler, deadline: NIODeadline) -> EventLoopFuture<Void> {
         let url = configuration.url
-        var commands: [[[UInt8]]] = []
+        var commands: [RedisCommand] = []
         if let password = url.password {
-            commands.append(RedisCommand("AUTH", (url.username.map { [$0] } ?? []) + [password]).arguments)
+            commands.append(RedisCommand("AUTH", (url.username.map { [$0] } ?? []) + [password]))
         }
         if url.database != 0 {
-            commands.append(RedisCommand("SELECT", [url.database]).arguments)
+            commands.append(RedisCommand("SELECT", [url.database]))
         }
         guard !commands.isEmpty else { return eventLoop.makeSucceededVoidFuture() }
         let promise = eventLoop.makePromise(of: [RESPValue].self)

@@ -2,7 +2,7 @@ import NIOCore
 
 /// Commands written together, answered together: one round trip.
 struct RedisBatch {
-    var commands: [[[UInt8]]]
+    var commands: [RedisCommand]
     var promise: EventLoopPromise<[RESPValue]>
 }
 
@@ -16,13 +16,15 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias OutboundOut = ByteBuffer
 
     private struct Pending {
-        var remaining: Int
-        var replies: [RESPValue]
+        var count: Int
         var promise: EventLoopPromise<[RESPValue]>
     }
 
     private let decoder = RESPDecoder()
     private var pending = CircularBuffer<Pending>()
+    /// The replies so far to the oldest pending batch (kept apart from `pending`, so that
+    /// appending never copies them).
+    private var collected: [RESPValue] = []
     private var failure: RedisError?
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -41,9 +43,7 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
         for command in batch.commands {
             RESPEncoder.encode(command, into: &buffer)
         }
-        var replies: [RESPValue] = []
-        replies.reserveCapacity(batch.commands.count)
-        pending.append(Pending(remaining: batch.commands.count, replies: replies, promise: batch.promise))
+        pending.append(Pending(count: batch.commands.count, promise: batch.promise))
         context.write(wrapOutboundOut(buffer), promise: promise)
     }
 
@@ -51,14 +51,16 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
         do {
             try decoder.feed(unwrapInboundIn(data))
             while let reply = try decoder.next() {
-                guard !pending.isEmpty else {
+                guard let oldest = pending.first else {
                     throw RESPDecoder.ProtocolError(description: "a reply nobody asked for")
                 }
-                pending[pending.startIndex].replies.append(reply)
-                pending[pending.startIndex].remaining -= 1
-                if pending[pending.startIndex].remaining == 0 {
-                    let done = pending.removeFirst()
-                    done.promise.succeed(done.replies)
+                if collected.isEmpty { collected.reserveCapacity(oldest.count) }
+                collected.append(reply)
+                if collected.count == oldest.count {
+                    pending.removeFirst()
+                    let replies = collected
+                    collected = []
+                    oldest.promise.succeed(replies)
                 }
             }
         } catch let error as RESPDecoder.ProtocolError {
@@ -83,6 +85,7 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     /// Fails every batch still waiting and every later write.
     func failAll(_ error: RedisError) {
         if failure == nil { failure = error }
+        collected = []
         while let waiting = pending.popFirst() {
             waiting.promise.fail(error)
         }
