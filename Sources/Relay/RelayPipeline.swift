@@ -578,14 +578,15 @@ public final class RelayPipeline: RelayStatus {
     /// Records what needs recording, publishes the outcome and ends the item.
     @inline(never)
     private func conclude(_ item: WorkItem, _ ending: Ending) async {
-        guard let outcome = ending.outcome else {
+        // The outcome stays in `ending` (this frame, held by every intent in flight, stays small).
+        guard let status = ending.outcome?.status else {
             finish(item, stored: ending.parked)
             return
         }
-        if let key = item.dedupeKey, Self.isAnswered(outcome.status) {
-            await record(key, outcome, item, lastSent: ending.lastSent)
+        if item.dedupeKey != nil, Self.isAnswered(status) {
+            await record(item, ending)
         }
-        guard await publish(outcome, item) else {
+        guard await publish(ending, item) else {
             finish(item, stored: false)
             return
         }
@@ -601,12 +602,18 @@ public final class RelayPipeline: RelayStatus {
     /// Records the answered intent in Redis before its outcome is published (so a redelivery
     /// of it is a duplicate). Retries while Redis fails, unless `redis.fail_open`.
     @inline(never)
-    private func record(_ key: String, _ outcome: Outcome, _ item: WorkItem, lastSent: DeviceRecords.LastSent?) async {
-        guard let deduplicator else { return }
-        let window = configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds
+    private func record(_ item: WorkItem, _ ending: Ending) async {
+        guard let deduplicator, let key = item.dedupeKey, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
-            try await deduplicator.record(key, status: outcome.status.rawValue, window: window, lastSent: lastSent)
+            try await deduplicator.record(key, status: status, window: window, lastSent: ending.lastSent)
         }
+    }
+
+    /// The status to record and for how long (kept out of `record`'s frame).
+    @inline(never)
+    private func recordFields(_ ending: Ending) -> (String, Int64)? {
+        guard let outcome = ending.outcome else { return nil }
+        return (outcome.status.rawValue, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
     }
 
     /// Runs `body` until it succeeds. While Redis fails: retries with backoff as long as the
@@ -658,7 +665,7 @@ public final class RelayPipeline: RelayStatus {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
         outcome.supersededBy = newer
-        _ = await publish(outcome, item)
+        _ = await publish(Ending(outcome: outcome), item)
     }
 
     /// A work item for an intent kept in a mailbox (its offset is not stored again).
@@ -932,13 +939,20 @@ public final class RelayPipeline: RelayStatus {
                     step = delivery.finish(timeoutOutcome(delivery))
                 }
             case .park(let due, let tooManyRequests):
-                if await park(delivery.item, due: due, tooManyRequests: tooManyRequests) {
-                    delivery.ending.parked = true
-                    return
-                }
-                step = tooManyRequests ? retryOrGiveUp(delivery) : delivery.finish(timeoutOutcome(delivery))
+                step = await park(delivery, due: due, tooManyRequests: tooManyRequests)
             }
         }
+    }
+
+    /// Parks the delivery's intent in its mailbox; when that cannot be done, the 429 is retried
+    /// like any retryable answer and an intent past the retry budget fails.
+    @inline(never)
+    private func park(_ delivery: Delivery, due: Int64, tooManyRequests: Bool) async -> Step {
+        if await park(delivery.item, due: due, tooManyRequests: tooManyRequests) {
+            delivery.ending.parked = true
+            return .finish
+        }
+        return tooManyRequests ? retryOrGiveUp(delivery) : delivery.finish(timeoutOutcome(delivery))
     }
 
     /// Whether to send now: not when the partition was revoked, the intent expired or its
@@ -1134,9 +1148,8 @@ public final class RelayPipeline: RelayStatus {
     /// Publishes until the delivery report succeeds (retrying with backoff). False when the
     /// item's partition was revoked meanwhile (the outcome may not be out).
     @inline(never)
-    private func publish(_ outcome: Outcome, _ item: WorkItem) async -> Bool {
-        let value = outcome.utf8
-        let key = outcome.token.map { Array($0.utf8) }
+    private func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
+        guard let (key, value) = Self.encoded(ending) else { return false }
         var retry = 0
         while true {
             do {
@@ -1149,10 +1162,24 @@ public final class RelayPipeline: RelayStatus {
                 retry += 1
             }
         }
+        published(ending)
+        return true
+    }
+
+    /// The outcome as published: key and value (kept out of `publish`'s frame).
+    @inline(never)
+    private static func encoded(_ ending: Ending) -> ([UInt8]?, [UInt8])? {
+        guard let outcome = ending.outcome else { return nil }
+        return (outcome.token.map { Array($0.utf8) }, outcome.utf8)
+    }
+
+    /// Counts a published outcome.
+    @inline(never)
+    private func published(_ ending: Ending) {
+        guard let outcome = ending.outcome else { return }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome)
         published?(outcome)
-        return true
     }
 
     /// Ends an item: its offset becomes committable once it and every earlier one are done.
