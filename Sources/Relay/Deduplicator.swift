@@ -29,11 +29,6 @@ final class Deduplicator: Sendable {
         }
         try await recorder.submit(commands)
     }
-
-    /// Other writes that may share the records' round trips.
-    func submit(_ commands: [RedisCommand]) async throws(RedisError) {
-        try await recorder.submit(commands)
-    }
 }
 
 /// Sends the commands submitted while a round trip is under way together in the next one, so

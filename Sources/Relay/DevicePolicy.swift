@@ -343,9 +343,12 @@ struct DevicePolicy: Sendable {
         _ = try await client.send(command)
     }
 
-    /// The commands that end a claim after its outcome was published.
-    func releaseCommands(partition: Int32, token: String, topic: String, id: String) -> [RedisCommand] {
-        [RedisCommand.evalsha(Self.releaseScript, keys: [Self.mailboxKey(token: token, topic: topic)], arguments: [id]),
-         RedisCommand("ZREM", [dueKey(partition: partition), Self.member(token: token, topic: topic, id: id)])]
+    /// Ends a claim after its outcome was published, and drops its due-index member.
+    func release(partition: Int32, token: String, topic: String, id: String) async throws(RedisError) {
+        let replies = try await client.pipelineLoading([Self.releaseScript], [
+            RedisCommand.evalsha(Self.releaseScript, keys: [Self.mailboxKey(token: token, topic: topic)], arguments: [id]),
+            RedisCommand("ZREM", [dueKey(partition: partition), Self.member(token: token, topic: topic, id: id)]),
+        ])
+        for reply in replies { if case .error(let message) = reply { throw .server(message) } }
     }
 }

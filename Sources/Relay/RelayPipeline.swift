@@ -692,10 +692,9 @@ public final class RelayPipeline: RelayStatus {
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease
     /// runs out and the entry is taken again, then answered `duplicate`).
     private func release(_ member: String, _ item: WorkItem) async {
-        guard let policy, let deduplicator, let parts = DevicePolicy.parseMember(member) else { return }
+        guard let policy, let parts = DevicePolicy.parseMember(member) else { return }
         do throws(RedisError) {
-            try await deduplicator.submit(policy.releaseCommands(partition: item.partition.partition,
-                                                                 token: parts.token, topic: parts.topic, id: parts.id))
+            try await policy.release(partition: item.partition.partition, token: parts.token, topic: parts.topic, id: parts.id)
         } catch {
             redisFailed(error)
         }

@@ -67,6 +67,15 @@ struct PolicyTests {
         #expect((newest["latency_ms"] as? Int ?? 0) >= 1000)
         #expect(harness.simulator.accepted.count == 6)
         #expect(Self.sent(harness, "burst-20") == 1)
+        // Once answered, nothing is left in the mailbox or in the partition's due index.
+        try await waitUntil { harness.pipeline.inFlight == 0 }
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        #expect(try await client.send(RedisCommand("HLEN", ["apns-relay:mailbox:{\(token)}:com.example.app"])).integer == 0)
+        let indexes = try await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])).array ?? []
+        for index in indexes {
+            #expect(try await client.send(RedisCommand("ZCARD", [index.string ?? ""])).integer == 0, "\(index)")
+        }
+        await client.shutdown()
         await harness.stop()
     }
 
