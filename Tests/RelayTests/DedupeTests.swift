@@ -95,6 +95,31 @@ struct DedupeTests {
         await harness.stop()
     }
 
+    @Test func aRedisRestartMidStreamLosesNothingAndSendsNothingTwice() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.harness(redis)
+        let total = 300
+        let producing = Task {
+            for index in 0..<total {
+                let token = hexToken(500 + index % 60)
+                try await harness.produce(intent("m-\(index)", token: token), key: token)
+            }
+        }
+        // Restart Redis (empty: no persistence) while intents are flowing.
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.outcomeCounts.values.reduce(0, +) >= 50 }
+        redis.stop()
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.contains("Redis unreachable") == true }
+        try redis.start()
+        try await producing.value
+        let outcomes = try await harness.outcomes(count: total)
+        #expect(outcomes.count == total)
+        #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == total)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        #expect(harness.simulator.accepted.count == total)
+        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == total)
+        await harness.stop()
+    }
+
     @Test func failOpenSendsWithoutPolicyWhileRedisIsDown() async throws {
         let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis, failOpen: true)
