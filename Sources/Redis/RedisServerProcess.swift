@@ -7,12 +7,16 @@ public final class RedisServerProcess: @unchecked Sendable {
     public let port: Int
     private var process: Process?
     private let extraArguments: [String]
+    /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
+    private let tls: (certificate: String, key: String)?
 
-    public var url: String { "redis://127.0.0.1:\(port)/0" }
+    public var url: String { "\(tls == nil ? "redis" : "rediss")://127.0.0.1:\(port)/0" }
 
-    public init(arguments: [String] = []) throws {
+    /// - Parameter tls: PEM certificate and key files: serve TLS only (clients need no certificate).
+    public init(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) throws {
         port = try Self.freePort()
         extraArguments = arguments
+        self.tls = tls
         try start()
     }
 
@@ -22,8 +26,10 @@ public final class RedisServerProcess: @unchecked Sendable {
     public func start() throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try Self.executable())
-        process.arguments = ["--port", "\(port)", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--daemonize", "no", "--logfile", ""] + extraArguments
+        let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
+                                "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
+        process.arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                      "--daemonize", "no", "--logfile", ""] + extraArguments
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output

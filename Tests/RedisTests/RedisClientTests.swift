@@ -119,6 +119,37 @@ struct RedisClientTests {
         await client.shutdown()
     }
 
+    @Test func redissSpeaksTLS() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-tls-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let certificate = directory.appendingPathComponent("cert.pem").path, key = directory.appendingPathComponent("key.pem").path
+        let openssl = Process()
+        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+                             "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate]
+        openssl.standardError = FileHandle.nullDevice
+        try openssl.run()
+        openssl.waitUntilExit()
+        try #require(openssl.terminationStatus == 0)
+        let server = try RedisServerProcess(tls: (certificate, key))
+        #expect(server.url.hasPrefix("rediss://"))
+        var configuration = RedisConfiguration(url: try RedisURL(parsing: server.url))
+        // A self-signed test certificate: verification is what tlsSkipVerify turns off.
+        configuration.tlsSkipVerify = true
+        let client = try RedisClient(configuration: configuration)
+        #expect(try await client.send(RedisCommand("SET", ["over", "tls"])) == .status("OK"))
+        #expect(try await client.send(RedisCommand("GET", ["over"])) == .bulk(Array("tls".utf8)))
+        await client.shutdown()
+        // Verification on (the default): the self-signed certificate is refused.
+        let verifying = try RedisClient(configuration: RedisConfiguration(url: try RedisURL(parsing: server.url)))
+        await #expect(throws: RedisError.self) { try await verifying.send(RedisCommand("PING")) }
+        await verifying.shutdown()
+        // Plain RESP to the TLS port gets no answer it can read.
+        let plain = try Self.client("redis://127.0.0.1:\(server.port)/0", timeout: .milliseconds(500))
+        await #expect(throws: RedisError.self) { try await plain.send(RedisCommand("PING")) }
+        await plain.shutdown()
+    }
+
     @Test func aLateAnswerFailsAtTheDeadlineAndTheNextCallWorks() async throws {
         let server = try RedisServerProcess()
         let client = try Self.client(server.url, timeout: .milliseconds(300), connections: 1)
