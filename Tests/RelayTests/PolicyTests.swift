@@ -148,6 +148,32 @@ struct PolicyTests {
         await harness.stop()
     }
 
+    @Test func theBackoffGrowsWhile429sRepeat() async throws {
+        let redis = try RedisServerProcess()
+        // One notification per device per 3 s: the second one meets 429s until then.
+        let harness = try await Self.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 8
+        }, simulator: {
+            $0.behaviour.rateLimitPerDevice = 1
+            $0.behaviour.rateLimitWindow = .seconds(3)
+        })
+        let token = hexToken(0x4291)
+        try await harness.produce(intent("first", token: token), key: token)
+        try await harness.produce(intent("second", token: token), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 2))
+        // 429, 1 s backoff; 429 again, 2 s; then the window has passed: 3 s after the first.
+        let second = try #require(byID["second"])
+        #expect(second["status"] as? String == "delivered")
+        #expect((second["latency_ms"] as? Int ?? 0) >= 2900)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        #expect(try await client.send(RedisCommand("HGET", ["apns-relay:device:{\(token)}", "bl"])).integer == 1)
+        await client.shutdown()
+        #expect(Self.sent(harness, "second") == 1)
+        #expect(harness.simulator.accepted.count == 2)
+        await harness.stop()
+    }
+
     @Test func anIntentOutlastingTheRetryBudgetWaitsInItsMailboxInsteadOfFailing() async throws {
         let redis = try RedisServerProcess()
         // APNs answers 503 for a while: longer than the 1 s retry budget.
