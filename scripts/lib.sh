@@ -3,6 +3,9 @@
 set -euo pipefail
 
 APT_PACKAGES=(pkg-config openssl libnghttp2-dev libhiredis-dev librdkafka-dev nghttp2-client redis-server)
+# Python tools the test suite uses, from PyPI, in a virtual environment of their own.
+PYTHON_TOOLS=(jsonschema==4.26.0)
+TOOLS_VENV=.build/tools-venv
 
 ensure_packages() {
     local missing=()
@@ -15,5 +18,19 @@ ensure_packages() {
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# Creates the tools environment (python3 -m venv; python3-venv from Debian when missing) and
+# installs PYTHON_TOOLS into it, once.
+ensure_python_tools() {
+    if [ ! -x "$TOOLS_VENV/bin/python" ] || ! "$TOOLS_VENV/bin/python" -c "import jsonschema" 2>/dev/null; then
+        if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c "import ensurepip" 2>/dev/null; then
+            local -a APT_PACKAGES=(python3 python3-venv)
+            ensure_packages
+        fi
+        rm -rf "$TOOLS_VENV"
+        python3 -m venv "$TOOLS_VENV"
+        "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check "${PYTHON_TOOLS[@]}"
     fi
 }

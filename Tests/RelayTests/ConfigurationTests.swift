@@ -1,3 +1,4 @@
+import APNs
 import Foundation
 import Relay
 import Testing
@@ -31,6 +32,24 @@ struct ConfigurationTests {
         #expect(configuration.policy.mailboxPollMilliseconds == defaults.policy.mailboxPollMilliseconds)
         #expect(configuration.policy.backoffInitialSeconds == defaults.policy.backoffInitialSeconds)
         #expect(configuration.policy.backoffMaxSeconds == defaults.policy.backoffMaxSeconds)
+    }
+
+    /// config/examples holds one intent per push type; the relay takes each as it is (the JSON
+    /// Schema check runs in scripts/test, see scripts/check-schemas).
+    @Test func theExampleIntentsAreValidForTheRelay() throws {
+        let directory = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent().appendingPathComponent("examples")
+        for pushType in PushType.allCases {
+            let file = directory.appendingPathComponent("\(pushType.rawValue).json")
+            let bytes = try [UInt8](Data(contentsOf: file))
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any])
+            let token = try #require(object["token"] as? String)
+            do {
+                let intent = try Intent.parse(bytes, key: Array(token.utf8), now: 1_732_000_000, defaultTTL: 86_400)
+                #expect(intent.pushType == pushType, "\(file.lastPathComponent)")
+            } catch {
+                Issue.record("\(file.lastPathComponent): \(error.reason): \(error.message)")
+            }
+        }
     }
 
     @Test func policyRulesApplyPerTopicOverTheGlobalOnes() throws {
