@@ -151,6 +151,10 @@ extension Intent {
         guard let topic, !topic.isEmpty else {
             throw fail("MissingField", fields[.topic] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
         }
+        // A bundle id (with its push type's suffix): no spaces or control characters.
+        guard topic.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F }) else {
+            throw fail("BadTopic", "\"topic\" must be a bundle id, without spaces or control characters")
+        }
         guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 

@@ -54,6 +54,8 @@ struct IntentTests {
             (#"{"id":"a","topic":"com.x","payload":{"aps":{}}}"#, "MissingField"),
             (#"{"id":"a","token":"\#(t)","payload":{"aps":{}}}"#, "MissingField"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x"}"#, "MissingField"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x app","payload":{"aps":{}}}"#, "BadTopic"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x\n","payload":{"aps":{}}}"#, "BadTopic"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":"hi"}"#, "BadPayload"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":{"x":1}}"#, "BadPayload"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","push_type":"fax","payload":{"aps":{}}}"#, "InvalidPushType"),
