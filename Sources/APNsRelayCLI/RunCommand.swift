@@ -30,9 +30,6 @@ struct RunCommand: AsyncParsableCommand {
         let logger = Logger(label: "apns-relay")
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
-        if configuration.apns.insecureSkipVerify {
-            logger.warning("apns.insecure_skip_verify is on: APNs' TLS certificate is not verified")
-        }
         let pipeline: RelayPipeline
         do {
             pipeline = try RelayPipeline(configuration: configuration, logger: logger)
@@ -40,6 +37,7 @@ struct RunCommand: AsyncParsableCommand {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
         }
+        for warning in pipeline.warnings { logger.warning("\(warning)") }
         let status: StatusServer
         do {
             status = try await StatusServer.start(port: configuration.http.port, registry: registry, status: pipeline)

@@ -189,6 +189,11 @@ public final class RelayPipeline: RelayStatus {
         return nil
     }
 
+    /// Settings that weaken the relay: shown on `/readyz` (and logged at start-up by `run`).
+    public var warnings: [String] {
+        configuration.apns.insecureSkipVerify ? ["apns.insecure_skip_verify is on: APNs' TLS certificate is not verified"] : []
+    }
+
     /// When the first intent was consumed (for throughput figures).
     public var firstConsumedAt: ContinuousClock.Instant? { state.withLock { $0.firstConsumedAt } }
 

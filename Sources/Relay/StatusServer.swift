@@ -9,6 +9,12 @@ public protocol RelayStatus: Sendable {
     var notAliveReason: String? { get }
     /// Why it should get no traffic now (readiness), if it should not.
     var notReadyReason: String? { get }
+    /// Settings that weaken it, shown by `/readyz` even when ready (TLS verification off).
+    var warnings: [String] { get }
+}
+
+extension RelayStatus {
+    public var warnings: [String] { [] }
 }
 
 /// The relay's HTTP endpoints on `http.port`: `GET /metrics` (Prometheus text format),
@@ -89,10 +95,11 @@ private final class StatusHandler: ChannelInboundHandler {
             }
             return (.ok, "text/plain", ByteBuffer(string: "ok\n"))
         case "/readyz":
+            let warnings = status.warnings.map { "warning: \($0)\n" }.joined()
             if let reason = status.notReadyReason {
-                return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not ready: \(reason)\n"))
+                return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not ready: \(reason)\n" + warnings))
             }
-            return (.ok, "text/plain", ByteBuffer(string: "ready\n"))
+            return (.ok, "text/plain", ByteBuffer(string: "ready\n" + warnings))
         default:
             return (.notFound, "text/plain", ByteBuffer(string: "not found\n"))
         }

@@ -179,6 +179,8 @@ struct RelayProcessTests {
         #expect(health.status == 200)
         let ready = try await httpGet(port: port, path: "/readyz")
         #expect(ready.status == 200, "\(ready.body)")
+        // The test configuration turns TLS verification off: said at start-up and on /readyz.
+        #expect(ready.body.contains("warning: apns.insecure_skip_verify is on"), "\(ready.body)")
         let metrics = try await httpGet(port: port, path: "/metrics")
         #expect(metrics.status == 200)
         #expect(metrics.body.contains("relay_intents_consumed_total 200"))
@@ -190,6 +192,7 @@ struct RelayProcessTests {
         #expect(relay.terminate() == 0)
         let committed = try await harness.committedTotal()
         #expect(committed == 200, "\(relay.printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
+        #expect(relay.printed.contains("apns.insecure_skip_verify is on"))
         await harness.simulator.stop()
     }
 
