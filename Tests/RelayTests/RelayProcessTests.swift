@@ -122,19 +122,28 @@ struct ProcessHarness {
 
     /// Every outcome on the topic until `count` distinct intent ids were answered.
     func outcomeIDs(atLeast count: Int, timeout: Duration = .seconds(90)) async throws -> (ids: Set<String>, events: Int) {
+        let values = try await outcomes(distinct: count, timeout: timeout)
+        let ids = values.compactMap { value in
+            (try? JSONSerialization.jsonObject(with: Data(value.utf8)) as? [String: Any])?["id"] as? String
+        }
+        return (Set(ids), values.count)
+    }
+
+    /// Every outcome event read (as published) until `distinct` intent ids were seen.
+    func outcomes(distinct count: Int, timeout: Duration = .seconds(90)) async throws -> [String] {
         let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "reader-\(UUID())",
                                          topics: [outcomesTopic],
                                          properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
         defer { Task { await consumer.close() } }
         let deadline = ContinuousClock.now + timeout
-        return try await withThrowingTaskGroup(of: (Set<String>, Int)?.self) { group in
+        return try await withThrowingTaskGroup(of: [String]?.self) { group in
             group.addTask {
                 var ids = Set<String>()
-                var events = 0
+                var values: [String] = []
                 for await event in consumer.events {
                     guard case .messages(let batch) = event else { continue }
                     for message in batch {
-                        events += 1
+                        values.append(String(decoding: message.value, as: UTF8.self))
                         if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
                            let id = object["id"] as? String {
                             ids.insert(id)
@@ -142,7 +151,7 @@ struct ProcessHarness {
                     }
                     if ids.count >= count { break }
                 }
-                return (ids, events)
+                return values
             }
             group.addTask {
                 try await Task.sleep(until: deadline)
@@ -190,9 +199,10 @@ struct RelayProcessTests {
         #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
         #expect(try await httpGet(port: port, path: "/nope").status == 404)
         #expect(relay.terminate() == 0)
+        let printed = relay.printed
         let committed = try await harness.committedTotal()
-        #expect(committed == 200, "\(relay.printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
-        #expect(relay.printed.contains("apns.insecure_skip_verify is on"))
+        #expect(committed == 200, "\(printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
+        #expect(printed.contains("apns.insecure_skip_verify is on"))
         await harness.simulator.stop()
     }
 
@@ -273,6 +283,51 @@ extension RelayProcessTests {
         // Both relays sent (the group split the partitions) with one token, minted once.
         #expect(mints == 1)
         for relay in relays { #expect(relay.terminate() == 0) }
+        await harness.simulator.stop()
+    }
+}
+
+@Suite("Secrets stay out of what the relay shows")
+struct SecretsTests {
+    @Test func noSecretInLogsMetricsOutcomesOrCheckConfig() async throws {
+        let redisPassword = "r3dis-S3cret-pw", saslPassword = "k4fka-S3cret-pw"
+        let redis = try RedisServerProcess(arguments: ["--requirepass", redisPassword])
+        let harness = try await ProcessHarness.start()
+        let port = try freePort()
+        let config = try writeConfig(harness: harness, httpPort: port,
+                                     redisURL: "redis://:\(redisPassword)@127.0.0.1:\(redis.port)/0")
+        // A SASL password among librdkafka's settings (the mock cluster does not ask for it).
+        var yaml = try String(contentsOfFile: config, encoding: .utf8)
+        yaml = yaml.replacingOccurrences(of: "    heartbeat.interval.ms: 500",
+                                         with: "    heartbeat.interval.ms: 500\n    sasl.username: relay\n    sasl.password: \"\(saslPassword)\"")
+        try yaml.write(toFile: config, atomically: true, encoding: .utf8)
+
+        let relay = try RelayProcess.start(config: config)
+        try await harness.produce(20)
+        let outcomes = try await harness.outcomes(distinct: 20)
+        let metrics = try await httpGet(port: port, path: "/metrics").body
+        let ready = try await httpGet(port: port, path: "/readyz").body
+        #expect(relay.terminate() == 0)
+        let printed = relay.printed
+        let checked = try RelayBinary.run(["check-config", config])
+        #expect(checked.status == 0, "\(checked.stdout)")
+
+        // The key's PEM body, the provider token (a JWT: base64url of {"alg"... starts "eyJ"),
+        // and the two passwords.
+        let keyLines = try String(contentsOfFile: harness.keyFile, encoding: .utf8).split(separator: "\n")
+            .filter { !$0.hasPrefix("-----") && $0.count >= 16 }.map(String.init)
+        #expect(!keyLines.isEmpty)
+        let shown = ["relay output": printed, "outcomes": outcomes.joined(separator: "\n"), "metrics": metrics,
+                     "readyz": ready, "check-config": checked.stdout]
+        for (place, text) in shown {
+            #expect(!text.isEmpty, "\(place)")
+            for secret in [redisPassword, saslPassword, "eyJ"] + keyLines {
+                #expect(!text.contains(secret), "\(place) shows \(secret)")
+            }
+        }
+        #expect(checked.stdout.contains("<redacted>"))
+        #expect(printed.contains("relay started") && printed.contains("relay stopped"))
+        #expect(outcomes.count >= 20)
         await harness.simulator.stop()
     }
 }
