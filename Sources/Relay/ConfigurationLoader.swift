@@ -155,6 +155,13 @@ struct ConfigurationReader {
                 configuration.kafka.properties[name] = text
             }
         }
+        // librdkafka settings from the environment (secrets from a Kubernetes Secret, say):
+        // APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD sets sasl.password.
+        let kafkaPrefix = RelayConfiguration.environmentPrefix + "KAFKA_CONFIG_"
+        for (variable, value) in environment where variable.hasPrefix(kafkaPrefix) && variable.count > kafkaPrefix.count {
+            let name = variable.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
+            configuration.kafka.properties[name] = value
+        }
 
         let apns = mapping(top["apns"], key: "apns") ?? [:]
         checkKnown(apns, prefix: "apns.", known: ["endpoint", "insecure_skip_verify", "connections", "credentials", "request_timeout_seconds"])
