@@ -20,7 +20,7 @@ struct CommandLineTests {
         let common = ["send", "--endpoint", simulator.url, "--insecure", "--team-id", TestKey.teamID,
                       "--key-id", TestKey.keyID, "--key-file", keyFile, "--topic", sampleTopic]
 
-        let delivered = try RelayBinary.run(common + ["--token", sampleToken, "--alert", "hello", "--collapse-id", "c1"])
+        let delivered = try await RelayBinary.run(common + ["--token", sampleToken, "--alert", "hello", "--collapse-id", "c1"])
         #expect(delivered.status == 0, "\(delivered.stderr)")
         let answer = try Self.json(delivered.stdout)
         #expect(answer["status"] as? String == "delivered")
@@ -30,7 +30,7 @@ struct CommandLineTests {
         #expect(delivered.stderr.contains("--insecure"))
         #expect(simulator.accepted.first?.collapseID == "c1")
 
-        let gone = try RelayBinary.run(common + ["--token", token(9), "--alert", "hello"])
+        let gone = try await RelayBinary.run(common + ["--token", token(9), "--alert", "hello"])
         #expect(gone.status == 1)
         let goneAnswer = try Self.json(gone.stdout)
         #expect(goneAnswer["status"] as? String == "unregistered")
@@ -38,7 +38,7 @@ struct CommandLineTests {
         #expect(goneAnswer["reason"] as? String == "Unregistered")
         #expect(goneAnswer["timestamp"] as? Int64 == 1_432_819_882_000)
 
-        let invalid = try RelayBinary.run(common + ["--token", "xyz", "--alert", "hello"])
+        let invalid = try await RelayBinary.run(common + ["--token", "xyz", "--alert", "hello"])
         #expect(invalid.status == 1)
         let invalidAnswer = try Self.json(invalid.stdout)
         #expect(invalidAnswer["status"] as? String == "rejected")
@@ -47,15 +47,15 @@ struct CommandLineTests {
 
         let payloadFile = FileManager.default.temporaryDirectory.appendingPathComponent("payload-\(UUID()).json").path
         try #"{"aps":{"content-available":1}}"#.write(toFile: payloadFile, atomically: true, encoding: .utf8)
-        let background = try RelayBinary.run(common + ["--token", sampleToken, "--payload", payloadFile,
+        let background = try await RelayBinary.run(common + ["--token", sampleToken, "--payload", payloadFile,
                                                        "--push-type", "background", "--priority", "5"])
         #expect(background.status == 0, "\(background.stdout) \(background.stderr)")
         #expect(simulator.accepted.last?.pushType == "background")
         await simulator.stop()
     }
 
-    @Test func sendReportsBadInputInOneLine() throws {
-        let missing = try RelayBinary.run([
+    @Test func sendReportsBadInputInOneLine() async throws {
+        let missing = try await RelayBinary.run([
             "send", "--endpoint", "https://127.0.0.1:9", "--team-id", "T", "--key-id", "K", "--key-file",
             "/nonexistent/AuthKey.p8", "--topic", sampleTopic, "--token", sampleToken, "--alert", "x",
         ])
@@ -65,7 +65,7 @@ struct CommandLineTests {
         #expect(try Self.json(missing.stdout)["status"] as? String == "failed")
 
         let keyFile = try TestKey().writeP8()
-        let unreachable = try RelayBinary.run([
+        let unreachable = try await RelayBinary.run([
             "send", "--endpoint", "https://127.0.0.1:9", "--team-id", "T", "--key-id", "K", "--key-file", keyFile,
             "--topic", sampleTopic, "--token", sampleToken, "--alert", "x", "--timeout", "2",
         ])
@@ -74,7 +74,7 @@ struct CommandLineTests {
         #expect(answer["status"] as? String == "failed")
         #expect((answer["error"] as? String)?.lowercased().contains("refused") == true, "\(answer)")
 
-        let badEndpoint = try RelayBinary.run([
+        let badEndpoint = try await RelayBinary.run([
             "send", "--endpoint", "staging", "--team-id", "T", "--key-id", "K", "--key-file", keyFile,
             "--topic", sampleTopic, "--token", sampleToken, "--alert", "x",
         ])
@@ -82,7 +82,7 @@ struct CommandLineTests {
         #expect(badEndpoint.stderr.contains("staging"))
     }
 
-    @Test func simulatePrintsItsURLAndStopsOnSIGTERM() throws {
+    @Test func simulatePrintsItsURLAndStopsOnSIGTERM() async throws {
         let key = TestKey()
         let keyFile = try key.writeP8()
         let process = Process()
@@ -106,7 +106,7 @@ struct CommandLineTests {
         let url = String(line.dropFirst("listening on ".count))
         #expect(!url.hasSuffix(":0"))
 
-        let sent = try RelayBinary.run([
+        let sent = try await RelayBinary.run([
             "send", "--endpoint", url, "--insecure", "--team-id", TestKey.teamID, "--key-id", TestKey.keyID,
             "--key-file", keyFile, "--topic", sampleTopic, "--token", sampleToken, "--alert", "hi",
         ])

@@ -48,7 +48,7 @@ struct BadgeTests {
         await again.stop()
 
         // `inspect` shows the device's last notification (with the badge sent) and its count.
-        let run = try RelayBinary.run(["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"])
+        let run = try await RelayBinary.run(["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         #expect(text.contains(#"last sent: {"id":"badge-later","apns_id":""#), "\(text)")

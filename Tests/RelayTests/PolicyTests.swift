@@ -228,7 +228,7 @@ struct PolicyTests {
         // `inspect` shows the parked intent, the empty bucket and the last notification sent.
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("policy-\(UUID()).yaml").path
         try harness.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
-        let inspected = try RelayBinary.run(["inspect", "--config", file, "--token", token, "--topic", "com.example.app"])
+        let inspected = try await RelayBinary.run(["inspect", "--config", file, "--token", token, "--topic", "com.example.app"])
         #expect(inspected.status == 0, "\(inspected.stdout)")
         let lines = inspected.stdout.split(separator: "\n")
         #expect(lines.contains { $0.hasPrefix("parked: two, due in ") && $0.contains(#""id":"two""#) }, "\(inspected.stdout)")

@@ -24,10 +24,14 @@ struct RelayProcess {
         return RelayProcess(process: process, output: output)
     }
 
-    func terminate() -> Int32 {
+    /// SIGTERM, then waits for the exit (off the cooperative pool: the drain takes a while).
+    func terminate() async -> Int32 {
         process.terminate()
-        process.waitUntilExit()
-        return process.terminationStatus
+        let process = self.process
+        return await onOwnThread {
+            process.waitUntilExit()
+            return process.terminationStatus
+        }
     }
 
     /// What it printed (after it exited).
@@ -198,7 +202,7 @@ struct RelayProcessTests {
         #expect(metrics.body.contains("apns_jwt_mints_total"))
         #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
         #expect(try await httpGet(port: port, path: "/nope").status == 404)
-        #expect(relay.terminate() == 0)
+        #expect(await relay.terminate() == 0)
         let printed = relay.printed
         let committed = try await harness.committedTotal()
         #expect(committed == 200, "\(printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
@@ -228,7 +232,7 @@ struct RelayProcessTests {
         print("kill -9: \(twice) intents reached APNs twice; \(inFlightAtKill) were consumed-or-pending and uncommitted at the kill (\(committedAtKill) committed)")
         #expect(twice <= inFlightAtKill)
         #expect(Set(accepted).count == 600)
-        #expect(second.terminate() == 0)
+        #expect(await second.terminate() == 0)
         #expect(try await harness.committedTotal() == 600)
         await harness.simulator.stop()
     }
@@ -242,8 +246,8 @@ struct RelayProcessTests {
         try await harness.produce(400, from: 400)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 800)
         #expect(ids.count == 800)
-        #expect(first.terminate() == 0)
-        #expect(second.terminate() == 0)
+        #expect(await first.terminate() == 0)
+        #expect(await second.terminate() == 0)
         #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 800)
         await harness.simulator.stop()
     }
@@ -282,7 +286,7 @@ extension RelayProcessTests {
         }
         // Both relays sent (the group split the partitions) with one token, minted once.
         #expect(mints == 1)
-        for relay in relays { #expect(relay.terminate() == 0) }
+        for relay in relays { #expect(await relay.terminate() == 0) }
         await harness.simulator.stop()
     }
 }
@@ -307,9 +311,9 @@ struct SecretsTests {
         let outcomes = try await harness.outcomes(distinct: 20)
         let metrics = try await httpGet(port: port, path: "/metrics").body
         let ready = try await httpGet(port: port, path: "/readyz").body
-        #expect(relay.terminate() == 0)
+        #expect(await relay.terminate() == 0)
         let printed = relay.printed
-        let checked = try RelayBinary.run(["check-config", config])
+        let checked = try await RelayBinary.run(["check-config", config])
         #expect(checked.status == 0, "\(checked.stdout)")
 
         // The key's PEM body, the provider token (a JWT: base64url of {"alg"... starts "eyJ"),
@@ -335,8 +339,8 @@ struct SecretsTests {
 @Suite("apns-relay bench e2e")
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line.
-    @Test func smallRunPrintsItsFigures() throws {
-        let run = try RelayBinary.run(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
+    @Test func smallRunPrintsItsFigures() async throws {
+        let run = try await RelayBinary.run(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         let lines = text.split(separator: "\n")
@@ -349,8 +353,8 @@ struct BenchE2EProcessTests {
 
 @Suite("apns-relay demo")
 struct DemoProcessTests {
-    @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() throws {
-        let run = try RelayBinary.run(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])
+    @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() async throws {
+        let run = try await RelayBinary.run(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         func count(_ status: String) -> Int? {

@@ -19,9 +19,15 @@ public enum RelayBinary {
         public var stderr: String
     }
 
-    /// Runs the binary to completion. Both pipes are drained at once, so a chatty stderr cannot
-    /// block the child.
-    public static func run(_ arguments: [String]) throws -> Output {
+    /// Runs the binary to completion on a thread of its own (never on the test's cooperative
+    /// pool, which has one thread per core: a blocked one stalls every other test).
+    public static func run(_ arguments: [String]) async throws -> Output {
+        try await onOwnThread { Result { try runToEnd(arguments) } }.get()
+    }
+
+    /// Runs the binary to completion, blocking. Both pipes are drained at once, so a chatty
+    /// stderr cannot block the child.
+    private static func runToEnd(_ arguments: [String]) throws -> Output {
         let process = Process()
         process.executableURL = url
         process.arguments = arguments
@@ -47,4 +53,12 @@ public enum RelayBinary {
 /// Bytes one thread writes before signalling and another reads after waiting.
 private final class Collected: @unchecked Sendable {
     var data = Data()
+}
+
+/// Runs a blocking call (waiting for a process, say) on a thread of its own, so that it never
+/// holds one of the cooperative pool's few threads.
+public func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { continuation in
+        Thread.detachNewThread { continuation.resume(returning: body()) }
+    }
 }
