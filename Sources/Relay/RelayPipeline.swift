@@ -817,9 +817,10 @@ public final class RelayPipeline: RelayStatus {
     /// The outcome of an unusable message or of an intent the policy keeps from being sent.
     @inline(never)
     private func earlyOutcome(_ item: WorkItem, _ admission: Admission) -> Outcome {
-        guard case .success(let intent) = item.intent else {
-            if case .failure(let invalid) = item.intent { return invalidOutcome(item, invalid) }
-            fatalError("unreachable")
+        let intent: Intent
+        switch item.intent {
+        case .failure(let invalid): return invalidOutcome(item, invalid)
+        case .success(let usable): intent = usable
         }
         switch admission {
         case .coalesced(let newer):
