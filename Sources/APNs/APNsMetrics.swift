@@ -6,6 +6,7 @@ enum APNsMetrics {
     static let tokenMints = "apns_jwt_mints_total"
     static let readyConnections = "apns_connections_ready"
     static let connectAttempts = "apns_connect_attempts_total"
+    static let tokenIssuedAt = "apns_jwt_issued_at_seconds"
 
     /// Labels only known reasons, so a server cannot grow the label set.
     static func goAway(reason: String) {
@@ -18,6 +19,19 @@ enum APNsMetrics {
         Counter(label: tokenMints, dimensions: [("team_id", teamID), ("key_id", keyID)]).increment()
     }
 
+    /// The `iat` of the token a process uses for (team, key): its age is `time() - value`.
+    static func tokenInUse(teamID: String, keyID: String, issuedAt: Int64) {
+        Gauge(label: tokenIssuedAt, dimensions: [("team_id", teamID), ("key_id", keyID)]).record(issuedAt)
+    }
+
     static let ready = Meter(label: readyConnections)
     static let attempts = Counter(label: connectAttempts)
+
+    /// Makes the connection series and this key's mint counter exist from the start (at 0).
+    static func register(teamID: String, keyID: String) {
+        Counter(label: tokenMints, dimensions: [("team_id", teamID), ("key_id", keyID)]).increment(by: 0)
+        ready.increment(by: 0)
+        attempts.increment(by: 0)
+        Counter(label: goAways, dimensions: [("reason", "none")]).increment(by: 0)
+    }
 }

@@ -35,6 +35,18 @@ extension ProviderTokenSigner {
     public func countMint() {
         APNsMetrics.tokenMinted(teamID: teamID, keyID: keyID)
     }
+
+    /// Reports the token now in use (`apns_jwt_issued_at_seconds{team_id,key_id}`), for token
+    /// sources outside this module.
+    public func reportInUse(_ token: ProviderToken) {
+        APNsMetrics.tokenInUse(teamID: teamID, keyID: keyID, issuedAt: token.issuedAt)
+    }
+
+    /// Makes this key's series exist at 0 before the first token (so dashboards and alerts see
+    /// them from the start).
+    public func registerMetrics() {
+        APNsMetrics.register(teamID: teamID, keyID: keyID)
+    }
 }
 
 /// Signs provider tokens: ES256 over `{"alg":"ES256","kid":KEY}.{"iss":TEAM,"iat":SECONDS}`.
@@ -136,6 +148,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
         state.token = token
         state.mints += 1
         signer.countMint()
+        signer.reportInUse(token)
         return token
     }
 }

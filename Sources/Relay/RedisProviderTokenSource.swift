@@ -92,6 +92,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
                 logger.warning("provider tokens come from Redis again", metadata: ["apns.team_id": "\(signer.teamID)"])
             }
             local.withLock { $0 = token }
+            signer.reportInUse(token)
             return token
         } catch let error as RedisError {
             if !redisFailing.exchange(true, ordering: .relaxed) {

@@ -10,6 +10,10 @@ enum RelayMetrics {
     /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
     static let parked = Counter(label: "relay_parked_total")
     static let inFlight = Gauge(label: "relay_in_flight")
+    /// Outcomes whose publishing failed once (each is retried until it succeeds).
+    static let publishFailures = Counter(label: "relay_outcome_publish_failures_total")
+    /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).
+    static let redisLatency = Timer(label: "relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 
     /// Outcomes by status and reason code (the part before any ":" detail). Reasons partly come
@@ -35,6 +39,20 @@ enum RelayMetrics {
 
     static func consumerLag(partition: Int32, records: Int64) {
         Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)
+    }
+
+    /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
+    /// appearing with the first event: the counters, every status of `relay_outcomes_total`
+    /// and each configured team's credential faults.
+    static func register(teamIDs: [String]) {
+        for counter in [intentsConsumed, retries, redisErrors, parked, publishFailures] { counter.increment(by: 0) }
+        inFlight.record(0)
+        for status in Outcome.Status.allCases {
+            Counter(label: "relay_outcomes_total", dimensions: [("status", status.rawValue), ("reason", "none")]).increment(by: 0)
+        }
+        for teamID in Set(teamIDs) {
+            Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment(by: 0)
+        }
     }
 
     static func credentialFault(teamID: String) {

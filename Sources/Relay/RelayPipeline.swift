@@ -149,8 +149,10 @@ public final class RelayPipeline: RelayStatus {
                          backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
         }
         self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
         self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
             let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+            signer.registerMetrics()
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
             return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
@@ -211,10 +213,11 @@ public final class RelayPipeline: RelayStatus {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
         let consuming = Task { await consume() }
         let mailboxes = Task { await deliverMailboxes() }
+        // Lag from librdkafka's cached positions and watermarks (no round trip), every second.
         var lastLagReport = ContinuousClock.now
         while !stopRequested.withLock({ $0 }) && !Task.isCancelled {
             try? await Task.sleep(for: .milliseconds(100))
-            if ContinuousClock.now - lastLagReport >= .seconds(5) {
+            if ContinuousClock.now - lastLagReport >= .seconds(1) {
                 lastLagReport = .now
                 for (partition, records) in consumer.lag {
                     RelayMetrics.consumerLag(partition: partition.partition, records: records)
@@ -337,6 +340,7 @@ public final class RelayPipeline: RelayStatus {
     /// A batch's admission: what was decided without Redis, and the round trip under way.
     private struct Admitting: Sendable {
         var admissions: [Admission]
+        var submittedAt = ContinuousClock.now
         /// For each group of the round trip, the batch positions of its intents.
         var members: [[Int]]
         var pending: DevicePolicy.PendingAdmission?
@@ -366,6 +370,7 @@ public final class RelayPipeline: RelayStatus {
         while true {
             do {
                 let answers = try await pending.get()
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - admitting.submittedAt).totalNanoseconds)
                 redisRecovered()
                 for (index, answer) in answers.enumerated() {
                     Self.apply(answer, to: admitting.members[index], parsed, &admissions)
@@ -628,7 +633,9 @@ public final class RelayPipeline: RelayStatus {
         var attempt = 0
         while true {
             do {
+                let started = ContinuousClock.now
                 let result = try await body()
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
                 if attempt > 0 { redisRecovered() }
                 return result
             } catch {
@@ -1162,6 +1169,7 @@ public final class RelayPipeline: RelayStatus {
                 break
             } catch {
                 logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
+                RelayMetrics.publishFailures.increment()
                 if !isCurrent(item) { return false }
                 try? await Task.sleep(for: backoff.delay(attempt: retry))
                 retry += 1

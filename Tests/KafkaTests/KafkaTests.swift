@@ -191,6 +191,21 @@ struct KafkaTests {
         }
     }
 
+    @Test func lagIsKnownForRecordsProducedAfterTheAssignment() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic], properties: fastGroup)
+        _ = try await collect(consumer) { _, events in events.contains { if case .assigned = $0 { return true }; return false } }
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for index in 0..<10 { _ = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: [1]) }
+        _ = try await collect(consumer) { messages, _ in messages.count >= 10 }
+        try await waitUntil { consumer.lag.count == 2 }
+        #expect(consumer.lag.values.allSatisfy { $0 == 0 })
+        await producer.close()
+        await consumer.close()
+    }
+
     @Test func badSettingsAreNamed() {
         do {
             _ = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["no.such.setting": "1"])

@@ -291,8 +291,25 @@ extension RelayProcessTests {
     }
 }
 
-@Suite("Secrets stay out of what the relay shows")
+@Suite("Secrets stay out of what the relay shows; dashboards read what it exports")
 struct SecretsTests {
+    /// Every metric name the Grafana dashboard and the alert rules use is one a running relay
+    /// (with Redis, after sending) exports.
+    static func dashboardsAndAlertsUseExportedNames(_ metrics: String) throws {
+        let exported = Set(metrics.split(separator: "\n").filter { !$0.hasPrefix("#") }.compactMap {
+            $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
+        })
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        for file in ["deploy/grafana/apns-relay.json", "deploy/prometheus/apns-relay-rules.yaml"] {
+            let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
+            let used = Set(text.matches(of: /\b(?:relay|apns)_[a-z0-9_]+\b/).map { String($0.output) })
+            #expect(used.count >= 6, "\(file)")
+            for name in used.sorted() {
+                #expect(exported.contains(name), "\(file) uses \(name), which /metrics does not show")
+            }
+        }
+    }
+
     @Test func noSecretInLogsMetricsOutcomesOrCheckConfig() async throws {
         let redisPassword = "r3dis-S3cret-pw", saslPassword = "k4fka-S3cret-pw"
         let redis = try RedisServerProcess(arguments: ["--requirepass", redisPassword])
@@ -309,7 +326,14 @@ struct SecretsTests {
         let relay = try RelayProcess.start(config: config)
         try await harness.produce(20)
         let outcomes = try await harness.outcomes(distinct: 20)
-        let metrics = try await httpGet(port: port, path: "/metrics").body
+        // Consumer lag is reported every second once partitions are assigned: wait for it.
+        var metrics = ""
+        let deadline = ContinuousClock.now + .seconds(20)
+        repeat {
+            metrics = try await httpGet(port: port, path: "/metrics").body
+            if metrics.contains("relay_consumer_lag{") { break }
+            try await Task.sleep(for: .milliseconds(200))
+        } while ContinuousClock.now < deadline
         let ready = try await httpGet(port: port, path: "/readyz").body
         #expect(await relay.terminate() == 0)
         let printed = relay.printed
@@ -331,6 +355,7 @@ struct SecretsTests {
         }
         #expect(checked.stdout.contains("<redacted>"))
         #expect(printed.contains("relay started") && printed.contains("relay stopped"))
+        try Self.dashboardsAndAlertsUseExportedNames(metrics)
         #expect(outcomes.count >= 20)
         await harness.simulator.stop()
     }
