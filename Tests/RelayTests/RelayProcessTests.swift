@@ -300,7 +300,7 @@ struct SecretsTests {
             $0.split(whereSeparator: { $0 == "{" || $0 == " " }).first.map(String.init)
         })
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        for file in ["deploy/grafana/apns-relay.json", "deploy/prometheus/apns-relay-rules.yaml"] {
+        for file in ["deploy/grafana/apns-relay.json", "charts/apns-relay/files/prometheus-rules.yaml"] {
             let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
             let used = Set(text.matches(of: /\b(?:relay|apns)_[a-z0-9_]+\b/).map { String($0.output) })
             #expect(used.count >= 6, "\(file)")
