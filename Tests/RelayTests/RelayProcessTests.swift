@@ -361,6 +361,21 @@ struct SecretsTests {
     }
 }
 
+@Suite("apns-relay check-config")
+struct CheckConfigProcessTests {
+    @Test func theShippedFilePassesAndABrokenOneIsExplained() async throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let shipped = try await RelayBinary.run(["check-config", root.appendingPathComponent("config/apns-relay.yaml").path])
+        #expect(shipped.status == 0, "\(shipped.stderr)")
+        #expect(shipped.stdout.contains("rate_limit: {burst: 10, refill_per_second: 0.2}"))
+        let broken = FileManager.default.temporaryDirectory.appendingPathComponent("broken-\(UUID()).yaml").path
+        try "limits:\n  max_in_flight: lots\n".write(toFile: broken, atomically: true, encoding: .utf8)
+        let refused = try await RelayBinary.run(["check-config", broken])
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("limits.max_in_flight"), "\(refused.stderr)")
+    }
+}
+
 @Suite("apns-relay bench e2e")
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line.
