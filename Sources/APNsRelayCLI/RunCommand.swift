@@ -1,9 +1,12 @@
+import APNs
 import ArgumentParser
+import Foundation
 import Logging
 import Metrics
 import Prometheus
 import Relay
 import ServiceLifecycle
+import Synchronization
 
 /// `apns-relay run --config FILE`: the relay's main job until SIGTERM or SIGINT.
 struct RunCommand: AsyncParsableCommand {
@@ -13,11 +16,17 @@ struct RunCommand: AsyncParsableCommand {
         discussion: """
             SIGTERM or SIGINT: stop consuming, finish in-flight intents within \
             shutdown_deadline_seconds, flush the outcomes, commit, exit 0. Environment variables \
-            APNS_RELAY_<KEY> override scalar keys (see docs/configuration.md).
+            APNS_RELAY_<KEY> override scalar keys (see docs/configuration.md). The file and the \
+            credentials' key files are watched: a valid change is applied by draining the \
+            pipeline and starting it again with the new configuration; an invalid one is \
+            reported and the running configuration stays.
             """)
 
     @Option(help: "YAML configuration file.")
     var config: String
+
+    @Option(name: .customLong("reload-check-ms"), help: .hidden)
+    var reloadCheckMilliseconds = 10_000
 
     func run() async throws {
         let configuration: RelayConfiguration
@@ -38,32 +47,146 @@ struct RunCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         for warning in pipeline.warnings { logger.warning("\(warning)") }
+        let current = CurrentPipeline(pipeline)
         let status: StatusServer
         do {
-            status = try await StatusServer.start(port: configuration.http.port, registry: registry, status: pipeline)
+            status = try await StatusServer.start(port: configuration.http.port, registry: registry, status: current)
         } catch {
             Terminal.error("cannot serve http.port \(configuration.http.port): \(error)")
             throw ExitCode(1)
         }
         logger.info("serving /metrics, /healthz, /readyz", metadata: ["http.port": "\(status.port)"])
         let group = ServiceGroup(configuration: .init(
-            services: [PipelineService(pipeline: pipeline)], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+            services: [PipelineService(current: current, configFile: config, logger: logger,
+                                       reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100)))],
+            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         await status.stop()
     }
 }
 
-/// Runs the pipeline; graceful shutdown asks it to drain.
+/// The pipeline running now: the status endpoints follow it across reloads.
+final class CurrentPipeline: RelayStatus, Sendable {
+    private let current: Mutex<RelayPipeline>
+
+    init(_ pipeline: RelayPipeline) {
+        current = Mutex(pipeline)
+    }
+
+    var pipeline: RelayPipeline {
+        get { current.withLock { $0 } }
+        set { current.withLock { $0 = newValue } }
+    }
+
+    var notAliveReason: String? { pipeline.notAliveReason }
+    var notReadyReason: String? { pipeline.notReadyReason }
+    var warnings: [String] { pipeline.warnings }
+}
+
+/// Runs the pipeline; graceful shutdown asks it to drain. While it runs, the configuration file
+/// and the credentials' key files (a Kubernetes Secret update swaps a symlink: the files are
+/// read through their paths) are checked every `reloadInterval`. A changed configuration that
+/// loads, with every key file readable as a key, is applied: the pipeline drains (finished
+/// intents committed, the rest consumed again) and a new one starts with it. A broken change is
+/// logged, once, and the running configuration stays in use.
 struct PipelineService: Service {
-    let pipeline: RelayPipeline
+    let current: CurrentPipeline
+    let configFile: String
+    let logger: Logger
+    /// How often the files are checked (10 s; tests go faster).
+    let reloadInterval: Duration
 
     func run() async throws {
-        let pipeline = self.pipeline
+        let stopping = Atomic<Bool>(false)
+        let current = self.current
         await withGracefulShutdownHandler {
-            await pipeline.run()
+            var fingerprint = Self.fingerprint(configFile, current.pipeline.configuration)
+            while true {
+                let pipeline = current.pipeline
+                let start = fingerprint
+                let watching = Task { [self] in await watch(pipeline, from: start) }
+                await pipeline.run()
+                watching.cancel()
+                guard let (next, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
+                fingerprint = seen
+                do {
+                    current.pipeline = try RelayPipeline(configuration: next, logger: logger)
+                } catch {
+                    logger.critical("cannot start the pipeline with the new configuration", metadata: ["relay.error": "\(error)"])
+                    return
+                }
+            }
         } onGracefulShutdown: {
-            pipeline.requestStop()
+            stopping.store(true, ordering: .relaxed)
+            current.pipeline.requestStop()
         }
+    }
+
+    /// Until cancelled: on a valid change, asks `pipeline` to stop and returns the new
+    /// configuration with its fingerprint.
+    private func watch(_ pipeline: RelayPipeline, from start: [UInt8]) async -> (RelayConfiguration, [UInt8])? {
+        var last = start
+        while !Task.isCancelled {
+            try? await Task.sleep(for: reloadInterval)
+            if Task.isCancelled { return nil }
+            let configuration: RelayConfiguration
+            do {
+                configuration = try RelayConfiguration.load(file: configFile)
+            } catch {
+                let seen = Array((try? Data(contentsOf: URL(fileURLWithPath: configFile))) ?? Data())
+                if seen != last {
+                    last = seen
+                    logger.error("the changed configuration is invalid; the running one stays", metadata: ["relay.error": "\(error)"])
+                    Self.countReload("invalid")
+                }
+                continue
+            }
+            let seen = Self.fingerprint(configFile, configuration)
+            guard seen != last else { continue }
+            last = seen
+            if let broken = Self.brokenKey(configuration) {
+                logger.error("a changed key file is broken; the running credentials stay", metadata: ["relay.error": "\(broken)"])
+                Self.countReload("invalid")
+                continue
+            }
+            if configuration.http.port != pipeline.configuration.http.port {
+                logger.warning("http.port changes only with a restart", metadata: ["http.port": "\(configuration.http.port)"])
+            }
+            logger.notice("configuration or credentials changed: draining and starting again with them", metadata: [
+                "apns.credentials": "\(configuration.apns.credentials.map { "\($0.teamID):\($0.keyID) \($0.topics)" })",
+            ])
+            Self.countReload("applied")
+            pipeline.requestStop()
+            return (configuration, seen)
+        }
+        return nil
+    }
+
+    /// `relay_config_reloads_total{result="applied"|"invalid"}`.
+    static func countReload(_ result: String) {
+        Counter(label: "relay_config_reloads_total", dimensions: [("result", result)]).increment()
+    }
+
+    /// The configuration file's bytes and every key file's, read through their paths.
+    static func fingerprint(_ file: String, _ configuration: RelayConfiguration) -> [UInt8] {
+        var bytes = Array((try? Data(contentsOf: URL(fileURLWithPath: file))) ?? Data())
+        for credential in configuration.apns.credentials {
+            bytes += Array(credential.keyFile.utf8) + [0]
+            bytes += Array((try? Data(contentsOf: URL(fileURLWithPath: credential.keyFile))) ?? Data()) + [0]
+        }
+        return bytes
+    }
+
+    /// Why a key file cannot be used, if one cannot.
+    static func brokenKey(_ configuration: RelayConfiguration) -> String? {
+        for credential in configuration.apns.credentials {
+            do {
+                _ = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+            } catch {
+                return "\(credential.keyFile): \(error)"
+            }
+        }
+        return nil
     }
 }
 

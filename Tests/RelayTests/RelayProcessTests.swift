@@ -13,10 +13,10 @@ struct RelayProcess {
     let process: Process
     let output: Pipe
 
-    static func start(config: String) throws -> RelayProcess {
+    static func start(config: String, extraArguments: [String] = []) throws -> RelayProcess {
         let process = Process()
         process.executableURL = RelayBinary.url
-        process.arguments = ["run", "--config", config]
+        process.arguments = ["run", "--config", config] + extraArguments
         let output = Pipe()
         process.standardOutput = output
         process.standardError = output
@@ -95,7 +95,8 @@ struct ProcessHarness {
     let intentsTopic: String
     let outcomesTopic: String
 
-    static func start(latency: Duration = .zero) async throws -> ProcessHarness {
+    /// - Parameter extraKeys: more provider keys the simulator accepts.
+    static func start(latency: Duration = .zero, extraKeys: [SimulatorConfiguration.SigningKey] = []) async throws -> ProcessHarness {
         let suffix = UUID().uuidString.prefix(8)
         let cluster = try KafkaMockCluster(brokers: 1)
         try cluster.createTopic("intents-\(suffix)", partitions: 4)
@@ -104,7 +105,7 @@ struct ProcessHarness {
         let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(suffix).p8").path
         try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
         var configuration = SimulatorConfiguration()
-        configuration.signingKeys = [.init(teamID: "TEAM123456", keyID: "ABC123DEFG", publicKey: key.publicKey)]
+        configuration.signingKeys = [.init(teamID: "TEAM123456", keyID: "ABC123DEFG", publicKey: key.publicKey)] + extraKeys
         configuration.behaviour.latency = .nanoseconds(latency.components.attoseconds / 1_000_000_000 + latency.components.seconds * 1_000_000_000)
         let simulator = try await APNsSimulator.start(configuration)
         return ProcessHarness(cluster: cluster, simulator: simulator,
@@ -357,6 +358,90 @@ struct SecretsTests {
         #expect(printed.contains("relay started") && printed.contains("relay stopped"))
         try Self.dashboardsAndAlertsUseExportedNames(metrics)
         #expect(outcomes.count >= 20)
+        await harness.simulator.stop()
+    }
+}
+
+@Suite("Credentials change without a restart")
+struct CredentialReloadTests {
+    /// Polls /metrics until `text` shows up.
+    static func waitForMetric(_ text: String, port: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(60)
+        // Not listening yet counts as not there yet.
+        while !((try? await httpGet(port: port, path: "/metrics").body.contains(text)) ?? false) {
+            guard ContinuousClock.now < deadline else { throw OutcomesTimedOut() }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+    }
+
+    @Test func aNewKeyIsPickedUpARemovedTopicStopsAndABrokenKeyIsRefused() async throws {
+        let newKey = P256.Signing.PrivateKey()
+        let harness = try await ProcessHarness.start(extraKeys: [.init(teamID: "TEAM999999", keyID: "NEWKEY1234", publicKey: newKey.publicKey)])
+        // The keys are reached through symlinks, as in a mounted Kubernetes Secret.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("keys-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let newKeyFile = directory.appendingPathComponent("new-v1.p8").path
+        try newKey.pemRepresentation.write(toFile: newKeyFile, atomically: true, encoding: .utf8)
+        let link = directory.appendingPathComponent("AuthKey_NEWKEY1234.p8").path
+        let port = try freePort()
+        let config = try writeConfig(harness: harness, httpPort: port)
+        let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
+        func send(_ id: String, topic: String, token: Int) async throws {
+            let value = #"{"id":"\#(id)","token":"\#(hexToken(token))","topic":"\#(topic)","payload":{"aps":{"alert":"x"}}}"#
+            _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8), value: Array(value.utf8))
+        }
+        try await Self.waitForMetric("relay_intents_consumed_total", port: port)
+        try await send("before", topic: "com.example.app", token: 1)
+        try await send("new-before", topic: "com.example.new", token: 2)
+        try await Self.waitForMetric("relay_intents_consumed_total 2", port: port)
+
+        // A new key for a new app replaces the old one: the file changes, the key arrives.
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: newKeyFile)
+        var yaml = try String(contentsOfFile: config, encoding: .utf8)
+        yaml = yaml.replacingOccurrences(of: """
+                - team_id: TEAM123456
+                  key_id: ABC123DEFG
+                  key_file: \(harness.keyFile)
+                  topics: ["com.example.app"]
+            """, with: """
+                - team_id: TEAM999999
+                  key_id: NEWKEY1234
+                  key_file: \(link)
+                  topics: ["com.example.new"]
+            """)
+        try yaml.write(toFile: config, atomically: true, encoding: .utf8)
+        try await Self.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#, port: port)
+        try await Self.waitForMetric(#"team_id="TEAM999999""#, port: port)
+        try await send("after", topic: "com.example.app", token: 3)
+        try await send("new-after", topic: "com.example.new", token: 4)
+
+        // A broken key behind the link: reported, and the key in use stays.
+        let broken = directory.appendingPathComponent("new-v2.p8").path
+        try "not a key".write(toFile: broken, atomically: true, encoding: .utf8)
+        let swap = directory.appendingPathComponent("swap").path
+        try FileManager.default.createSymbolicLink(atPath: swap, withDestinationPath: broken)
+        _ = rename(swap, link)
+        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#, port: port)
+        try await send("new-still", topic: "com.example.new", token: 5)
+
+        let outcomes = try await harness.outcomes(distinct: 5)
+        var status: [String: String] = [:]
+        var reason: [String: String] = [:]
+        for text in outcomes {
+            guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
+                  let id = object["id"] as? String else { continue }
+            // At least once: a redelivery after the drain may answer an intent again; the last word counts.
+            status[id] = object["status"] as? String
+            reason[id] = object["reason"] as? String
+        }
+        #expect(status["before"] == "delivered")
+        #expect(status["new-before"] == "failed" && reason["new-before"] == "NoCredentials")
+        #expect(status["after"] == "failed" && reason["after"] == "NoCredentials")
+        #expect(status["new-after"] == "delivered")
+        #expect(status["new-still"] == "delivered")
+        #expect(await relay.terminate() == 0)
+        let printed = relay.printed
+        #expect(printed.contains("a changed key file is broken"), "\(printed.suffix(2000))")
         await harness.simulator.stop()
     }
 }
