@@ -4,7 +4,8 @@ import NIOPosix
 /// A private `redis-server` on a free loopback port, without persistence: for the demo, the
 /// benchmarks and the tests. Killed when released.
 public final class RedisServerProcess: @unchecked Sendable {
-    public let port: Int
+    /// Fixed once started: restarts come back on it.
+    public private(set) var port: Int
     private var process: Process?
     private let extraArguments: [String]
     /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
@@ -14,10 +15,19 @@ public final class RedisServerProcess: @unchecked Sendable {
 
     /// - Parameter tls: PEM certificate and key files: serve TLS only (clients need no certificate).
     public init(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) throws {
-        port = try Self.freePort()
+        port = 0
         extraArguments = arguments
         self.tls = tls
-        try start()
+        // A free port can be taken by someone else before redis-server binds it: try another.
+        for attempt in 1...5 {
+            port = try Self.freePort()
+            do {
+                try start()
+                return
+            } catch let failure as ServerFailed where failure.log.contains("Address already in use") && attempt < 5 {
+                continue
+            }
+        }
     }
 
     deinit { stop() }
