@@ -111,6 +111,8 @@ struct PipelineService: Service {
                 fingerprint = seen
                 do {
                     current.pipeline = try RelayPipeline(configuration: next, logger: logger)
+                    // A SIGTERM while the new one was being made stopped the old one only.
+                    if stopping.load(ordering: .relaxed) { current.pipeline.requestStop() }
                 } catch {
                     logger.critical("cannot start the pipeline with the new configuration", metadata: ["relay.error": "\(error)"])
                     return
