@@ -55,25 +55,10 @@ public struct RedisCommand: Sendable, Equatable {
         for argument in arguments { append(argument) }
     }
 
-    private mutating func append(_ argument: some RESPArgument) {
-        let start = bytes.count
-        argument.appendRESP(to: &bytes)
-        lengths.append(bytes.count - start)
-    }
-
     private mutating func append(_ argument: any RESPArgument) {
         let start = bytes.count
         argument.appendRESP(to: &bytes)
         lengths.append(bytes.count - start)
-    }
-
-    /// The arguments (the command name first), one array each.
-    public var arguments: [[UInt8]] {
-        var offset = 0
-        return lengths.map { length in
-            defer { offset += length }
-            return Array(bytes[offset..<(offset + length)])
-        }
     }
 
     /// `EVALSHA sha numkeys keys... arguments...`

@@ -40,7 +40,10 @@ struct DevicePolicy: Sendable {
 
     // MARK: Scripts
 
-    /// Refills the bucket in the local `tokens`/`at`, shared by the scripts below.
+    /// The token bucket, shared by the admit and take scripts: `bucket` reads and refills it,
+    /// `spend` writes it back (keeping the key at least until it is full again, and never
+    /// shortening the life the park script gave a device in 429 backoff, so that the backoff's
+    /// level is remembered), `due` says when the device may be sent to next.
     private static let bucket = """
         local function bucket(key, now, burst, rate)
             local d = redis.call('HMGET', key, 't', 'at', 'bu')
@@ -50,10 +53,9 @@ struct DevicePolicy: Sendable {
             return tokens, tonumber(d[3]) or 0
         end
         local function spend(key, now, burst, rate, tokens, bu)
-            redis.call('HSET', key, 't', tostring(tokens), 'at', now)
+            redis.call('HSET', key, 't', tokens, 'at', now)
             local keep = math.ceil(burst / rate) + 60000
-            if bu > now then keep = math.max(keep, bu - now + 60000) end
-            if redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
+            if bu == 0 or redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
         end
         local function due(now, burst, rate, tokens, bu)
             local at = now
@@ -67,12 +69,9 @@ struct DevicePolicy: Sendable {
     /// The decisions for one device and topic's intents of a consumed batch, in order.
     /// KEYS: device, mailbox, then one seen key per intent. ARGV: now ms, burst, refill per ms,
     /// then the intents' ids. Answers one code per intent (``Admission``), then the due time.
-    static let admitScript = RedisScript("""
+    static let admitScript = RedisScript(bucket + """
         local now, burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-        local d = redis.call('HMGET', KEYS[1], 't', 'at', 'bu')
-        local tokens, at, bu = tonumber(d[1]), tonumber(d[2]), tonumber(d[3]) or 0
-        if tokens == nil or at == nil then tokens = burst; at = now end
-        if burst > 0 then tokens = math.min(burst, tokens + math.max(0, now - at) * rate) end
+        local tokens, bu = bucket(KEYS[1], now, burst, rate)
         local m = redis.call('HMGET', KEYS[2], 'pid', 'cid')
         local out, took = {}, false
         for i = 4, #ARGV do
@@ -84,16 +83,8 @@ struct DevicePolicy: Sendable {
             elseif tokens >= 1 then tokens = tokens - 1; took = true; out[#out + 1] = 0
             else out[#out + 1] = 3 end
         end
-        if took then
-            redis.call('HSET', KEYS[1], 't', tokens, 'at', now)
-            local keep = math.ceil(burst / rate) + 60000
-            if bu > now then keep = math.max(keep, bu - now + 60000) end
-            redis.call('PEXPIRE', KEYS[1], keep)
-        end
-        local due = now
-        if bu > now then due = bu end
-        if burst > 0 and tokens < 1 then due = math.max(due, now + math.ceil((1 - tokens) / rate)) end
-        out[#out + 1] = due
+        if took then spend(KEYS[1], now, burst, rate, tokens, bu) end
+        out[#out + 1] = due(now, burst, rate, tokens, bu)
         return out
         """)
 
