@@ -17,13 +17,23 @@ struct FleetTokenTests {
         try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: server.url)))
     }
 
-    @Test func processesShareOneTokenAndOneMintPerRefresh() async throws {
+    /// `count` token sources for one key, each with its own Redis connections (relay processes),
+    /// on a private redis-server and one test clock.
+    /// The server is killed when released: callers keep it until they are done.
+    static func fleet(_ count: Int) throws -> (RedisServerProcess, Clock, [RedisProviderTokenSource]) {
         let server = try RedisServerProcess()
         let clock = Clock()
         let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let sources = try (0..<count).map { _ in
+            try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        }
+        return (server, clock, sources)
+    }
+
+    @Test func processesShareOneTokenAndOneMintPerRefresh() async throws {
         // Two relay processes: their own Redis connections, the same key.
-        let first = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
-        let second = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        let (server, clock, sources) = try Self.fleet(2)
+        let (first, second) = (sources[0], sources[1])
 
         let a = try await first.currentToken()
         let b = try await second.currentToken()
@@ -38,13 +48,11 @@ struct FleetTokenTests {
         #expect(c != a && c.issuedAt == clock.now.load(ordering: .relaxed))
         #expect(try await first.currentToken() == c)
         #expect(first.mintCount + second.mintCount == 2)
+        withExtendedLifetime(server) {}
     }
 
     @Test func manyCallersAtOnceMintOnce() async throws {
-        let server = try RedisServerProcess()
-        let clock = Clock()
-        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
-        let sources = try (0..<4).map { _ in try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read) }
+        let (server, _, sources) = try Self.fleet(4)
         let tokens = try await withThrowingTaskGroup(of: ProviderToken.self) { group in
             for index in 0..<200 {
                 group.addTask { try await sources[index % sources.count].currentToken() }
@@ -53,14 +61,12 @@ struct FleetTokenTests {
         }
         #expect(tokens.count == 1)
         #expect(sources.reduce(0) { $0 + $1.mintCount } == 1)
+        withExtendedLifetime(server) {}
     }
 
     @Test func expiredProviderTokenReplacesItOnlyAfterTwentyMinutes() async throws {
-        let server = try RedisServerProcess()
-        let clock = Clock()
-        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
-        let first = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
-        let second = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
+        let (server, clock, sources) = try Self.fleet(2)
+        let (first, second) = (sources[0], sources[1])
         let token = try await first.currentToken()
         clock.advance(minutes: 10)
         #expect(try await first.refresh(after: token) == token)
@@ -70,6 +76,7 @@ struct FleetTokenTests {
         // The other process reports the same stale token: it gets the new one, no second mint.
         #expect(try await second.refresh(after: token) == fresh)
         #expect(first.mintCount + second.mintCount == 2)
+        withExtendedLifetime(server) {}
     }
 
     @Test func withoutRedisAProcessMintsForItself() async throws {

@@ -1,6 +1,7 @@
 import APNs
 import APNsSimulator
 import Foundation
+import NIOCore
 import Redis
 import Relay
 import TestSupport
@@ -30,6 +31,19 @@ struct PolicyTests {
         try await harness.produce(intent(parked, token: token), key: token)
         try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 1 && harness.pipeline.inFlight == 0 }
         return harness
+    }
+
+    /// A relay whose own rate limit never bites, with a 1 s 429 backoff (up to `backoffMax`), in
+    /// front of a simulator that answers 429 past `perDevice` notifications per `window`.
+    static func tooManyRequests(_ redis: RedisServerProcess, perDevice: Int, window: TimeAmount,
+                                backoffMax: Int64) async throws -> RelayHarness {
+        try await harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = backoffMax
+        }, simulator: {
+            $0.behaviour.rateLimitPerDevice = perDevice
+            $0.behaviour.rateLimitWindow = window
+        })
     }
 
     static func byID(_ outcomes: [[String: Any]]) -> [String: [String: Any]] {
@@ -127,13 +141,7 @@ struct PolicyTests {
 
     @Test func a429BacksTheDeviceOffAndTheNewestIntentWaitsItOut() async throws {
         let redis = try RedisServerProcess()
-        let harness = try await Self.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 4
-        }, simulator: {
-            $0.behaviour.rateLimitPerDevice = 2
-            $0.behaviour.rateLimitWindow = .milliseconds(500)
-        })
+        let harness = try await Self.tooManyRequests(redis, perDevice: 2, window: .milliseconds(500), backoffMax: 4)
         let token = hexToken(0x429)
         for index in 1...3 {
             try await harness.produce(intent("fast-\(index)", token: token), key: token)
@@ -151,13 +159,7 @@ struct PolicyTests {
     @Test func theBackoffGrowsWhile429sRepeat() async throws {
         let redis = try RedisServerProcess()
         // One notification per device per 3 s: the second one meets 429s until then.
-        let harness = try await Self.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 8
-        }, simulator: {
-            $0.behaviour.rateLimitPerDevice = 1
-            $0.behaviour.rateLimitWindow = .seconds(3)
-        })
+        let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(3), backoffMax: 8)
         let token = hexToken(0x4291)
         try await harness.produce(intent("first", token: token), key: token)
         try await harness.produce(intent("second", token: token), key: token)
