@@ -46,22 +46,26 @@ public enum RESPValue: Sendable, Equatable {
     public var isNull: Bool { self == .null }
 }
 
-/// Writes commands in RESP with hiredis' formatter.
+/// Writes commands in RESP with hiredis' formatter (its sds variant, which formats lengths
+/// without printf).
 enum RESPEncoder {
     /// Appends `command` (`*N\r\n$len\r\narg\r\n...`).
     static func encode(_ command: RedisCommand, into buffer: inout ByteBuffer) {
+        let count = command.lengths.count
         command.bytes.withUnsafeBufferPointer { all in
             let base = UnsafeRawPointer(all.baseAddress ?? UnsafePointer(bitPattern: 1)!)
-            var offset = 0
-            var pointers = command.lengths.map { length -> UnsafePointer<CChar>? in
-                defer { offset += length }
-                return (base + offset).assumingMemoryBound(to: CChar.self)
+            withUnsafeTemporaryAllocation(of: UnsafePointer<CChar>?.self, capacity: count) { pointers in
+                var offset = 0
+                for (index, length) in command.lengths.enumerated() {
+                    pointers[index] = (base + offset).assumingMemoryBound(to: CChar.self)
+                    offset += length
+                }
+                var target: sds?
+                let length = redisFormatSdsCommandArgv(&target, Int32(count), pointers.baseAddress, command.lengths)
+                guard length > 0, let target else { return }
+                defer { redisFreeSdsCommand(target) }
+                buffer.writeBytes(UnsafeRawBufferPointer(start: target, count: Int(length)))
             }
-            var target: UnsafeMutablePointer<CChar>?
-            let length = redisFormatCommandArgv(&target, Int32(command.lengths.count), &pointers, command.lengths)
-            guard length > 0, let target else { return }
-            defer { redisFreeCommand(target) }
-            buffer.writeBytes(UnsafeRawBufferPointer(start: target, count: Int(length)))
         }
     }
 }

@@ -34,36 +34,72 @@ extension String: RESPArgument { public func appendRESP(to bytes: inout [UInt8])
 extension Substring: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: utf8) } }
 extension Int: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { Int64(self).appendRESP(to: &bytes) } }
 extension Int64: RESPArgument {
-    // Numbers up to 15 digits are small strings: no allocation.
-    public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: String(self).utf8) }
+    /// Decimal digits, written in place (no string made).
+    public func appendRESP(to bytes: inout [UInt8]) {
+        if self < 0 { bytes.append(UInt8(ascii: "-")) }
+        var magnitude = self.magnitude
+        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            var start = buffer.count
+            repeat {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+            } while magnitude > 0
+            bytes.append(contentsOf: buffer[start...])
+        }
+    }
 }
 extension Double: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: String(self).utf8) } }
 extension Array: RESPArgument where Element == UInt8 { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: self) } }
 
 /// One Redis command: its name and arguments, kept as one byte array and the arguments'
-/// lengths (few allocations per command: every policy decision and record is one).
+/// lengths. Hot paths build a command argument by argument into reserved room (no argument
+/// array, no key strings): ``init(_:reservingBytes:arguments:)`` and the `append` methods.
 public struct RedisCommand: Sendable, Equatable {
     /// Every argument's bytes, one after another (the command name first).
     var bytes: [UInt8]
     var lengths: [Int]
 
     public init(_ name: String, _ arguments: [any RESPArgument] = []) {
-        bytes = []
-        lengths = []
-        lengths.reserveCapacity(arguments.count + 1)
-        append(name)
+        self.init(name, reservingBytes: 16 * (arguments.count + 1), arguments: arguments.count)
         for argument in arguments { append(argument) }
     }
 
-    private mutating func append(_ argument: any RESPArgument) {
+    /// An empty command named `name`, with room for `reservingBytes` bytes of arguments and
+    /// `arguments` arguments.
+    public init(_ name: String, reservingBytes: Int, arguments: Int) {
+        bytes = []
+        bytes.reserveCapacity(name.utf8.count + reservingBytes)
+        lengths = []
+        lengths.reserveCapacity(arguments + 1)
+        append(name)
+    }
+
+    public mutating func append(_ argument: some RESPArgument) {
+        appendArgument { argument.appendRESP(to: &$0) }
+    }
+
+    /// Appends one argument written in pieces by `write` (a key made of a prefix, a token and
+    /// a topic, say), without an intermediate string.
+    public mutating func appendArgument(_ write: (inout [UInt8]) -> Void) {
         let start = bytes.count
-        argument.appendRESP(to: &bytes)
+        write(&bytes)
         lengths.append(bytes.count - start)
+    }
+
+    /// `EVALSHA sha numkeys`: the keys and then the arguments are appended after it.
+    public static func evalsha(_ script: RedisScript, keys: Int, reservingBytes: Int, arguments: Int) -> RedisCommand {
+        var command = RedisCommand("EVALSHA", reservingBytes: 48 + reservingBytes, arguments: 2 + arguments)
+        command.append(script.sha1)
+        command.append(keys)
+        return command
     }
 
     /// `EVALSHA sha numkeys keys... arguments...`
     public static func evalsha(_ script: RedisScript, keys: [any RESPArgument], arguments: [any RESPArgument]) -> RedisCommand {
-        var command = RedisCommand("EVALSHA", [script.sha1, keys.count])
+        var command = evalsha(script, keys: keys.count, reservingBytes: 32 * (keys.count + arguments.count),
+                              arguments: keys.count + arguments.count)
         for key in keys { command.append(key) }
         for argument in arguments { command.append(argument) }
         return command

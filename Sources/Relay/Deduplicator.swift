@@ -21,13 +21,20 @@ final class Deduplicator: Sendable {
 
     /// Records an answered intent for `window` seconds (and, when APNs accepted it, the
     /// device's last notification); concurrent records share round trips.
-    func record(_ key: String, status: String, window: Int64, lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
-        var commands = [RedisCommand("SET", [key, status, "EX", window])]
-        if let lastSent {
-            commands.append(RedisCommand("SET", [DeviceRecords.lastSentKey(token: lastSent.token, topic: lastSent.topic),
-                                                 lastSent.json, "EX", DeviceRecords.lastSentTTL]))
-        }
-        try await recorder.submit(commands)
+    func record(token: String, topic: String, id: String, status: String, window: Int64,
+                lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
+        var seen = RedisCommand("SET", reservingBytes: 64 + token.utf8.count + topic.utf8.count + id.utf8.count, arguments: 4)
+        seen.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) }
+        seen.append(status)
+        seen.append("EX")
+        seen.append(window)
+        guard let lastSent else { return try await recorder.submit(seen) }
+        var last = RedisCommand("SET", reservingBytes: 64 + token.utf8.count + topic.utf8.count + lastSent.json.count, arguments: 4)
+        last.appendArgument { DeviceRecords.writeLastSentKey(&$0, token: lastSent.token, topic: lastSent.topic) }
+        last.append(lastSent.json)
+        last.append("EX")
+        last.append(DeviceRecords.lastSentTTL)
+        try await recorder.submit(seen, last)
     }
 }
 
@@ -51,13 +58,16 @@ final class GroupCommit: Sendable {
     }
 
     /// Sends the commands in the next round trip (together); fails when any of them failed.
-    func submit(_ commands: [RedisCommand]) async throws(RedisError) {
-        guard let last = commands.last else { return }
+    func submit(_ first: RedisCommand, _ second: RedisCommand? = nil) async throws(RedisError) {
         let result = await withCheckedContinuation { continuation in
             let startFlush = state.withLock { state -> Bool in
                 // The submitter hears once, with its last command, after all of them ran.
-                for command in commands.dropLast() { state.queued.append((command, nil)) }
-                state.queued.append((last, continuation))
+                if let second {
+                    state.queued.append((first, nil))
+                    state.queued.append((second, continuation))
+                } else {
+                    state.queued.append((first, continuation))
+                }
                 guard !state.flushing else { return false }
                 state.flushing = true
                 return true

@@ -25,9 +25,38 @@ struct DevicePolicy: Sendable {
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
-    static func seenKey(token: String, topic: String, id: String) -> String { "apns-relay:seen:{\(token)}:\(topic):\(id)" }
-    static func deviceKey(token: String) -> String { "apns-relay:device:{\(token)}" }
-    static func mailboxKey(token: String, topic: String) -> String { "apns-relay:mailbox:{\(token)}:\(topic)" }
+    static func seenKey(token: String, topic: String, id: String) -> String { key { writeSeenKey(&$0, token: token, topic: topic, id: id) } }
+    static func deviceKey(token: String) -> String { key { writeDeviceKey(&$0, token: token) } }
+    static func mailboxKey(token: String, topic: String) -> String { key { writeMailboxKey(&$0, token: token, topic: topic) } }
+
+    // The keys written straight into a command's bytes (hot paths: no string per key).
+    static func writeSeenKey(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
+        bytes.append(contentsOf: "apns-relay:seen:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(contentsOf: "}:".utf8)
+        bytes.append(contentsOf: topic.utf8)
+        bytes.append(UInt8(ascii: ":"))
+        bytes.append(contentsOf: id.utf8)
+    }
+
+    static func writeDeviceKey(_ bytes: inout [UInt8], token: String) {
+        bytes.append(contentsOf: "apns-relay:device:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(UInt8(ascii: "}"))
+    }
+
+    static func writeMailboxKey(_ bytes: inout [UInt8], token: String, topic: String) {
+        bytes.append(contentsOf: "apns-relay:mailbox:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(contentsOf: "}:".utf8)
+        bytes.append(contentsOf: topic.utf8)
+    }
+
+    private static func key(_ write: (inout [UInt8]) -> Void) -> String {
+        var bytes: [UInt8] = []
+        write(&bytes)
+        return String(decoding: bytes, as: UTF8.self)
+    }
     func dueKey(partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
     static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
 
@@ -178,13 +207,24 @@ struct DevicePolicy: Sendable {
     /// Redis lost (restart) costs the refused calls a second round trip, which can run after a
     /// later batch's.
     func submitAdmission(_ groups: [Group], now: Int64) -> PendingAdmission {
+        var refill = (rate: -1.0, text: "")
         let calls = groups.map { group -> RedisCommand in
-            var keys = [Self.deviceKey(token: group.token), Self.mailboxKey(token: group.token, topic: group.topic)]
-            keys += group.ids.map { Self.seenKey(token: group.token, topic: group.topic, id: $0) }
             let limit = group.rules.rateLimit
-            var arguments: [any RESPArgument] = [now, limit.isEnabled ? limit.burst : 0, limit.refillPerSecond / 1000]
-            arguments += group.ids.map { $0 as any RESPArgument }
-            return RedisCommand.evalsha(Self.admitScript, keys: keys, arguments: arguments)
+            let rate = limit.refillPerSecond / 1000
+            if rate != refill.rate { refill = (rate, String(rate)) }
+            let token = group.token, topic = group.topic
+            let idBytes = group.ids.reduce(0) { $0 + $1.utf8.count }
+            var command = RedisCommand.evalsha(Self.admitScript, keys: 2 + group.ids.count,
+                                               reservingBytes: 64 + group.ids.count * (token.utf8.count + topic.utf8.count + 32) + 2 * idBytes,
+                                               arguments: 5 + 2 * group.ids.count)
+            command.appendArgument { Self.writeDeviceKey(&$0, token: token) }
+            command.appendArgument { Self.writeMailboxKey(&$0, token: token, topic: topic) }
+            for id in group.ids { command.appendArgument { Self.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
+            command.append(now)
+            command.append(limit.isEnabled ? limit.burst : 0)
+            command.append(refill.text)
+            for id in group.ids { command.append(id) }
+            return command
         }
         return PendingAdmission(policy: self, groups: groups, calls: calls, replies: groups.isEmpty ? nil : client.submit(calls))
     }

@@ -14,7 +14,18 @@ public struct DeviceRecords: Sendable {
 
     static let lastSentTTL = 7 * 86_400
 
-    static func lastSentKey(token: String, topic: String) -> String { "apns-relay:last:{\(token)}:\(topic)" }
+    static func lastSentKey(token: String, topic: String) -> String {
+        var bytes: [UInt8] = []
+        writeLastSentKey(&bytes, token: token, topic: topic)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    static func writeLastSentKey(_ bytes: inout [UInt8], token: String, topic: String) {
+        bytes.append(contentsOf: "apns-relay:last:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(contentsOf: "}:".utf8)
+        bytes.append(contentsOf: topic.utf8)
+    }
 
     static func lastSent(_ intent: Intent, _ notification: APNsNotification, apnsID: String?, at: Int64) -> LastSent {
         var writer = JSONObjectWriter(capacity: 256 + notification.payload.readableBytes)

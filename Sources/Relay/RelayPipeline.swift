@@ -48,6 +48,8 @@ public final class RelayPipeline: RelayStatus {
         var trackers: [TopicPartition: OffsetTracker] = [:]
         /// Bumped when a partition is revoked: work from an older generation is abandoned.
         var generations: [TopicPartition: Int] = [:]
+        /// Per device token, its items that are sent or parked, in order: the first is under
+        /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
         var inFlight = 0
         var capacityWaiter: CheckedContinuation<Void, Never>?
@@ -55,8 +57,6 @@ public final class RelayPipeline: RelayStatus {
         var disabledTeams: [String: (until: Int64, reason: String)] = [:]
         var outcomeCounts: [String: Int] = [:]
         var firstConsumedAt: ContinuousClock.Instant?
-        /// Dedupe keys of the intents in flight here.
-        var inFlightKeys: Set<String> = []
         /// Why Redis is failing, while it is.
         var redisTrouble: String?
         /// Due-index members taken from a mailbox and in flight here.
@@ -89,15 +89,15 @@ public final class RelayPipeline: RelayStatus {
         let consumedAt: ContinuousClock.Instant
         let intent: Result<Intent, InvalidIntent>
         let admission: Admission
-        /// The dedupe key this item holds among the in-flight ones (nil for duplicates, invalid
-        /// messages, and without Redis).
-        let dedupeKey: String?
+        /// APNs' answer to it is recorded for dedupe (a usable intent to send, with Redis);
+        /// among the items in flight, only one per (token, topic, id) does.
+        let recordsAnswer: Bool
         /// Taken from a mailbox: its due-index member (its offset was committed when it was
         /// parked, so this item stores none).
         let mailboxMember: String?
 
         init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
-             intent: Result<Intent, InvalidIntent>, admission: Admission = .send, dedupeKey: String? = nil,
+             intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
              mailboxMember: String? = nil) {
             self.partition = partition
             self.offset = offset
@@ -105,7 +105,7 @@ public final class RelayPipeline: RelayStatus {
             self.consumedAt = consumedAt
             self.intent = intent
             self.admission = admission
-            self.dedupeKey = dedupeKey
+            self.recordsAnswer = recordsAnswer
             self.mailboxMember = mailboxMember
         }
 
@@ -487,24 +487,33 @@ public final class RelayPipeline: RelayStatus {
                                  consumedAt: .now, intent: parsed), state.inFlight)
             }
             var admission = admission
-            var dedupeKey: String?
+            var recordsAnswer = false
             if deduplicator != nil, case .send = admission {
-                let key = DevicePolicy.seenKey(token: intent.token, topic: intent.topic, id: intent.id)
-                if state.inFlightKeys.contains(key) {
+                // A copy in flight here is in its device's queue (Redis learns of it only once
+                // APNs answered it).
+                if Self.isInFlight(intent, state.devices[intent.token]) {
                     admission = .duplicate
                 } else {
-                    state.inFlightKeys.insert(key)
-                    dedupeKey = key
+                    recordsAnswer = true
                 }
             }
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                consumedAt: .now, intent: parsed, admission: admission, dedupeKey: dedupeKey)
+                                consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer)
             return (Self.enqueue(item, &state), state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
         guard let start else { return }
         Task { await self.work(start) }
+    }
+
+    /// Whether an item in the device's queue records its answer for the same intent.
+    private static func isInFlight(_ intent: Intent, _ queue: CircularBuffer<WorkItem>?) -> Bool {
+        guard let queue else { return false }
+        return queue.contains { item in
+            guard item.recordsAnswer, case .success(let other) = item.intent else { return false }
+            return other.id == intent.id && other.topic == intent.topic
+        }
     }
 
     /// Queues an item behind its device's earlier ones; returns it when it can start now.
@@ -514,7 +523,9 @@ public final class RelayPipeline: RelayStatus {
             state.devices[token]!.append(item)
             return nil
         }
-        state.devices[token] = CircularBuffer(initialCapacity: 4)
+        var queue = CircularBuffer<WorkItem>(initialCapacity: 4)
+        queue.append(item)
+        state.devices[token] = queue
         return item
     }
 
@@ -525,7 +536,8 @@ public final class RelayPipeline: RelayStatus {
             await handle(item)
             guard let token = item.queueToken else { return }
             next = state.withLock { state in
-                if let queued = state.devices[token]?.popFirst() { return queued }
+                state.devices[token]?.removeFirst()
+                if let queued = state.devices[token]?.first { return queued }
                 state.devices[token] = nil
                 return nil
             }
@@ -593,7 +605,7 @@ public final class RelayPipeline: RelayStatus {
             finish(item, stored: ending.parked)
             return
         }
-        if item.dedupeKey != nil, Self.isAnswered(status) {
+        if item.recordsAnswer, Self.isAnswered(status) {
             await record(item, ending)
         }
         guard await publish(ending, item) else {
@@ -613,9 +625,10 @@ public final class RelayPipeline: RelayStatus {
     /// of it is a duplicate). Retries while Redis fails, unless `redis.fail_open`.
     @inline(never)
     private func record(_ item: WorkItem, _ ending: Ending) async {
-        guard let deduplicator, let key = item.dedupeKey, let (status, window) = recordFields(ending) else { return }
+        guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
-            try await deduplicator.record(key, status: status, window: window, lastSent: ending.lastSent)
+            try await deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+                                          lastSent: ending.lastSent)
         }
     }
 
@@ -692,13 +705,11 @@ public final class RelayPipeline: RelayStatus {
             intent = .success(parsed)
         }
         let partition = TopicPartition(topic: configuration.kafka.intentsTopic, partition: entry.partition)
-        var dedupeKey: String?
-        if case .success(let parsed) = intent, case .send = admission {
-            dedupeKey = DevicePolicy.seenKey(token: parsed.token, topic: parsed.topic, id: parsed.id)
-        }
+        var recordsAnswer = false
+        if case .success = intent, case .send = admission { recordsAnswer = true }
         return WorkItem(partition: partition, offset: entry.offset, generation: generation,
                         consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
-                        intent: intent, admission: admission, dedupeKey: dedupeKey, mailboxMember: member)
+                        intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member)
     }
 
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease
@@ -777,7 +788,6 @@ public final class RelayPipeline: RelayStatus {
             }
             let start = state.withLock { state -> WorkItem? in
                 state.inFlight += 1
-                if let key = item.dedupeKey { state.inFlightKeys.insert(key) }
                 return Self.enqueue(item, &state)
             }
             if let start { Task { await self.work(start) } }
@@ -1203,7 +1213,6 @@ public final class RelayPipeline: RelayStatus {
     private func finish(_ item: WorkItem, stored: Bool) {
         let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
-            if let key = item.dedupeKey { state.inFlightKeys.remove(key) }
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
             // Intents from a mailbox had their offsets stored when they were parked.
