@@ -80,6 +80,13 @@ public struct RedisCommand: Sendable, Equatable {
         appendArgument { argument.appendRESP(to: &$0) }
     }
 
+    /// Empties the command (keeping its room) and names it `name`.
+    mutating func reset(_ name: String) {
+        bytes.removeAll(keepingCapacity: true)
+        lengths.removeAll(keepingCapacity: true)
+        append(name)
+    }
+
     /// Appends one argument written in pieces by `write` (a key made of a prefix, a token and
     /// a topic, say), without an intermediate string.
     public mutating func appendArgument(_ write: (inout [UInt8]) -> Void) {
@@ -88,21 +95,49 @@ public struct RedisCommand: Sendable, Equatable {
         lengths.append(bytes.count - start)
     }
 
-    /// `EVALSHA sha numkeys`: the keys and then the arguments are appended after it.
-    public static func evalsha(_ script: RedisScript, keys: Int, reservingBytes: Int, arguments: Int) -> RedisCommand {
-        var command = RedisCommand("EVALSHA", reservingBytes: 48 + reservingBytes, arguments: 2 + arguments)
-        command.append(script.sha1)
-        command.append(keys)
-        return command
-    }
-
     /// `EVALSHA sha numkeys keys... arguments...`
     public static func evalsha(_ script: RedisScript, keys: [any RESPArgument], arguments: [any RESPArgument]) -> RedisCommand {
-        var command = evalsha(script, keys: keys.count, reservingBytes: 32 * (keys.count + arguments.count),
-                              arguments: keys.count + arguments.count)
+        var command = RedisCommand("EVALSHA", reservingBytes: 48 + 32 * (keys.count + arguments.count),
+                                   arguments: 2 + keys.count + arguments.count)
+        command.append(script.sha1)
+        command.append(keys.count)
         for key in keys { command.append(key) }
         for argument in arguments { command.append(argument) }
         return command
+    }
+}
+
+/// Commands encoded in RESP (hiredis' formatter) into one buffer as they are added, to be sent
+/// in one round trip. Hot paths build each command in the buffer's reused scratch command
+/// (``append(_:_:)``), so building allocates nothing once the room has grown.
+public struct RedisCommandBuffer: Sendable {
+    var bytes: ByteBuffer
+    /// Commands encoded so far.
+    public private(set) var count = 0
+    private var scratch = RedisCommand("", reservingBytes: 256, arguments: 16)
+
+    public init(reservingBytes: Int = 1024) {
+        bytes = ByteBufferAllocator().buffer(capacity: reservingBytes)
+    }
+
+    public init(_ commands: [RedisCommand]) {
+        self.init(reservingBytes: commands.reduce(0) { $0 + $1.bytes.count + 16 * $1.lengths.count })
+        for command in commands { append(command) }
+    }
+
+    public var isEmpty: Bool { count == 0 }
+
+    public mutating func append(_ command: RedisCommand) {
+        RESPEncoder.encode(command, into: &bytes)
+        count += 1
+    }
+
+    /// Builds a command named `name` with `build` and encodes it.
+    public mutating func append(_ name: String, _ build: (inout RedisCommand) -> Void) {
+        scratch.reset(name)
+        build(&scratch)
+        RESPEncoder.encode(scratch, into: &bytes)
+        count += 1
     }
 }
 
@@ -171,6 +206,11 @@ public final class RedisClient: Sendable {
     /// Runs the commands in one round trip; their replies in order (error replies included as
     /// ``RESPValue/error(_:)``).
     public func pipeline(_ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
+        try await pipeline(RedisCommandBuffer(commands))
+    }
+
+    /// Runs encoded commands in one round trip, like ``pipeline(_:)-([RedisCommand])``.
+    public func pipeline(_ commands: RedisCommandBuffer) async throws(RedisError) -> [RESPValue] {
         try await execute(commands, on: slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]).get()
     }
 
@@ -178,11 +218,11 @@ public final class RedisClient: Sendable {
     /// their pending replies. Calls made one after another run in Redis in that order (one
     /// connection answers in order), so a caller can have several round trips under way whose
     /// effects must not be reordered.
-    public func submit(_ commands: [RedisCommand]) -> RedisPendingReplies {
+    public func submit(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
         execute(commands, on: slots[0])
     }
 
-    private func execute(_ commands: [RedisCommand], on slot: RedisSlot) -> RedisPendingReplies {
+    private func execute(_ commands: RedisCommandBuffer, on slot: RedisSlot) -> RedisPendingReplies {
         guard !isShutDown.load(ordering: .relaxed) else {
             return RedisPendingReplies(future: slot.eventLoop.makeFailedFuture(RedisError.shutdown))
         }
@@ -207,18 +247,29 @@ public final class RedisClient: Sendable {
     /// `replies` (to `commands`) with any NOSCRIPT answer replaced: loads `scripts` and runs the
     /// refused commands again (they did not run), in one more round trip.
     public func reloadingRefused(_ scripts: [RedisScript], _ commands: [RedisCommand], replies: [RESPValue]) async throws(RedisError) -> [RESPValue] {
+        try await reloadingRefused(scripts, replies: replies) { refused, buffer in
+            for index in refused { buffer.append(commands[index]) }
+        }
+    }
+
+    /// `replies` with any NOSCRIPT answer replaced: loads `scripts`, has `encodeAgain` encode the
+    /// refused commands (by their positions; they did not run) and runs them in one more round
+    /// trip.
+    public func reloadingRefused(_ scripts: [RedisScript], replies: [RESPValue],
+                                 encodeAgain: ([Int], inout RedisCommandBuffer) -> Void) async throws(RedisError) -> [RESPValue] {
         var replies = replies
         let refused = replies.indices.filter { index in
             if case .error(let message) = replies[index] { return message.hasPrefix("NOSCRIPT") }
             return false
         }
         guard !refused.isEmpty else { return replies }
-        let loads = scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) }
-        let again = try await pipeline(loads + refused.map { commands[$0] })
-        for load in again.prefix(loads.count) {
+        var buffer = RedisCommandBuffer(scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) })
+        encodeAgain(refused, &buffer)
+        let again = try await pipeline(buffer)
+        for load in again.prefix(scripts.count) {
             if case .error(let message) = load { throw .server(message) }
         }
-        for (index, reply) in zip(refused, again.dropFirst(loads.count)) { replies[index] = reply }
+        for (index, reply) in zip(refused, again.dropFirst(scripts.count)) { replies[index] = reply }
         return replies
     }
 
@@ -280,7 +331,7 @@ final class RedisSlot: @unchecked Sendable {
         self.logger = logger
     }
 
-    func execute(_ commands: [RedisCommand], deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
+    func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
         eventLoop.flatSubmit {
             self.connection(deadline: deadline).flatMap { channel, handler in
                 let promise = self.eventLoop.makePromise(of: [RESPValue].self)
@@ -397,7 +448,7 @@ final class RedisSlot: @unchecked Sendable {
             channel.close(promise: nil)
         }
         promise.futureResult.whenComplete { _ in timeout.cancel() }
-        channel.writeAndFlush(RedisBatch(commands: commands, promise: promise), promise: nil)
+        channel.writeAndFlush(RedisBatch(commands: RedisCommandBuffer(commands), promise: promise), promise: nil)
         return promise.futureResult.flatMapThrowing { replies in
             for reply in replies {
                 // The reply never echoes the password.

@@ -2,7 +2,7 @@ import NIOCore
 
 /// Commands written together, answered together: one round trip.
 struct RedisBatch {
-    var commands: [RedisCommand]
+    var commands: RedisCommandBuffer
     var promise: EventLoopPromise<[RESPValue]>
 }
 
@@ -39,12 +39,8 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
             promise?.succeed(())
             return
         }
-        var buffer = context.channel.allocator.buffer(capacity: 64 * batch.commands.count)
-        for command in batch.commands {
-            RESPEncoder.encode(command, into: &buffer)
-        }
         pending.append(Pending(count: batch.commands.count, promise: batch.promise))
-        context.write(wrapOutboundOut(buffer), promise: promise)
+        context.write(wrapOutboundOut(batch.commands.bytes), promise: promise)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {

@@ -23,51 +23,62 @@ final class Deduplicator: Sendable {
     /// device's last notification); concurrent records share round trips.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
                 lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
-        var seen = RedisCommand("SET", reservingBytes: 64 + token.utf8.count + topic.utf8.count + id.utf8.count, arguments: 4)
-        seen.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) }
-        seen.append(status)
-        seen.append("EX")
-        seen.append(window)
-        guard let lastSent else { return try await recorder.submit(seen) }
-        var last = RedisCommand("SET", reservingBytes: 64 + token.utf8.count + topic.utf8.count + lastSent.json.count, arguments: 4)
-        last.appendArgument { DeviceRecords.writeLastSentKey(&$0, token: lastSent.token, topic: lastSent.topic) }
-        last.append(lastSent.json)
-        last.append("EX")
-        last.append(DeviceRecords.lastSentTTL)
-        try await recorder.submit(seen, last)
+        try await recorder.submit { buffer in
+            buffer.append("SET") { command in
+                command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) }
+                command.append(status)
+                command.append("EX")
+                command.append(window)
+            }
+            guard let lastSent else { return }
+            buffer.append("SET") { command in
+                command.appendArgument { DeviceRecords.writeLastSentKey(&$0, token: lastSent.token, topic: lastSent.topic) }
+                command.append(lastSent.json)
+                command.append("EX")
+                command.append(DeviceRecords.lastSentTTL)
+            }
+        }
     }
 }
 
 /// Sends the commands submitted while a round trip is under way together in the next one, so
-/// that many concurrent writers cost few round trips. The queue is bounded by its callers: each
+/// that many concurrent writers cost few round trips. Commands are encoded as they are
+/// submitted, into the buffer of the next round trip. The queue is bounded by its callers: each
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
 final class GroupCommit: Sendable {
+    /// One round trip's commands, and who waits for which: each submitter hears once, after
+    /// its last command, whether all of its commands succeeded.
+    private struct Round {
+        var commands = RedisCommandBuffer(reservingBytes: 16 * 1024)
+        /// (count of commands up to and including the submitter's, the submitter)
+        var waiters: [(end: Int, continuation: CheckedContinuation<Result<Void, RedisError>, Never>)] = []
+    }
+
     private struct State {
-        /// Commands with the submitter waiting for them (resumed once per submission).
-        var queued: [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>?)] = []
+        var rounds: [Round] = []
         var flushing = false
     }
 
     private let client: RedisClient
     private let state = Mutex(State())
-    /// Commands per round trip at most.
+    /// Commands per round trip at most (one submission is never split).
     private let maxBatch = 1000
 
     init(client: RedisClient) {
         self.client = client
     }
 
-    /// Sends the commands in the next round trip (together); fails when any of them failed.
-    func submit(_ first: RedisCommand, _ second: RedisCommand? = nil) async throws(RedisError) {
+    /// Sends the commands `encode` adds in the next round trip (together); fails when any of
+    /// them failed.
+    func submit(_ encode: (inout RedisCommandBuffer) -> Void) async throws(RedisError) {
         let result = await withCheckedContinuation { continuation in
             let startFlush = state.withLock { state -> Bool in
-                // The submitter hears once, with its last command, after all of them ran.
-                if let second {
-                    state.queued.append((first, nil))
-                    state.queued.append((second, continuation))
-                } else {
-                    state.queued.append((first, continuation))
+                if state.rounds.isEmpty || state.rounds[state.rounds.count - 1].commands.count >= maxBatch {
+                    state.rounds.append(Round())
                 }
+                let last = state.rounds.count - 1
+                encode(&state.rounds[last].commands)
+                state.rounds[last].waiters.append((state.rounds[last].commands.count, continuation))
                 guard !state.flushing else { return false }
                 state.flushing = true
                 return true
@@ -81,27 +92,30 @@ final class GroupCommit: Sendable {
 
     private func flush() async {
         while true {
-            let batch = state.withLock { state -> [(RedisCommand, CheckedContinuation<Result<Void, RedisError>, Never>?)] in
-                // Never split one submission over two round trips.
-                var count = min(state.queued.count, maxBatch)
-                while count < state.queued.count, state.queued[count - 1].1 == nil { count += 1 }
-                let taken = Array(state.queued.prefix(count))
-                state.queued.removeFirst(taken.count)
-                if taken.isEmpty { state.flushing = false }
-                return taken
+            let round = state.withLock { state -> Round? in
+                guard !state.rounds.isEmpty else {
+                    state.flushing = false
+                    return nil
+                }
+                return state.rounds.removeFirst()
             }
-            guard !batch.isEmpty else { return }
-            do {
-                let replies = try await client.pipeline(batch.map(\.0))
-                var failure: RedisError?
-                for (reply, (_, continuation)) in zip(replies, batch) {
-                    if case .error(let message) = reply { failure = .server(message) }
-                    guard let continuation else { continue }
+            guard let round else { return }
+            do throws(RedisError) {
+                let replies = try await client.pipeline(round.commands)
+                guard replies.count == round.commands.count else {
+                    throw .protocolError("\(replies.count) replies to \(round.commands.count) commands")
+                }
+                var start = 0
+                for (end, continuation) in round.waiters {
+                    let failure = replies[start..<end].lazy.compactMap { reply -> RedisError? in
+                        if case .error(let message) = reply { return .server(message) }
+                        return nil
+                    }.first
                     continuation.resume(returning: failure.map { .failure($0) } ?? .success(()))
-                    failure = nil
+                    start = end
                 }
             } catch {
-                for case (_, let continuation?) in batch { continuation.resume(returning: .failure(error)) }
+                for (_, continuation) in round.waiters { continuation.resume(returning: .failure(error)) }
             }
         }
     }

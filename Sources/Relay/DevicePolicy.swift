@@ -207,39 +207,47 @@ struct DevicePolicy: Sendable {
     /// Redis lost (restart) costs the refused calls a second round trip, which can run after a
     /// later batch's.
     func submitAdmission(_ groups: [Group], now: Int64) -> PendingAdmission {
+        var buffer = RedisCommandBuffer(reservingBytes: 256 * groups.count)
+        Self.encodeAdmission(groups, indices: groups.indices, now: now, into: &buffer)
+        return PendingAdmission(policy: self, groups: groups, now: now, replies: groups.isEmpty ? nil : client.submit(buffer))
+    }
+
+    /// `EVALSHA admit` for each group at these positions.
+    private static func encodeAdmission(_ groups: [Group], indices: some Sequence<Int>, now: Int64, into buffer: inout RedisCommandBuffer) {
         var refill = (rate: -1.0, text: "")
-        let calls = groups.map { group -> RedisCommand in
+        for index in indices {
+            let group = groups[index]
             let limit = group.rules.rateLimit
             let rate = limit.refillPerSecond / 1000
             if rate != refill.rate { refill = (rate, String(rate)) }
-            let token = group.token, topic = group.topic
-            let idBytes = group.ids.reduce(0) { $0 + $1.utf8.count }
-            var command = RedisCommand.evalsha(Self.admitScript, keys: 2 + group.ids.count,
-                                               reservingBytes: 64 + group.ids.count * (token.utf8.count + topic.utf8.count + 32) + 2 * idBytes,
-                                               arguments: 5 + 2 * group.ids.count)
-            command.appendArgument { Self.writeDeviceKey(&$0, token: token) }
-            command.appendArgument { Self.writeMailboxKey(&$0, token: token, topic: topic) }
-            for id in group.ids { command.appendArgument { Self.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
-            command.append(now)
-            command.append(limit.isEnabled ? limit.burst : 0)
-            command.append(refill.text)
-            for id in group.ids { command.append(id) }
-            return command
+            let token = group.token, topic = group.topic, ids = group.ids, refillText = refill.text
+            buffer.append("EVALSHA") { command in
+                command.append(admitScript.sha1)
+                command.append(2 + ids.count)
+                command.appendArgument { Self.writeDeviceKey(&$0, token: token) }
+                command.appendArgument { Self.writeMailboxKey(&$0, token: token, topic: topic) }
+                for id in ids { command.appendArgument { Self.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
+                command.append(now)
+                command.append(limit.isEnabled ? limit.burst : 0)
+                command.append(refillText)
+                for id in ids { command.append(id) }
+            }
         }
-        return PendingAdmission(policy: self, groups: groups, calls: calls, replies: groups.isEmpty ? nil : client.submit(calls))
     }
 
     /// A batch's admission under way.
     struct PendingAdmission: Sendable {
         let policy: DevicePolicy
         let groups: [Group]
-        let calls: [RedisCommand]
+        let now: Int64
         let replies: RedisPendingReplies?
 
         /// The decisions for every group, and for each the time the device may be sent to next.
         func get() async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
             guard let replies else { return [] }
-            let answers = try await policy.client.reloadingRefused([DevicePolicy.admitScript], calls, replies: try await replies.get())
+            let answers = try await policy.client.reloadingRefused([DevicePolicy.admitScript], replies: try await replies.get()) { refused, buffer in
+                DevicePolicy.encodeAdmission(groups, indices: refused, now: now, into: &buffer)
+            }
             return try zip(groups.map(\.ids.count), answers).map { count, reply throws(RedisError) in
                 guard case .array(let values) = reply, values.count == count + 1,
                       let due = values.last?.integer else { throw .protocolError("admit script answered \(reply)") }

@@ -49,6 +49,25 @@ struct RedisClientTests {
         await client.shutdown()
     }
 
+    @Test func commandsBuiltInPiecesIntoOneBufferAreSentAsWritten() async throws {
+        let server = try RedisServerProcess()
+        let client = try Self.client(server.url)
+        let numbers: [Int64] = [0, 7, -1, 1_795_329_384_604, Int64.max, Int64.min]
+        var buffer = RedisCommandBuffer(reservingBytes: 16)
+        for (index, number) in numbers.enumerated() {
+            buffer.append("SET") { command in
+                command.appendArgument { $0.append(contentsOf: "key:{".utf8); $0.append(contentsOf: "\(index)".utf8); $0.append(UInt8(ascii: "}")) }
+                command.append(number)
+            }
+        }
+        buffer.append(RedisCommand("MGET", numbers.indices.map { "key:{\($0)}" }))
+        #expect(buffer.count == numbers.count + 1)
+        let replies = try await client.pipeline(buffer)
+        #expect(replies.prefix(numbers.count).allSatisfy { $0 == .status("OK") })
+        #expect(replies.last?.array?.map(\.string) == numbers.map { "\($0)" })
+        await client.shutdown()
+    }
+
     @Test func aPipelineIsOneRoundTripWithRepliesInOrder() async throws {
         let server = try RedisServerProcess()
         let client = try Self.client(server.url)
