@@ -74,6 +74,23 @@ public final class KafkaProducer: Sendable {
         return try result.get()
     }
 
+    /// Hands the record over now; `report` hears its delivery report (on librdkafka's poll
+    /// thread, or at once when the record is refused). For callers that chain the report into
+    /// work of their own instead of waiting for it.
+    public func send(topic: String, key: [UInt8]?, value: [UInt8],
+                     report: @escaping @Sendable (Result<Delivery, KafkaError>) -> Void) {
+        guard !closed.load(ordering: .relaxed) else {
+            return report(.failure(KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")))
+        }
+        let topicHandle: TopicHandle
+        do {
+            topicHandle = try self.topic(topic)
+        } catch {
+            return report(.failure(error))
+        }
+        Self.produce(topicHandle, key: key, value: value, to: DeliveryCallback(report), topic: topic)
+    }
+
     /// Appends the records in the order given (records for one partition keep it) and waits for
     /// all their delivery reports; the first failure throws.
     public func send(topic: String, records: [(key: [UInt8]?, value: [UInt8])]) async throws(KafkaError) -> [Delivery] {
@@ -183,6 +200,18 @@ private final class DeliveryBox: DeliveryTarget {
 
     override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
         continuation.resume(returning: result)
+    }
+}
+
+/// One chained `send`'s report.
+private final class DeliveryCallback: DeliveryTarget {
+    let callback: @Sendable (Result<KafkaProducer.Delivery, KafkaError>) -> Void
+    init(_ callback: @escaping @Sendable (Result<KafkaProducer.Delivery, KafkaError>) -> Void) {
+        self.callback = callback
+    }
+
+    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        callback(result)
     }
 }
 

@@ -20,10 +20,11 @@ final class Deduplicator: Sendable {
     }
 
     /// Records an answered intent for `window` seconds (and, when APNs accepted it, the
-    /// device's last notification); concurrent records share round trips.
+    /// device's last notification); concurrent records share round trips. `done` hears whether
+    /// it was recorded.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
-                lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
-        try await recorder.submit { buffer in
+                lastSent: DeviceRecords.LastSent?, then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
+        recorder.submit({ buffer in
             buffer.append("SET") { command in
                 command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) }
                 command.append(status)
@@ -37,7 +38,18 @@ final class Deduplicator: Sendable {
                 command.append("EX")
                 command.append(DeviceRecords.lastSentTTL)
             }
+        }, then: done)
+    }
+
+    /// ``record(token:topic:id:status:window:lastSent:then:)``, waited for.
+    func record(token: String, topic: String, id: String, status: String, window: Int64,
+                lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
+        let result = await withCheckedContinuation { continuation in
+            record(token: token, topic: topic, id: id, status: status, window: window, lastSent: lastSent) {
+                continuation.resume(returning: $0)
+            }
         }
+        try result.get()
     }
 }
 
@@ -51,7 +63,7 @@ final class GroupCommit: Sendable {
     private struct Round {
         var commands = RedisCommandBuffer(reservingBytes: 16 * 1024)
         /// (count of commands up to and including the submitter's, the submitter)
-        var waiters: [(end: Int, continuation: CheckedContinuation<Result<Void, RedisError>, Never>)] = []
+        var waiters: [(end: Int, done: @Sendable (Result<Void, RedisError>) -> Void)] = []
     }
 
     private struct State {
@@ -68,26 +80,23 @@ final class GroupCommit: Sendable {
         self.client = client
     }
 
-    /// Sends the commands `encode` adds in the next round trip (together); fails when any of
-    /// them failed.
-    func submit(_ encode: (inout RedisCommandBuffer) -> Void) async throws(RedisError) {
-        let result = await withCheckedContinuation { continuation in
-            let startFlush = state.withLock { state -> Bool in
-                if state.rounds.isEmpty || state.rounds[state.rounds.count - 1].commands.count >= maxBatch {
-                    state.rounds.append(Round())
-                }
-                let last = state.rounds.count - 1
-                encode(&state.rounds[last].commands)
-                state.rounds[last].waiters.append((state.rounds[last].commands.count, continuation))
-                guard !state.flushing else { return false }
-                state.flushing = true
-                return true
+    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (from
+    /// the task that sent them) whether all of them succeeded.
+    func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
+        let startFlush = state.withLock { state -> Bool in
+            if state.rounds.isEmpty || state.rounds[state.rounds.count - 1].commands.count >= maxBatch {
+                state.rounds.append(Round())
             }
-            if startFlush {
-                Task { await self.flush() }
-            }
+            let last = state.rounds.count - 1
+            encode(&state.rounds[last].commands)
+            state.rounds[last].waiters.append((state.rounds[last].commands.count, done))
+            guard !state.flushing else { return false }
+            state.flushing = true
+            return true
         }
-        try result.get()
+        if startFlush {
+            Task { await self.flush() }
+        }
     }
 
     private func flush() async {
@@ -106,16 +115,16 @@ final class GroupCommit: Sendable {
                     throw .protocolError("\(replies.count) replies to \(round.commands.count) commands")
                 }
                 var start = 0
-                for (end, continuation) in round.waiters {
+                for (end, done) in round.waiters {
                     let failure = replies[start..<end].lazy.compactMap { reply -> RedisError? in
                         if case .error(let message) = reply { return .server(message) }
                         return nil
                     }.first
-                    continuation.resume(returning: failure.map { .failure($0) } ?? .success(()))
+                    done(failure.map { .failure($0) } ?? .success(()))
                     start = end
                 }
             } catch {
-                for (_, continuation) in round.waiters { continuation.resume(returning: .failure(error)) }
+                for (_, done) in round.waiters { done(.failure(error)) }
             }
         }
     }

@@ -606,7 +606,18 @@ public final class RelayPipeline: RelayStatus {
             return
         }
         if item.recordsAnswer, Self.isAnswered(status) {
-            await record(item, ending)
+            // Usually one wait for both: the record's round trip, then the outcome's report.
+            switch await recordThenPublish(item, ending) {
+            case .published:
+                published(ending)
+                if let member = item.mailboxMember { await release(member, item) }
+                finish(item, stored: true)
+                return
+            case .notRecorded:
+                await record(item, ending)
+            case .notPublished:
+                break
+            }
         }
         guard await publish(ending, item) else {
             finish(item, stored: false)
@@ -619,6 +630,40 @@ public final class RelayPipeline: RelayStatus {
     /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
     private static func isAnswered(_ status: Outcome.Status) -> Bool {
         status == .delivered || status == .rejected || status == .unregistered
+    }
+
+    private enum Chained {
+        case published
+        /// Redis failed the record (reported here): record with retries, then publish.
+        case notRecorded
+        /// Recorded, but the outcome's delivery failed: publish with retries.
+        case notPublished
+    }
+
+    /// Records the answered intent and, once Redis has it, hands its outcome to the producer
+    /// from the recording task, so the item waits once for both.
+    @inline(never)
+    private func recordThenPublish(_ item: WorkItem, _ ending: Ending) async -> Chained {
+        guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
+              let (key, value) = Self.encoded(ending) else { return .notRecorded }
+        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
+        let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
+            deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+                                lastSent: ending.lastSent) { recorded in
+                if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+                producer.send(topic: outcomesTopic, key: key, value: value) { delivered in
+                    if case .failure = delivered { return continuation.resume(returning: .success(.notPublished)) }
+                    continuation.resume(returning: .success(.published))
+                }
+            }
+        }
+        switch chained {
+        case .success(let result): return result
+        case .failure(let error):
+            redisFailed(error)
+            return .notRecorded
+        }
     }
 
     /// Records the answered intent in Redis before its outcome is published (so a redelivery
