@@ -615,8 +615,9 @@ public final class RelayPipeline: RelayStatus {
                 return
             case .notRecorded:
                 await record(item, ending)
-            case .notPublished:
-                break
+            case .notPublished(let error):
+                logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
+                RelayMetrics.publishFailures.increment()
             }
         }
         guard await publish(ending, item) else {
@@ -637,7 +638,7 @@ public final class RelayPipeline: RelayStatus {
         /// Redis failed the record (reported here): record with retries, then publish.
         case notRecorded
         /// Recorded, but the outcome's delivery failed: publish with retries.
-        case notPublished
+        case notPublished(KafkaError)
     }
 
     /// Records the answered intent and, once Redis has it, hands its outcome to the producer
@@ -653,7 +654,7 @@ public final class RelayPipeline: RelayStatus {
                 if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
                 RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
                 producer.send(topic: outcomesTopic, key: key, value: value) { delivered in
-                    if case .failure = delivered { return continuation.resume(returning: .success(.notPublished)) }
+                    if case .failure(let error) = delivered { return continuation.resume(returning: .success(.notPublished(error))) }
                     continuation.resume(returning: .success(.published))
                 }
             }
