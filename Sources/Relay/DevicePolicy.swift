@@ -8,10 +8,17 @@ import Redis
 /// the due index is a key of its own, written by plain commands):
 /// - `apns-relay:seen:{<token>}:<topic>:<id>` — string, the status APNs' answer gave the intent,
 ///   kept for the topic's dedupe window.
-/// - `apns-relay:device:{<token>}` — hash: `t` tokens left and `at` when counted (ms), `bu`
-///   backoff until (ms), `bl` backoff level (doubles while 429s repeat).
+/// - `apns-relay:rate:{<token>}` — string: the token bucket as a GCRA theoretical arrival time
+///   (epoch ms): each send moves it one interval (`1000 / refill_per_second` ms, rounded up)
+///   on, from now at the earliest; a send is allowed while it lies at most `burst - 1`
+///   intervals ahead (the bucket is full when it is not ahead at all).
+/// - `apns-relay:backoff:{<token>}` — string `<until ms> <level>`: the 429 backoff (its level
+///   doubles the wait while 429s repeat).
 /// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
 ///   expiration, `pd` due ms) and the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms).
+/// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
+///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
+///   them with the other strings in one `MGET`.
 /// - `apns-relay:due:{<intents topic>:<partition>}` — sorted set of `<token> <topic> <id>` by the
 ///   time the mailbox entry may be sent (or its claim's lease ends). Per partition of the
 ///   intents topic, so whichever relay owns the partition delivers its devices' mailboxes.
@@ -26,8 +33,10 @@ struct DevicePolicy: Sendable {
     static let claimLeaseMilliseconds: Int64 = 120_000
 
     static func seenKey(token: String, topic: String, id: String) -> String { key { writeSeenKey(&$0, token: token, topic: topic, id: id) } }
-    static func deviceKey(token: String) -> String { key { writeDeviceKey(&$0, token: token) } }
+    static func rateKey(token: String) -> String { key { writeRateKey(&$0, token: token) } }
+    static func backoffKey(token: String) -> String { key { writeBackoffKey(&$0, token: token) } }
     static func mailboxKey(token: String, topic: String) -> String { key { writeMailboxKey(&$0, token: token, topic: topic) } }
+    static func waitingKey(token: String, topic: String) -> String { key { writeWaitingKey(&$0, token: token, topic: topic) } }
 
     // The keys written straight into a command's bytes (hot paths: no string per key).
     static func writeSeenKey(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
@@ -39,8 +48,14 @@ struct DevicePolicy: Sendable {
         bytes.append(contentsOf: id.utf8)
     }
 
-    static func writeDeviceKey(_ bytes: inout [UInt8], token: String) {
-        bytes.append(contentsOf: "apns-relay:device:{".utf8)
+    static func writeRateKey(_ bytes: inout [UInt8], token: String) {
+        bytes.append(contentsOf: "apns-relay:rate:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(UInt8(ascii: "}"))
+    }
+
+    static func writeBackoffKey(_ bytes: inout [UInt8], token: String) {
+        bytes.append(contentsOf: "apns-relay:backoff:{".utf8)
         bytes.append(contentsOf: token.utf8)
         bytes.append(UInt8(ascii: "}"))
     }
@@ -51,6 +66,39 @@ struct DevicePolicy: Sendable {
         bytes.append(contentsOf: "}:".utf8)
         bytes.append(contentsOf: topic.utf8)
     }
+
+    static func writeWaitingKey(_ bytes: inout [UInt8], token: String, topic: String) {
+        bytes.append(contentsOf: "apns-relay:waiting:{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(contentsOf: "}:".utf8)
+        bytes.append(contentsOf: topic.utf8)
+    }
+
+    /// Whether `id` is one of the ids a `waiting` value names.
+    static func isWaiting(_ id: String, in value: [UInt8]) -> Bool {
+        guard let colon = value.firstIndex(of: UInt8(ascii: ":")),
+              let length = Int(String(decoding: value[..<colon], as: UTF8.self)), colon + 1 + length <= value.count else { return false }
+        let idBytes = Array(id.utf8)
+        let pid = value[(colon + 1)..<(colon + 1 + length)], cid = value[(colon + 1 + length)...]
+        return (!pid.isEmpty && pid.elementsEqual(idBytes)) || (!cid.isEmpty && cid.elementsEqual(idBytes))
+    }
+
+    /// Rewrites the `waiting` string (KEYS[w]) from the mailbox hash (KEYS[1]), in every script
+    /// that changes the mailbox's ids.
+    private static let markWaiting = """
+        local function markWaiting(w)
+            local m = redis.call('HMGET', KEYS[1], 'pid', 'cid')
+            if m[1] or m[2] then
+                local p, c = m[1] or '', m[2] or ''
+                local ttl = redis.call('PTTL', KEYS[1])
+                if ttl < 1 then ttl = 86400000 end
+                redis.call('SET', KEYS[w], #p .. ':' .. p .. c, 'PX', ttl)
+            else
+                redis.call('DEL', KEYS[w])
+            end
+        end
+
+        """
 
     private static func key(_ write: (inout [UInt8]) -> Void) -> String {
         var bytes: [UInt8] = []
@@ -69,69 +117,25 @@ struct DevicePolicy: Sendable {
 
     // MARK: Scripts
 
-    /// The token bucket, shared by the admit and take scripts: `bucket` reads and refills it,
-    /// `spend` writes it back (keeping the key at least until it is full again, and never
-    /// shortening the life the park script gave a device in 429 backoff, so that the backoff's
-    /// level is remembered), `due` says when the device may be sent to next.
-    private static let bucket = """
-        local function bucket(key, now, burst, rate)
-            local d = redis.call('HMGET', key, 't', 'at', 'bu')
-            local tokens, at = tonumber(d[1]), tonumber(d[2])
-            if tokens == nil or at == nil then tokens = burst; at = now end
-            if burst > 0 then tokens = math.min(burst, tokens + math.max(0, now - at) * rate) end
-            return tokens, tonumber(d[3]) or 0
-        end
-        local function spend(key, now, burst, rate, tokens, bu)
-            redis.call('HSET', key, 't', tokens, 'at', now)
-            local keep = math.ceil(burst / rate) + 60000
-            if bu == 0 or redis.call('PTTL', key) < keep then redis.call('PEXPIRE', key, keep) end
-        end
-        local function due(now, burst, rate, tokens, bu)
-            local at = now
-            if bu > now then at = bu end
-            if burst > 0 and tokens < 1 then at = math.max(at, now + math.ceil((1 - tokens) / rate)) end
-            return at
-        end
-
-        """
-
-    /// The decisions for one device and topic's intents of a consumed batch, in order.
-    /// KEYS: device, mailbox, then one seen key per intent. ARGV: now ms, burst, refill per ms,
-    /// then the intents' ids. Answers one code per intent (``Admission``), then the due time.
-    static let admitScript = RedisScript(bucket + """
-        local now, burst, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-        local tokens, bu = bucket(KEYS[1], now, burst, rate)
-        local m = redis.call('HMGET', KEYS[2], 'pid', 'cid')
-        local out, took = {}, false
-        for i = 4, #ARGV do
-            local id = ARGV[i]
-            if redis.call('EXISTS', KEYS[i - 1]) == 1 then out[#out + 1] = 1
-            elseif id == m[1] or id == m[2] then out[#out + 1] = 2
-            elseif now < bu then out[#out + 1] = 3
-            elseif burst <= 0 then out[#out + 1] = 0
-            elseif tokens >= 1 then tokens = tokens - 1; took = true; out[#out + 1] = 0
-            else out[#out + 1] = 3 end
-        end
-        if took then spend(KEYS[1], now, burst, rate, tokens, bu) end
-        out[#out + 1] = due(now, burst, rate, tokens, bu)
-        return out
-        """)
-
     /// Parks an intent in its mailbox, displacing the one parked there (whose entry it returns).
-    /// With a 429, starts or lengthens the device's backoff first.
-    /// KEYS: mailbox, device. ARGV: id, entry, expiration (s), due ms, now ms, "1" for a 429,
-    /// backoff base ms, backoff maximum ms. Answers {due ms, displaced entry or nil}.
-    static let parkScript = RedisScript("""
+    /// With a 429, starts or lengthens the device's backoff first (doubling while 429s repeat,
+    /// kept until its end plus the maximum, so that the level is remembered).
+    /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
+    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, displaced entry or nil}.
+    static let parkScript = RedisScript(markWaiting + """
         local now, due = tonumber(ARGV[5]), tonumber(ARGV[4])
         if ARGV[6] == '1' then
-            local b = redis.call('HMGET', KEYS[2], 'bu', 'bl')
-            local bu, bl = tonumber(b[1]) or 0, tonumber(b[2]) or 0
+            local bu, bl = 0, 0
+            local b = redis.call('GET', KEYS[2])
+            if b then
+                local u, l = string.match(b, '^(%d+) (%d+)$')
+                bu, bl = tonumber(u) or 0, tonumber(l) or 0
+            end
             local base, top = tonumber(ARGV[7]), tonumber(ARGV[8])
             if bu == 0 or now > bu + top then bl = 0 else bl = bl + 1 end
             local length = math.min(top, base * (2 ^ math.min(bl, 30)))
             bu = now + length
-            redis.call('HSET', KEYS[2], 'bu', bu, 'bl', bl)
-            if redis.call('PTTL', KEYS[2]) < length + top then redis.call('PEXPIRE', KEYS[2], length + top) end
+            redis.call('SET', KEYS[2], bu .. ' ' .. bl, 'PX', length + top)
             due = math.max(due, bu)
         end
         local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid')
@@ -143,15 +147,17 @@ struct DevicePolicy: Sendable {
         if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
         local keep = math.max(0, expiration * 1000 - now) + 86400000
         if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+        markWaiting(3)
         return {due, displaced}
         """)
 
-    /// Takes a due mailbox entry for sending, if the device may be sent to now.
-    /// KEYS: mailbox, device, the entry's seen key. ARGV: id, now ms, burst, refill per ms,
-    /// lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before, {2, due} not
+    /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
+    /// token as an admission does, see ``Bucket``).
+    /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
+    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before, {2, due} not
     /// yet, {3, entry} claimed, {4, entry} expired (removed).
-    static let takeScript = RedisScript(bucket + """
-        local id, now, burst, rate = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+    static let takeScript = RedisScript(markWaiting + """
+        local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
         local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
         local entry, expiration, parked
         if m[1] == id then entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
@@ -160,37 +166,50 @@ struct DevicePolicy: Sendable {
         local function clear()
             if parked then redis.call('HDEL', KEYS[1], 'pid', 'p', 'pe', 'pd')
             else redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
+            markWaiting(5)
         end
         if redis.call('EXISTS', KEYS[3]) == 1 then clear(); return {1, entry} end
         if expiration * 1000 < now then clear(); return {4, entry} end
-        local tokens, bu = bucket(KEYS[2], now, burst, rate)
-        if now < bu or (burst > 0 and tokens < 1) then
-            local at = math.min(due(now, burst, rate, tokens, bu), expiration * 1000 + 1000)
+        local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
+        if tat < now then tat = now end
+        local bu = tonumber(string.match(redis.call('GET', KEYS[4]) or '', '^(%d+)') or '') or 0
+        local ahead = (burst - 1) * interval
+        if now < bu or (burst > 0 and tat - now > ahead) then
+            local at = now
+            if bu > at then at = bu end
+            if burst > 0 and tat - ahead > at then at = tat - ahead end
+            at = math.min(at, expiration * 1000 + 1000)
             if parked then redis.call('HSET', KEYS[1], 'pd', at) end
             return {2, at}
         end
-        if burst > 0 then spend(KEYS[2], now, burst, rate, tokens - 1, bu) end
+        if burst > 0 then redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 60000) end
         clear()
         redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
+        markWaiting(5)
         return {3, entry}
         """)
 
-    /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox. ARGV: id.
-    static let releaseScript = RedisScript("""
-        if redis.call('HGET', KEYS[1], 'cid') == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
+    /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox, waiting.
+    /// ARGV: id.
+    static let releaseScript = RedisScript(markWaiting + """
+        if redis.call('HGET', KEYS[1], 'cid') == ARGV[1] then
+            redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
+            markWaiting(2)
+        end
         return 0
         """)
 
     // MARK: Calls
 
-    enum Admission: Int {
-        case send = 0
+    enum Admission {
+        /// A token was taken.
+        case send
         /// APNs answered it before: outcome `duplicate`.
-        case duplicate = 1
+        case duplicate
         /// It is in its mailbox already (a redelivery): the mailbox will answer it.
-        case inMailbox = 2
+        case inMailbox
         /// The device may not be sent to now: park it (or, with expiration 0, give up).
-        case wait = 3
+        case wait
     }
 
     /// One device and topic's intents of a batch.
@@ -201,69 +220,123 @@ struct DevicePolicy: Sendable {
         var rules: RelayConfiguration.Policy.Rules
     }
 
-    /// Asks for the decisions for every group: one round trip for the batch, written now.
-    /// Admissions submitted one after another run in Redis in that order (so a device's tokens
-    /// go to its intents in offset order even with several batches under way); a script cache
-    /// Redis lost (restart) costs the refused calls a second round trip, which can run after a
-    /// later batch's.
+    /// The admission of a batch's groups, asked when ``PendingAdmission/get()`` is called.
     func submitAdmission(_ groups: [Group], now: Int64) -> PendingAdmission {
-        var buffer = RedisCommandBuffer(reservingBytes: 256 * groups.count)
-        Self.encodeAdmission(groups, indices: groups.indices, now: now, into: &buffer)
-        return PendingAdmission(policy: self, groups: groups, now: now, replies: groups.isEmpty ? nil : client.submit(buffer))
+        PendingAdmission(policy: self, groups: groups, now: now)
     }
 
-    /// `EVALSHA admit` for each group at these positions.
-    private static func encodeAdmission(_ groups: [Group], indices: some Sequence<Int>, now: Int64, into buffer: inout RedisCommandBuffer) {
-        var refill = (rate: -1.0, text: "")
-        for index in indices {
-            let group = groups[index]
-            let limit = group.rules.rateLimit
-            let rate = limit.refillPerSecond / 1000
-            if rate != refill.rate { refill = (rate, String(rate)) }
-            let token = group.token, topic = group.topic, ids = group.ids, refillText = refill.text
-            buffer.append("EVALSHA") { command in
-                command.append(admitScript.sha1)
-                command.append(2 + ids.count)
-                command.appendArgument { Self.writeDeviceKey(&$0, token: token) }
-                command.appendArgument { Self.writeMailboxKey(&$0, token: token, topic: topic) }
-                for id in ids { command.appendArgument { Self.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
-                command.append(now)
-                command.append(limit.isEnabled ? limit.burst : 0)
-                command.append(refillText)
-                for id in ids { command.append(id) }
-            }
-        }
-    }
-
-    /// A batch's admission under way.
+    /// A batch's admission: one round trip of plain reads for the whole batch (per device and
+    /// topic one `MGET` of the bucket, the backoff, the mailbox's ids and the intents' dedupe
+    /// records), the decisions taken here, and the buckets' new arrival
+    /// times written after them in the same connection's order (not waited for).
+    ///
+    /// Batches are admitted one after another on one connection, so a batch reads what the
+    /// batches before it wrote. What this gives up against one script per device: a mailbox
+    /// take, or another relay admitting the same device, between one batch's read and its write
+    /// is not seen, so one extra send per such overlap can pass the bucket. Intents keyed by
+    /// token are consumed by one relay at a time, so that overlap needs a partition handover.
     struct PendingAdmission: Sendable {
         let policy: DevicePolicy
         let groups: [Group]
         let now: Int64
-        let replies: RedisPendingReplies?
 
         /// The decisions for every group, and for each the time the device may be sent to next.
         func get() async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
-            guard let replies else { return [] }
-            let answers = try await policy.client.reloadingRefused([DevicePolicy.admitScript], replies: try await replies.get()) { refused, buffer in
-                DevicePolicy.encodeAdmission(groups, indices: refused, now: now, into: &buffer)
-            }
-            return try zip(groups.map(\.ids.count), answers).map { count, reply throws(RedisError) in
-                guard case .array(let values) = reply, values.count == count + 1,
-                      let due = values.last?.integer else { throw .protocolError("admit script answered \(reply)") }
-                let decisions = try values.dropLast().map { value throws(RedisError) in
-                    guard let code = value.integer, let decision = Admission(rawValue: Int(code)) else {
-                        throw .protocolError("admit script answered \(reply)")
-                    }
-                    return decision
+            guard !groups.isEmpty else { return [] }
+            var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
+            for group in groups {
+                let token = group.token, topic = group.topic, ids = group.ids
+                reads.append("MGET") { command in
+                    command.appendArgument { DevicePolicy.writeRateKey(&$0, token: token) }
+                    command.appendArgument { DevicePolicy.writeBackoffKey(&$0, token: token) }
+                    command.appendArgument { DevicePolicy.writeWaitingKey(&$0, token: token, topic: topic) }
+                    for id in ids { command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
                 }
-                return (decisions, due)
             }
+            let replies = try await policy.client.submit(reads).get()
+            guard replies.count == groups.count else {
+                throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
+            }
+            var answers: [(decisions: [Admission], due: Int64)] = []
+            answers.reserveCapacity(groups.count)
+            var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
+            for (index, group) in groups.enumerated() {
+                let stored = replies[index]
+                if case .error(let message) = stored { throw .server(message) }
+                guard let values = stored.array, values.count == 3 + group.ids.count else {
+                    throw .protocolError("MGET answered \(stored)")
+                }
+                let waiting = values[2].bytes
+                var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
+                let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
+                var decisions: [Admission] = []
+                decisions.reserveCapacity(group.ids.count)
+                for (position, id) in group.ids.enumerated() {
+                    if !values[3 + position].isNull {
+                        decisions.append(.duplicate)
+                    } else if let waiting, DevicePolicy.isWaiting(id, in: waiting) {
+                        decisions.append(.inMailbox)
+                    } else if now < backoffUntil || !bucket.spend() {
+                        decisions.append(.wait)
+                    } else {
+                        decisions.append(.send)
+                    }
+                }
+                if let arrival = bucket.spent {
+                    let token = group.token
+                    writes.append("SET") { command in
+                        command.appendArgument { DevicePolicy.writeRateKey(&$0, token: token) }
+                        command.append(arrival)
+                        command.append("PX")
+                        command.append(arrival - now + 60_000)
+                    }
+                }
+                answers.append((decisions, max(backoffUntil, bucket.due)))
+            }
+            if !writes.isEmpty { _ = policy.client.submit(writes) }
+            return answers
         }
 
         /// The same question asked again at `now` (after Redis failed it).
         func again(now: Int64) -> PendingAdmission {
             policy.submitAdmission(groups, now: now)
+        }
+    }
+
+    /// A device's token bucket as a GCRA theoretical arrival time (see the key list above).
+    struct Bucket {
+        let burst: Int64
+        let interval: Int64
+        let now: Int64
+        /// The arrival time: `now` or later.
+        private(set) var arrival: Int64
+        /// The new arrival time once a token was spent.
+        private(set) var spent: Int64?
+
+        init(_ limit: RelayConfiguration.Policy.RateLimit, stored: Int64?, now: Int64) {
+            burst = limit.isEnabled ? Int64(limit.burst) : 0
+            interval = limit.intervalMilliseconds
+            self.now = now
+            arrival = max(stored ?? now, now)
+        }
+
+        /// Takes a token if there is one (always, with the limit off).
+        mutating func spend() -> Bool {
+            guard burst > 0 else { return true }
+            guard arrival - now <= (burst - 1) * interval else { return false }
+            arrival += interval
+            spent = arrival
+            return true
+        }
+
+        /// When the next token is there.
+        var due: Int64 { burst > 0 ? max(now, arrival - (burst - 1) * interval) : now }
+
+        /// `<until ms> <level>` as stored.
+        static func backoff(_ stored: String?) -> (until: Int64, level: Int64)? {
+            guard let parts = stored?.split(separator: " "), parts.count == 2,
+                  let until = Int64(parts[0]), let level = Int64(parts[1]) else { return nil }
+            return (until, level)
         }
     }
 
@@ -299,7 +372,8 @@ struct DevicePolicy: Sendable {
     /// Parks an intent (see ``parkScript``) and indexes it; answers the entry it displaced.
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
               tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: Entry?) {
-        let call = RedisCommand.evalsha(Self.parkScript, keys: [Self.mailboxKey(token: token, topic: topic), Self.deviceKey(token: token)],
+        let call = RedisCommand.evalsha(Self.parkScript, keys: [Self.mailboxKey(token: token, topic: topic), Self.backoffKey(token: token),
+                                                                Self.waitingKey(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds])
         let reply = try await client.pipelineLoading([Self.parkScript], [call])[0]
@@ -348,9 +422,10 @@ struct DevicePolicy: Sendable {
         let replies = try await client.pipelineLoading([Self.takeScript], [
             RedisCommand("ZADD", [dueKey(partition: partition), now + Self.claimLeaseMilliseconds, member]),
             RedisCommand.evalsha(Self.takeScript,
-                                 keys: [Self.mailboxKey(token: token, topic: topic), Self.deviceKey(token: token),
-                                        Self.seenKey(token: token, topic: topic, id: id)],
-                                 arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.refillPerSecond / 1000,
+                                 keys: [Self.mailboxKey(token: token, topic: topic), Self.rateKey(token: token),
+                                        Self.seenKey(token: token, topic: topic, id: id), Self.backoffKey(token: token),
+                                        Self.waitingKey(token: token, topic: topic)],
+                                 arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
                                              Self.claimLeaseMilliseconds]),
         ])
         if case .error(let message) = replies[0] { throw .server(message) }
@@ -385,7 +460,8 @@ struct DevicePolicy: Sendable {
     /// Ends a claim after its outcome was published, and drops its due-index member.
     func release(partition: Int32, token: String, topic: String, id: String) async throws(RedisError) {
         let replies = try await client.pipelineLoading([Self.releaseScript], [
-            RedisCommand.evalsha(Self.releaseScript, keys: [Self.mailboxKey(token: token, topic: topic)], arguments: [id]),
+            RedisCommand.evalsha(Self.releaseScript, keys: [Self.mailboxKey(token: token, topic: topic), Self.waitingKey(token: token, topic: topic)],
+                                 arguments: [id]),
             RedisCommand("ZREM", [dueKey(partition: partition), Self.member(token: token, topic: topic, id: id)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }

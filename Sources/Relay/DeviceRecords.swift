@@ -59,18 +59,18 @@ public struct DeviceRecords: Sendable {
     /// The intent a relay took from the mailbox and is sending, if any.
     public var sending: MailboxEntry?
 
-    /// The device's token bucket as stored: tokens left when last counted, and when (epoch ms);
-    /// nil when the bucket is full (its key expired or was never written).
-    public var bucketTokens: Double?
-    public var bucketCountedAt: Int64?
+    /// The device's token bucket as stored: its theoretical arrival time (epoch ms, see
+    /// ``DevicePolicy``); nil when the bucket is full (its key expired or was never written).
+    public var bucketArrival: Int64?
     /// 429 backoff: until when (epoch ms) and how many times it doubled.
     public var backoffUntil: Int64?
     public var backoffLevel: Int64?
 
-    /// Tokens in the bucket at `now` (epoch ms) under `limit`.
+    /// Tokens in the bucket at `now` (epoch ms) under `limit`: each interval the arrival time
+    /// lies ahead of now is a token spent.
     public func tokens(at now: Int64, limit: RelayConfiguration.Policy.RateLimit) -> Double {
-        guard let tokens = bucketTokens, let countedAt = bucketCountedAt else { return Double(limit.burst) }
-        return min(Double(limit.burst), tokens + Double(max(now - countedAt, 0)) * limit.refillPerSecond / 1000)
+        guard let arrival = bucketArrival else { return Double(limit.burst) }
+        return max(0, Double(limit.burst) - Double(max(arrival - now, 0)) / Double(limit.intervalMilliseconds))
     }
 
     /// Reads the device's records in one round trip.
@@ -80,7 +80,8 @@ public struct DeviceRecords: Sendable {
             RedisCommand("GET", [last]), RedisCommand("TTL", [last]),
             RedisCommand("GET", [BadgeStore.countKey(token: token, topic: topic)]),
             RedisCommand("HMGET", [DevicePolicy.mailboxKey(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
-            RedisCommand("HMGET", [DevicePolicy.deviceKey(token: token), "t", "at", "bu", "bl"]),
+            RedisCommand("GET", [DevicePolicy.rateKey(token: token)]),
+            RedisCommand("GET", [DevicePolicy.backoffKey(token: token)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
         var records = DeviceRecords(lastSentJSON: replies[0].string,
@@ -95,12 +96,10 @@ public struct DeviceRecords: Sendable {
         }
         records.parked = entry(0)
         records.sending = entry(4)
-        let device = replies[4].array ?? []
-        if device.count == 4 {
-            records.bucketTokens = device[0].string.flatMap(Double.init)
-            records.bucketCountedAt = device[1].integer
-            records.backoffUntil = device[2].integer
-            records.backoffLevel = device[3].integer
+        records.bucketArrival = replies[4].integer
+        if let backoff = DevicePolicy.Bucket.backoff(replies[5].string) {
+            records.backoffUntil = backoff.until
+            records.backoffLevel = backoff.level
         }
         return records
     }

@@ -92,6 +92,10 @@ public struct RelayConfiguration: Sendable {
             }
 
             public var isEnabled: Bool { burst > 0 }
+
+            /// Milliseconds per token, rounded up to a whole millisecond (the bucket is kept in
+            /// whole milliseconds, so refills above 1000 per second count as 1000).
+            public var intervalMilliseconds: Int64 { max(1, Int64((1000 / refillPerSecond).rounded(.up))) }
         }
 
         /// The rules for one topic: the global ones with that topic's overrides applied.

@@ -85,6 +85,7 @@ struct PolicyTests {
         try await waitUntil { harness.pipeline.inFlight == 0 }
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         #expect(try await client.send(RedisCommand("HLEN", ["apns-relay:mailbox:{\(token)}:com.example.app"])).integer == 0)
+        #expect(try await client.send(RedisCommand("EXISTS", ["apns-relay:waiting:{\(token)}:com.example.app"])).integer == 0)
         let indexes = try await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])).array ?? []
         for index in indexes {
             #expect(try await client.send(RedisCommand("ZCARD", [index.string ?? ""])).integer == 0, "\(index)")
@@ -169,7 +170,9 @@ struct PolicyTests {
         #expect(second["status"] as? String == "delivered")
         #expect((second["latency_ms"] as? Int ?? 0) >= 2900)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("HGET", ["apns-relay:device:{\(token)}", "bl"])).integer == 1)
+        // `<until> <level>`: the backoff doubled once.
+        let backoff = try await client.send(RedisCommand("GET", ["apns-relay:backoff:{\(token)}"])).string ?? ""
+        #expect(backoff.split(separator: " ").last == "1", "\(backoff)")
         await client.shutdown()
         #expect(Self.sent(harness, "second") == 1)
         #expect(harness.simulator.accepted.count == 2)
