@@ -29,6 +29,8 @@ struct DevicePolicy: Sendable {
     /// 429 backoff: the first wait, doubling while 429s repeat, up to the maximum.
     let backoffBaseMilliseconds: Int64
     let backoffMaximumMilliseconds: Int64
+    /// Hears when the bucket writes after an admission failed (nobody waits for them).
+    var bucketWriteFailed: @Sendable (RedisError) -> Void = { _ in }
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
@@ -293,7 +295,16 @@ struct DevicePolicy: Sendable {
                 }
                 answers.append((decisions, max(backoffUntil, bucket.due)))
             }
-            if !writes.isEmpty { _ = policy.client.submit(writes) }
+            if !writes.isEmpty {
+                let written = policy.client.submit(writes), failed = policy.bucketWriteFailed
+                Task {
+                    do throws(RedisError) {
+                        for case .error(let message) in try await written.get() { throw .server(message) }
+                    } catch {
+                        failed(error)
+                    }
+                }
+            }
             return answers
         }
 

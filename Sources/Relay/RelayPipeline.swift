@@ -144,9 +144,14 @@ public final class RelayPipeline: RelayStatus {
         self.redis = redis
         self.deduplicator = redis.map { Deduplicator(client: $0) }
         self.policy = redis.map {
-            DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
-                         backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
-                         backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
+            var policy = DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
+                                      backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
+                                      backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
+            policy.bucketWriteFailed = { [logger] error in
+                RelayMetrics.redisErrors.increment()
+                logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])
+            }
+            return policy
         }
         self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
