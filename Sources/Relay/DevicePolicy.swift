@@ -156,8 +156,8 @@ struct DevicePolicy: Sendable {
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
-    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before, {2, due} not
-    /// yet, {3, entry} claimed, {4, entry} expired (removed).
+    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before,
+    /// {2, due} not yet, {3, entry} claimed, {4, entry} expired (removed).
     static let takeScript = RedisScript(markWaiting + """
         local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
         local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
@@ -222,15 +222,15 @@ struct DevicePolicy: Sendable {
         var rules: RelayConfiguration.Policy.Rules
     }
 
-    /// The admission of a batch's groups, asked when ``PendingAdmission/get()`` is called.
-    func submitAdmission(_ groups: [Group], now: Int64) -> PendingAdmission {
-        PendingAdmission(policy: self, groups: groups, now: now)
+    /// The admission of a batch's groups, asked when ``PendingAdmission/get(now:)`` is called.
+    func admission(_ groups: [Group]) -> PendingAdmission {
+        PendingAdmission(policy: self, groups: groups)
     }
 
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
     /// topic one `MGET` of the bucket, the backoff, the mailbox's ids and the intents' dedupe
-    /// records), the decisions taken here, and the buckets' new arrival
-    /// times written after them in the same connection's order (not waited for).
+    /// records), the decisions taken here, and the buckets' new arrival times written after
+    /// them in the same connection's order (not waited for).
     ///
     /// Batches are admitted one after another on one connection, so a batch reads what the
     /// batches before it wrote. What this gives up against one script per device: a mailbox
@@ -240,10 +240,10 @@ struct DevicePolicy: Sendable {
     struct PendingAdmission: Sendable {
         let policy: DevicePolicy
         let groups: [Group]
-        let now: Int64
 
-        /// The decisions for every group, and for each the time the device may be sent to next.
-        func get() async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
+        /// The decisions for every group at `now` (epoch ms), and for each the time the device
+        /// may be sent to next. Asked again after a failure, it reads again.
+        func get(now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
             guard !groups.isEmpty else { return [] }
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
             for group in groups {
@@ -306,11 +306,6 @@ struct DevicePolicy: Sendable {
                 }
             }
             return answers
-        }
-
-        /// The same question asked again at `now` (after Redis failed it).
-        func again(now: Int64) -> PendingAdmission {
-            policy.submitAdmission(groups, now: now)
         }
     }
 

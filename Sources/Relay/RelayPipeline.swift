@@ -244,22 +244,22 @@ public final class RelayPipeline: RelayStatus {
 
     // MARK: Consuming
 
-    /// What consuming hands to admitting, in consumption order: batches with their admission
-    /// under way in Redis, and rebalances (so they apply between the right batches).
+    /// What consuming hands to admitting, in consumption order: batches, parsed and grouped for
+    /// their admission, and rebalances (so they apply between the right batches).
     private enum Consumed: Sendable {
         case batch([KafkaMessage], [Result<Intent, InvalidIntent>], Admitting)
         case assigned([TopicPartition])
         case revoked([TopicPartition])
     }
 
-    /// Batches whose admission may be under way in Redis at once.
+    /// Batches parsed and grouped ahead of the admitting task.
     private static let admissionsUnderWay = 2
 
-    /// Reads the consumer's events; each batch is parsed and its admission asked of Redis at
-    /// once, while earlier batches' answers are still coming (their round trips overlap), and
-    /// the admitting task takes them in order.
+    /// Reads the consumer's events; each batch is parsed and grouped for its admission while
+    /// the admitting task admits earlier ones, in order (each batch's reads go to Redis after
+    /// the bucket writes of the batch before it).
     private func consume() async {
-        // Without Redis there is nothing to overlap: hand over one batch at a time (fewer
+        // Without Redis admitting takes no round trip: hand over one batch at a time (fewer
         // consumed messages held).
         let handOver = HandOver<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
         await withTaskGroup(of: Void.self) { group in
@@ -342,10 +342,9 @@ public final class RelayPipeline: RelayStatus {
         }
     }
 
-    /// A batch's admission: what was decided without Redis, and the round trip under way.
+    /// A batch's admission: what was decided without Redis, and what to ask Redis.
     private struct Admitting: Sendable {
         var admissions: [Admission]
-        var submittedAt = ContinuousClock.now
         /// For each group of the round trip, the batch positions of its intents.
         var members: [[Int]]
         var pending: DevicePolicy.PendingAdmission?
@@ -353,15 +352,15 @@ public final class RelayPipeline: RelayStatus {
 
     /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
     /// they never get that far): collapses intents with the same (token, topic, collapse id) to
-    /// the newest where the topic coalesces, and asks Redis about the rest (one round trip,
-    /// written now).
+    /// the newest where the topic coalesces, and groups the rest by device and topic for the
+    /// question to Redis (asked by ``finishAdmission(_:_:)``, one batch after another).
     private func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
         Self.group(parsed, rules: configuration.policy.rules(for:), admissions: &admitting.admissions, groups: &groups,
                    members: &admitting.members)
-        if !groups.isEmpty { admitting.pending = policy.submitAdmission(groups, now: nowMilliseconds()) }
+        if !groups.isEmpty { admitting.pending = policy.admission(groups) }
         return admitting
     }
 
@@ -370,12 +369,13 @@ public final class RelayPipeline: RelayStatus {
     /// lets everything through. Nil when cancelled meanwhile.
     private func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> [Admission]? {
         var admissions = admitting.admissions
-        guard var pending = admitting.pending else { return admissions }
+        guard let pending = admitting.pending else { return admissions }
         var attempt = 0
         while true {
             do {
-                let answers = try await pending.get()
-                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - admitting.submittedAt).totalNanoseconds)
+                let asked = ContinuousClock.now
+                let answers = try await pending.get(now: nowMilliseconds())
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - asked).totalNanoseconds)
                 redisRecovered()
                 for (index, answer) in answers.enumerated() {
                     Self.apply(answer, to: admitting.members[index], parsed, &admissions)
@@ -387,7 +387,6 @@ public final class RelayPipeline: RelayStatus {
                 if Task.isCancelled { return nil }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
-                pending = pending.again(now: nowMilliseconds())
             }
         }
     }
