@@ -50,7 +50,6 @@ extension Int64: RESPArgument {
         }
     }
 }
-extension Double: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: String(self).utf8) } }
 extension Array: RESPArgument where Element == UInt8 { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: self) } }
 
 /// One Redis command: its name and arguments, kept as one byte array and the arguments'
@@ -241,31 +240,13 @@ public final class RedisClient: Sendable {
     /// (its script cache is empty: first use, restart, SCRIPT FLUSH) it loads `scripts` and runs
     /// again only the commands that were refused (they did not run), in a second round trip.
     public func pipelineLoading(_ scripts: [RedisScript], _ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
-        try await reloadingRefused(scripts, commands, replies: try await pipeline(commands))
-    }
-
-    /// `replies` (to `commands`) with any NOSCRIPT answer replaced: loads `scripts` and runs the
-    /// refused commands again (they did not run), in one more round trip.
-    public func reloadingRefused(_ scripts: [RedisScript], _ commands: [RedisCommand], replies: [RESPValue]) async throws(RedisError) -> [RESPValue] {
-        try await reloadingRefused(scripts, replies: replies) { refused, buffer in
-            for index in refused { buffer.append(commands[index]) }
-        }
-    }
-
-    /// `replies` with any NOSCRIPT answer replaced: loads `scripts`, has `encodeAgain` encode the
-    /// refused commands (by their positions; they did not run) and runs them in one more round
-    /// trip.
-    public func reloadingRefused(_ scripts: [RedisScript], replies: [RESPValue],
-                                 encodeAgain: ([Int], inout RedisCommandBuffer) -> Void) async throws(RedisError) -> [RESPValue] {
-        var replies = replies
+        var replies = try await pipeline(commands)
         let refused = replies.indices.filter { index in
             if case .error(let message) = replies[index] { return message.hasPrefix("NOSCRIPT") }
             return false
         }
         guard !refused.isEmpty else { return replies }
-        var buffer = RedisCommandBuffer(scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) })
-        encodeAgain(refused, &buffer)
-        let again = try await pipeline(buffer)
+        let again = try await pipeline(scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) } + refused.map { commands[$0] })
         for load in again.prefix(scripts.count) {
             if case .error(let message) = load { throw .server(message) }
         }
