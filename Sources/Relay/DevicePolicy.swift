@@ -77,12 +77,13 @@ struct DevicePolicy: Sendable {
     }
 
     /// Whether `id` is one of the ids a `waiting` value names.
+    /// A value that does not read so (Redis holds whatever was written there) names no id.
     static func isWaiting(_ id: String, in value: [UInt8]) -> Bool {
         guard let colon = value.firstIndex(of: UInt8(ascii: ":")),
-              let length = Int(String(decoding: value[..<colon], as: UTF8.self)), colon + 1 + length <= value.count else { return false }
-        let idBytes = Array(id.utf8)
+              let length = Int(String(decoding: value[..<colon], as: UTF8.self)),
+              length >= 0, length <= value.count - colon - 1 else { return false }
         let pid = value[(colon + 1)..<(colon + 1 + length)], cid = value[(colon + 1 + length)...]
-        return (!pid.isEmpty && pid.elementsEqual(idBytes)) || (!cid.isEmpty && cid.elementsEqual(idBytes))
+        return (!pid.isEmpty && pid.elementsEqual(id.utf8)) || (!cid.isEmpty && cid.elementsEqual(id.utf8))
     }
 
     /// Rewrites the `waiting` string (KEYS[w]) from the mailbox hash (KEYS[1]), in every script

@@ -226,6 +226,27 @@ struct PolicyTests {
         }
     }
 
+    @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
+        let redis = try RedisServerProcess()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        // Whatever else wrote these keys: lengths that are negative, past the end, or overflow.
+        let waiting = ["-5:x", "9223372036854775807:x", "99999999999999999999999:x", "3:ab", ":", "garbage"]
+        for (index, value) in waiting.enumerated() {
+            _ = try await client.send(RedisCommand("SET", ["apns-relay:waiting:{\(hexToken(0xbad0 + index))}:com.example.app", value]))
+            _ = try await client.send(RedisCommand("SET", ["apns-relay:rate:{\(hexToken(0xbad0 + index))}", "not a time"]))
+            _ = try await client.send(RedisCommand("SET", ["apns-relay:backoff:{\(hexToken(0xbad0 + index))}", "-1 x"]))
+        }
+        await client.shutdown()
+        let harness = try await Self.harness(redis, burst: 5, refill: 1)
+        for index in waiting.indices {
+            try await harness.produce(intent("odd-\(index)", token: hexToken(0xbad0 + index)), key: hexToken(0xbad0 + index))
+        }
+        let outcomes = try await harness.outcomes(count: waiting.count)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" }, "\(outcomes)")
+        #expect(harness.simulator.accepted.count == waiting.count)
+        await harness.stop()
+    }
+
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
         let redis = try RedisServerProcess()
         let token = hexToken(0xd0)
