@@ -64,12 +64,8 @@ public final class KafkaProducer: Sendable {
     /// Throws when librdkafka refuses the record at once (its local queue is full:
     /// ``KafkaError/queueFullCode``, retriable) or when the delivery report carries an error.
     public func send(topic: String, key: [UInt8]?, value: [UInt8]) async throws(KafkaError) -> Delivery {
-        guard !closed.load(ordering: .relaxed) else {
-            throw KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")
-        }
-        let topicHandle = try self.topic(topic)
         let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
-            Self.produce(topicHandle, key: key, value: value, to: DeliveryBox(continuation), topic: topic)
+            send(topic: topic, key: key, value: value) { continuation.resume(returning: $0) }
         }
         return try result.get()
     }
@@ -191,19 +187,7 @@ private class DeliveryTarget {
     func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {}
 }
 
-/// One `send`'s waiting task.
-private final class DeliveryBox: DeliveryTarget {
-    let continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>
-    init(_ continuation: UnsafeContinuation<Result<KafkaProducer.Delivery, KafkaError>, Never>) {
-        self.continuation = continuation
-    }
-
-    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
-        continuation.resume(returning: result)
-    }
-}
-
-/// One chained `send`'s report.
+/// One `send`'s report.
 private final class DeliveryCallback: DeliveryTarget {
     let callback: @Sendable (Result<KafkaProducer.Delivery, KafkaError>) -> Void
     init(_ callback: @escaping @Sendable (Result<KafkaProducer.Delivery, KafkaError>) -> Void) {
