@@ -620,8 +620,7 @@ public final class RelayPipeline: RelayStatus {
             case .notRecorded:
                 await record(item, ending)
             case .notPublished(let error):
-                logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
-                RelayMetrics.publishFailures.increment()
+                publishFailed(item, error)
             }
         }
         guard await publish(ending, item) else {
@@ -1228,8 +1227,7 @@ public final class RelayPipeline: RelayStatus {
                 _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
                 break
             } catch {
-                logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
-                RelayMetrics.publishFailures.increment()
+                publishFailed(item, error)
                 if !isCurrent(item) { return false }
                 try? await Task.sleep(for: backoff.delay(attempt: retry))
                 retry += 1
@@ -1237,6 +1235,12 @@ public final class RelayPipeline: RelayStatus {
         }
         published(ending)
         return true
+    }
+
+    /// An outcome's delivery failed (it is tried again).
+    private func publishFailed(_ item: WorkItem, _ error: KafkaError) {
+        logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
+        RelayMetrics.publishFailures.increment()
     }
 
     /// The outcome as published: key and value (kept out of `publish`'s frame).
