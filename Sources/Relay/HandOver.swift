@@ -34,10 +34,7 @@ final class HandOver<Element: Sendable>: Sendable {
                 if let answer { continuation.resume(returning: answer) }
             }
         } onCancel: {
-            state.withLock { state in
-                defer { state.pusher = nil }
-                return state.pusher
-            }?.resume(returning: false)
+            take(\.pusher)?.resume(returning: false)
         }
         guard room else { return false }
         let popper = state.withLock { state -> CheckedContinuation<Element?, Never>? in
@@ -70,10 +67,15 @@ final class HandOver<Element: Sendable>: Sendable {
                 if let ready { continuation.resume(returning: ready) }
             }
         } onCancel: {
-            state.withLock { state in
-                defer { state.popper = nil }
-                return state.popper
-            }?.resume(returning: nil)
+            take(\.popper)?.resume(returning: nil)
+        }
+    }
+
+    /// Takes a waiting task's continuation out of the state (to resume it outside the lock).
+    private func take<Waiter: Sendable>(_ waiter: WritableKeyPath<State, Waiter?>) -> Waiter? {
+        state.withLock { state in
+            defer { state[keyPath: waiter] = nil }
+            return state[keyPath: waiter]
         }
     }
 
