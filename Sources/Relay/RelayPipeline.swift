@@ -821,11 +821,9 @@ public final class RelayPipeline: RelayStatus {
             let item: WorkItem
             switch taken {
             case .stale, .notYet:
-                if case .notYet(let next) = taken {
-                    _ = try? await policy.reindex(partition: partition, member: member, due: next)
-                } else {
-                    _ = try? await policy.reindex(partition: partition, member: member, due: nil)
-                }
+                // Not yet: the member moves to its new due time; stale: it goes.
+                let next: Int64? = if case .notYet(let next) = taken { next } else { nil }
+                _ = try? await policy.reindex(partition: partition, member: member, due: next)
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .answered(let entry):
