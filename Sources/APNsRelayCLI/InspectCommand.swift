@@ -75,7 +75,8 @@ struct InspectCommand: AsyncParsableCommand {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         func when(_ milliseconds: Int64) -> String {
             let date = Date(timeIntervalSince1970: Double(milliseconds) / 1000).formatted(.iso8601)
-            let seconds = Double(milliseconds - now) / 1000
+            // In doubles: the stored times are whatever Redis holds.
+            let seconds = (Double(milliseconds) - Double(now)) / 1000
             return seconds >= 0 ? String(format: "in %.1f s (%@)", seconds, date) : String(format: "%.1f s ago (%@)", -seconds, date)
         }
         if let parked = records.parked {

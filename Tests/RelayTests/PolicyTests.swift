@@ -247,6 +247,28 @@ struct PolicyTests {
         await harness.stop()
     }
 
+    @Test func anUnreadableMailboxEntryIsLeftAloneAndTheRestGoesOn() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.harness(redis, burst: 5, refill: 1)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        // A due entry whose stored times no relay wrote (they would overflow the arithmetic).
+        let token = hexToken(0xbadbad)
+        _ = try await client.send(RedisCommand("HSET", ["apns-relay:mailbox:{\(token)}:com.example.app", "pid", "odd",
+                                                        "p", "0 0 -9223372036854775808 9223372036854775807\n" + intent("odd", token: token),
+                                                        "pe", "9223372036854775807", "pd", "0"]))
+        _ = try await client.send(RedisCommand("ZADD", ["apns-relay:due:{\(harness.intentsTopic):0}", 0, "\(token) com.example.app odd"]))
+        // The poller took it (its index member moved to the claim's lease end) and the relay goes on.
+        try await waitUntil(asking: {
+            (try? await client.send(RedisCommand("ZSCORE", ["apns-relay:due:{\(harness.intentsTopic):0}", "\(token) com.example.app odd"])).integer) ?? 0 > 0
+        })
+        try await harness.produce(intent("after", token: hexToken(0xafe)), key: hexToken(0xafe))
+        let outcomes = try await harness.outcomes(count: 1)
+        #expect(outcomes.first?["id"] as? String == "after")
+        #expect(outcomes.first?["status"] as? String == "delivered")
+        await client.shutdown()
+        await harness.stop()
+    }
+
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
         let redis = try RedisServerProcess()
         let token = hexToken(0xd0)
