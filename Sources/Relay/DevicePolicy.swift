@@ -103,11 +103,13 @@ struct DevicePolicy: Sendable {
 
         """
 
-    private static func key(_ write: (inout [UInt8]) -> Void) -> String {
+    /// A key as a string, from the writer the hot paths use.
+    static func key(_ write: (inout [UInt8]) -> Void) -> String {
         var bytes: [UInt8] = []
         write(&bytes)
         return String(decoding: bytes, as: UTF8.self)
     }
+
     func dueKey(partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
     static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
 

@@ -15,9 +15,7 @@ public struct DeviceRecords: Sendable {
     static let lastSentTTL = 7 * 86_400
 
     static func lastSentKey(token: String, topic: String) -> String {
-        var bytes: [UInt8] = []
-        writeLastSentKey(&bytes, token: token, topic: topic)
-        return String(decoding: bytes, as: UTF8.self)
+        DevicePolicy.key { writeLastSentKey(&$0, token: token, topic: topic) }
     }
 
     static func writeLastSentKey(_ bytes: inout [UInt8], token: String, topic: String) {
