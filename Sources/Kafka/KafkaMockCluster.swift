@@ -46,13 +46,19 @@ public final class KafkaMockCluster: @unchecked Sendable {
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "create topic \(name)") }
     }
 
-    /// Broker ids run from 1 to the broker count.
-    public func setBrokerDown(_ broker: Int32) {
-        _ = rd_kafka_mock_broker_set_down(cluster, broker)
+    /// Every request of this kind fails with `errorCode` until ``restoreRequests(apiKey:)``: an
+    /// outage as clients see it, without closing the brokers' listeners. (librdkafka's own
+    /// `rd_kafka_mock_broker_set_down` closes a broker's listener and binds its port again, and
+    /// aborts the whole process when that bind fails, so it is not offered here.)
+    public func failRequests(apiKey: Int16, errorCode: Int32) {
+        // A stack deep enough to outlast any outage a test holds (clients retry at most every
+        // few milliseconds); `restoreRequests` empties it.
+        pushRequestErrors(apiKey: apiKey, Array(repeating: errorCode, count: 10_000))
     }
 
-    public func setBrokerUp(_ broker: Int32) {
-        _ = rd_kafka_mock_broker_set_up(cluster, broker)
+    /// Ends ``failRequests(apiKey:errorCode:)``, and drops any errors still pushed for that kind.
+    public func restoreRequests(apiKey: Int16) {
+        rd_kafka_mock_clear_request_errors(cluster, apiKey)
     }
 
     /// The next requests of this kind get these errors, one each, in order.

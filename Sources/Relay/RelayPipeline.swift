@@ -56,6 +56,7 @@ public final class RelayPipeline: RelayStatus {
         var drainedWaiter: CheckedContinuation<Void, Never>?
         var disabledTeams: [String: (until: Int64, reason: String)] = [:]
         var outcomeCounts: [String: Int] = [:]
+        var publishFailures = 0
         var firstConsumedAt: ContinuousClock.Instant?
         /// Why Redis is failing, while it is.
         var redisTrouble: String?
@@ -174,6 +175,8 @@ public final class RelayPipeline: RelayStatus {
 
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
+    /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
+    public var publishFailures: Int { state.withLock { $0.publishFailures } }
 
     /// Not alive once the outcome producer hit a fatal error: no outcome can be published again
     /// (their intents stay uncommitted), so the process must be restarted.
@@ -1239,6 +1242,7 @@ public final class RelayPipeline: RelayStatus {
     private func publishFailed(_ item: WorkItem, _ error: KafkaError) {
         logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
         RelayMetrics.publishFailures.increment()
+        state.withLock { $0.publishFailures += 1 }
     }
 
     /// The outcome as published: key and value (kept out of `publish`'s frame).
