@@ -53,7 +53,7 @@ final class Deduplicator: Sendable {
     }
 }
 
-/// Sends the commands submitted while a round trip is under way together in the next one, so
+/// Sends the commands submitted while round trips are under way together in the next one, so
 /// that many concurrent writers cost few round trips. Commands are encoded as they are
 /// submitted, into the buffer of the next round trip. The queue is bounded by its callers: each
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
@@ -68,13 +68,18 @@ final class GroupCommit: Sendable {
 
     private struct State {
         var rounds: [Round] = []
-        var flushing = false
+        /// Tasks sending rounds (each one round at a time).
+        var flushers = 0
     }
 
     private let client: RedisClient
     private let state = Mutex(State())
     /// Commands per round trip at most (one submission is never split).
     private let maxBatch = 1000
+    /// Round trips under way at once. More than one keeps Redis busy while the relay encodes
+    /// the next round and hands the last one's answers on; commands still queue into the round
+    /// being filled while all of them are under way.
+    private let maxFlushers = 4
 
     init(client: RedisClient) {
         self.client = client
@@ -90,8 +95,8 @@ final class GroupCommit: Sendable {
             let last = state.rounds.count - 1
             encode(&state.rounds[last].commands)
             state.rounds[last].waiters.append((state.rounds[last].commands.count, done))
-            guard !state.flushing else { return false }
-            state.flushing = true
+            guard state.flushers < maxFlushers else { return false }
+            state.flushers += 1
             return true
         }
         if startFlush {
@@ -103,7 +108,7 @@ final class GroupCommit: Sendable {
         while true {
             let round = state.withLock { state -> Round? in
                 guard !state.rounds.isEmpty else {
-                    state.flushing = false
+                    state.flushers -= 1
                     return nil
                 }
                 return state.rounds.removeFirst()
