@@ -1,6 +1,5 @@
 import Foundation
 import Redis
-import Synchronization
 
 /// Per-device rules kept in Redis: dedupe, the token bucket, 429 backoff and the mailbox
 /// (store-and-forward of the newest intent that could not go out yet).
@@ -32,8 +31,6 @@ struct DevicePolicy: Sendable {
     let backoffMaximumMilliseconds: Int64
     /// Hears when the bucket writes after an admission failed (nobody waits for them).
     var bucketWriteFailed: @Sendable (RedisError) -> Void = { _ in }
-    /// Orders admission reads and bucket writes (see ``PendingAdmission``).
-    let ledger = AdmissionLedger()
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
@@ -228,7 +225,7 @@ struct DevicePolicy: Sendable {
         var rules: RelayConfiguration.Policy.Rules
     }
 
-    /// The admission of a batch's groups: its reads are sent now (see ``PendingAdmission``).
+    /// The admission of a batch's groups, asked when ``PendingAdmission/get(now:)`` is called.
     func admission(_ groups: [Group]) -> PendingAdmission {
         PendingAdmission(policy: self, groups: groups)
     }
@@ -236,32 +233,21 @@ struct DevicePolicy: Sendable {
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
     /// topic one `MGET` of the bucket, the backoff, the mailbox's ids and the intents' dedupe
     /// records), the decisions taken here, and the buckets' new arrival times written after
-    /// them (not waited for).
+    /// them in the same connection's order (not waited for).
     ///
-    /// A batch's reads are sent as soon as it is grouped, while earlier batches are still
-    /// being decided; batches are decided one after another. The reads and the bucket writes
-    /// share one connection, in the order the ``AdmissionLedger`` gives them, and each decision
-    /// adds the arrival times this relay wrote after its batch's reads were sent: a batch
-    /// counts every send the batches before it allowed. What this gives up against one script
-    /// per device: a mailbox take, or another relay admitting the same device, between one
-    /// batch's read and its write is not seen, so one extra send per such overlap can pass the
-    /// bucket. Intents keyed by token are consumed by one relay at a time, so that overlap
-    /// needs a partition handover.
+    /// Batches are admitted one after another on one connection, so a batch reads what the
+    /// batches before it wrote. What this gives up against one script per device: a mailbox
+    /// take, or another relay admitting the same device, between one batch's read and its write
+    /// is not seen, so one extra send per such overlap can pass the bucket. Intents keyed by
+    /// token are consumed by one relay at a time, so that overlap needs a partition handover.
     struct PendingAdmission: Sendable {
         let policy: DevicePolicy
         let groups: [Group]
-        private let replies: RedisPendingReplies?
-        /// Bucket writes sent before the reads.
-        private let readAfter: Int
 
-        fileprivate init(policy: DevicePolicy, groups: [Group]) {
-            self.policy = policy
-            self.groups = groups
-            guard !groups.isEmpty else {
-                replies = nil
-                readAfter = 0
-                return
-            }
+        /// The decisions for every group at `now` (epoch ms), and for each the time the device
+        /// may be sent to next. Asked again after a failure, it reads again.
+        func get(now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
+            guard !groups.isEmpty else { return [] }
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
             for group in groups {
                 let token = group.token, topic = group.topic, ids = group.ids
@@ -272,43 +258,21 @@ struct DevicePolicy: Sendable {
                     for id in ids { command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
                 }
             }
-            (replies, readAfter) = policy.ledger.read(reads, on: policy.client)
-        }
-
-        /// The same admission, its reads sent again (after a failure).
-        func again() -> PendingAdmission {
-            PendingAdmission(policy: policy, groups: groups)
-        }
-
-        /// The decisions for every group at `now` (epoch ms), and for each the time the device
-        /// may be sent to next. Called for one batch after another, in the order they were read.
-        func get(now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
-            guard let replies else { return [] }
-            let replied = try await replies.get()
-            guard replied.count == groups.count else {
-                throw .protocolError("\(replied.count) replies to \(groups.count) admission reads")
-            }
-            guard let written = policy.ledger.arrivals(writtenAfter: readAfter) else {
-                // Read too long ago to know every write since (it never is with two batches
-                // read ahead): read again.
-                return try await again().get(now: now)
-            }
-            func writtenArrival(_ token: String) -> Int64? {
-                written.lazy.compactMap { $0[token] }.max()
+            let replies = try await policy.client.submit(reads).get()
+            guard replies.count == groups.count else {
+                throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
             }
             var answers: [(decisions: [Admission], due: Int64)] = []
             answers.reserveCapacity(groups.count)
             var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
-            var arrivals: [String: Int64] = [:]
             for (index, group) in groups.enumerated() {
-                if case .error(let message) = replied[index] { throw .server(message) }
-                guard let values = replied[index].array, values.count == 3 + group.ids.count else {
-                    throw .protocolError("MGET answered \(replied[index])")
+                let stored = replies[index]
+                if case .error(let message) = stored { throw .server(message) }
+                guard let values = stored.array, values.count == 3 + group.ids.count else {
+                    throw .protocolError("MGET answered \(stored)")
                 }
                 let waiting = values[2].bytes
-                var stored = values[0].integer
-                if !written.isEmpty, let mine = writtenArrival(group.token) { stored = max(stored ?? mine, mine) }
-                var bucket = Bucket(group.rules.rateLimit, stored: stored, now: now)
+                var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
                 let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
                 var decisions: [Admission] = []
                 decisions.reserveCapacity(group.ids.count)
@@ -325,7 +289,6 @@ struct DevicePolicy: Sendable {
                 }
                 if let arrival = bucket.spent {
                     let token = group.token
-                    arrivals[token] = arrival
                     writes.append("SET") { command in
                         command.appendArgument { DevicePolicy.writeRateKey(&$0, token: token) }
                         command.append(arrival)
@@ -336,57 +299,16 @@ struct DevicePolicy: Sendable {
                 answers.append((decisions, max(backoffUntil, bucket.due)))
             }
             if !writes.isEmpty {
-                let sent = policy.ledger.write(writes, arrivals: arrivals, on: policy.client)
-                let failed = policy.bucketWriteFailed
+                let written = policy.client.submit(writes), failed = policy.bucketWriteFailed
                 Task {
                     do throws(RedisError) {
-                        for case .error(let message) in try await sent.get() { throw .server(message) }
+                        for case .error(let message) in try await written.get() { throw .server(message) }
                     } catch {
                         failed(error)
                     }
                 }
             }
             return answers
-        }
-    }
-
-    /// Orders one relay's admission reads and bucket writes on one connection, and remembers
-    /// the arrival times of the last writes, for the reads sent before them.
-    final class AdmissionLedger: Sendable {
-        private struct State {
-            /// Bucket writes sent so far.
-            var writes = 0
-            /// The arrival times (by token) of the last writes, oldest first.
-            var recent: [[String: Int64]] = []
-        }
-
-        private let state = Mutex(State())
-        /// Writes remembered: more than can be sent between a batch's read and its decision
-        /// (one per batch decided in between, and at most two are read ahead).
-        private let remembered = 8
-
-        /// Sends the reads now; returns their pending replies and how many writes came before.
-        func read(_ reads: RedisCommandBuffer, on client: RedisClient) -> (RedisPendingReplies, Int) {
-            state.withLock { state in (client.submit(reads), state.writes) }
-        }
-
-        /// The arrival times (by token) of each write sent after a read that followed `writes`
-        /// writes; nil when some of them are no longer remembered.
-        func arrivals(writtenAfter writes: Int) -> [[String: Int64]]? {
-            state.withLock { state in
-                guard state.writes - writes <= state.recent.count else { return nil }
-                return Array(state.recent.suffix(state.writes - writes))
-            }
-        }
-
-        /// Sends bucket writes now, after every read sent before.
-        func write(_ writes: RedisCommandBuffer, arrivals: [String: Int64], on client: RedisClient) -> RedisPendingReplies {
-            state.withLock { state in
-                state.writes += 1
-                if state.recent.count == remembered { state.recent.removeFirst() }
-                state.recent.append(arrivals)
-                return client.submit(writes)
-            }
         }
     }
 

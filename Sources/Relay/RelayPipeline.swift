@@ -255,11 +255,12 @@ public final class RelayPipeline: RelayStatus {
         case revoked([TopicPartition])
     }
 
-    /// Batches parsed, grouped and read from Redis ahead of the admitting task.
+    /// Batches parsed and grouped ahead of the admitting task.
     private static let admissionsUnderWay = 2
 
-    /// Reads the consumer's events; each batch is parsed and grouped, and its admission's reads
-    /// sent to Redis, while the admitting task decides and admits earlier ones, in order.
+    /// Reads the consumer's events; each batch is parsed and grouped for its admission while
+    /// the admitting task admits earlier ones, in order (each batch's reads go to Redis after
+    /// the bucket writes of the batch before it).
     private func consume() async {
         // Without Redis admitting takes no round trip: hand over one batch at a time (fewer
         // consumed messages held).
@@ -355,8 +356,7 @@ public final class RelayPipeline: RelayStatus {
     /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
     /// they never get that far): collapses intents with the same (token, topic, collapse id) to
     /// the newest where the topic coalesces, and groups the rest by device and topic for the
-    /// question to Redis, which is sent now (its answer is decided by ``finishAdmission(_:_:)``,
-    /// one batch after another).
+    /// question to Redis (asked by ``finishAdmission(_:_:)``, one batch after another).
     private func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
         guard let policy else { return admitting }
@@ -372,10 +372,9 @@ public final class RelayPipeline: RelayStatus {
     /// lets everything through. Nil when cancelled meanwhile.
     private func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> [Admission]? {
         var admissions = admitting.admissions
-        guard var pending = admitting.pending else { return admissions }
+        guard let pending = admitting.pending else { return admissions }
         var attempt = 0
         while true {
-            if attempt > 0 { pending = pending.again() }
             do {
                 let asked = ContinuousClock.now
                 let answers = try await pending.get(now: nowMilliseconds())

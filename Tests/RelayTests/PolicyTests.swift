@@ -3,7 +3,7 @@ import APNsSimulator
 import Foundation
 import NIOCore
 import Redis
-@testable import Relay
+import Relay
 import TestSupport
 import Testing
 
@@ -224,31 +224,6 @@ struct PolicyTests {
             #expect(harness.simulator.accepted.count == (coalesce ? 2 : 4))
             await harness.stop()
         }
-    }
-
-    @Test func aBatchReadBeforeTheBatchBeforeItWasDecidedStillCountsItsSends() async throws {
-        let redis = try RedisServerProcess()
-        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let policy = DevicePolicy(client: client, intentsTopic: "apns.intents", backoffBaseMilliseconds: 1000,
-                                  backoffMaximumMilliseconds: 60_000)
-        var rules = RelayConfiguration.Policy.Rules()
-        rules.rateLimit = .init(burst: 3, refillPerSecond: 0.001)
-        let device = hexToken(0x1ed9e)
-        func batch(_ ids: [String]) -> DevicePolicy.PendingAdmission {
-            policy.admission([DevicePolicy.Group(token: device, topic: "com.example.app", ids: ids, rules: rules)])
-        }
-        // Both batches' reads go out before the first batch is decided (as when batches are
-        // read ahead): neither read sees the other's sends in Redis.
-        let first = batch(["l-1", "l-2"]), second = batch(["l-3", "l-4"])
-        let now = APNsIdentifiers.epochMilliseconds()
-        let decidedFirst = try await first.get(now: now).map(\.decisions)
-        let decidedSecond = try await second.get(now: now).map(\.decisions)
-        #expect(decidedFirst.map { $0.map { "\($0)" } } == [["send", "send"]])
-        #expect(decidedSecond.map { $0.map { "\($0)" } } == [["send", "wait"]])
-        // A batch read after both writes sees them in Redis.
-        let third = try await batch(["l-5"]).get(now: now).map(\.decisions)
-        #expect(third.map { $0.map { "\($0)" } } == [["wait"]])
-        await client.shutdown()
     }
 
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
