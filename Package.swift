@@ -47,7 +47,9 @@ let package = Package(
             providers: [.apt(["librdkafka-dev"])]),
 
         // Small utilities every module uses: backoff with jitter, Duration arithmetic.
-        .target(name: "Common", swiftSettings: strict),
+        // posix_spawn's closefrom file action and pipe2 (glibc), for ChildProcess.
+        .systemLibrary(name: "CSpawn"),
+        .target(name: "Common", dependencies: ["CSpawn"], swiftSettings: strict),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.
         .target(
             name: "HTTP2",
@@ -157,7 +159,12 @@ let package = Package(
         // Helpers the test targets share.
         .target(
             name: "TestSupport",
+            dependencies: ["Common"],
             path: "Tests/TestSupport",
+            swiftSettings: strict),
+        .testTarget(
+            name: "CommonTests",
+            dependencies: ["Common"],
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",

@@ -150,39 +150,41 @@ struct BenchStackCommand: AsyncParsableCommand {
 
 /// The `bench e2e-stack` child process.
 struct StackProcess {
-    let process: Process
-    let input: Pipe
+    let process: ChildProcess
+    /// The write end of its standard input: closing it stops the child.
+    let input: Int32
+    /// The read end of its standard output (kept open while it runs, read no further).
+    let output: Int32
     let configurationFile: String
 
     static func start(_ workload: BenchWorkload) throws -> StackProcess {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        process.arguments = ["bench", "e2e-stack"] + workload.arguments
-        let input = Pipe(), output = Pipe()
-        process.standardInput = input
-        process.standardOutput = output
-        try process.run()
+        let input = try ChildProcess.makePipe(), output = try ChildProcess.makePipe()
+        let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        let process = try ChildProcess(executable: executable, arguments: ["bench", "e2e-stack"] + workload.arguments,
+                                       standardInput: input.read, standardOutput: output.write)
+        close(input.read)
+        close(output.write)
         // Its first line says where the configuration is; EOF first means it failed (its stderr
         // is ours, so it has said why).
-        var line = Data()
-        while true {
-            let byte = output.fileHandleForReading.readData(ofLength: 1)
-            if byte.isEmpty || byte == Data("\n".utf8) { break }
-            line.append(byte)
-        }
+        var line: [UInt8] = []
+        var byte: UInt8 = 0
+        while read(output.read, &byte, 1) == 1, byte != 0x0A { line.append(byte) }
         let text = String(decoding: line, as: UTF8.self)
         guard text.hasPrefix("ready ") else {
-            process.terminate()
-            process.waitUntilExit()
+            process.signal(SIGTERM)
+            process.wait()
+            close(input.write)
+            close(output.read)
             Terminal.error("the benchmark's Kafka and APNs stack did not start")
             throw ExitCode(1)
         }
-        return StackProcess(process: process, input: input, configurationFile: String(text.dropFirst(6)))
+        return StackProcess(process: process, input: input.write, output: output.read, configurationFile: String(text.dropFirst(6)))
     }
 
     /// Closes its standard input and waits for it to exit.
     func stop() {
-        try? input.fileHandleForWriting.close()
-        process.waitUntilExit()
+        close(input)
+        process.wait()
+        close(output)
     }
 }

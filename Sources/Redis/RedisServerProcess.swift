@@ -1,3 +1,4 @@
+import Common
 import Foundation
 import NIOPosix
 
@@ -6,7 +7,7 @@ import NIOPosix
 public final class RedisServerProcess: @unchecked Sendable {
     /// Fixed once started: restarts come back on it.
     public private(set) var port: Int
-    private var process: Process?
+    private var process: ChildProcess?
     private let extraArguments: [String]
     /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
     private let tls: (certificate: String, key: String)?
@@ -34,35 +35,36 @@ public final class RedisServerProcess: @unchecked Sendable {
 
     /// Starts (again) on the same port and returns once it accepts connections.
     public func start() throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: try Self.executable())
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
-        process.arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                      "--daemonize", "no", "--logfile", ""] + extraArguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
+        let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                  "--daemonize", "no", "--logfile", ""] + extraArguments
+        let (process, output) = try ChildProcess.capturingOutput(executable: try Self.executable(), arguments: arguments)
         self.process = process
         // Its log says when it is ready.
-        var log = Data()
+        var log: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
-            let chunk = output.fileHandleForReading.availableData
-            if chunk.isEmpty { throw ServerFailed(log: String(decoding: log, as: UTF8.self)) }
-            log.append(chunk)
+            let count = chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 {
+                close(output)
+                process.wait()
+                throw ServerFailed(log: String(decoding: log, as: UTF8.self))
+            }
+            log.append(contentsOf: chunk[..<count])
             if String(decoding: log, as: UTF8.self).contains("Ready to accept connections") { break }
         }
         // Keep draining its log so it never blocks on a full pipe.
-        output.fileHandleForReading.readabilityHandler = { handle in _ = handle.availableData }
+        Thread.detachNewThread { _ = ChildProcess.readToEnd(output) }
     }
 
     /// Kills it (SIGKILL: a parent's threads may block SIGTERM, and children inherit that mask;
     /// with no persistence nothing is lost).
     public func stop() {
         guard let process, process.isRunning else { return }
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        process.signal(SIGKILL)
+        process.wait()
     }
 
     struct ServerFailed: Error, CustomStringConvertible {

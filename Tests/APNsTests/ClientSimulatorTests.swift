@@ -5,6 +5,7 @@ import Foundation
 import HTTP2
 import NIOCore
 import Synchronization
+import TestSupport
 import Testing
 
 @Suite("Client against the simulator over TLS and HTTP/2")
@@ -314,12 +315,9 @@ struct ClientSimulatorTests {
         try clientIdentity.certificatePEM.write(toFile: certFile, atomically: true, encoding: .utf8)
         try clientIdentity.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
         let p12File = directory.appendingPathComponent("cert.p12").path
-        let openssl = Process()
-        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        openssl.arguments = ["pkcs12", "-export", "-in", certFile, "-inkey", keyFile, "-out", p12File, "-passout", "pass:secret"]
-        try openssl.run()
-        openssl.waitUntilExit()
-        #expect(openssl.terminationStatus == 0)
+        let openssl = try runProgram("/usr/bin/openssl", ["pkcs12", "-export", "-in", certFile, "-inkey", keyFile,
+                                                          "-out", p12File, "-passout", "pass:secret"])
+        #expect(openssl.status == 0, "\(openssl.stderr)")
 
         let endpoint = APNsEndpoint(host: "127.0.0.1", port: simulator.port)
         for credential in [

@@ -1,4 +1,5 @@
 import APNsSimulator
+import Common
 import Foundation
 import TestSupport
 import Testing
@@ -85,22 +86,17 @@ struct CommandLineTests {
     @Test func simulatePrintsItsURLAndStopsOnSIGTERM() async throws {
         let key = TestKey()
         let keyFile = try key.writeP8()
-        let process = Process()
-        process.executableURL = RelayBinary.url
         let record = FileManager.default.temporaryDirectory.appendingPathComponent("record-\(UUID()).jsonl").path
-        process.arguments = ["simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)",
-                             "--record", record]
-        let out = Pipe(), err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        try process.run()
+        let out = try ChildProcess.makePipe(), err = try ChildProcess.makePipe()
+        let process = try ChildProcess(executable: RelayBinary.url.path, arguments: [
+            "simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)", "--record", record,
+        ], standardOutput: out.write, standardError: err.write)
+        close(out.write)
+        close(err.write)
         // The first line is the contract: read up to it.
-        var firstLine = Data()
-        while !firstLine.contains(0x0A) {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            firstLine.append(chunk)
-        }
+        var firstLine: [UInt8] = []
+        var byte: UInt8 = 0
+        while !firstLine.contains(0x0A), read(out.read, &byte, 1) == 1 { firstLine.append(byte) }
         let line = String(decoding: firstLine, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
         #expect(line.hasPrefix("listening on https://127.0.0.1:"))
         let url = String(line.dropFirst("listening on ".count))
@@ -112,10 +108,10 @@ struct CommandLineTests {
         ])
         #expect(sent.status == 0, "\(sent.stdout) \(sent.stderr)")
 
-        process.terminate()  // SIGTERM
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0)
-        let summary = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.signal(SIGTERM)
+        #expect(process.wait() == 0)
+        close(out.read)
+        let summary = String(decoding: ChildProcess.readToEnd(err.read), as: UTF8.self)
         #expect(summary.contains("200: 1"), "\(summary)")
         let lines = try String(contentsOfFile: record, encoding: .utf8).split(separator: "\n")
         #expect(lines.count == 1)

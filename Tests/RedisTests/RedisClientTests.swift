@@ -142,14 +142,13 @@ struct RedisClientTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-tls-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let certificate = directory.appendingPathComponent("cert.pem").path, key = directory.appendingPathComponent("key.pem").path
-        let openssl = Process()
-        openssl.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        openssl.arguments = ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
-                             "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate]
-        openssl.standardError = FileHandle.nullDevice
-        try openssl.run()
-        openssl.waitUntilExit()
-        try #require(openssl.terminationStatus == 0)
+        let quiet = open("/dev/null", O_WRONLY)
+        defer { close(quiet) }
+        let openssl = try ChildProcess(executable: "/usr/bin/openssl", arguments: [
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate,
+        ], standardError: quiet)
+        try #require(openssl.wait() == 0)
         let server = try RedisServerProcess(tls: (certificate, key))
         #expect(server.url.hasPrefix("rediss://"))
         var configuration = RedisConfiguration(url: try RedisURL(parsing: server.url))

@@ -1,4 +1,5 @@
 import APNsSimulator
+import Common
 import Crypto
 import Foundation
 import Kafka
@@ -10,38 +11,50 @@ import Testing
 
 /// `apns-relay run` as a real process, against the mock cluster and simulator of this process.
 struct RelayProcess {
-    let process: Process
-    let output: Pipe
+    let process: ChildProcess
+    /// Its standard output and error, read by a thread of its own until it exits.
+    let output: PrintedOutput
 
     static func start(config: String, extraArguments: [String] = []) throws -> RelayProcess {
-        let process = Process()
-        process.executableURL = RelayBinary.url
-        process.arguments = ["run", "--config", config] + extraArguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        return RelayProcess(process: process, output: output)
+        let (process, output) = try ChildProcess.capturingOutput(executable: RelayBinary.url.path,
+                                                                 arguments: ["run", "--config", config] + extraArguments)
+        return RelayProcess(process: process, output: PrintedOutput(reading: output))
     }
 
     /// SIGTERM, then waits for the exit (off the cooperative pool: the drain takes a while).
     func terminate() async -> Int32 {
-        process.terminate()
+        process.signal(SIGTERM)
         let process = self.process
-        return await onOwnThread {
-            process.waitUntilExit()
-            return process.terminationStatus
-        }
+        return await onOwnThread { process.wait() }
     }
 
     /// What it printed (after it exited).
-    var printed: String {
-        String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    }
+    var printed: String { output.text }
 
     func kill9() {
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        process.signal(SIGKILL)
+        process.wait()
+    }
+}
+
+/// A child's output, read to its end by a thread of its own (so the child never blocks on a
+/// full pipe); `text` waits for that end.
+final class PrintedOutput: @unchecked Sendable {
+    // `@unchecked Sendable`: `bytes` is written once, before `done` is signalled, and read after.
+    private var bytes: [UInt8] = []
+    private let done = DispatchSemaphore(value: 0)
+
+    init(reading descriptor: Int32) {
+        Thread.detachNewThread {
+            self.bytes = ChildProcess.readToEnd(descriptor)
+            self.done.signal()
+        }
+    }
+
+    var text: String {
+        done.wait()
+        done.signal()
+        return String(decoding: bytes, as: UTF8.self)
     }
 }
 

@@ -1,4 +1,5 @@
 public import Foundation
+import Common
 
 /// The `apns-relay` binary, built next to the test bundle.
 public enum RelayBinary {
@@ -22,37 +23,41 @@ public enum RelayBinary {
     /// Runs the binary to completion on a thread of its own (never on the test's cooperative
     /// pool, which has one thread per core: a blocked one stalls every other test).
     public static func run(_ arguments: [String]) async throws -> Output {
-        try await onOwnThread { Result { try runToEnd(arguments) } }.get()
+        try await onOwnThread { Result { try runProgram(url.path, arguments) } }.get()
     }
+}
 
-    /// Runs the binary to completion, blocking. Both pipes are drained at once, so a chatty
-    /// stderr cannot block the child.
-    private static func runToEnd(_ arguments: [String]) throws -> Output {
-        let process = Process()
-        process.executableURL = url
-        process.arguments = arguments
-        let out = Pipe(), err = Pipe()
-        process.standardOutput = out
-        process.standardError = err
-        try process.run()
-        let stderr = Collected()
-        let stderrDone = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            stderr.data = err.fileHandleForReading.readDataToEndOfFile()
-            stderrDone.signal()
-        }
-        let stdout = out.fileHandleForReading.readDataToEndOfFile()
-        stderrDone.wait()
-        let stderrData = stderr.data
-        process.waitUntilExit()
-        return Output(status: process.terminationStatus, stdout: String(decoding: stdout, as: UTF8.self),
-                      stderr: String(decoding: stderrData, as: UTF8.self))
+/// Runs a program to completion, blocking: its exit code (128 + the signal if one ended it) and
+/// what it printed. Both pipes are drained at once, so a chatty stderr cannot block the child.
+public func runProgram(_ executable: String, _ arguments: [String]) throws -> RelayBinary.Output {
+    let out = try ChildProcess.makePipe(), err = try ChildProcess.makePipe()
+    let process: ChildProcess
+    do {
+        process = try ChildProcess(executable: executable, arguments: arguments,
+                                   standardOutput: out.write, standardError: err.write)
+    } catch {
+        for descriptor in [out.read, out.write, err.read, err.write] { close(descriptor) }
+        throw error
     }
+    close(out.write)
+    close(err.write)
+    let stderr = Collected()
+    let stderrDone = DispatchSemaphore(value: 0)
+    Thread.detachNewThread {
+        stderr.bytes = ChildProcess.readToEnd(err.read)
+        stderrDone.signal()
+    }
+    let stdout = ChildProcess.readToEnd(out.read)
+    stderrDone.wait()
+    let stderrBytes = stderr.bytes
+    let status = process.wait()
+    return RelayBinary.Output(status: status, stdout: String(decoding: stdout, as: UTF8.self),
+                              stderr: String(decoding: stderrBytes, as: UTF8.self))
 }
 
 /// Bytes one thread writes before signalling and another reads after waiting.
 private final class Collected: @unchecked Sendable {
-    var data = Data()
+    var bytes: [UInt8] = []
 }
 
 /// Runs a blocking call (waiting for a process, say) on a thread of its own, so that it never

@@ -1,0 +1,117 @@
+internal import CSpawn
+#if canImport(Glibc)
+internal import Glibc
+#endif
+internal import Synchronization
+
+/// A child process started with `posix_spawn`: its standard input, output and error are the
+/// descriptors given (or this process's own), and every other descriptor is closed in the child
+/// by `closefrom`, without listing them.
+///
+/// Not Foundation's `Process`: on this toolchain it lists `/proc/self/fd` before each start,
+/// and with more than about 1,350 descriptors open (a test process running many clients in
+/// parallel) its copy of a directory entry can read past the end of glibc's buffer and crash
+/// the parent.
+public final class ChildProcess: Sendable {
+    public let pid: Int32
+    /// The exit code once it was reaped.
+    private let ended = Mutex<Int32?>(nil)
+
+    public struct SpawnError: Error, CustomStringConvertible {
+        public var description: String
+    }
+
+    /// Starts `executable` with `arguments`. A nil descriptor leaves that stream this process's.
+    public init(executable: String, arguments: [String], standardInput: Int32? = nil,
+                standardOutput: Int32? = nil, standardError: Int32? = nil) throws(SpawnError) {
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        for (descriptor, target) in [(standardInput, Int32(0)), (standardOutput, 1), (standardError, 2)] {
+            guard let descriptor else { continue }
+            posix_spawn_file_actions_adddup2(&actions, descriptor, target)
+        }
+        posix_spawn_file_actions_addclosefrom_np(&actions, 3)
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        defer { for argument in argv { free(argument) } }
+        var pid: pid_t = 0
+        let result = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        guard result == 0 else {
+            throw SpawnError(description: "cannot start \(executable): \(String(cString: strerror(result)))")
+        }
+        self.pid = pid
+    }
+
+    /// Starts `executable` with its standard output and error into one new pipe: the process
+    /// and the pipe's read end (the caller reads and closes it).
+    public static func capturingOutput(executable: String, arguments: [String]) throws(SpawnError) -> (process: ChildProcess, output: Int32) {
+        let pipe = try makePipe()
+        defer { close(pipe.write) }
+        do {
+            let process = try ChildProcess(executable: executable, arguments: arguments,
+                                           standardOutput: pipe.write, standardError: pipe.write)
+            return (process, pipe.read)
+        } catch {
+            close(pipe.read)
+            throw error
+        }
+    }
+
+    /// A pipe whose two ends close on exec (hand one to the child as a standard stream).
+    public static func makePipe() throws(SpawnError) -> (read: Int32, write: Int32) {
+        var ends: [Int32] = [0, 0]
+        guard pipe2(&ends, O_CLOEXEC) == 0 else {
+            throw SpawnError(description: "cannot make a pipe: \(String(cString: strerror(errno)))")
+        }
+        return (ends[0], ends[1])
+    }
+
+    /// Reads a descriptor to its end, then closes it.
+    public static func readToEnd(_ descriptor: Int32) -> [UInt8] {
+        defer { close(descriptor) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            if count > 0 {
+                bytes.append(contentsOf: chunk[..<count])
+            } else if count == 0 || errno != EINTR {
+                return bytes
+            }
+        }
+    }
+
+    public func signal(_ signal: Int32) {
+        guard ended.withLock({ $0 == nil }) else { return }
+        kill(pid, signal)
+    }
+
+    /// Blocks until it exits: its exit code, or 128 + the signal that ended it.
+    @discardableResult
+    public func wait() -> Int32 {
+        var status: Int32 = 0
+        while true {
+            if let code = ended.withLock({ $0 }) { return code }
+            let reaped = waitpid(pid, &status, 0)
+            if reaped == pid { return record(status) }
+            if errno != EINTR { return ended.withLock { $0 } ?? -1 }
+        }
+    }
+
+    /// Whether it has not exited yet (reaping it if it has).
+    public var isRunning: Bool {
+        if ended.withLock({ $0 }) != nil { return false }
+        var status: Int32 = 0
+        guard waitpid(pid, &status, WNOHANG) == pid else { return ended.withLock { $0 } == nil }
+        record(status)
+        return false
+    }
+
+    @discardableResult
+    private func record(_ status: Int32) -> Int32 {
+        let signal = status & 0x7f
+        let code = signal == 0 ? (status >> 8) & 0xff : 128 + signal
+        ended.withLock { $0 = code }
+        return code
+    }
+}

@@ -1,0 +1,34 @@
+import Common
+import Foundation
+import Testing
+
+@Suite("Child processes")
+struct ChildProcessTests {
+    @Test func theChildGetsItsStreamsAndNoOtherDescriptor() throws {
+        // A descriptor that would be inherited (no close-on-exec), as a C library might leave one.
+        var leaky: [Int32] = [0, 0]
+        try #require(pipe(&leaky) == 0)
+        defer { for descriptor in leaky { close(descriptor) } }
+        let out = try ChildProcess.makePipe()
+        let child = try ChildProcess(executable: "/bin/sh", arguments: ["-c", "ls /proc/self/fd; echo done >&2"],
+                                     standardOutput: out.write, standardError: out.write)
+        close(out.write)
+        let printed = String(decoding: ChildProcess.readToEnd(out.read), as: UTF8.self)
+        #expect(child.wait() == 0)
+        let descriptors = Set(printed.split(separator: "\n").compactMap { Int32($0) })
+        // 0, 1, 2 and the directory `ls` reads.
+        #expect(descriptors.isSubset(of: [0, 1, 2, 3]), "\(printed)")
+        #expect(printed.hasSuffix("done\n"))
+        #expect(!child.isRunning)
+    }
+
+    @Test func exitCodesAndSignalsAreReported() throws {
+        #expect(try ChildProcess(executable: "/bin/sh", arguments: ["-c", "exit 3"]).wait() == 3)
+        let sleeper = try ChildProcess(executable: "/bin/sleep", arguments: ["30"])
+        #expect(sleeper.isRunning)
+        sleeper.signal(SIGKILL)
+        #expect(sleeper.wait() == 128 + SIGKILL)
+        #expect(!sleeper.isRunning)
+        #expect(throws: ChildProcess.SpawnError.self) { try ChildProcess(executable: "/nonexistent/program", arguments: []) }
+    }
+}
