@@ -32,10 +32,22 @@ public final class ChildProcess: Sendable {
             posix_spawn_file_actions_adddup2(&actions, descriptor, target)
         }
         posix_spawn_file_actions_addclosefrom_np(&actions, 3)
+        // The child starts with no signal blocked and the usual stop signals at their defaults,
+        // whatever the spawning thread blocks or this process ignores (SIGPIPE, say).
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t(), defaults = sigset_t()
+        sigemptyset(&none)
+        sigemptyset(&defaults)
+        for signal in [SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT] { sigaddset(&defaults, signal) }
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &defaults)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for argument in argv { free(argument) } }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+        let result = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
         guard result == 0 else {
             throw SpawnError(description: "cannot start \(executable): \(String(cString: strerror(result)))")
         }

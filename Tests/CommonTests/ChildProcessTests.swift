@@ -22,6 +22,33 @@ struct ChildProcessTests {
         #expect(!child.isRunning)
     }
 
+    @Test func theChildStartsWithNoSignalBlockedOrIgnored() throws {
+        // Whatever this thread blocks and this process ignores, the child may be stopped.
+        var blocked = sigset_t(), previous = sigset_t()
+        sigemptyset(&blocked)
+        sigaddset(&blocked, SIGTERM)
+        pthread_sigmask(SIG_BLOCK, &blocked, &previous)
+        let ignored = signal(SIGPIPE, SIG_IGN)
+        defer {
+            pthread_sigmask(SIG_SETMASK, &previous, nil)
+            signal(SIGPIPE, ignored)
+        }
+        let out = try ChildProcess.makePipe()
+        let child = try ChildProcess(executable: "/bin/sh", arguments: ["-c", "grep -E '^Sig(Blk|Ign)' /proc/self/status"],
+                                     standardOutput: out.write)
+        close(out.write)
+        let printed = String(decoding: ChildProcess.readToEnd(out.read), as: UTF8.self)
+        #expect(child.wait() == 0)
+        let masks = Dictionary(uniqueKeysWithValues: printed.split(separator: "\n").map { line in
+            let parts = line.split(separator: ":").map { $0.trimmingCharacters(in: .whitespaces) }
+            return (parts[0], UInt64(parts[1], radix: 16) ?? .max)
+        })
+        #expect(masks["SigBlk"] == 0, "\(printed)")
+        let ignoredSignals = try #require(masks["SigIgn"])
+        #expect(ignoredSignals & (1 << (UInt64(SIGPIPE) - 1)) == 0, "\(printed)")
+        #expect(ignoredSignals & (1 << (UInt64(SIGTERM) - 1)) == 0, "\(printed)")
+    }
+
     @Test func exitCodesAndSignalsAreReported() throws {
         #expect(try ChildProcess(executable: "/bin/sh", arguments: ["-c", "exit 3"]).wait() == 3)
         let sleeper = try ChildProcess(executable: "/bin/sleep", arguments: ["30"])
