@@ -368,16 +368,17 @@ struct DevicePolicy: Sendable {
             self.message = message
         }
 
-        /// Times past the year 9999 (or before 1970) are not ones the relay wrote: such an entry
-        /// is unreadable, so that no arithmetic on it can overflow.
-        static let latestMilliseconds: Int64 = 253_402_300_800_000
+        /// Times past the year 9999 (or before 1970) are not ones the relay wrote (see
+        /// ``Intent/latestExpiration``): such an entry is unreadable, so that no arithmetic on it
+        /// can overflow.
+        static let latestMilliseconds: Int64 = (Intent.latestExpiration + 1) * 1000
 
         init?(_ bytes: [UInt8]) {
             guard let newline = bytes.firstIndex(of: UInt8(ascii: "\n")) else { return nil }
             let header = String(decoding: bytes[..<newline], as: UTF8.self).split(separator: " ")
             guard header.count == 4, let partition = Int32(header[0]), partition >= 0, let offset = Int64(header[1]),
                   let consumedAt = Int64(header[2]), (0...Self.latestMilliseconds).contains(consumedAt),
-                  let expiration = Int64(header[3]), (0...Self.latestMilliseconds / 1000).contains(expiration) else { return nil }
+                  let expiration = Int64(header[3]), (0...Intent.latestExpiration).contains(expiration) else { return nil }
             self.init(partition: partition, offset: offset, consumedAt: consumedAt, expiration: expiration,
                       message: Array(bytes[(newline + 1)...]))
         }

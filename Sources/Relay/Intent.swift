@@ -5,12 +5,16 @@ public import NIOCore
 /// A notification intent: one Kafka message on the intents topic (UTF-8 JSON, key = device
 /// token). docs/intents.md describes it; docs/intent.schema.json is its JSON Schema.
 public struct Intent: Sendable {
+    /// The last second of the year 9999: a parked intent's expiration is stored in Redis (a
+    /// key's lifetime, in milliseconds) and read back, so later ones are refused as invalid.
+    public static let latestExpiration: Int64 = 253_402_300_799
+
     public var id: String
     public var token: String
     public var topic: String
     public var pushType: PushType
     public var priority: Int
-    /// Epoch seconds; 0 means now or never.
+    /// Epoch seconds; 0 means now or never; at most ``latestExpiration``.
     public var expiration: Int64
     public var collapseID: String?
     public var environment: APNsEnvironment
@@ -181,8 +185,8 @@ extension Intent {
         }
         var expiration = now + defaultTTL
         if let value = fields[.expiration] {
-            guard let parsed = value.exactInteger, parsed >= 0 else {
-                throw fail("BadExpirationDate", "\"expiration\" must be epoch seconds (an integer, 0 for now-or-never)")
+            guard let parsed = value.exactInteger, (0...Self.latestExpiration).contains(parsed) else {
+                throw fail("BadExpirationDate", "\"expiration\" must be epoch seconds up to the year 9999 (an integer, 0 for now-or-never)")
             }
             expiration = parsed
         }

@@ -65,6 +65,7 @@ struct IntentTests {
             (#"{"id":"a","token":"\#(t)","topic":"com.x","environment":"staging","payload":{"aps":{}}}"#, "BadEnvironment"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","expiration":-1,"payload":{"aps":{}}}"#, "BadExpirationDate"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","expiration":1.5,"payload":{"aps":{}}}"#, "BadExpirationDate"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","expiration":253402300800,"payload":{"aps":{}}}"#, "BadExpirationDate"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":5,"payload":{"aps":{}}}"#, "BadCollapseId"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":"\#(String(repeating: "c", count: 65))","payload":{"aps":{}}}"#, "BadCollapseId"),
             (#"{"id":"a","token":"zz","topic":"com.x","payload":{"aps":{}}}"#, "BadDeviceToken"),

@@ -226,6 +226,25 @@ struct PolicyTests {
         }
     }
 
+    @Test func expirationsPastWhatTheRelayCanHoldAreAnsweredNotParkedForever() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.001)
+        let token = hexToken(0xfa7)
+        // The first takes the device's only token; the others would have to wait in its mailbox
+        // with expirations past the year 9999 (the mailbox could not read them back) and past
+        // what Redis takes as a key's lifetime.
+        try await harness.produce(intent("now", token: token), key: token)
+        try await harness.produce(intent("far", token: token, extra: #","expiration":300000000000"#), key: token)
+        try await harness.produce(intent("farther", token: token, extra: #","expiration":9223372036854775807"#), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        #expect(byID["now"]?["status"] as? String == "delivered")
+        for id in ["far", "farther"] {
+            #expect(byID[id]?["status"] as? String == "invalid", "\(id): \(byID[id] ?? [:])")
+            #expect((byID[id]?["reason"] as? String)?.hasPrefix("BadExpirationDate") == true, "\(id)")
+        }
+        await harness.stop()
+    }
+
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
         let redis = try RedisServerProcess()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
