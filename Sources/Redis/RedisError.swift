@@ -15,6 +15,15 @@ public enum RedisError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The client was shut down.
     case shutdown
 
+    /// An error reply that refuses the command for what it names (a script failing on a value
+    /// it read, a key of another type): asked again, Redis answers the same. Unlike a Redis that
+    /// is down, loading, out of memory or read-only (`LOADING`, `OOM`, `READONLY`, ...).
+    public var isRefusal: Bool {
+        guard case .server(let message) = self else { return false }
+        let code = message.prefix { $0 != " " }
+        return code == "ERR" || code == "WRONGTYPE"
+    }
+
     public var description: String {
         switch self {
         case .invalidURL(let why): "invalid Redis URL: \(why)"

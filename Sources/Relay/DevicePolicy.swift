@@ -392,6 +392,7 @@ struct DevicePolicy: Sendable {
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds])
         let reply = try await client.pipelineLoading([Self.parkScript], [call])[0]
+        if case .error(let message) = reply { throw .server(message) }
         guard case .array(let values) = reply, values.count == 2, let parkedDue = values[0].integer else {
             throw .protocolError("park script answered \(reply)")
         }
@@ -443,7 +444,7 @@ struct DevicePolicy: Sendable {
                                  arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
                                              Self.claimLeaseMilliseconds]),
         ])
-        if case .error(let message) = replies[0] { throw .server(message) }
+        for case .error(let message) in replies { throw .server(message) }
         guard case .array(let values) = replies[1], let code = values.first?.integer else {
             throw .protocolError("take script answered \(replies[1])")
         }

@@ -691,11 +691,13 @@ public final class RelayPipeline: RelayStatus {
         return (outcome.status.rawValue, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
     }
 
+    private static let refusalsBeforeGivingUp = 3
+
     /// Runs `body` until it succeeds. While Redis fails: retries with backoff as long as the
-    /// item's partition is still ours, or with `redis.fail_open` gives up at once. Nil when it
-    /// gave up.
+    /// item's partition is still ours, or with `redis.fail_open` gives up at once. A command
+    /// Redis refuses (``RedisError/isRefusal``) is asked again only twice. Nil when it gave up.
     private func withRedisRetries<T>(_ item: WorkItem, _ body: () async throws(RedisError) -> T) async -> T? {
-        var attempt = 0
+        var attempt = 0, refusals = 0
         while true {
             do {
                 let started = ContinuousClock.now
@@ -704,7 +706,19 @@ public final class RelayPipeline: RelayStatus {
                 if attempt > 0 { redisRecovered() }
                 return result
             } catch {
-                redisFailed(error)
+                if error.isRefusal {
+                    // Not an outage: Redis refuses this item's command for what its keys hold.
+                    // It goes on as with `redis.fail_open`, alone.
+                    refusals += 1
+                    if refusals == Self.refusalsBeforeGivingUp {
+                        RelayMetrics.redisErrors.increment()
+                        logger.error("Redis refuses this intent's command: it goes on without the policy",
+                                     metadata: metadata(item, ["redis.error": "\(error)"]))
+                        return nil
+                    }
+                } else {
+                    redisFailed(error)
+                }
                 if configuration.redis.failOpen || !isCurrent(item) || Task.isCancelled { return nil }
                 try? await Task.sleep(for: backoff.delay(attempt: attempt))
                 attempt += 1
@@ -816,9 +830,16 @@ public final class RelayPipeline: RelayStatus {
                 taken = try await policy.take(partition: partition, token: parts.token, topic: parts.topic, id: parts.id,
                                               rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
             } catch {
-                redisFailed(error)
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
-                return
+                guard error.isRefusal else {
+                    redisFailed(error)
+                    return
+                }
+                // Not an outage: its index member already moved to the lease's end, so it is
+                // asked again then; the other entries go on.
+                RelayMetrics.redisErrors.increment()
+                logger.error("Redis refuses taking a mailbox entry", metadata: ["relay.member": "\(member)", "redis.error": "\(error)"])
+                continue
             }
             let generation = generations[partition] ?? 0
             let item: WorkItem
@@ -956,9 +977,9 @@ public final class RelayPipeline: RelayStatus {
     }
 
     /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries
-    /// included) and writes the count into the payload.
+    /// included) and writes the count into the payload. False when the delivery ended here
+    /// (its ending says how).
     @inline(never)
-    /// False when the delivery ended here (its ending says how).
     private func applyBadge(_ delivery: Delivery) async -> Bool {
         guard let change = delivery.intent.badge else { return true }
         let intent = delivery.intent
@@ -966,22 +987,15 @@ public final class RelayPipeline: RelayStatus {
             delivery.ending.outcome = makeOutcome(delivery.item, intent: intent, status: .failed, reason: "BadgeNeedsRedis")
             return false
         }
-        var attempt = 0
-        while true {
-            do {
-                let count = try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
-                delivery.badge = count
-                delivery.notification.payload = BadgeStore.payload(delivery.notification.payload, badge: count)
-                return true
-            } catch {
-                redisFailed(error)
-                // Failing open sends the payload as it came.
-                if configuration.redis.failOpen { return true }
-                guard isCurrent(delivery.item) else { return false }
-                try? await Task.sleep(for: backoff.delay(attempt: attempt))
-                attempt += 1
-            }
+        guard let count = await withRedisRetries(delivery.item, { () throws(RedisError) in
+            try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
+        }) else {
+            // Failing open (or refused): the payload goes as it came; revoked: abandoned.
+            return isCurrent(delivery.item) && !Task.isCancelled
         }
+        delivery.badge = count
+        delivery.notification.payload = BadgeStore.payload(delivery.notification.payload, badge: count)
+        return true
     }
 
     /// Sends with retries; the outcome goes to the delivery's ending (nil there when the work

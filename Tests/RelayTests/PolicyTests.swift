@@ -245,6 +245,39 @@ struct PolicyTests {
         await harness.stop()
     }
 
+    @Test func keysOfAnotherTypeRefuseOneIntentsPolicyAndItGoesOnWithoutIt() async throws {
+        let redis = try RedisServerProcess()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        // Keys something else wrote with other types: the mailbox scripts and the badge script
+        // fail on them (WRONGTYPE) every time they are asked.
+        let limited = hexToken(0x7e1), badged = hexToken(0x7e2)
+        _ = try await client.send(RedisCommand("SET", ["apns-relay:mailbox:{\(limited)}:com.example.app", "a string"]))
+        _ = try await client.send(RedisCommand("HSET", ["apns-relay:badge:{\(badged)}:com.example.app", "a", "hash"]))
+        await client.shutdown()
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.001)
+        try await harness.produce(intent("first", token: limited), key: limited)
+        try await harness.produce(intent("second", token: limited), key: limited)  // would be parked
+        try await harness.produce(intent("badge", token: badged, extra: #","badge":{"increment":1}"#), key: badged)
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        for id in ["first", "second", "badge"] {
+            #expect(byID[id]?["status"] as? String == "delivered", "\(id): \(byID[id] ?? [:])")
+        }
+        #expect(byID["badge"]?["badge"] is NSNull || byID["badge"]?["badge"] == nil)
+        // Not an outage: the relay stayed ready.
+        #expect(harness.pipeline.notReadyReason == nil)
+
+        // A due entry in that mailbox: the take is refused, asked again at the lease's end.
+        let again = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let member = "\(limited) com.example.app parked"
+        _ = try await again.send(RedisCommand("ZADD", ["apns-relay:due:{\(harness.intentsTopic):0}", 0, member]))
+        try await waitUntil(asking: {
+            (try? await again.send(RedisCommand("ZSCORE", ["apns-relay:due:{\(harness.intentsTopic):0}", member])).integer) ?? 0 > 0
+        })
+        #expect(harness.pipeline.notReadyReason == nil)
+        await again.shutdown()
+        await harness.stop()
+    }
+
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
         let redis = try RedisServerProcess()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
