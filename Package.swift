@@ -46,8 +46,8 @@ let package = Package(
             name: "CRdKafka", pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]),
 
-        // Small utilities every module uses: backoff with jitter, Duration arithmetic.
-        // posix_spawn's closefrom file action and pipe2 (glibc), for ChildProcess.
+        // Small utilities the modules share: backoff with jitter, Duration arithmetic, child
+        // processes (with CSpawn: posix_spawn's closefrom file action and pipe2 from glibc).
         .systemLibrary(name: "CSpawn"),
         .target(name: "Common", dependencies: ["CSpawn"], swiftSettings: strict),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.

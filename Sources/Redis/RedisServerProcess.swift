@@ -59,8 +59,7 @@ public final class RedisServerProcess: @unchecked Sendable {
         Thread.detachNewThread { _ = ChildProcess.readToEnd(output) }
     }
 
-    /// Kills it (SIGKILL: a parent's threads may block SIGTERM, and children inherit that mask;
-    /// with no persistence nothing is lost).
+    /// Kills it (SIGKILL: without persistence there is nothing to save, and nothing to wait for).
     public func stop() {
         guard let process, process.isRunning else { return }
         process.signal(SIGKILL)

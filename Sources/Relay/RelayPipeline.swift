@@ -612,26 +612,31 @@ public final class RelayPipeline: RelayStatus {
             finish(item, stored: ending.parked)
             return
         }
-        if item.recordsAnswer, Self.isAnswered(status) {
+        guard await recordAndPublish(item, ending, records: item.recordsAnswer && Self.isAnswered(status)) else {
+            finish(item, stored: false)
+            return
+        }
+        if let member = item.mailboxMember { await release(member, item) }
+        finish(item, stored: true)
+    }
+
+    /// Records the answer first when `records`, then publishes the outcome. False when the
+    /// item's partition was revoked before the outcome was out.
+    @inline(never)
+    private func recordAndPublish(_ item: WorkItem, _ ending: Ending, records: Bool) async -> Bool {
+        if records {
             // Usually one wait for both: the record's round trip, then the outcome's report.
             switch await recordThenPublish(item, ending) {
             case .published:
                 published(ending)
-                if let member = item.mailboxMember { await release(member, item) }
-                finish(item, stored: true)
-                return
+                return true
             case .notRecorded:
                 await record(item, ending)
             case .notPublished(let error):
                 publishFailed(item, error)
             }
         }
-        guard await publish(ending, item) else {
-            finish(item, stored: false)
-            return
-        }
-        if let member = item.mailboxMember { await release(member, item) }
-        finish(item, stored: true)
+        return await publish(ending, item)
     }
 
     /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
