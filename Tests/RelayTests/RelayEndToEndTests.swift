@@ -223,6 +223,8 @@ struct RelayEndToEndTests {
             }
         }
         try await Task.sleep(for: .seconds(1))  // the outage itself, not synchronisation
+        // Nothing got through meanwhile.
+        #expect(harness.pipeline.outcomeCounts.values.reduce(0, +) == 100)
         harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
         harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.fetch)
         try await producing.value
