@@ -136,15 +136,14 @@ struct DedupeTests {
 
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {
         let redis = try RedisServerProcess()
-        // Outcome records time out after 1 s while the brokers refuse them; APNs answers after 1.5 s.
-        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(1500) }, configureRelay: {
+        // Outcome records time out after 1 s while the brokers refuse them. The intents are in
+        // the topic before the relay starts, and the brokers refuse records from the moment it
+        // has started: before its group is even joined (and APNs takes 0.5 s more), so before
+        // any outcome exists.
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(500) }, configureRelay: {
             $0.redis.url = redis.url
             $0.kafka.properties["message.timeout.ms"] = "1000"
-        })
-        for index in 0..<20 {
-            try await harness.produce(intent("late-\(index)", token: hexToken(700 + index)), key: hexToken(700 + index))
-        }
-        try await waitUntil { harness.pipeline.inFlight == 20 }
+        }, preload: (0..<20).map { (intent("late-\($0)", token: hexToken(700 + $0)), hexToken(700 + $0)) })
         harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notEnoughReplicas)
         try await waitUntil { harness.pipeline.publishFailures >= 20 }  // every outcome failed at least once
         harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
