@@ -110,6 +110,9 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Yams", package: "Yams"),
             ],
+            resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {
+                .embedInCode("Policy/Scripts/\($0).lua")
+            },
             swiftSettings: strict),
         // An APNs look-alike server for tests, demos and benchmarks.
         .target(

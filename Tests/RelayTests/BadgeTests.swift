@@ -70,7 +70,7 @@ struct BadgeTests {
         // The count stays within the limit, and a count key someone overwrote counts as 0.
         #expect(try await store.apply(.set(BadgeChange.limit), intentID: "e", token: token, topic: "com.x") == BadgeChange.limit)
         #expect(try await store.apply(.increment(5), intentID: "f", token: token, topic: "com.x") == BadgeChange.limit)
-        _ = try await client.send(RedisCommand("SET", [BadgeStore.countKey(token: token, topic: "com.x"), "garbage"]))
+        _ = try await client.send(RedisCommand("SET", [RedisKeys.badgeCount(token: token, topic: "com.x"), "garbage"]))
         #expect(try await store.apply(.increment(2), intentID: "g", token: token, topic: "com.x") == 2)
         await client.shutdown()
     }

@@ -14,17 +14,6 @@ public struct DeviceRecords: Sendable {
 
     static let lastSentTTL = 7 * 86_400
 
-    static func lastSentKey(token: String, topic: String) -> String {
-        DevicePolicy.key { writeLastSentKey(&$0, token: token, topic: topic) }
-    }
-
-    static func writeLastSentKey(_ bytes: inout [UInt8], token: String, topic: String) {
-        bytes.append(contentsOf: "apns-relay:last:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(contentsOf: "}:".utf8)
-        bytes.append(contentsOf: topic.utf8)
-    }
-
     static func lastSent(_ intent: Intent, _ notification: APNsNotification, apnsID: String?, at: Int64) -> LastSent {
         var writer = JSONObjectWriter(capacity: 256 + notification.payload.readableBytes)
         writer.add("id", intent.id)
@@ -73,13 +62,13 @@ public struct DeviceRecords: Sendable {
 
     /// Reads the device's records in one round trip.
     public static func read(token: String, topic: String, from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
-        let last = lastSentKey(token: token, topic: topic)
+        let last = RedisKeys.lastSent(token: token, topic: topic)
         let replies = try await redis.pipeline([
             RedisCommand("GET", [last]), RedisCommand("TTL", [last]),
-            RedisCommand("GET", [BadgeStore.countKey(token: token, topic: topic)]),
-            RedisCommand("HMGET", [DevicePolicy.mailboxKey(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
-            RedisCommand("GET", [DevicePolicy.rateKey(token: token)]),
-            RedisCommand("GET", [DevicePolicy.backoffKey(token: token)]),
+            RedisCommand("GET", [RedisKeys.badgeCount(token: token, topic: topic)]),
+            RedisCommand("HMGET", [RedisKeys.mailbox(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
+            RedisCommand("GET", [RedisKeys.rate(token: token)]),
+            RedisCommand("GET", [RedisKeys.backoff(token: token)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
         var records = DeviceRecords(lastSentJSON: replies[0].string,

@@ -3,8 +3,8 @@ import Foundation
 import Redis
 import Synchronization
 
-/// Records which intents APNs already answered (see ``DevicePolicy`` for the key and for the
-/// check, which is part of every batch's admission).
+/// Records which intents APNs already answered (see ``RedisKeys`` for the key and ``DevicePolicy``
+/// for the check, which is part of every batch's admission).
 ///
 /// An intent is recorded once APNs gave a final answer for it (delivered, rejected or
 /// unregistered) and before its outcome is published; an intent seen in Redis is not sent again
@@ -26,14 +26,14 @@ final class Deduplicator: Sendable {
                 lastSent: DeviceRecords.LastSent?, then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
         recorder.submit({ buffer in
             buffer.append("SET") { command in
-                command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) }
+                command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) }
                 command.append(status)
                 command.append("EX")
                 command.append(window)
             }
             guard let lastSent else { return }
             buffer.append("SET") { command in
-                command.appendArgument { DeviceRecords.writeLastSentKey(&$0, token: lastSent.token, topic: lastSent.topic) }
+                command.appendArgument { RedisKeys.writeLastSent(&$0, token: lastSent.token, topic: lastSent.topic) }
                 command.append(lastSent.json)
                 command.append("EX")
                 command.append(DeviceRecords.lastSentTTL)

@@ -2,26 +2,8 @@ import Foundation
 import Redis
 
 /// Per-device rules kept in Redis: dedupe, the token bucket, 429 backoff and the mailbox
-/// (store-and-forward of the newest intent that could not go out yet).
-///
-/// Keys (a device's keys share the hash tag `{<token>}`, so every script touches one slot;
-/// the due index is a key of its own, written by plain commands):
-/// - `apns-relay:seen:{<token>}:<topic>:<id>` — string, the status APNs' answer gave the intent,
-///   kept for the topic's dedupe window.
-/// - `apns-relay:rate:{<token>}` — string: the token bucket as a GCRA theoretical arrival time
-///   (epoch ms): each send moves it one interval (`1000 / refill_per_second` ms, rounded up)
-///   on, from now at the earliest; a send is allowed while it lies at most `burst - 1`
-///   intervals ahead (the bucket is full when it is not ahead at all).
-/// - `apns-relay:backoff:{<token>}` — string `<until ms> <level>`: the 429 backoff (its level
-///   doubles the wait while 429s repeat).
-/// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
-///   expiration, `pd` due ms) and the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms).
-/// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
-///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
-///   them with the other strings in one `MGET`.
-/// - `apns-relay:due:{<intents topic>:<partition>}` — sorted set of `<token> <topic> <id>` by the
-///   time the mailbox entry may be sent (or its claim's lease ends). Per partition of the
-///   intents topic, so whichever relay owns the partition delivers its devices' mailboxes.
+/// (store-and-forward of the newest intent that could not go out yet). The keys and what they
+/// hold: ``RedisKeys``.
 struct DevicePolicy: Sendable {
     let client: RedisClient
     /// The intents topic (names the due indexes).
@@ -34,48 +16,6 @@ struct DevicePolicy: Sendable {
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
-    static func seenKey(token: String, topic: String, id: String) -> String { key { writeSeenKey(&$0, token: token, topic: topic, id: id) } }
-    static func rateKey(token: String) -> String { key { writeRateKey(&$0, token: token) } }
-    static func backoffKey(token: String) -> String { key { writeBackoffKey(&$0, token: token) } }
-    static func mailboxKey(token: String, topic: String) -> String { key { writeMailboxKey(&$0, token: token, topic: topic) } }
-    static func waitingKey(token: String, topic: String) -> String { key { writeWaitingKey(&$0, token: token, topic: topic) } }
-
-    // The keys written straight into a command's bytes (hot paths: no string per key).
-    static func writeSeenKey(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
-        bytes.append(contentsOf: "apns-relay:seen:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(contentsOf: "}:".utf8)
-        bytes.append(contentsOf: topic.utf8)
-        bytes.append(UInt8(ascii: ":"))
-        bytes.append(contentsOf: id.utf8)
-    }
-
-    static func writeRateKey(_ bytes: inout [UInt8], token: String) {
-        bytes.append(contentsOf: "apns-relay:rate:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(UInt8(ascii: "}"))
-    }
-
-    static func writeBackoffKey(_ bytes: inout [UInt8], token: String) {
-        bytes.append(contentsOf: "apns-relay:backoff:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(UInt8(ascii: "}"))
-    }
-
-    static func writeMailboxKey(_ bytes: inout [UInt8], token: String, topic: String) {
-        bytes.append(contentsOf: "apns-relay:mailbox:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(contentsOf: "}:".utf8)
-        bytes.append(contentsOf: topic.utf8)
-    }
-
-    static func writeWaitingKey(_ bytes: inout [UInt8], token: String, topic: String) {
-        bytes.append(contentsOf: "apns-relay:waiting:{".utf8)
-        bytes.append(contentsOf: token.utf8)
-        bytes.append(contentsOf: "}:".utf8)
-        bytes.append(contentsOf: topic.utf8)
-    }
-
     /// Whether `id` is one of the ids a `waiting` value names.
     /// A value that does not read so (Redis holds whatever was written there) names no id.
     static func isWaiting(_ id: String, in value: [UInt8]) -> Bool {
@@ -86,123 +26,27 @@ struct DevicePolicy: Sendable {
         return (!pid.isEmpty && pid.elementsEqual(id.utf8)) || (!cid.isEmpty && cid.elementsEqual(id.utf8))
     }
 
-    /// Rewrites the `waiting` string (KEYS[w]) from the mailbox hash (KEYS[1]), in every script
-    /// that changes the mailbox's ids.
-    private static let markWaiting = """
-        local function markWaiting(w)
-            local m = redis.call('HMGET', KEYS[1], 'pid', 'cid')
-            if m[1] or m[2] then
-                local p, c = m[1] or '', m[2] or ''
-                local ttl = redis.call('PTTL', KEYS[1])
-                if ttl < 1 then ttl = 86400000 end
-                redis.call('SET', KEYS[w], #p .. ':' .. p .. c, 'PX', ttl)
-            else
-                redis.call('DEL', KEYS[w])
-            end
-        end
+    func dueKey(partition: Int32) -> String { RedisKeys.due(intentsTopic: intentsTopic, partition: partition) }
 
-        """
-
-    /// A key as a string, from the writer the hot paths use.
-    static func key(_ write: (inout [UInt8]) -> Void) -> String {
-        var bytes: [UInt8] = []
-        write(&bytes)
-        return String(decoding: bytes, as: UTF8.self)
-    }
-
-    func dueKey(partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
-    static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
-
-    /// (token, topic, id) of a due-index member.
-    static func parseMember(_ member: String) -> (token: String, topic: String, id: String)? {
-        let parts = member.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
-        guard parts.count == 3, !parts[0].isEmpty, !parts[1].isEmpty, !parts[2].isEmpty else { return nil }
-        return (String(parts[0]), String(parts[1]), String(parts[2]))
-    }
-
-    // MARK: Scripts
+    // MARK: Scripts (Scripts/*.lua; each mailbox script starts with mark_waiting.lua)
 
     /// Parks an intent in its mailbox, displacing the one parked there (whose entry it returns).
     /// With a 429, starts or lengthens the device's backoff first (doubling while 429s repeat,
     /// kept until its end plus the maximum, so that the level is remembered).
     /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
     /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, displaced entry or nil}.
-    static let parkScript = RedisScript(markWaiting + """
-        local now, due = tonumber(ARGV[5]), tonumber(ARGV[4])
-        if ARGV[6] == '1' then
-            local bu, bl = 0, 0
-            local b = redis.call('GET', KEYS[2])
-            if b then
-                local u, l = string.match(b, '^(%d+) (%d+)$')
-                bu, bl = tonumber(u) or 0, tonumber(l) or 0
-            end
-            local base, top = tonumber(ARGV[7]), tonumber(ARGV[8])
-            if bu == 0 or now > bu + top then bl = 0 else bl = bl + 1 end
-            local length = math.min(top, base * (2 ^ math.min(bl, 30)))
-            bu = now + length
-            redis.call('SET', KEYS[2], bu .. ' ' .. bl, 'PX', length + top)
-            due = math.max(due, bu)
-        end
-        local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid')
-        local displaced = false
-        if m[1] and m[1] ~= ARGV[1] then displaced = m[2] end
-        local expiration = tonumber(ARGV[3])
-        due = math.min(due, expiration * 1000 + 1000)
-        redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)
-        if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
-        local keep = math.max(0, expiration * 1000 - now) + 86400000
-        if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
-        markWaiting(3)
-        return {due, displaced}
-        """)
+    static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.park_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
     /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before,
     /// {2, due} not yet, {3, entry} claimed, {4, entry} expired (removed).
-    static let takeScript = RedisScript(markWaiting + """
-        local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-        local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
-        local entry, expiration, parked
-        if m[1] == id then entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
-        elseif m[4] == id and (tonumber(m[7]) or 0) <= now then entry, expiration, parked = m[5], tonumber(m[6]) or 0, false
-        else return {0} end
-        local function clear()
-            if parked then redis.call('HDEL', KEYS[1], 'pid', 'p', 'pe', 'pd')
-            else redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
-            markWaiting(5)
-        end
-        if redis.call('EXISTS', KEYS[3]) == 1 then clear(); return {1, entry} end
-        if expiration * 1000 < now then clear(); return {4, entry} end
-        local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
-        if tat < now then tat = now end
-        local bu = tonumber(string.match(redis.call('GET', KEYS[4]) or '', '^(%d+)') or '') or 0
-        local ahead = (burst - 1) * interval
-        if now < bu or (burst > 0 and tat - now > ahead) then
-            local at = now
-            if bu > at then at = bu end
-            if burst > 0 and tat - ahead > at then at = tat - ahead end
-            at = math.min(at, expiration * 1000 + 1000)
-            if parked then redis.call('HSET', KEYS[1], 'pd', at) end
-            return {2, at}
-        end
-        if burst > 0 then redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 60000) end
-        clear()
-        redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
-        markWaiting(5)
-        return {3, entry}
-        """)
+    static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
 
     /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox, waiting.
     /// ARGV: id.
-    static let releaseScript = RedisScript(markWaiting + """
-        if redis.call('HGET', KEYS[1], 'cid') == ARGV[1] then
-            redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
-            markWaiting(2)
-        end
-        return 0
-        """)
+    static let releaseScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.release_lua))
 
     // MARK: Calls
 
@@ -252,10 +96,10 @@ struct DevicePolicy: Sendable {
             for group in groups {
                 let token = group.token, topic = group.topic, ids = group.ids
                 reads.append("MGET") { command in
-                    command.appendArgument { DevicePolicy.writeRateKey(&$0, token: token) }
-                    command.appendArgument { DevicePolicy.writeBackoffKey(&$0, token: token) }
-                    command.appendArgument { DevicePolicy.writeWaitingKey(&$0, token: token, topic: topic) }
-                    for id in ids { command.appendArgument { DevicePolicy.writeSeenKey(&$0, token: token, topic: topic, id: id) } }
+                    command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
+                    command.appendArgument { RedisKeys.writeBackoff(&$0, token: token) }
+                    command.appendArgument { RedisKeys.writeWaiting(&$0, token: token, topic: topic) }
+                    for id in ids { command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) } }
                 }
             }
             let replies = try await policy.client.submit(reads).get()
@@ -290,7 +134,7 @@ struct DevicePolicy: Sendable {
                 if let arrival = bucket.spent {
                     let token = group.token
                     writes.append("SET") { command in
-                        command.appendArgument { DevicePolicy.writeRateKey(&$0, token: token) }
+                        command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
                         command.append(arrival)
                         command.append("PX")
                         command.append(arrival - now + 60_000)
@@ -387,8 +231,8 @@ struct DevicePolicy: Sendable {
     /// Parks an intent (see ``parkScript``) and indexes it; answers the entry it displaced.
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
               tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: Entry?) {
-        let call = RedisCommand.evalsha(Self.parkScript, keys: [Self.mailboxKey(token: token, topic: topic), Self.backoffKey(token: token),
-                                                                Self.waitingKey(token: token, topic: topic)],
+        let call = RedisCommand.evalsha(Self.parkScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.backoff(token: token),
+                                                                RedisKeys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds])
         let reply = try await client.pipelineLoading([Self.parkScript], [call])[0]
@@ -398,7 +242,7 @@ struct DevicePolicy: Sendable {
         }
         // Indexed after the mailbox write: a crash between the two leaves the intent's offset
         // uncommitted, and its redelivery parks and indexes it again.
-        let member = Self.member(token: token, topic: topic, id: id)
+        let member = RedisKeys.member(token: token, topic: topic, id: id)
         let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
         if case .error(let message) = indexed[0] { throw .server(message) }
         let displaced = values[1].bytes.flatMap(Entry.init)
@@ -433,14 +277,14 @@ struct DevicePolicy: Sendable {
     /// owner takes it again then.
     func take(partition: Int32, token: String, topic: String, id: String, rules: RelayConfiguration.Policy.Rules,
               now: Int64) async throws(RedisError) -> Take {
-        let member = Self.member(token: token, topic: topic, id: id)
+        let member = RedisKeys.member(token: token, topic: topic, id: id)
         let limit = rules.rateLimit
         let replies = try await client.pipelineLoading([Self.takeScript], [
             RedisCommand("ZADD", [dueKey(partition: partition), now + Self.claimLeaseMilliseconds, member]),
             RedisCommand.evalsha(Self.takeScript,
-                                 keys: [Self.mailboxKey(token: token, topic: topic), Self.rateKey(token: token),
-                                        Self.seenKey(token: token, topic: topic, id: id), Self.backoffKey(token: token),
-                                        Self.waitingKey(token: token, topic: topic)],
+                                 keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.rate(token: token),
+                                        RedisKeys.seen(token: token, topic: topic, id: id), RedisKeys.backoff(token: token),
+                                        RedisKeys.waiting(token: token, topic: topic)],
                                  arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
                                              Self.claimLeaseMilliseconds]),
         ])
@@ -476,9 +320,9 @@ struct DevicePolicy: Sendable {
     /// Ends a claim after its outcome was published, and drops its due-index member.
     func release(partition: Int32, token: String, topic: String, id: String) async throws(RedisError) {
         let replies = try await client.pipelineLoading([Self.releaseScript], [
-            RedisCommand.evalsha(Self.releaseScript, keys: [Self.mailboxKey(token: token, topic: topic), Self.waitingKey(token: token, topic: topic)],
+            RedisCommand.evalsha(Self.releaseScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.waiting(token: token, topic: topic)],
                                  arguments: [id]),
-            RedisCommand("ZREM", [dueKey(partition: partition), Self.member(token: token, topic: topic, id: id)]),
+            RedisCommand("ZREM", [dueKey(partition: partition), RedisKeys.member(token: token, topic: topic, id: id)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
     }

@@ -19,20 +19,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     /// KEYS[1]: the token hash. ARGV: now, refresh age, minimum interval, candidate jwt ('' to
     /// only look), rejected jwt (''). Returns {jwt, iat, stored}: stored 1 when the candidate
     /// was stored; jwt false when a candidate is needed.
-    static let script = RedisScript("""
-        local jwt = redis.call('HGET', KEYS[1], 'jwt')
-        local iat = tonumber(redis.call('HGET', KEYS[1], 'iat') or '0')
-        local now = tonumber(ARGV[1])
-        local age = now - iat
-        local replace = (not jwt)
-            or (age >= tonumber(ARGV[2]) and age >= tonumber(ARGV[3]))
-            or (ARGV[5] ~= '' and jwt == ARGV[5] and age >= tonumber(ARGV[3]))
-        if not replace then return {jwt, tostring(iat), 0} end
-        if ARGV[4] == '' then return {false, '0', 0} end
-        redis.call('HSET', KEYS[1], 'jwt', ARGV[4], 'iat', ARGV[1])
-        redis.call('EXPIRE', KEYS[1], 3600)
-        return {ARGV[4], ARGV[1], 1}
-        """)
+    static let script = RedisScript(RedisScripts.source(PackageResources.provider_token_lua))
 
     private let signer: ProviderTokenSigner
     private let redis: RedisClient
@@ -57,7 +44,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
         self.fallback = try LocalProviderTokenSource(signer: signer, refreshAgeSeconds: refreshAgeSeconds, clock: clock)
     }
 
-    var key: String { "apns-relay:jwt:{\(signer.teamID):\(signer.keyID)}" }
+    var key: String { RedisKeys.providerToken(teamID: signer.teamID, keyID: signer.keyID) }
 
     /// Tokens this process minted and stored (or minted for itself while Redis failed).
     public var mintCount: Int { mints.load(ordering: .relaxed) + fallback.mintCount }

@@ -13,36 +13,18 @@ struct BadgeStore: Sendable {
 
     /// KEYS: count, applied. ARGV: intent id, "set" or "increment", n, applied TTL, count TTL,
     /// largest count. A count key holding something else than a number counts as 0.
-    static let script = RedisScript("""
-        local done = redis.call('HGET', KEYS[2], ARGV[1])
-        if done then return tonumber(done) end
-        local count
-        if ARGV[2] == 'set' then
-            count = tonumber(ARGV[3])
-        else
-            count = (tonumber(redis.call('GET', KEYS[1]) or '0') or 0) + tonumber(ARGV[3])
-            if count < 0 then count = 0 end
-            if count > tonumber(ARGV[6]) then count = tonumber(ARGV[6]) end
-        end
-        redis.call('SET', KEYS[1], count, 'EX', ARGV[5])
-        redis.call('HSET', KEYS[2], ARGV[1], count)
-        redis.call('EXPIRE', KEYS[2], ARGV[4])
-        return count
-        """)
+    static let script = RedisScript(RedisScripts.source(PackageResources.badge_lua))
 
     let client: RedisClient
     let appliedTTL: Int64
 
-    static func countKey(token: String, topic: String) -> String { "apns-relay:badge:{\(token)}:\(topic)" }
-
     /// Applies the intent's change once and returns the resulting count.
     func apply(_ change: BadgeChange, intentID: String, token: String, topic: String) async throws(RedisError) -> Int64 {
-        let key = Self.countKey(token: token, topic: topic)
         let (mode, amount): (String, Int64) = switch change {
         case .increment(let n): ("increment", n)
         case .set(let n): ("set", n)
         }
-        let reply = try await client.evaluate(Self.script, keys: [key, key + ":applied"],
+        let reply = try await client.evaluate(Self.script, keys: [RedisKeys.badgeCount(token: token, topic: topic), RedisKeys.badgeApplied(token: token, topic: topic)],
                                               arguments: [intentID, mode, amount, appliedTTL, Self.countTTL, BadgeChange.limit])
         guard let count = reply.integer else { throw .protocolError("badge script answered \(reply)") }
         return count

@@ -1,0 +1,128 @@
+import Common
+import APNs
+import Kafka
+import Redis
+
+extension RelayPipeline {
+    /// How an item ended: its outcome (nil when its work was abandoned, its partition revoked)
+    /// and, when APNs accepted it, the device's last-notification record. A class, so the async
+    /// frames on the way hold a reference, not the outcome.
+    final class Ending {
+        var outcome: Outcome?
+        var lastSent: DeviceRecords.LastSent?
+        /// In its device's mailbox: no outcome now (the mailbox answers it later), and its
+        /// offset may be committed.
+        var parked: Bool
+
+        init(outcome: Outcome? = nil, parked: Bool = false) {
+            self.outcome = outcome
+            self.parked = parked
+        }
+    }
+
+    /// How an intent that is not sent ends. A coalesced intent's badge change still counts
+    /// (the newer notification shows the sum).
+    @inline(never)
+    func earlyEnding(_ item: WorkItem) async -> Ending {
+        if case .inMailbox = item.admission { return Ending(parked: true) }
+        var outcome = earlyOutcome(item, item.admission)
+        if case .coalesced = item.admission, case .success(let intent) = item.intent, let change = intent.badge, let badges {
+            outcome.badge = await withRedisRetries(item) { () throws(RedisError) in
+                try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
+            }
+        }
+        return Ending(outcome: outcome)
+    }
+
+    /// The outcome of an unusable message or of an intent the policy keeps from being sent.
+    @inline(never)
+    func earlyOutcome(_ item: WorkItem, _ admission: Admission) -> Outcome {
+        let intent: Intent
+        switch item.intent {
+        case .failure(let invalid): return invalidOutcome(item, invalid)
+        case .success(let usable): intent = usable
+        }
+        switch admission {
+        case .coalesced(let newer):
+            var outcome = makeOutcome(item, intent: intent, status: .coalesced, reason: "Superseded")
+            outcome.supersededBy = newer
+            return outcome
+        case .nowOrNever:
+            return makeOutcome(item, intent: intent, status: .expired, reason: "RateLimited")
+        case .expiredParked:
+            return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
+        case .duplicate, .send, .park, .inMailbox:
+            return makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
+        }
+    }
+
+    func invalidOutcome(_ item: WorkItem, _ invalid: InvalidIntent) -> Outcome {
+        logger.info("invalid intent", metadata: metadata(item, ["intent.reason": "\(invalid.reason)"]))
+        return makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
+                           reason: "\(invalid.reason): \(invalid.message)")
+    }
+
+    func makeOutcome(_ item: WorkItem, intent: Intent, status: Outcome.Status, result: APNsResult? = nil,
+                             reason: String? = nil, attempts: Int = 0) -> Outcome {
+        var outcome = makeOutcome(item, id: intent.id, token: intent.token, topic: intent.topic, status: status,
+                                  reason: reason ?? result?.reason?.description ?? result?.failure.map { "\($0)" })
+        outcome.httpStatus = result?.status
+        outcome.apnsID = result?.apnsID ?? APNsIdentifiers.format(Intent.apnsID(for: intent.id))
+        outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
+        outcome.attempts = attempts
+        return outcome
+    }
+
+    func makeOutcome(_ item: WorkItem, id: String?, token: String?, topic: String?, status: Outcome.Status,
+                             reason: String?) -> Outcome {
+        let elapsed = ContinuousClock.now - item.consumedAt
+        return Outcome(id: id, token: token, topic: topic, status: status, reason: reason, attempts: 0,
+                       latencyMilliseconds: elapsed.totalMilliseconds,
+                       partition: item.partition.partition, offset: item.offset, worker: worker,
+                       at: APNsIdentifiers.epochMilliseconds())
+    }
+
+    /// Publishes until the delivery report succeeds (retrying with backoff). False when the
+    /// item's partition was revoked meanwhile (the outcome may not be out).
+    @inline(never)
+    func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
+        guard let (key, value) = Self.encoded(ending) else { return false }
+        var retry = 0
+        while true {
+            do {
+                _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
+                break
+            } catch {
+                publishFailed(item, error)
+                if !isCurrent(item) { return false }
+                try? await Task.sleep(for: backoff.delay(attempt: retry))
+                retry += 1
+            }
+        }
+        published(ending)
+        return true
+    }
+
+    /// An outcome's delivery failed (it is tried again).
+    func publishFailed(_ item: WorkItem, _ error: KafkaError) {
+        logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
+        RelayMetrics.publishFailures.increment()
+        state.withLock { $0.publishFailures += 1 }
+    }
+
+    /// The outcome as published: key and value (kept out of `publish`'s frame).
+    @inline(never)
+    static func encoded(_ ending: Ending) -> ([UInt8]?, [UInt8])? {
+        guard let outcome = ending.outcome else { return nil }
+        return (outcome.token.map { Array($0.utf8) }, outcome.utf8)
+    }
+
+    /// Counts a published outcome.
+    @inline(never)
+    func published(_ ending: Ending) {
+        guard let outcome = ending.outcome else { return }
+        state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
+        RelayMetrics.outcome(outcome)
+        published?(outcome)
+    }
+}

@@ -1,0 +1,97 @@
+import Common
+import Kafka
+import Redis
+
+extension RelayPipeline {
+    /// Records what needs recording, publishes the outcome and ends the item.
+    @inline(never)
+    func conclude(_ item: WorkItem, _ ending: Ending) async {
+        // The outcome stays in `ending` (this frame, held by every intent in flight, stays small).
+        guard let status = ending.outcome?.status else {
+            finish(item, stored: ending.parked)
+            return
+        }
+        guard await recordAndPublish(item, ending, records: item.recordsAnswer && Self.isAnswered(status)) else {
+            finish(item, stored: false)
+            return
+        }
+        if let member = item.mailboxMember { await release(member, item) }
+        finish(item, stored: true)
+    }
+
+    /// Records the answer first when `records`, then publishes the outcome. False when the
+    /// item's partition was revoked before the outcome was out.
+    @inline(never)
+    func recordAndPublish(_ item: WorkItem, _ ending: Ending, records: Bool) async -> Bool {
+        if records {
+            // Usually one wait for both: the record's round trip, then the outcome's report.
+            switch await recordThenPublish(item, ending) {
+            case .published:
+                published(ending)
+                return true
+            case .notRecorded:
+                await record(item, ending)
+            case .notPublished(let error):
+                publishFailed(item, error)
+            }
+        }
+        return await publish(ending, item)
+    }
+
+    /// Statuses that mean APNs gave a final answer: those are recorded for dedupe.
+    static func isAnswered(_ status: Outcome.Status) -> Bool {
+        status == .delivered || status == .rejected || status == .unregistered
+    }
+
+    enum Chained {
+        case published
+        /// Redis failed the record (reported here): record with retries, then publish.
+        case notRecorded
+        /// Recorded, but the outcome's delivery failed: publish with retries.
+        case notPublished(KafkaError)
+    }
+
+    /// Records the answered intent and, once Redis has it, hands its outcome to the producer
+    /// from the recording task, so the item waits once for both.
+    @inline(never)
+    func recordThenPublish(_ item: WorkItem, _ ending: Ending) async -> Chained {
+        guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
+              let (key, value) = Self.encoded(ending) else { return .notRecorded }
+        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
+        let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
+            deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+                                lastSent: ending.lastSent) { recorded in
+                if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+                producer.send(topic: outcomesTopic, key: key, value: value) { delivered in
+                    if case .failure(let error) = delivered { return continuation.resume(returning: .success(.notPublished(error))) }
+                    continuation.resume(returning: .success(.published))
+                }
+            }
+        }
+        switch chained {
+        case .success(let result): return result
+        case .failure(let error):
+            redisFailed(error)
+            return .notRecorded
+        }
+    }
+
+    /// Records the answered intent in Redis before its outcome is published (so a redelivery
+    /// of it is a duplicate). Retries while Redis fails, unless `redis.fail_open`.
+    @inline(never)
+    func record(_ item: WorkItem, _ ending: Ending) async {
+        guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
+        _ = await withRedisRetries(item) { () throws(RedisError) in
+            try await deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+                                          lastSent: ending.lastSent)
+        }
+    }
+
+    /// The status to record and for how long (kept out of `record`'s frame).
+    @inline(never)
+    func recordFields(_ ending: Ending) -> (String, Int64)? {
+        guard let outcome = ending.outcome else { return nil }
+        return (outcome.status.rawValue, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
+    }
+}

@@ -1,0 +1,75 @@
+import Kafka
+import NIOCore
+
+extension RelayPipeline {
+    func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) {
+        let partition = message.topicPartition
+        let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
+            guard state.trackers[partition] != nil, let generation = state.generations[partition] else {
+                return (nil, state.inFlight)
+            }
+            if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
+            state.trackers[partition]!.started(message.offset)
+            state.inFlight += 1
+            guard case .success(let intent) = parsed else {
+                return (WorkItem(partition: partition, offset: message.offset, generation: generation,
+                                 consumedAt: .now, intent: parsed), state.inFlight)
+            }
+            var admission = admission
+            var recordsAnswer = false
+            if deduplicator != nil, case .send = admission {
+                // A copy in flight here is in its device's queue (Redis learns of it only once
+                // APNs answered it).
+                if Self.isInFlight(intent, state.devices[intent.token]) {
+                    admission = .duplicate
+                } else {
+                    recordsAnswer = true
+                }
+            }
+            let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
+                                consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer)
+            return (Self.enqueue(item, &state), state.inFlight)
+        }
+        RelayMetrics.intentsConsumed.increment()
+        RelayMetrics.inFlight.record(inFlight)
+        guard let start else { return }
+        Task { await self.work(start) }
+    }
+
+    /// Whether an item in the device's queue records its answer for the same intent.
+    static func isInFlight(_ intent: Intent, _ queue: CircularBuffer<WorkItem>?) -> Bool {
+        guard let queue else { return false }
+        return queue.contains { item in
+            guard item.recordsAnswer, case .success(let other) = item.intent else { return false }
+            return other.id == intent.id && other.topic == intent.topic
+        }
+    }
+
+    /// Queues an item behind its device's earlier ones; returns it when it can start now.
+    static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
+        guard let token = item.queueToken else { return item }
+        if state.devices[token] != nil {
+            state.devices[token]!.append(item)
+            return nil
+        }
+        var queue = CircularBuffer<WorkItem>(initialCapacity: 4)
+        queue.append(item)
+        state.devices[token] = queue
+        return item
+    }
+
+    /// Runs one item, then the items queued behind it for the same device, in order.
+    func work(_ first: WorkItem) async {
+        var next: WorkItem? = first
+        while let item = next {
+            await handle(item)
+            guard let token = item.queueToken else { return }
+            next = state.withLock { state in
+                state.devices[token]?.removeFirst()
+                if let queued = state.devices[token]?.first { return queued }
+                state.devices[token] = nil
+                return nil
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+
+
+extension RelayPipeline {
+    /// Ends an item: its offset becomes committable once it and every earlier one are done.
+    ///
+    /// The offset is stored inside the state lock: two items finishing at once must store their
+    /// positions in order (a later store of an older position would move the commit back), and
+    /// the drain that waits for the last item must find its offset stored.
+    func finish(_ item: WorkItem, stored: Bool) {
+        let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
+            state.inFlight -= 1
+            if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
+            var notStored: Int64?
+            // Intents from a mailbox had their offsets stored when they were parked.
+            if stored, item.mailboxMember == nil, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil,
+               let committable = state.trackers[item.partition]!.finish(item.offset) {
+                do {
+                    try consumer.storeOffset(item.partition, offset: committable)
+                } catch {
+                    notStored = committable
+                }
+            }
+            var waiters: [CheckedContinuation<Void, Never>] = []
+            if state.inFlight < configuration.limits.maxInFlight, let waiter = state.capacityWaiter {
+                state.capacityWaiter = nil
+                waiters.append(waiter)
+            }
+            if state.inFlight == 0, let waiter = state.drainedWaiter {
+                state.drainedWaiter = nil
+                waiters.append(waiter)
+            }
+            return (notStored, waiters, state.inFlight)
+        }
+        if let notStored {
+            logger.info("offset not stored (partition no longer ours)", metadata: [
+                "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(notStored)",
+            ])
+        }
+        RelayMetrics.inFlight.record(inFlight)
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Waits for in-flight work to end, up to the shutdown deadline.
+    func drain() async {
+        let deadline = Duration.seconds(configuration.shutdownDeadlineSeconds)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await withCheckedContinuation { continuation in
+                    let done = self.state.withLock { state -> Bool in
+                        if state.inFlight == 0 { return true }
+                        state.drainedWaiter = continuation
+                        return false
+                    }
+                    if done { continuation.resume() }
+                }
+            }
+            group.addTask { try? await Task.sleep(for: deadline) }
+            await group.next()
+            group.cancelAll()
+            // Release the drain waiter if the deadline won.
+            let waiter = self.state.withLock { state in
+                defer { state.drainedWaiter = nil }
+                return state.drainedWaiter
+            }
+            waiter?.resume()
+        }
+        let left = inFlight
+        if left > 0 {
+            logger.warning("shutdown deadline passed with intents in flight; their offsets stay uncommitted",
+                           metadata: ["relay.in_flight": "\(left)"])
+        }
+    }
+}

@@ -1,0 +1,205 @@
+import Common
+public import APNs
+import Foundation
+import Kafka
+public import Logging
+import NIOCore
+import Redis
+import Synchronization
+
+/// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
+/// to Kafka, offsets committed only behind delivered outcomes (at-least-once).
+///
+/// - Every consumed message is answered: unusable ones with `invalid` at once (a poison message
+///   never blocks its partition), the rest after APNs answered, retries included.
+/// - Intents for one device token go out one after another, in offset order.
+/// - Retryable answers are retried with exponential backoff and jitter until the intent's
+///   expiration or the retry deadline; expiration 0 means one attempt.
+/// - A credential fault stops sends for that team only, for a cool-down, then one intent probes.
+/// - At most `limits.maxInFlight` intents are between consume and outcome; past that the loop
+///   stops reading, the consumer's bounded buffer fills and it pauses its partitions.
+/// - An offset becomes committable once its outcome's delivery report succeeded and every
+///   earlier offset of the partition is done. Work for revoked partitions is dropped unsent
+///   where it has not reached APNs, and its offsets are never stored.
+public final class RelayPipeline: RelayStatus {
+    public let configuration: RelayConfiguration
+    public let worker: String
+    let consumer: KafkaConsumer
+    let producer: KafkaProducer
+    let credentials: CredentialDirectory
+    /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
+    let tokenSources: [any ProviderTokenSource]
+    /// APNs clients by credential and endpoint, opened on first use.
+    let clients: Mutex<[ClientKey: APNsClient]>
+    let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
+    let state: Mutex<State>
+    let logger: Logger
+    let clock: @Sendable () -> Int64
+    let backoff: Backoff
+    let stopRequested = Mutex(false)
+    let published: (@Sendable (Outcome) -> Void)?
+    /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
+    let redis: RedisClient?
+    let deduplicator: Deduplicator?
+    let policy: DevicePolicy?
+    let badges: BadgeStore?
+
+    struct State {
+        var trackers: [TopicPartition: OffsetTracker] = [:]
+        /// Bumped when a partition is revoked: work from an older generation is abandoned.
+        var generations: [TopicPartition: Int] = [:]
+        /// Per device token, its items that are sent or parked, in order: the first is under
+        /// way, the others wait for it.
+        var devices: [String: CircularBuffer<WorkItem>] = [:]
+        var inFlight = 0
+        var capacityWaiter: CheckedContinuation<Void, Never>?
+        var drainedWaiter: CheckedContinuation<Void, Never>?
+        var credentialFaults: CredentialFaultBreaker
+        var outcomeCounts: [String: Int] = [:]
+        var publishFailures = 0
+        var firstConsumedAt: ContinuousClock.Instant?
+        /// Why Redis is failing, while it is.
+        var redisTrouble: String?
+        /// Due-index members taken from a mailbox and in flight here.
+        var mailboxJobs: Set<String> = []
+    }
+
+    /// - Parameters:
+    ///   - clock: epoch seconds (tests inject one).
+    ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
+    public init(configuration: RelayConfiguration, worker: String? = nil,
+                logger: Logger = Logger(label: "apns-relay"),
+                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
+                published: (@Sendable (Outcome) -> Void)? = nil) throws {
+        self.configuration = configuration
+        self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
+        self.logger = logger
+        self.clock = clock
+        self.published = published
+        self.state = Mutex(State(credentialFaults: CredentialFaultBreaker(
+            cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds)))
+        self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
+                               maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
+        self.credentials = CredentialDirectory(configuration.apns.credentials)
+        var redis: RedisClient?
+        if !configuration.redis.url.isEmpty {
+            var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
+            settings.connections = configuration.redis.connections
+            settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
+            redis = try RedisClient(configuration: settings, logger: logger)
+        }
+        self.redis = redis
+        self.deduplicator = redis.map { Deduplicator(client: $0) }
+        self.policy = redis.map {
+            var policy = DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
+                                      backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
+                                      backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
+            policy.bucketWriteFailed = { [logger] error in
+                RelayMetrics.redisErrors.increment()
+                logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])
+            }
+            return policy
+        }
+        self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
+        self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
+            let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+            signer.registerMetrics()
+            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
+            return try LocalProviderTokenSource(signer: signer, clock: clock)
+        }
+        self.clients = Mutex([:])
+        self.endpoints = Self.endpoints(configuration.apns.endpoint)
+        self.producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
+                                          properties: configuration.kafka.properties, logger: logger)
+        self.consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
+                                          groupID: configuration.kafka.groupID,
+                                          topics: [configuration.kafka.intentsTopic],
+                                          properties: configuration.kafka.properties,
+                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
+    }
+
+    /// Outcomes published so far, by status.
+    public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
+    /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
+    public var publishFailures: Int { state.withLock { $0.publishFailures } }
+
+    /// Not alive once the outcome producer hit a fatal error: no outcome can be published again
+    /// (their intents stay uncommitted), so the process must be restarted.
+    public var notAliveReason: String? {
+        producer.fatalError.map { "outcome producer failed: \($0)" }
+    }
+
+    /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
+    /// stopping, it is alive, and every APNs client it has opened has a ready connection.
+    public var notReadyReason: String? {
+        if stopRequested.withLock({ $0 }) { return "stopping" }
+        if let dead = notAliveReason { return dead }
+        if let trouble = state.withLock({ $0.redisTrouble }) {
+            return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
+        }
+        let clients = clients.withLock { Array($0) }
+        for (key, client) in clients where client.readyConnections == 0 {
+            return "no ready APNs connection for \(key.endpoint)"
+        }
+        return nil
+    }
+
+    /// Settings that weaken the relay: shown on `/readyz` (and logged at start-up by `run`).
+    public var warnings: [String] {
+        configuration.apns.insecureSkipVerify ? ["apns.insecure_skip_verify is on: APNs' TLS certificate is not verified"] : []
+    }
+
+    /// When the first intent was consumed (for throughput figures).
+    public var firstConsumedAt: ContinuousClock.Instant? { state.withLock { $0.firstConsumedAt } }
+
+    /// Intents between consume and outcome now.
+    public var inFlight: Int { state.withLock { $0.inFlight } }
+
+    /// Asks ``run()`` to stop consuming and drain.
+    public func requestStop() {
+        stopRequested.withLock { $0 = true }
+    }
+
+    /// Consumes until ``requestStop()`` or cancellation, then finishes in-flight work within the
+    /// shutdown deadline, flushes the producer, commits and leaves the group.
+    public func run() async {
+        logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
+        let consuming = Task { await consume() }
+        let mailboxes = Task { await deliverMailboxes() }
+        // Lag from librdkafka's cached positions and watermarks (no round trip), every second.
+        var lastLagReport = ContinuousClock.now
+        while !stopRequested.withLock({ $0 }) && !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(100))
+            if ContinuousClock.now - lastLagReport >= .seconds(1) {
+                lastLagReport = .now
+                for (partition, records) in consumer.lag {
+                    RelayMetrics.consumerLag(partition: partition.partition, records: records)
+                }
+            }
+        }
+        consuming.cancel()
+        mailboxes.cancel()
+        await consuming.value
+        await mailboxes.value
+        await drain()
+        _ = await producer.flush(timeout: .seconds(10))
+        await consumer.close()
+        await producer.close()
+        for client in clients.withLock({ Array($0.values) }) { await client.shutdown() }
+        await redis?.shutdown()
+        logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
+    }
+
+    /// Log metadata naming one intent.
+    func metadata(_ item: WorkItem, _ extra: Logger.Metadata = [:]) -> Logger.Metadata {
+        var metadata: Logger.Metadata = [
+            "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(item.offset)",
+        ]
+        switch item.intent {
+        case .success(let intent): metadata["intent.id"] = "\(intent.id)"
+        case .failure(let invalid): metadata["intent.id"] = "\(invalid.id ?? "none")"
+        }
+        return metadata.merging(extra) { $1 }
+    }
+}

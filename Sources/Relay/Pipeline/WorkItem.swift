@@ -1,0 +1,42 @@
+import Kafka
+
+extension RelayPipeline {
+    /// One consumed message (or one intent taken from a mailbox) on its way to an outcome; a
+    /// class, so the async frames on the way hold one reference instead of the intent.
+    final class WorkItem: Sendable {
+        let partition: TopicPartition
+        let offset: Int64
+        let generation: Int
+        let consumedAt: ContinuousClock.Instant
+        let intent: Result<Intent, InvalidIntent>
+        let admission: Admission
+        /// APNs' answer to it is recorded for dedupe (a usable intent to send, with Redis);
+        /// among the items in flight, only one per (token, topic, id) does.
+        let recordsAnswer: Bool
+        /// Taken from a mailbox: its due-index member (its offset was committed when it was
+        /// parked, so this item stores none).
+        let mailboxMember: String?
+
+        init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
+             intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
+             mailboxMember: String? = nil) {
+            self.partition = partition
+            self.offset = offset
+            self.generation = generation
+            self.consumedAt = consumedAt
+            self.intent = intent
+            self.admission = admission
+            self.recordsAnswer = recordsAnswer
+            self.mailboxMember = mailboxMember
+        }
+
+        /// The device whose queue this item waits in: items that are sent or parked.
+        var queueToken: String? {
+            guard case .success(let intent) = intent else { return nil }
+            switch admission {
+            case .send, .park: return intent.token
+            default: return nil
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+/// Every key the relay keeps in Redis, in one place. All start with `apns-relay:`. A device's
+/// keys share the hash tag `{<token>}`, so every script touches one hash slot (Redis Cluster);
+/// the due index and the provider tokens have hash tags of their own.
+///
+/// Per device (`<token>`) and app (`<topic>`):
+/// - `apns-relay:seen:{<token>}:<topic>:<id>` — string, the status APNs' answer gave the intent,
+///   kept for the topic's dedupe window (``Deduplicator``).
+/// - `apns-relay:rate:{<token>}` — string: the token bucket as a GCRA theoretical arrival time
+///   (epoch ms): each send moves it one interval (`1000 / refill_per_second` ms, rounded up)
+///   on, from now at the earliest; a send is allowed while it lies at most `burst - 1`
+///   intervals ahead (the bucket is full when it is not ahead at all) (``DevicePolicy/Bucket``).
+/// - `apns-relay:backoff:{<token>}` — string `<until ms> <level>`: the 429 backoff (its level
+///   doubles the wait while 429s repeat).
+/// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
+///   expiration, `pd` due ms) and the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms).
+/// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
+///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
+///   them with the other strings in one `MGET`.
+/// - `apns-relay:last:{<token>}:<topic>` — string, the last notification APNs accepted
+///   (``DeviceRecords``).
+/// - `apns-relay:badge:{<token>}:<topic>` — the badge count, and
+///   `apns-relay:badge:{<token>}:<topic>:applied` — hash of intent id → the count it produced
+///   (``BadgeStore``).
+///
+/// Per partition of the intents topic:
+/// - `apns-relay:due:{<intents topic>:<partition>}` — sorted set of `<token> <topic> <id>` by the
+///   time the mailbox entry may be sent (or its claim's lease ends), so whichever relay owns the
+///   partition delivers its devices' mailboxes.
+///
+/// Per provider key:
+/// - `apns-relay:jwt:{<team id>:<key id>}` — hash `jwt`, `iat`: the fleet's provider token
+///   (``RedisProviderTokenSource``).
+enum RedisKeys {
+    static func seen(token: String, topic: String, id: String) -> String { string { writeSeen(&$0, token: token, topic: topic, id: id) } }
+    static func rate(token: String) -> String { string { writeRate(&$0, token: token) } }
+    static func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
+    static func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
+    static func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
+    static func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
+    static func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
+    static func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
+    static func due(intentsTopic: String, partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
+    static func providerToken(teamID: String, keyID: String) -> String { "apns-relay:jwt:{\(teamID):\(keyID)}" }
+
+    /// A due-index member: `<token> <topic> <id>`.
+    static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
+
+    /// (token, topic, id) of a due-index member.
+    static func parseMember(_ member: String) -> (token: String, topic: String, id: String)? {
+        let parts = member.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[0].isEmpty, !parts[1].isEmpty, !parts[2].isEmpty else { return nil }
+        return (String(parts[0]), String(parts[1]), String(parts[2]))
+    }
+
+    // The keys written straight into a command's bytes (hot paths: no string per key).
+
+    static func writeSeen(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
+        write(&bytes, "seen", token: token, topic: topic)
+        bytes.append(UInt8(ascii: ":"))
+        bytes.append(contentsOf: id.utf8)
+    }
+
+    static func writeRate(_ bytes: inout [UInt8], token: String) { write(&bytes, "rate", token: token) }
+    static func writeBackoff(_ bytes: inout [UInt8], token: String) { write(&bytes, "backoff", token: token) }
+
+    static func writeMailbox(_ bytes: inout [UInt8], token: String, topic: String) {
+        write(&bytes, "mailbox", token: token, topic: topic)
+    }
+
+    static func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
+        write(&bytes, "waiting", token: token, topic: topic)
+    }
+
+    static func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {
+        write(&bytes, "last", token: token, topic: topic)
+    }
+
+    /// `apns-relay:<kind>:{<token>}`
+    private static func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String) {
+        bytes.append(contentsOf: "apns-relay:".utf8)
+        kind.withUTF8Buffer { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: ":{".utf8)
+        bytes.append(contentsOf: token.utf8)
+        bytes.append(UInt8(ascii: "}"))
+    }
+
+    /// `apns-relay:<kind>:{<token>}:<topic>`
+    private static func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String, topic: String) {
+        write(&bytes, kind, token: token)
+        bytes.append(UInt8(ascii: ":"))
+        bytes.append(contentsOf: topic.utf8)
+    }
+
+    /// A key as a string, from the writer the hot paths use.
+    private static func string(_ write: (inout [UInt8]) -> Void) -> String {
+        var bytes: [UInt8] = []
+        write(&bytes)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}

@@ -1,0 +1,61 @@
+import Common
+import APNs
+
+extension RelayPipeline {
+    /// A batch's admission: what was decided without Redis, and what to ask Redis.
+    struct Admitting: Sendable {
+        var admissions: [Admission]
+        /// For each group of the round trip, the batch positions of its intents.
+        var members: [[Int]]
+        var pending: DevicePolicy.PendingAdmission?
+    }
+
+    /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
+    /// they never get that far): collapses intents with the same (token, topic, collapse id) to
+    /// the newest where the topic coalesces, and groups the rest by device and topic for the
+    /// question to Redis (asked by ``finishAdmission(_:_:)``, one batch after another).
+    func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
+        var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
+        guard let policy else { return admitting }
+        var groups: [DevicePolicy.Group] = []
+        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), admissions: &admitting.admissions, groups: &groups,
+                             members: &admitting.members)
+        if !groups.isEmpty { admitting.pending = policy.admission(groups) }
+        return admitting
+    }
+
+    /// Waits for a batch's admission. While Redis fails this asks again with backoff (admitting
+    /// stops, the consumer's buffer fills and its partitions pause), or with `redis.fail_open`
+    /// lets everything through. Nil when cancelled meanwhile.
+    func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> [Admission]? {
+        var admissions = admitting.admissions
+        guard let pending = admitting.pending else { return admissions }
+        var attempt = 0
+        while true {
+            do {
+                let asked = ContinuousClock.now
+                let answers = try await pending.get(now: nowMilliseconds())
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - asked).totalNanoseconds)
+                redisRecovered()
+                for (index, answer) in answers.enumerated() {
+                    BatchAdmission.apply(answer, to: admitting.members[index], parsed, &admissions)
+                }
+                return admissions
+            } catch {
+                redisFailed(error)
+                if configuration.redis.failOpen { return admissions }
+                if Task.isCancelled { return nil }
+                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                attempt += 1
+            }
+        }
+    }
+
+    /// Now in epoch milliseconds, for the policy's clocks: the system's milliseconds, or the
+    /// injected seconds clock when it disagrees with the system (tests moving time).
+    func nowMilliseconds() -> Int64 {
+        let milliseconds = APNsIdentifiers.epochMilliseconds()
+        let seconds = clock()
+        return abs(milliseconds / 1000 - seconds) <= 1 ? milliseconds : seconds * 1000
+    }
+}

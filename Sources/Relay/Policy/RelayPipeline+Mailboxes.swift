@@ -1,0 +1,143 @@
+import Common
+import APNs
+import Kafka
+import Redis
+
+extension RelayPipeline {
+    /// Parks the item's intent in its device's mailbox (the intent it displaces there comes out
+    /// `coalesced`). False when it could not (Redis failing with `redis.fail_open`, or the
+    /// partition was revoked meanwhile: then the intent is sent, or abandoned, as usual).
+    @inline(never)
+    func park(_ item: WorkItem, due: Int64, tooManyRequests: Bool = false) async -> Bool {
+        guard let policy, case .success(let intent) = item.intent, isCurrent(item) else { return false }
+        let entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
+                                       consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
+                                       expiration: intent.expiration, message: intent.encoded)
+        let now = nowMilliseconds()
+        guard let parked = await withRedisRetries(item, { () throws(RedisError) in
+            try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
+                                  due: max(due, now), now: now, tooManyRequests: tooManyRequests)
+        }) else { return false }
+        RelayMetrics.parked.increment()
+        logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
+        if let displaced = parked.displaced {
+            await publishDisplaced(displaced, by: intent.id, item)
+        }
+        return true
+    }
+
+    /// Publishes `coalesced` for an intent a newer one displaced from its mailbox.
+    @inline(never)
+    func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async {
+        let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
+        var outcome = earlyOutcome(displaced, .coalesced(by: newer))
+        outcome.supersededBy = newer
+        _ = await publish(Ending(outcome: outcome), item)
+    }
+
+    /// A work item for an intent kept in a mailbox (its offset is not stored again).
+    func mailboxItem(_ entry: DevicePolicy.Entry, token: String?, member: String?, generation: Int,
+                             admission: Admission = .send) -> WorkItem {
+        let now = APNsIdentifiers.epochMilliseconds()
+        var intent = Result { () throws(InvalidIntent) in
+            try Intent.parse(entry.message, key: token.map { Array($0.utf8) }, now: clock(), defaultTTL: configuration.defaults.expirationSeconds)
+        }
+        if case .success(var parsed) = intent {
+            parsed.expiration = entry.expiration
+            intent = .success(parsed)
+        }
+        let partition = TopicPartition(topic: configuration.kafka.intentsTopic, partition: entry.partition)
+        var recordsAnswer = false
+        if case .success = intent, case .send = admission { recordsAnswer = true }
+        return WorkItem(partition: partition, offset: entry.offset, generation: generation,
+                        consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
+                        intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member)
+    }
+
+    /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease
+    /// runs out and the entry is taken again, then answered `duplicate`).
+    func release(_ member: String, _ item: WorkItem) async {
+        guard let policy, let parts = RedisKeys.parseMember(member) else { return }
+        do throws(RedisError) {
+            try await policy.release(partition: item.partition.partition, token: parts.token, topic: parts.topic, id: parts.id)
+        } catch {
+            redisFailed(error)
+        }
+    }
+
+    /// While running: every `policy.mailbox_poll_ms`, takes the mailbox entries that became due
+    /// on the partitions this relay owns and sends them through their devices' queues.
+    func deliverMailboxes() async {
+        guard let policy else { return }
+        let interval = Duration.milliseconds(configuration.policy.mailboxPollMilliseconds)
+        while !Task.isCancelled {
+            try? await Task.sleep(for: interval)
+            if Task.isCancelled { return }
+            await takeDueMailboxes(policy)
+        }
+    }
+
+    @inline(never)
+    func takeDueMailboxes(_ policy: DevicePolicy) async {
+        let (owned, room) = state.withLock { state in
+            (state.trackers.keys.filter { $0.topic == configuration.kafka.intentsTopic }.map { ($0.partition, state.generations[$0] ?? 0) },
+             configuration.limits.maxInFlight - state.inFlight)
+        }
+        guard !owned.isEmpty, room > 0 else { return }
+        let generations = Dictionary(owned, uniquingKeysWith: { $1 })
+        let now = nowMilliseconds()
+        let due: [(partition: Int32, member: String)]
+        do {
+            due = try await policy.due(partitions: owned.map(\.0).sorted(), now: now, limit: min(room, 500))
+        } catch {
+            redisFailed(error)
+            return
+        }
+        for (partition, member) in due {
+            let claimed = state.withLock { $0.mailboxJobs.insert(member).inserted }
+            guard claimed else { continue }
+            guard let parts = RedisKeys.parseMember(member) else {
+                _ = try? await policy.reindex(partition: partition, member: member, due: nil)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            }
+            let taken: DevicePolicy.Take
+            do {
+                taken = try await policy.take(partition: partition, token: parts.token, topic: parts.topic, id: parts.id,
+                                              rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
+            } catch {
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                guard error.isRefusal else {
+                    redisFailed(error)
+                    return
+                }
+                // Not an outage: its index member already moved to the lease's end, so it is
+                // asked again then; the other entries go on.
+                RelayMetrics.redisErrors.increment()
+                logger.error("Redis refuses taking a mailbox entry", metadata: ["relay.member": "\(member)", "redis.error": "\(error)"])
+                continue
+            }
+            let generation = generations[partition] ?? 0
+            let item: WorkItem
+            switch taken {
+            case .stale, .notYet:
+                // Not yet: the member moves to its new due time; stale: it goes.
+                let next: Int64? = if case .notYet(let next) = taken { next } else { nil }
+                _ = try? await policy.reindex(partition: partition, member: member, due: next)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            case .answered(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .duplicate)
+            case .expired(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .expiredParked)
+            case .claimed(let entry):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation)
+            }
+            let start = state.withLock { state -> WorkItem? in
+                state.inFlight += 1
+                return Self.enqueue(item, &state)
+            }
+            if let start { Task { await self.work(start) } }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+import Common
+import Redis
+
+extension RelayPipeline {
+    func redisFailed(_ error: RedisError) {
+        let isNew = state.withLock { state in
+            defer { state.redisTrouble = "\(error)" }
+            return state.redisTrouble == nil
+        }
+        RelayMetrics.redisErrors.increment()
+        if isNew {
+            logger.error("Redis is failing", metadata: [
+                "redis.error": "\(error)", "redis.fail_open": "\(configuration.redis.failOpen)",
+            ])
+        }
+    }
+
+    func redisRecovered() {
+        let wasDown = state.withLock { state in
+            defer { state.redisTrouble = nil }
+            return state.redisTrouble != nil
+        }
+        if wasDown { logger.warning("Redis answers again") }
+    }
+
+    static let refusalsBeforeGivingUp = 3
+
+    /// Runs `body` until it succeeds. While Redis fails: retries with backoff as long as the
+    /// item's partition is still ours, or with `redis.fail_open` gives up at once. A command
+    /// Redis refuses (``RedisError/isRefusal``) is asked again only twice. Nil when it gave up.
+    func withRedisRetries<T>(_ item: WorkItem, _ body: () async throws(RedisError) -> T) async -> T? {
+        var attempt = 0, refusals = 0
+        while true {
+            do {
+                let started = ContinuousClock.now
+                let result = try await body()
+                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+                if attempt > 0 { redisRecovered() }
+                return result
+            } catch {
+                if error.isRefusal {
+                    // Not an outage: Redis refuses this item's command for what its keys hold.
+                    // It goes on as with `redis.fail_open`, alone.
+                    refusals += 1
+                    if refusals == Self.refusalsBeforeGivingUp {
+                        RelayMetrics.redisErrors.increment()
+                        logger.error("Redis refuses this intent's command: it goes on without the policy",
+                                     metadata: metadata(item, ["redis.error": "\(error)"]))
+                        return nil
+                    }
+                } else {
+                    redisFailed(error)
+                }
+                if configuration.redis.failOpen || !isCurrent(item) || Task.isCancelled { return nil }
+                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                attempt += 1
+            }
+        }
+    }
+}

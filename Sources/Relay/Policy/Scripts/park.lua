@@ -1,0 +1,26 @@
+local now, due = tonumber(ARGV[5]), tonumber(ARGV[4])
+if ARGV[6] == '1' then
+    local bu, bl = 0, 0
+    local b = redis.call('GET', KEYS[2])
+    if b then
+        local u, l = string.match(b, '^(%d+) (%d+)$')
+        bu, bl = tonumber(u) or 0, tonumber(l) or 0
+    end
+    local base, top = tonumber(ARGV[7]), tonumber(ARGV[8])
+    if bu == 0 or now > bu + top then bl = 0 else bl = bl + 1 end
+    local length = math.min(top, base * (2 ^ math.min(bl, 30)))
+    bu = now + length
+    redis.call('SET', KEYS[2], bu .. ' ' .. bl, 'PX', length + top)
+    due = math.max(due, bu)
+end
+local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid')
+local displaced = false
+if m[1] and m[1] ~= ARGV[1] then displaced = m[2] end
+local expiration = tonumber(ARGV[3])
+due = math.min(due, expiration * 1000 + 1000)
+redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)
+if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
+local keep = math.max(0, expiration * 1000 - now) + 86400000
+if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+markWaiting(3)
+return {due, displaced}

@@ -1,0 +1,30 @@
+local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
+local entry, expiration, parked
+if m[1] == id then entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
+elseif m[4] == id and (tonumber(m[7]) or 0) <= now then entry, expiration, parked = m[5], tonumber(m[6]) or 0, false
+else return {0} end
+local function clear()
+    if parked then redis.call('HDEL', KEYS[1], 'pid', 'p', 'pe', 'pd')
+    else redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
+    markWaiting(5)
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then clear(); return {1, entry} end
+if expiration * 1000 < now then clear(); return {4, entry} end
+local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
+if tat < now then tat = now end
+local bu = tonumber(string.match(redis.call('GET', KEYS[4]) or '', '^(%d+)') or '') or 0
+local ahead = (burst - 1) * interval
+if now < bu or (burst > 0 and tat - now > ahead) then
+    local at = now
+    if bu > at then at = bu end
+    if burst > 0 and tat - ahead > at then at = tat - ahead end
+    at = math.min(at, expiration * 1000 + 1000)
+    if parked then redis.call('HSET', KEYS[1], 'pd', at) end
+    return {2, at}
+end
+if burst > 0 then redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 60000) end
+clear()
+redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
+markWaiting(5)
+return {3, entry}

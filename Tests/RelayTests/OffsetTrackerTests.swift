@@ -1,0 +1,71 @@
+@testable import Relay
+import Testing
+
+@Suite("Offset tracker")
+struct OffsetTrackerTests {
+    @Test func theCommittablePositionMovesOnlyPastOffsetsFinishedWithEverythingBeforeThem() {
+        var tracker = OffsetTracker()
+        func finish(_ offset: Int64) -> Int64? { tracker.finish(offset) }
+        for offset in [10, 11, 12, 15] as [Int64] { tracker.started(offset) }
+        #expect(tracker.inFlight == 4)
+        #expect(finish(12) == nil)
+        #expect(finish(11) == nil)
+        #expect(tracker.committable == nil)
+        #expect(finish(10) == 12)
+        #expect(tracker.committable == 12)
+        #expect(tracker.inFlight == 1)
+        #expect(finish(15) == 15)
+        #expect(tracker.inFlight == 0)
+    }
+
+    /// Whatever order offsets finish in, the committable position never passes an unfinished
+    /// offset, and it reaches the last one once all finished.
+    @Test(arguments: 0..<200)
+    func neverPassesAnUnfinishedOffsetWhateverTheFinishOrder(seed: Int) {
+        var random = SplitMix(seed: UInt64(seed))
+        let count = Int(random.next() % 50) + 1
+        var offsets: [Int64] = []
+        var next = Int64(random.next() % 1000)
+        for _ in 0..<count {
+            offsets.append(next)
+            next += Int64(random.next() % 3) + 1   // gaps, as compacted or transactional topics have
+        }
+        var tracker = OffsetTracker()
+        for offset in offsets { tracker.started(offset) }
+        var order = offsets
+        for index in order.indices.reversed() {
+            order.swapAt(index, Int(random.next() % UInt64(index + 1)))
+        }
+        var finished = Set<Int64>()
+        var last: Int64?
+        for offset in order {
+            finished.insert(offset)
+            if let moved = tracker.finish(offset) {
+                #expect(last.map { moved > $0 } ?? true)
+                last = moved
+            }
+            if let committable = tracker.committable {
+                #expect(offsets.filter { $0 <= committable }.allSatisfy(finished.contains))
+                // And it is as far as it may go: the next offset is unfinished.
+                if let following = offsets.first(where: { $0 > committable }) { #expect(!finished.contains(following)) }
+            } else {
+                #expect(!finished.contains(offsets[0]))
+            }
+        }
+        #expect(tracker.committable == offsets.last)
+        #expect(tracker.inFlight == 0)
+    }
+}
+
+/// A small deterministic generator for the property tests (SplitMix64).
+struct SplitMix {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

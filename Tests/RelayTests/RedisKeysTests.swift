@@ -1,0 +1,27 @@
+@testable import Relay
+import Testing
+
+@Suite("Redis key schema")
+struct RedisKeysTests {
+    @Test func everyKeyOfADeviceSharesItsHashTag() {
+        let token = "ab12", topic = "com.x"
+        let keys = [RedisKeys.seen(token: token, topic: topic, id: "i"), RedisKeys.rate(token: token),
+                    RedisKeys.backoff(token: token), RedisKeys.mailbox(token: token, topic: topic),
+                    RedisKeys.waiting(token: token, topic: topic), RedisKeys.lastSent(token: token, topic: topic),
+                    RedisKeys.badgeCount(token: token, topic: topic), RedisKeys.badgeApplied(token: token, topic: topic)]
+        #expect(keys == ["apns-relay:seen:{ab12}:com.x:i", "apns-relay:rate:{ab12}", "apns-relay:backoff:{ab12}",
+                         "apns-relay:mailbox:{ab12}:com.x", "apns-relay:waiting:{ab12}:com.x", "apns-relay:last:{ab12}:com.x",
+                         "apns-relay:badge:{ab12}:com.x", "apns-relay:badge:{ab12}:com.x:applied"])
+        #expect(RedisKeys.due(intentsTopic: "apns.intents", partition: 3) == "apns-relay:due:{apns.intents:3}")
+        #expect(RedisKeys.providerToken(teamID: "T", keyID: "K") == "apns-relay:jwt:{T:K}")
+    }
+
+    @Test func dueIndexMembersReadBack() throws {
+        let member = RedisKeys.member(token: "ab", topic: "com.x", id: "an id with spaces")
+        let parts = try #require(RedisKeys.parseMember(member))
+        #expect(parts.token == "ab" && parts.topic == "com.x" && parts.id == "an id with spaces")
+        for unreadable in ["", "ab", "ab com.x", "ab  id", " com.x id", "ab com.x "] {
+            #expect(RedisKeys.parseMember(unreadable) == nil, "\(unreadable)")
+        }
+    }
+}
