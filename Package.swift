@@ -15,9 +15,12 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "apns-relay", targets: ["APNsRelayCLI"]),
+        .executable(name: "apns-relay-dev", targets: ["APNsRelayDev"]),
         .library(name: "APNs", targets: ["APNs"]),
         .library(name: "APNsSimulator", targets: ["APNsSimulator"]),
         .library(name: "Kafka", targets: ["Kafka"]),
+        .library(name: "KafkaTesting", targets: ["KafkaTesting"]),
+        .library(name: "RedisTesting", targets: ["RedisTesting"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
@@ -46,10 +49,8 @@ let package = Package(
             name: "CRdKafka", pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]),
 
-        // Small utilities the modules share: backoff with jitter, Duration arithmetic, child
-        // processes (with CSpawn: posix_spawn's closefrom file action and pipe2 from glibc).
-        .systemLibrary(name: "CSpawn"),
-        .target(name: "Common", dependencies: ["CSpawn"], swiftSettings: strict),
+        // Small utilities the modules share: backoff with jitter, Duration arithmetic.
+        .target(name: "Common", swiftSettings: strict),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.
         .target(
             name: "HTTP2",
@@ -129,20 +130,63 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
+        // What the two executables share: output helpers, credential options.
+        .target(
+            name: "CommandLineSupport",
+            dependencies: [
+                "APNs",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strict),
+        // apns-relay: what production runs (run, check-config, send, jwt, inspect). It links no
+        // development tooling.
         .executableTarget(
             name: "APNsRelayCLI",
             dependencies: [
-                "Common",
                 "APNs",
                 "Redis",
                 "Relay",
-                "Kafka",
-                .product(name: "Crypto", package: "swift-crypto"),
+                "CommandLineSupport",
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
+
+        // Development tooling, apart from the production graph.
+        // Child processes with posix_spawn (CSpawn: the closefrom file action and pipe2, which
+        // Swift's Glibc module hides).
+        .systemLibrary(name: "CSpawn"),
+        .target(name: "Spawn", dependencies: ["CSpawn"], swiftSettings: strict),
+        // librdkafka's mock cluster, for tests, the demo and benchmarks.
+        .target(name: "KafkaTesting", dependencies: ["CRdKafka", "Kafka"], swiftSettings: strict),
+        // A private redis-server on a free loopback port, for tests, the demo and benchmarks.
+        .target(
+            name: "RedisTesting",
+            dependencies: ["Spawn", .product(name: "NIOPosix", package: "swift-nio")],
+            swiftSettings: strict),
+        // apns-relay-dev: the demo, the APNs simulator and the benchmarks.
+        .executableTarget(
+            name: "APNsRelayDev",
+            dependencies: [
+                "Common",
+                "APNs",
                 "APNsSimulator",
+                "Redis",
+                "Relay",
+                "Kafka",
+                "KafkaTesting",
+                "RedisTesting",
+                "Spawn",
+                "CommandLineSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -152,7 +196,7 @@ let package = Package(
         .testTarget(
             name: "APNsTests",
             dependencies: [
-                "Common", "APNs", "APNsSimulator", "HTTP2", "TestSupport",
+                "Common", "APNs", "APNsSimulator", "HTTP2", "Spawn", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -162,25 +206,25 @@ let package = Package(
         // Helpers the test targets share.
         .target(
             name: "TestSupport",
-            dependencies: ["Common"],
+            dependencies: ["Spawn"],
             path: "Tests/TestSupport",
             swiftSettings: strict),
         .testTarget(
-            name: "CommonTests",
-            dependencies: ["Common"],
+            name: "SpawnTests",
+            dependencies: ["Spawn"],
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
-            dependencies: ["Redis", "Common"],
+            dependencies: ["Redis", "RedisTesting", "Spawn", "Common"],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Kafka", "TestSupport"],
+            dependencies: ["Kafka", "KafkaTesting", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "RelayTests",
             dependencies: [
-                "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "Redis", "TestSupport",
+                "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "KafkaTesting", "Redis", "RedisTesting", "Spawn", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Redis
 import Relay
+import CommandLineSupport
 
 /// `apns-relay inspect --token HEX --topic T`: what Redis holds for one device and app. Read-only.
 struct InspectCommand: AsyncParsableCommand {

@@ -1,6 +1,7 @@
 import APNs
 import ArgumentParser
 import Foundation
+import CommandLineSupport
 
 /// `apns-relay jwt`: prints a provider token, for h2load and curl against a simulator.
 struct JWTCommand: ParsableCommand {

@@ -7,6 +7,7 @@ import Prometheus
 import Relay
 import ServiceLifecycle
 import Synchronization
+import CommandLineSupport
 
 /// `apns-relay run --config FILE`: the relay's main job until SIGTERM or SIGINT.
 struct RunCommand: AsyncParsableCommand {

@@ -4,6 +4,7 @@ import Foundation
 import Logging
 import Relay
 import NIOCore
+import CommandLineSupport
 
 /// `apns-relay send`: one push, one JSON line with the answer; exit 0 only when delivered.
 struct SendCommand: AsyncParsableCommand {

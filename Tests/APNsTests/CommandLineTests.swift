@@ -3,6 +3,7 @@ import Common
 import Foundation
 import TestSupport
 import Testing
+import Spawn
 
 @Suite("apns-relay send and simulate")
 struct CommandLineTests {
@@ -88,7 +89,7 @@ struct CommandLineTests {
         let keyFile = try key.writeP8()
         let record = FileManager.default.temporaryDirectory.appendingPathComponent("record-\(UUID()).jsonl").path
         let out = try ChildProcess.makePipe(), err = try ChildProcess.makePipe()
-        let process = try ChildProcess(executable: RelayBinary.url.path, arguments: [
+        let process = try ChildProcess(executable: RelayBinary.devURL.path, arguments: [
             "simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)", "--record", record,
         ], standardOutput: out.write, standardError: err.write)
         close(out.write)

@@ -2,6 +2,7 @@ import Foundation
 import Kafka
 import TestSupport
 import Testing
+import KafkaTesting
 
 /// Waits for `condition` over the consumer's events, up to `timeout`.
 func collect(_ consumer: KafkaConsumer, timeout: Duration = .seconds(30),

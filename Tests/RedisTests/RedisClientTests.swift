@@ -2,6 +2,8 @@ import Common
 import Foundation
 import Redis
 import Testing
+import Spawn
+import RedisTesting
 
 @Suite("Redis URLs")
 struct RedisURLTests {

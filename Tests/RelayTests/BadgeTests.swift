@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import Redis
 @testable import Relay
+import RedisTesting
 import TestSupport
 import Testing
 

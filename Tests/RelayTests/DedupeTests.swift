@@ -5,6 +5,8 @@ import Redis
 import Relay
 import TestSupport
 import Testing
+import RedisTesting
+import KafkaTesting
 
 @Suite("Dedupe in Redis")
 struct DedupeTests {

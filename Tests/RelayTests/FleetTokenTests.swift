@@ -4,6 +4,7 @@ import Redis
 import Relay
 import Synchronization
 import Testing
+import RedisTesting
 
 @Suite("Fleet-wide provider token in Redis")
 struct FleetTokenTests {

@@ -6,6 +6,7 @@ import Redis
 import Relay
 import TestSupport
 import Testing
+import RedisTesting
 
 /// Rate limits, mailboxes and coalescing against a real redis-server, the simulator and the
 /// mock Kafka cluster.

@@ -7,6 +7,7 @@ import Kafka
 import NIOCore
 import Relay
 import Testing
+import KafkaTesting
 
 /// A mock Kafka cluster, the APNs simulator and a relay pipeline, all in this process.
 struct RelayHarness {

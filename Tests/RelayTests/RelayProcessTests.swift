@@ -8,6 +8,9 @@ import Redis
 import Relay
 import TestSupport
 import Testing
+import Spawn
+import RedisTesting
+import KafkaTesting
 
 /// `apns-relay run` as a real process, against the mock cluster and simulator of this process.
 struct RelayProcess {
@@ -474,11 +477,11 @@ struct CheckConfigProcessTests {
     }
 }
 
-@Suite("apns-relay bench e2e")
+@Suite("apns-relay-dev bench e2e")
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line.
     @Test func smallRunPrintsItsFigures() async throws {
-        let run = try await RelayBinary.run(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
+        let run = try await RelayBinary.runDev(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         let lines = text.split(separator: "\n")
@@ -489,10 +492,10 @@ struct BenchE2EProcessTests {
     }
 }
 
-@Suite("apns-relay demo")
+@Suite("apns-relay-dev demo")
 struct DemoProcessTests {
     @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() async throws {
-        let run = try await RelayBinary.run(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])
+        let run = try await RelayBinary.runDev(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         func count(_ status: String) -> Int? {

@@ -1,17 +1,21 @@
 public import Foundation
-import Common
+import Spawn
 
-/// The `apns-relay` binary, built next to the test bundle.
+/// The `apns-relay` binary (or, with `dev`, `apns-relay-dev`), built next to the test bundle.
 public enum RelayBinary {
-    public static var url: URL {
+    public static var url: URL { built("apns-relay") }
+    /// The development tools: demo, simulate, bench.
+    public static var devURL: URL { built("apns-relay-dev") }
+
+    private static func built(_ name: String) -> URL {
         let testBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
         var directory = testBinary.deletingLastPathComponent()
         // Swift Testing may run from inside the .xctest bundle on Linux.
-        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent("apns-relay").path),
+        while !FileManager.default.fileExists(atPath: directory.appendingPathComponent(name).path),
               directory.pathComponents.count > 1 {
             directory.deleteLastPathComponent()
         }
-        return directory.appendingPathComponent("apns-relay")
+        return directory.appendingPathComponent(name)
     }
 
     public struct Output: Sendable {
@@ -24,6 +28,11 @@ public enum RelayBinary {
     /// pool, which has one thread per core: a blocked one stalls every other test).
     public static func run(_ arguments: [String]) async throws -> Output {
         try await onOwnThread { Result { try runProgram(url.path, arguments) } }.get()
+    }
+
+    /// ``run(_:)`` for `apns-relay-dev`.
+    public static func runDev(_ arguments: [String]) async throws -> Output {
+        try await onOwnThread { Result { try runProgram(devURL.path, arguments) } }.get()
     }
 }
 

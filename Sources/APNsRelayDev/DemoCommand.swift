@@ -7,6 +7,8 @@ import Logging
 import Redis
 import Relay
 import Synchronization
+import RedisTesting
+import CommandLineSupport
 
 /// `apns-relay demo`: the relay's main job on embedded defaults, in one process.
 struct DemoCommand: AsyncParsableCommand {

@@ -1,27 +1,29 @@
-import APNs
-import ArgumentParser
+public import APNs
+public import ArgumentParser
 
 /// How `send` and `bench` authenticate: token (team, key, .p8) or certificate.
-struct CredentialOptions: ParsableArguments {
+public struct CredentialOptions: ParsableArguments {
+    public init() {}
+
     @Option(name: .customLong("team-id"), help: "Apple team id (token auth).")
-    var teamID: String?
+    public var teamID: String?
 
     @Option(name: .customLong("key-id"), help: "Key id of the .p8 signing key (token auth).")
-    var keyID: String?
+    public var keyID: String?
 
     @Option(name: .customLong("key-file"), help: "The .p8 (PKCS#8 PEM) signing key (token auth).")
-    var keyFile: String?
+    public var keyFile: String?
 
     @Option(name: .customLong("cert-file"), help: "Client certificate: PEM, or PKCS#12 (.p12) when --cert-key is absent.")
-    var certFile: String?
+    public var certFile: String?
 
     @Option(name: .customLong("cert-key"), help: "PEM private key for --cert-file.")
-    var certKey: String?
+    public var certKey: String?
 
     @Option(name: .customLong("cert-passphrase"), help: "Passphrase of a PKCS#12 --cert-file.")
-    var certPassphrase: String?
+    public var certPassphrase: String?
 
-    func validate() throws {
+    public func validate() throws {
         let token = teamID != nil || keyID != nil || keyFile != nil
         if token, certFile != nil {
             throw ValidationError("use either --team-id/--key-id/--key-file or --cert-file/--cert-key, not both")
@@ -34,9 +36,9 @@ struct CredentialOptions: ParsableArguments {
         }
     }
 
-    var isGiven: Bool { keyFile != nil || certFile != nil }
+    public var isGiven: Bool { keyFile != nil || certFile != nil }
 
-    func credential() throws(APNsError) -> APNsCredential {
+    public func credential() throws(APNsError) -> APNsCredential {
         if let teamID, let keyID, let keyFile {
             return try .token(teamID: teamID, keyID: keyID, keyFile: keyFile)
         }

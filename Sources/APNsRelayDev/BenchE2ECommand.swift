@@ -6,6 +6,9 @@ import Kafka
 import Logging
 import Redis
 import Relay
+import Spawn
+import RedisTesting
+import CommandLineSupport
 
 /// `apns-relay bench e2e`: N intents through Kafka (mock cluster), the relay and the simulator.
 ///

@@ -1,6 +1,6 @@
-import Common
 import Foundation
 import Testing
+import Spawn
 
 @Suite("Child processes")
 struct ChildProcessTests {

@@ -7,6 +7,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import Synchronization
+import CommandLineSupport
 
 struct BenchCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

@@ -7,6 +7,7 @@ import NIOCore
 import NIOSSL
 import ServiceLifecycle
 import Logging
+import CommandLineSupport
 
 /// `apns-relay simulate`: runs the APNs simulator until SIGINT or SIGTERM.
 struct SimulateCommand: AsyncParsableCommand {

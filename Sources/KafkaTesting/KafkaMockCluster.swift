@@ -1,11 +1,13 @@
 import CRdKafka
+public import Kafka
 
 /// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
 /// taken down and brought back, injected request errors. For tests, the demo and benchmarks.
 public final class KafkaMockCluster: @unchecked Sendable {
     // `@unchecked Sendable`: librdkafka's mock API is thread-safe (it posts to the cluster's own
     // thread); these pointers are never changed after init.
-    private let owner: KafkaHandle
+    /// The `rd_kafka_t` the cluster lives in (destroyed after it).
+    private let owner: OpaquePointer
     private let cluster: OpaquePointer
 
     /// Kafka API keys for ``pushRequestErrors(apiKey:_:)``.
@@ -23,9 +25,16 @@ public final class KafkaMockCluster: @unchecked Sendable {
 
     public init(brokers: Int = 3) throws(KafkaError) {
         // The cluster lives inside a client instance of its own.
-        let builder = try KafkaConfigBuilder(["log_level": "3"])
-        let owner = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder, context: nil)
-        guard let cluster = owner.withHandle({ rd_kafka_mock_cluster_new($0, Int32(brokers)) }) else {
+        var errorText = [CChar](repeating: 0, count: 512)
+        let conf = rd_kafka_conf_new()
+        _ = rd_kafka_conf_set(conf, "log_level", "3", &errorText, errorText.count)
+        guard let owner = rd_kafka_new(RD_KAFKA_PRODUCER, conf, &errorText, errorText.count) else {
+            rd_kafka_conf_destroy(conf)
+            throw KafkaError(code: RD_KAFKA_RESP_ERR__FAIL.rawValue,
+                             message: "cannot start the mock Kafka cluster's client: \(Self.text(errorText))")
+        }
+        guard let cluster = rd_kafka_mock_cluster_new(owner, Int32(brokers)) else {
+            rd_kafka_destroy(owner)
             throw KafkaError(code: RD_KAFKA_RESP_ERR__FAIL.rawValue, message: "cannot start the mock Kafka cluster")
         }
         self.owner = owner
@@ -34,6 +43,11 @@ public final class KafkaMockCluster: @unchecked Sendable {
 
     deinit {
         rd_kafka_mock_cluster_destroy(cluster)
+        rd_kafka_destroy(owner)
+    }
+
+    private static func text(_ buffer: [CChar]) -> String {
+        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// `host:port,...` of the mock brokers.
@@ -43,7 +57,9 @@ public final class KafkaMockCluster: @unchecked Sendable {
 
     public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1) throws(KafkaError) {
         let error = rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor))
-        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "create topic \(name)") }
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError(code: error.rawValue, message: "create topic \(name): \(String(cString: rd_kafka_err2str(error)))")
+        }
     }
 
     /// Every request of this kind fails with `errorCode` until ``restoreRequests(apiKey:)``: an

@@ -6,6 +6,7 @@ import Foundation
 import Kafka
 import Logging
 import Relay
+import KafkaTesting
 
 /// Everything the relay needs, in this process: librdkafka's mock Kafka cluster with the intents
 /// and outcomes topics, the APNs simulator with a fresh signing key, and a relay configuration

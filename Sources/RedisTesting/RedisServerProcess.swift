@@ -1,6 +1,6 @@
-import Common
 import Foundation
 import NIOPosix
+import Spawn
 
 /// A private `redis-server` on a free loopback port, without persistence: for the demo, the
 /// benchmarks and the tests. Killed when released.
