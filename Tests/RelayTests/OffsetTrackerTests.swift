@@ -1,3 +1,4 @@
+import Kafka
 @testable import Relay
 import Testing
 
@@ -67,5 +68,50 @@ struct SplitMix {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
+    }
+}
+
+@Suite("Partition ledger")
+struct PartitionLedgerTests {
+    static let p0 = TopicPartition(topic: "apns.intents", partition: 0)
+    static let p1 = TopicPartition(topic: "apns.intents", partition: 1)
+
+    @Test func offsetsOfPartitionsNotOwnedAreNotStarted() {
+        var ledger = PartitionLedger()
+        #expect(ledger.start(Self.p0, offset: 5) == nil)
+        ledger.assign([Self.p0])
+        #expect(ledger.start(Self.p0, offset: 5) == 1)
+        #expect(ledger.start(Self.p1, offset: 5) == nil)
+    }
+
+    @Test func workOfAnEarlierOwnershipIsNoLongerOursEvenOnceThePartitionCameBack() {
+        var ledger = PartitionLedger()
+        ledger.assign([Self.p0, Self.p1])
+        let first = ledger.start(Self.p0, offset: 10)
+        #expect(first == 1)
+        #expect(ledger.start(Self.p0, offset: 11) == 1)
+        ledger.revoke([Self.p0])
+        #expect(!ledger.owns(Self.p0, generation: 1))
+        #expect(ledger.finish(Self.p0, generation: 1, offset: 10) == nil)
+        ledger.assign([Self.p0])
+        #expect(!ledger.owns(Self.p0, generation: 1))
+        #expect(ledger.owns(Self.p0, generation: 3))
+        // The old generation's offsets are not the new tracker's.
+        #expect(ledger.finish(Self.p0, generation: 1, offset: 11) == nil)
+        #expect(ledger.start(Self.p0, offset: 10) == 3)
+        #expect(ledger.finish(Self.p0, generation: 3, offset: 10) == 10)
+        // Revoking one partition leaves the other alone.
+        #expect(ledger.owns(Self.p1, generation: 1))
+        #expect(ledger.owned(topic: "apns.intents").sorted { $0.partition < $1.partition }.map(\.generation) == [3, 1])
+        #expect(ledger.owned(topic: "other").isEmpty)
+    }
+
+    @Test func theCommittableOffsetMovesInOrder() {
+        var ledger = PartitionLedger()
+        ledger.assign([Self.p0])
+        for offset in 0..<3 as Range<Int64> { _ = ledger.start(Self.p0, offset: offset) }
+        #expect(ledger.finish(Self.p0, generation: 1, offset: 1) == nil)
+        #expect(ledger.finish(Self.p0, generation: 1, offset: 0) == 1)
+        #expect(ledger.finish(Self.p0, generation: 1, offset: 2) == 2)
     }
 }

@@ -46,16 +46,23 @@ extension RelayPipeline {
     func prepare(_ item: WorkItem) -> Delivery? {
         guard case .success(let intent) = item.intent else { return nil }
         switch item.admission {
-        case .send, .park: return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic))
+        case .send, .park:
+            let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil,
+                                                     parkAfterDeadlineMilliseconds: Int64(configuration.retry.maxBackoffMilliseconds))
+            let backoff = self.backoff
+            let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits) { backoff.delay(attempt: $0) }
+            return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine)
         default: return nil
         }
     }
 
     func isCurrent(_ item: WorkItem) -> Bool {
-        state.withLock { $0.trackers[item.partition] != nil && $0.generations[item.partition] == item.generation }
+        state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
     }
 
-    /// One intent's delivery across its attempts.
+
+    /// One intent's delivery across its attempts: what is sent, and the state machine that
+    /// decides (``DeliveryStateMachine``).
     final class Delivery {
         let intent: Intent
         let item: WorkItem
@@ -65,34 +72,15 @@ extension RelayPipeline {
         /// Which credentials send for the intent's topic (nil: none do).
         let credentialIndex: Int?
         let ending = Ending()
+        var machine: DeliveryStateMachine
 
-        /// Ends the delivery with this outcome (nil: abandoned).
-        func finish(_ outcome: Outcome?) -> Step {
-            ending.outcome = outcome
-            return .finish
-        }
-        var retryDeadline: Int64 = 0
-        var attempts = 0
-        var retry = 0
-        var lastReason: String?
-        /// The last answer, for the outcome when retries run out.
-        var lastResult: APNsResult?
-
-        init(intent: Intent, item: WorkItem, credentialIndex: Int?) {
+        init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine) {
             self.intent = intent
             self.item = item
             self.notification = intent.notification
             self.credentialIndex = credentialIndex
+            self.machine = machine
         }
-    }
-
-    enum Step {
-        /// The outcome is in the delivery's ending.
-        case finish
-        case send(APNsClient)
-        case wait(Duration)
-        /// Into the device's mailbox until `due` (epoch ms), after a 429 or past the retry budget.
-        case park(due: Int64, tooManyRequests: Bool)
     }
 
     /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries
@@ -118,152 +106,121 @@ extension RelayPipeline {
     }
 
     /// Sends with retries; the outcome goes to the delivery's ending (nil there when the work
-    /// was abandoned, its partition revoked).
+    /// was abandoned, its partition revoked). The retry budget starts now.
     @inline(never)
     func deliver(_ delivery: Delivery) async {
-        delivery.retryDeadline = clock() + configuration.retry.deadlineSeconds
-        var step = nextAttempt(delivery)
+        delivery.machine.limits.retryDeadline = clock() + configuration.retry.deadlineSeconds
+        var action = attemptDue(delivery)
         while true {
-            switch step {
-            case .finish:
+            switch action {
+            case .finish(let ending):
+                end(delivery, ending)
                 return
-            case .send(let client):
-                let sentAt = ContinuousClock.now
-                let answer: Result<APNsResult, any Error>
-                do {
-                    answer = .success(try await client.send(delivery.notification))
-                } catch {
-                    answer = .failure(error)
-                }
-                step = judge(answer, delivery, sentAt: sentAt)
+            case .send:
+                action = await send(delivery.notification, of: delivery)
             case .wait(let delay):
                 do {
                     try await Task.sleep(for: delay)
-                    step = nextAttempt(delivery)
+                    action = attemptDue(delivery)
                 } catch {
-                    step = delivery.finish(timeoutOutcome(delivery))
+                    action = delivery.machine.waitCancelled()
                 }
             case .park(let due, let tooManyRequests):
-                step = await park(delivery, due: due, tooManyRequests: tooManyRequests)
+                let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
+                action = delivery.machine.park(succeeded: parked, tooManyRequests: tooManyRequests, now: clock(),
+                                               nowMilliseconds: nowMilliseconds())
             }
         }
     }
 
-    /// Parks the delivery's intent in its mailbox; when that cannot be done, the 429 is retried
-    /// like any retryable answer and an intent past the retry budget fails.
+    /// An attempt is due: the machine's say, then the team's credential-fault cool-down and the
+    /// client for the intent's endpoint.
     @inline(never)
-    func park(_ delivery: Delivery, due: Int64, tooManyRequests: Bool) async -> Step {
-        if await park(delivery.item, due: due, tooManyRequests: tooManyRequests) {
-            delivery.ending.parked = true
-            return .finish
-        }
-        return tooManyRequests ? retryOrGiveUp(delivery) : delivery.finish(timeoutOutcome(delivery))
-    }
-
-    /// Whether to send now: not when the partition was revoked, the intent expired or its
-    /// team's credentials are in a fault cool-down.
-    @inline(never)
-    func nextAttempt(_ delivery: Delivery) -> Step {
-        let intent = delivery.intent
-        let item = delivery.item
-        guard isCurrent(item), !Task.isCancelled else { return delivery.finish(nil) }
-        guard let credentialIndex = delivery.credentialIndex else {
-            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: "NoCredentials"))
-        }
+    func attemptDue(_ delivery: Delivery) -> DeliveryStateMachine.Action {
         let now = clock()
-        if intent.expiration != 0, now > intent.expiration {
-            return delivery.finish(makeOutcome(item, intent: intent, status: .expired, reason: delivery.lastReason ?? "ExpiredBeforeSending",
-                                       attempts: delivery.attempts))
+        let action = delivery.machine.attemptDue(now: now, isOwned: isCurrent(delivery.item) && !Task.isCancelled,
+                                                 hasCredentials: delivery.credentialIndex != nil)
+        guard case .send = action, let credentialIndex = delivery.credentialIndex else { return action }
+        if let fault = activeCredentialFault(teamID: configuration.apns.credentials[credentialIndex].teamID, now: now) {
+            return delivery.machine.notSent(fault)
         }
-        let teamID = configuration.apns.credentials[credentialIndex].teamID
-        if let fault = activeCredentialFault(teamID: teamID, now: now) {
-            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: fault, attempts: delivery.attempts))
-        }
-        do {
-            return .send(try client(credentialIndex: credentialIndex, environment: intent.environment))
-        } catch {
-            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, reason: "ClientSetup: \(error)", attempts: delivery.attempts))
-        }
+        return action
     }
 
-    /// What APNs' answer (or the send's error) means for the intent.
+    /// One attempt: the request, then what its answer means.
     @inline(never)
-    func judge(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) -> Step {
-        let intent = delivery.intent
-        let item = delivery.item
+    func send(_ notification: APNsNotification, of delivery: Delivery) async -> DeliveryStateMachine.Action {
+        let client: APNsClient
+        do {
+            client = try self.client(credentialIndex: delivery.credentialIndex ?? 0, environment: delivery.intent.environment)
+        } catch {
+            return delivery.machine.notSent("ClientSetup: \(error)")
+        }
+        let sentAt = ContinuousClock.now
+        let answer: Result<APNsResult, any Error>
+        do {
+            answer = .success(try await client.send(notification))
+        } catch {
+            answer = .failure(error)
+        }
+        return judge(answer, delivery, sentAt: sentAt)
+    }
+
+    /// Feeds APNs' answer (or the send's error) to the machine, with its effects: latency, the
+    /// team's credential faults, retries counted and logged.
+    @inline(never)
+    func judge(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) -> DeliveryStateMachine.Action {
         let result: APNsResult
         switch answer {
         case .success(let value):
             result = value
             RelayMetrics.apnsLatency.recordNanoseconds((ContinuousClock.now - sentAt).totalNanoseconds)
-            delivery.attempts += result.attempts
         case .failure(APNsError.invalidNotification(let invalid)):
-            return delivery.finish(makeOutcome(item, intent: intent, status: .rejected, reason: invalid.code.rawValue, attempts: delivery.attempts))
+            return delivery.machine.invalid(code: invalid.code.rawValue)
         case .failure(let error):
             // Queue full or shutting down: nothing was sent; wait and try again.
-            delivery.lastReason = "\(error)"
-            return retryOrGiveUp(delivery)
+            return delivery.machine.sendFailed("\(error)", now: clock(), nowMilliseconds: nowMilliseconds())
         }
         let teamID = delivery.credentialIndex.map { configuration.apns.credentials[$0].teamID } ?? ""
         switch result.classification {
         case .delivered:
             clearCredentialFault(teamID: teamID)
-            return delivery.finish(makeOutcome(item, intent: intent, status: .delivered, result: result, attempts: delivery.attempts))
-        case .rejected:
-            return delivery.finish(makeOutcome(item, intent: intent, status: .rejected, result: result, attempts: delivery.attempts))
-        case .unregistered:
-            return delivery.finish(makeOutcome(item, intent: intent, status: .unregistered, result: result, attempts: delivery.attempts))
         case .credentialFault:
             let reason = result.reason?.description ?? result.failure.map { "\($0)" }
             recordCredentialFault(teamID: teamID, reason: reason ?? "CredentialFault", now: clock())
-            return delivery.finish(makeOutcome(item, intent: intent, status: .failed, result: result, attempts: delivery.attempts))
-        case .retryable:
-            let reason = result.reason?.description ?? result.failure.map { "\($0)" }
-            delivery.lastReason = reason
-            delivery.lastResult = result
-            if intent.expiration == 0 {
-                // Now or never: one try.
-                return delivery.finish(makeOutcome(item, intent: intent, status: .expired, result: result, attempts: delivery.attempts))
-            }
-            if result.reason == .tooManyRequests, policy != nil {
-                // Too fast for this device: it backs off in Redis and the intent waits in its mailbox.
-                return .park(due: nowMilliseconds(), tooManyRequests: true)
-            }
-            logger.debug("retrying", metadata: metadata(item, ["apns.reason": "\(reason ?? "none")"]))
+        case .rejected, .unregistered, .retryable:
+            break
+        }
+        let retries = delivery.machine.retries
+        let action = delivery.machine.answered(result, now: clock(), nowMilliseconds: nowMilliseconds())
+        if delivery.machine.retries > retries {
+            logger.debug("retrying", metadata: metadata(delivery.item, ["apns.reason": "\(delivery.machine.lastReason ?? "none")"]))
             RelayMetrics.retries.increment()
-            return retryOrGiveUp(delivery)
         }
+        return action
     }
 
-    /// The next backoff, or the final outcome when waiting it would pass the intent's
-    /// expiration or the retry deadline.
-    func retryOrGiveUp(_ delivery: Delivery) -> Step {
-        let delay = backoff.delay(attempt: delivery.retry)
-        delivery.retry += 1
-        let resumeAt = clock() + delay.components.seconds
-        if resumeAt > delivery.intent.expiration {
-            return delivery.finish(timeoutOutcome(delivery))
+    /// Puts how the delivery ended into its ending: the outcome, or parked, or nothing
+    /// (abandoned).
+    @inline(never)
+    func end(_ delivery: Delivery, _ ending: DeliveryStateMachine.Ending) {
+        let item = delivery.item, intent = delivery.intent, attempts = delivery.machine.attempts
+        switch ending {
+        case .abandoned:
+            delivery.ending.outcome = nil
+        case .parked:
+            delivery.ending.parked = true
+        case .answered(let status, let result):
+            delivery.ending.outcome = makeOutcome(item, intent: intent, status: status, result: result, attempts: attempts)
+        case .ended(let status, let reason):
+            delivery.ending.outcome = makeOutcome(item, intent: intent, status: status, reason: reason, attempts: attempts)
+        case .timedOut(let status, let reason, let last):
+            var outcome = makeOutcome(item, intent: intent, status: status, reason: reason, attempts: attempts)
+            if let last {
+                outcome.httpStatus = last.status
+                outcome.apnsID = last.apnsID
+            }
+            delivery.ending.outcome = outcome
         }
-        if resumeAt > delivery.retryDeadline {
-            // APNs unavailable past the retry budget: with Redis the intent waits in its mailbox
-            // (tried again after the longest backoff) instead of failing.
-            guard policy != nil else { return delivery.finish(timeoutOutcome(delivery)) }
-            return .park(due: nowMilliseconds() + Int64(configuration.retry.maxBackoffMilliseconds), tooManyRequests: false)
-        }
-        return .wait(delay)
-    }
-
-    func timeoutOutcome(_ delivery: Delivery) -> Outcome {
-        let intent = delivery.intent
-        let reason = delivery.lastReason
-        let expired = intent.expiration <= delivery.retryDeadline
-        var outcome = makeOutcome(delivery.item, intent: intent, status: expired ? .expired : .failed,
-                                  reason: expired ? (reason ?? "Expired") : "RetryDeadline: \(reason ?? "no answer")",
-                                  attempts: delivery.attempts)
-        if let last = delivery.lastResult {
-            outcome.httpStatus = last.status
-            outcome.apnsID = last.apnsID
-        }
-        return outcome
     }
 }

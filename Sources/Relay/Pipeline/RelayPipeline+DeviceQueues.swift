@@ -5,11 +5,10 @@ extension RelayPipeline {
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) {
         let partition = message.topicPartition
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
-            guard state.trackers[partition] != nil, let generation = state.generations[partition] else {
+            guard let generation = state.partitions.start(partition, offset: message.offset) else {
                 return (nil, state.inFlight)
             }
             if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
-            state.trackers[partition]!.started(message.offset)
             state.inFlight += 1
             guard case .success(let intent) = parsed else {
                 return (WorkItem(partition: partition, offset: message.offset, generation: generation,

@@ -43,20 +43,10 @@ extension RelayPipeline {
         while let next = await handOver.pop() {
             switch next {
             case .assigned(let partitions):
-                state.withLock { state in
-                    for partition in partitions {
-                        state.trackers[partition] = OffsetTracker()
-                        state.generations[partition, default: 0] += 1
-                    }
-                }
+                state.withLock { $0.partitions.assign(partitions) }
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
             case .revoked(let partitions):
-                state.withLock { state in
-                    for partition in partitions {
-                        state.trackers[partition] = nil
-                        state.generations[partition, default: 0] += 1
-                    }
-                }
+                state.withLock { $0.partitions.revoke(partitions) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .batch(let batch, let parsed, let admitting):
                 guard let admissions = await finishAdmission(parsed, admitting) else { return }

@@ -12,8 +12,8 @@ extension RelayPipeline {
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
             // Intents from a mailbox had their offsets stored when they were parked.
-            if stored, item.mailboxMember == nil, state.generations[item.partition] == item.generation, state.trackers[item.partition] != nil,
-               let committable = state.trackers[item.partition]!.finish(item.offset) {
+            if stored, item.mailboxMember == nil,
+               let committable = state.partitions.finish(item.partition, generation: item.generation, offset: item.offset) {
                 do {
                     try consumer.storeOffset(item.partition, offset: committable)
                 } catch {

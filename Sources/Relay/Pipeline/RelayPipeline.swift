@@ -45,9 +45,7 @@ public final class RelayPipeline: RelayStatus {
     let badges: BadgeStore?
 
     struct State {
-        var trackers: [TopicPartition: OffsetTracker] = [:]
-        /// Bumped when a partition is revoked: work from an older generation is abandoned.
-        var generations: [TopicPartition: Int] = [:]
+        var partitions = PartitionLedger()
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]

@@ -80,15 +80,15 @@ extension RelayPipeline {
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy) async {
         let (owned, room) = state.withLock { state in
-            (state.trackers.keys.filter { $0.topic == configuration.kafka.intentsTopic }.map { ($0.partition, state.generations[$0] ?? 0) },
+            (state.partitions.owned(topic: configuration.kafka.intentsTopic),
              configuration.limits.maxInFlight - state.inFlight)
         }
         guard !owned.isEmpty, room > 0 else { return }
-        let generations = Dictionary(owned, uniquingKeysWith: { $1 })
+        let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
         let now = nowMilliseconds()
         let due: [(partition: Int32, member: String)]
         do {
-            due = try await policy.due(partitions: owned.map(\.0).sorted(), now: now, limit: min(room, 500))
+            due = try await policy.due(partitions: owned.map(\.partition).sorted(), now: now, limit: min(room, 500))
         } catch {
             redisFailed(error)
             return
