@@ -110,6 +110,7 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Yams", package: "Yams"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {
                 .embedInCode("Policy/Scripts/\($0).lua")

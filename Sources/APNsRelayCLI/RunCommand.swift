@@ -49,20 +49,21 @@ struct RunCommand: AsyncParsableCommand {
         }
         for warning in pipeline.warnings { logger.warning("\(warning)") }
         let current = CurrentPipeline(pipeline)
-        let status: StatusServer
+        // Shut down in reverse order: the relay drains and commits first, the status endpoints
+        // answer ("stopping") until it is done.
+        let group = ServiceGroup(configuration: .init(
+            services: [
+                StatusService(port: configuration.http.port, registry: registry, status: current, logger: logger),
+                PipelineService(current: current, configFile: config, logger: logger,
+                                reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         do {
-            status = try await StatusServer.start(port: configuration.http.port, registry: registry, status: current)
-        } catch {
-            Terminal.error("cannot serve http.port \(configuration.http.port): \(error)")
+            try await group.run()
+        } catch let error as StatusService.BindError {
+            Terminal.error("\(error)")
             throw ExitCode(1)
         }
-        logger.info("serving /metrics, /healthz, /readyz", metadata: ["http.port": "\(status.port)"])
-        let group = ServiceGroup(configuration: .init(
-            services: [PipelineService(current: current, configFile: config, logger: logger,
-                                       reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100)))],
-            gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-        try await group.run()
-        await status.stop()
     }
 }
 

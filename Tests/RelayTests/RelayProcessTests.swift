@@ -62,7 +62,8 @@ final class PrintedOutput: @unchecked Sendable {
 }
 
 /// Writes a configuration for the relay processes.
-func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0, redisURL: String = "") throws -> String {
+func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0, redisURL: String = "",
+                 maxInFlight: Int = 10_000) throws -> String {
     let yaml = """
         kafka:
           brokers: "\(harness.cluster.bootstrapServers)"
@@ -87,6 +88,8 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
           url: "\(redisURL)"
         http:
           port: \(httpPort)
+        limits:
+          max_in_flight: \(maxInFlight)
         shutdown_deadline_seconds: \(shutdownDeadline)
         """
     let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID()).yaml").path
@@ -224,6 +227,36 @@ struct RelayProcessTests {
         let committed = try await harness.committedTotal()
         #expect(committed == 200, "\(printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
         #expect(printed.contains("apns.insecure_skip_verify is on"))
+        await harness.simulator.stop()
+    }
+
+    /// SIGTERM while intents are in flight: consuming stops, the work in flight finishes within
+    /// the deadline (outcomes out, offsets stored), then the producer flushes, the consumer
+    /// commits and leaves, the clients close, and the status endpoints close last.
+    @Test func sigtermWithWorkInFlightStopsInTheStatedOrder() async throws {
+        let harness = try await ProcessHarness.start(latency: .milliseconds(300))
+        let config = try writeConfig(harness: harness, shutdownDeadline: 30, httpPort: try freePort(), maxInFlight: 100)
+        let relay = try RelayProcess.start(config: config)
+        try await harness.produce(2000)
+        // APNs answers some: the relay is consuming, with intents under way.
+        _ = try await harness.outcomeIDs(atLeast: 10)
+        #expect(await relay.terminate() == 0)
+        let printed = relay.printed
+        let stages = ["stopping: consuming stopped", "stopping: in-flight work finished", "stopping: outcomes flushed",
+                      "stopping: offsets committed", "relay stopped", "stopping: status server closed"]
+        let positions = stages.map { printed.range(of: $0)?.lowerBound }
+        #expect(positions.allSatisfy { $0 != nil }, "\(printed.split(separator: "\n").suffix(30).joined(separator: "\n"))")
+        let found = positions.compactMap { $0 }
+        #expect(found == found.sorted(), "\(stages) out of order")
+        // Work was in flight when consuming stopped.
+        let stoppedLine = printed.split(separator: "\n").first { $0.contains("stopping: consuming stopped") } ?? ""
+        let inFlight = stoppedLine.firstMatch(of: /relay\.in_flight=(\d+)/).flatMap { Int($0.1) } ?? 0
+        #expect(inFlight > 0, "\(stoppedLine)")
+        // Stopped mid-stream, and every committed intent answered exactly once.
+        let committed = try await harness.committedTotal()
+        #expect(committed > 0 && committed < 2000, "committed \(committed)")
+        let (ids, events) = try await harness.outcomeIDs(atLeast: Int(committed))
+        #expect(ids.count == events)
         await harness.simulator.stop()
     }
 

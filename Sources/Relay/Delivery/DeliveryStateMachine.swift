@@ -118,9 +118,10 @@ struct DeliveryStateMachine: Sendable {
         }
     }
 
-    /// The backoff's wait was cut short (the relay stops): the intent is out of time.
+    /// The backoff's wait was cut short: the relay abandons its work (past its shutdown
+    /// deadline). No outcome: the intent's offset stays uncommitted and it is consumed again.
     func waitCancelled() -> Action {
-        .finish(timeout())
+        .finish(.abandoned)
     }
 
     /// The mailbox took the intent (or could not: Redis failing with `fail_open`, the partition

@@ -83,7 +83,8 @@ extension RelayPipeline {
     }
 
     /// Publishes until the delivery report succeeds (retrying with backoff). False when the
-    /// item's partition was revoked meanwhile (the outcome may not be out).
+    /// item's partition was revoked meanwhile, or its work is abandoned (past the shutdown
+    /// deadline): the outcome may not be out.
     @inline(never)
     func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
         guard let (key, value) = Self.encoded(ending) else { return false }
@@ -94,7 +95,7 @@ extension RelayPipeline {
                 break
             } catch {
                 publishFailed(item, error)
-                if !isCurrent(item) { return false }
+                if !isCurrent(item) || Task.isCancelled { return false }
                 try? await Task.sleep(for: backoff.delay(attempt: retry))
                 retry += 1
             }

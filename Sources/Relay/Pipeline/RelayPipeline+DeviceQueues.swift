@@ -32,7 +32,7 @@ extension RelayPipeline {
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
         guard let start else { return }
-        Task { await self.work(start) }
+        starts.continuation.yield(start)
     }
 
     /// Whether an item in the device's queue records its answer for the same intent.

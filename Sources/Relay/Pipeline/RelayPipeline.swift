@@ -5,6 +5,7 @@ import Kafka
 public import Logging
 import NIOCore
 import Redis
+public import ServiceLifecycle
 import Synchronization
 
 /// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
@@ -21,7 +22,7 @@ import Synchronization
 /// - An offset becomes committable once its outcome's delivery report succeeded and every
 ///   earlier offset of the partition is done. Work for revoked partitions is dropped unsent
 ///   where it has not reached APNs, and its offsets are never stored.
-public final class RelayPipeline: RelayStatus {
+public final class RelayPipeline: RelayStatus, Service {
     public let configuration: RelayConfiguration
     public let worker: String
     let consumer: KafkaConsumer
@@ -36,7 +37,13 @@ public final class RelayPipeline: RelayStatus {
     let logger: Logger
     let clock: @Sendable () -> Int64
     let backoff: Backoff
-    let stopRequested = Mutex(false)
+    let stopRequested = Atomic(false)
+    /// Finished by ``requestStop()``: ``run()`` waits on it.
+    let stopSignal = AsyncStream<Never>.makeStream()
+    /// Items that can start now (the first of their device's queue), for ``run()``'s task group
+    /// to run. Unbounded as a stream, bounded by `limits.max_in_flight`: every item in it is in
+    /// flight.
+    let starts = AsyncStream<WorkItem>.makeStream()
     let published: (@Sendable (Outcome) -> Void)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
@@ -131,7 +138,7 @@ public final class RelayPipeline: RelayStatus {
     /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
     /// stopping, it is alive, and every APNs client it has opened has a ready connection.
     public var notReadyReason: String? {
-        if stopRequested.withLock({ $0 }) { return "stopping" }
+        if stopRequested.load(ordering: .relaxed) { return "stopping" }
         if let dead = notAliveReason { return dead }
         if let trouble = state.withLock({ $0.redisTrouble }) {
             return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
@@ -156,37 +163,76 @@ public final class RelayPipeline: RelayStatus {
 
     /// Asks ``run()`` to stop consuming and drain.
     public func requestStop() {
-        stopRequested.withLock { $0 = true }
+        stopRequested.store(true, ordering: .relaxed)
+        stopSignal.continuation.finish()
     }
 
-    /// Consumes until ``requestStop()`` or cancellation, then finishes in-flight work within the
-    /// shutdown deadline, flushes the producer, commits and leaves the group.
+    /// Consumes until ``requestStop()``, a graceful shutdown of its service group, or
+    /// cancellation; then stops, in this order:
+    ///
+    /// 1. consuming and mailbox polling stop;
+    /// 2. in-flight work finishes (its outcomes published, its offsets stored) until the
+    ///    shutdown deadline; what is left then is cancelled: abandoned without an outcome, its
+    ///    offsets not stored, so that it is consumed again;
+    /// 3. the producer flushes;
+    /// 4. the consumer commits the stored offsets and leaves the group;
+    /// 5. the producer, the APNs clients and Redis close.
+    ///
+    /// Every intent's work runs in a child task of this one, so cancelling it reaches them all.
     public func run() async {
-        logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
-        let consuming = Task { await consume() }
-        let mailboxes = Task { await deliverMailboxes() }
-        // Lag from librdkafka's cached positions and watermarks (no round trip), every second.
-        var lastLagReport = ContinuousClock.now
-        while !stopRequested.withLock({ $0 }) && !Task.isCancelled {
-            try? await Task.sleep(for: .milliseconds(100))
-            if ContinuousClock.now - lastLagReport >= .seconds(1) {
-                lastLagReport = .now
-                for (partition, records) in consumer.lag {
-                    RelayMetrics.consumerLag(partition: partition.partition, records: records)
-                }
-            }
+        await withGracefulShutdownHandler {
+            await self.runUntilStopped()
+        } onGracefulShutdown: {
+            self.requestStop()
         }
-        consuming.cancel()
-        mailboxes.cancel()
-        await consuming.value
-        await mailboxes.value
-        await drain()
+    }
+
+    private func runUntilStopped() async {
+        logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
+        await withDiscardingTaskGroup { workers in
+            async let stopped: Void = consumeUntilStopped()
+            for await item in starts.stream {
+                workers.addTask { await self.work(item) }
+            }
+            // Past the shutdown deadline (or cancelled): what is still running is abandoned.
+            workers.cancelAll()
+            await stopped
+        }
+        let left = inFlight
+        if left > 0 {
+            logger.warning("shutdown deadline passed with intents in flight: abandoned, their offsets stay uncommitted",
+                           metadata: ["relay.in_flight": "\(left)"])
+        }
         _ = await producer.flush(timeout: .seconds(10))
+        logger.info("stopping: outcomes flushed")
         await consumer.close()
+        logger.info("stopping: offsets committed, left the consumer group")
         await producer.close()
         for client in clients.withLock({ Array($0.values) }) { await client.shutdown() }
         await redis?.shutdown()
         logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
+    }
+
+    /// Consumes and delivers mailboxes until asked to stop, then waits for in-flight work up to
+    /// the shutdown deadline and ends ``starts``.
+    private func consumeUntilStopped() async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.consume() }
+            group.addTask { await self.deliverMailboxes() }
+            group.addTask {
+                // Lag from librdkafka's cached positions and watermarks (no round trip), every second.
+                while (try? await Task.sleep(for: .seconds(1))) != nil {
+                    for (partition, records) in self.consumer.lag {
+                        RelayMetrics.consumerLag(partition: partition.partition, records: records)
+                    }
+                }
+            }
+            for await _ in stopSignal.stream {}
+            group.cancelAll()
+        }
+        logger.info("stopping: consuming stopped", metadata: ["relay.in_flight": "\(inFlight)"])
+        await drain()
+        starts.continuation.finish()
     }
 
     /// Log metadata naming one intent.

@@ -137,7 +137,7 @@ extension RelayPipeline {
                 state.inFlight += 1
                 return Self.enqueue(item, &state)
             }
-            if let start { Task { await self.work(start) } }
+            if let start { starts.continuation.yield(start) }
         }
     }
 }
