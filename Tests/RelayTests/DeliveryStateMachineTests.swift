@@ -1,4 +1,5 @@
 import APNs
+import Common
 @testable import Relay
 import Testing
 
@@ -11,7 +12,8 @@ struct DeliveryStateMachineTests {
     static func machine(expiration: Int64 = now + 3600, retryBudget: Int64 = 60, canPark: Bool = false) -> DeliveryStateMachine {
         let limits = DeliveryStateMachine.Limits(retryDeadline: now + retryBudget, canPark: canPark,
                                                  parkAfterDeadlineMilliseconds: 30_000)
-        return DeliveryStateMachine(expiration: expiration, limits: limits) { .seconds(1 << $0) }
+        return DeliveryStateMachine(expiration: expiration, limits: limits,
+                                    backoff: Backoff(base: .seconds(1), maximum: .seconds(3600), jitter: false))
     }
 
     static func answer(_ status: Int, _ reason: APNsReason? = nil, attempts: Int = 1) -> APNsResult {
@@ -25,7 +27,8 @@ struct DeliveryStateMachineTests {
                                  (Self.answer(410, .unregistered), .unregistered), (Self.answer(403, .invalidProviderToken), .failed)] {
             var machine = Self.machine()
             #expect(machine.attemptDue(now: Self.now, isOwned: true, hasCredentials: true) == .send)
-            #expect(machine.answered(result, now: Self.now, nowMilliseconds: Self.now * 1000) == .finish(.answered(status, result)))
+            #expect(machine.answered(result, now: Self.now, nowMilliseconds: Self.now * 1000) == .finish)
+            #expect(machine.ending == .answered(status, result))
             #expect(machine.retries == 0)
         }
     }
@@ -51,8 +54,8 @@ struct DeliveryStateMachineTests {
         #expect(machine.retries == 4)
         let last = Self.answer(503, .serviceUnavailable)
         var ended = machine
-        #expect(ended.answered(last, now: now, nowMilliseconds: 0)
-                == .finish(.timedOut(.failed, reason: "RetryDeadline: ServiceUnavailable", last: last)))
+        #expect(ended.answered(last, now: now, nowMilliseconds: 0) == .finish)
+        #expect(ended.ending == .timedOut(.failed, reason: "RetryDeadline: ServiceUnavailable", last: last))
     }
 
     @Test func pastTheRetryDeadlineAnIntentThatCanBeParkedWaitsInItsMailbox() {
@@ -60,9 +63,10 @@ struct DeliveryStateMachineTests {
         #expect(machine.answered(Self.noAnswer, now: Self.now, nowMilliseconds: 5_000)
                 == .park(due: 35_000, tooManyRequests: false))
         // The mailbox could not take it: it times out with the last answer's reason.
-        #expect(machine.park(succeeded: false, tooManyRequests: false, now: Self.now, nowMilliseconds: 5_000)
-                == .finish(.timedOut(.failed, reason: "RetryDeadline: connection lost before the answer: reset", last: Self.noAnswer)))
-        #expect(machine.park(succeeded: true, tooManyRequests: false, now: Self.now, nowMilliseconds: 5_000) == .finish(.parked))
+        #expect(machine.park(succeeded: false, tooManyRequests: false, now: Self.now, nowMilliseconds: 5_000) == .finish)
+        #expect(machine.ending == .timedOut(.failed, reason: "RetryDeadline: connection lost before the answer: reset", last: Self.noAnswer))
+        #expect(machine.park(succeeded: true, tooManyRequests: false, now: Self.now, nowMilliseconds: 5_000) == .finish)
+        #expect(machine.ending == .parked)
     }
 
     @Test func waitingPastTheExpirationExpires() {
@@ -70,18 +74,18 @@ struct DeliveryStateMachineTests {
         let result = Self.answer(500, .internalServerError)
         // The first wait (1 s) ends at the expiration: allowed; the second (2 s) would pass it.
         #expect(machine.answered(result, now: Self.now, nowMilliseconds: 0) == .wait(.seconds(1)))
-        #expect(machine.answered(result, now: Self.now + 1, nowMilliseconds: 0)
-                == .finish(.timedOut(.expired, reason: "InternalServerError", last: result)))
+        #expect(machine.answered(result, now: Self.now + 1, nowMilliseconds: 0) == .finish)
+        #expect(machine.ending == .timedOut(.expired, reason: "InternalServerError", last: result))
     }
 
     @Test func anExpiredIntentIsNotSent() {
         var machine = Self.machine(expiration: Self.now + 5)
-        #expect(machine.attemptDue(now: Self.now + 6, isOwned: true, hasCredentials: true)
-                == .finish(.ended(.expired, reason: "ExpiredBeforeSending")))
+        #expect(machine.attemptDue(now: Self.now + 6, isOwned: true, hasCredentials: true) == .finish)
+        #expect(machine.ending == .ended(.expired, reason: "ExpiredBeforeSending"))
         // After a retryable answer, the reason is that answer's.
         _ = machine.answered(Self.answer(503, .serviceUnavailable), now: Self.now, nowMilliseconds: 0)
-        #expect(machine.attemptDue(now: Self.now + 6, isOwned: true, hasCredentials: true)
-                == .finish(.ended(.expired, reason: "ServiceUnavailable")))
+        #expect(machine.attemptDue(now: Self.now + 6, isOwned: true, hasCredentials: true) == .finish)
+        #expect(machine.ending == .ended(.expired, reason: "ServiceUnavailable"))
     }
 
     @Test func nowOrNeverGetsOneAttempt() {
@@ -89,7 +93,8 @@ struct DeliveryStateMachineTests {
         // Expiration 0 never "passes": the one attempt goes out whenever it is due.
         #expect(machine.attemptDue(now: Self.now + 100_000, isOwned: true, hasCredentials: true) == .send)
         let busy = Self.answer(429, .tooManyRequests)
-        #expect(machine.answered(busy, now: Self.now, nowMilliseconds: 0) == .finish(.answered(.expired, busy)))
+        #expect(machine.answered(busy, now: Self.now, nowMilliseconds: 0) == .finish)
+        #expect(machine.ending == .answered(.expired, busy))
         #expect(machine.retries == 0)
     }
 
@@ -113,21 +118,25 @@ struct DeliveryStateMachineTests {
         #expect(machine.retries == 0)
         #expect(machine.attempts == 0)
         // A wait cut short (past the shutdown deadline) abandons the intent: no outcome.
-        #expect(machine.waitCancelled() == .finish(.abandoned))
+        #expect(machine.waitCancelled() == .finish)
+        #expect(machine.ending == .abandoned)
     }
 
     @Test func endsWithoutSendingWhenNotOursOrWithoutCredentialsOrRefused() {
         var machine = Self.machine()
-        #expect(machine.attemptDue(now: Self.now, isOwned: false, hasCredentials: true) == .finish(.abandoned))
-        #expect(machine.attemptDue(now: Self.now, isOwned: true, hasCredentials: false) == .finish(.ended(.failed, reason: "NoCredentials")))
-        #expect(machine.notSent("CredentialFault: InvalidProviderToken")
-                == .finish(.ended(.failed, reason: "CredentialFault: InvalidProviderToken")))
-        #expect(machine.invalid(code: "PayloadTooLarge") == .finish(.ended(.rejected, reason: "PayloadTooLarge")))
+        #expect(machine.attemptDue(now: Self.now, isOwned: false, hasCredentials: true) == .finish)
+        #expect(machine.ending == .abandoned)
+        #expect(machine.attemptDue(now: Self.now, isOwned: true, hasCredentials: false) == .finish)
+        #expect(machine.ending == .ended(.failed, reason: "NoCredentials"))
+        #expect(machine.notSent("CredentialFault: InvalidProviderToken") == .finish)
+        #expect(machine.ending == .ended(.failed, reason: "CredentialFault: InvalidProviderToken"))
+        #expect(machine.invalid(code: "PayloadTooLarge") == .finish)
+        #expect(machine.ending == .ended(.rejected, reason: "PayloadTooLarge"))
     }
 
     @Test func anIntentExpiringWithinTheRetryBudgetTimesOutExpiredNotFailed() {
         var machine = Self.machine(expiration: Self.now + 30, retryBudget: 60)
-        #expect(machine.answered(Self.noAnswer, now: Self.now + 30, nowMilliseconds: 0)
-                == .finish(.timedOut(.expired, reason: "connection lost before the answer: reset", last: Self.noAnswer)))
+        #expect(machine.answered(Self.noAnswer, now: Self.now + 30, nowMilliseconds: 0) == .finish)
+        #expect(machine.ending == .timedOut(.expired, reason: "connection lost before the answer: reset", last: Self.noAnswer))
     }
 }

@@ -3,8 +3,9 @@ import Common
 
 /// One intent's delivery across its attempts, as a pure state machine: events in (an attempt is
 /// due, APNs answered, a send failed, a wait or a park failed), actions out (send, wait, park,
-/// finish). No I/O and no clock of its own: times come with the events (epoch seconds, and epoch
-/// milliseconds for mailbox due times) and the backoff's waits from an injected function.
+/// finish, with the ending in ``ending``). No I/O and no clock of its own: times come with the
+/// events (epoch seconds, and epoch milliseconds for mailbox due times); the backoff is given
+/// (tests turn its jitter off).
 ///
 /// - An attempt goes out while the intent is still ours, has credentials and has not expired.
 /// - A final answer (200, 4xx, 410, a credential fault) finishes the delivery with that answer.
@@ -13,6 +14,8 @@ import Common
 ///   parked until after the longest backoff; without, it fails `RetryDeadline`). Expiration 0
 ///   means one attempt. A 429 with mailboxes parks the intent (its device backs off).
 struct DeliveryStateMachine: Sendable {
+    /// Small on purpose: the async frame that drives the machine holds one for every intent in
+    /// flight (the ending, larger, stays in the machine).
     enum Action: Sendable, Equatable {
         /// Send the notification now.
         case send
@@ -20,7 +23,8 @@ struct DeliveryStateMachine: Sendable {
         case wait(Duration)
         /// Park the intent in its device's mailbox until `due` (epoch ms).
         case park(due: Int64, tooManyRequests: Bool)
-        case finish(Ending)
+        /// Done: ``ending`` says how.
+        case finish
     }
 
     /// How the delivery ended.
@@ -51,8 +55,8 @@ struct DeliveryStateMachine: Sendable {
     /// Epoch seconds; 0 is now-or-never (one attempt).
     let expiration: Int64
     var limits: Limits
-    /// The wait before retry number n (0 for the first), jittered in production.
-    let backoff: @Sendable (Int) -> Duration
+    /// The waits between attempts.
+    let backoff: Backoff
     /// Requests that went out (APNs client retries and resends included).
     private(set) var attempts = 0
     /// Retryable answers that were retried or timed out (`relay_retries_total`).
@@ -61,8 +65,10 @@ struct DeliveryStateMachine: Sendable {
     private(set) var lastReason: String?
     private var lastResult: APNsResult?
     private var backoffs = 0
+    /// How the delivery ended, once an action was ``Action/finish``.
+    private(set) var ending: Ending?
 
-    init(expiration: Int64, limits: Limits, backoff: @escaping @Sendable (Int) -> Duration) {
+    init(expiration: Int64, limits: Limits, backoff: Backoff) {
         self.expiration = expiration
         self.limits = limits
         self.backoff = backoff
@@ -71,23 +77,23 @@ struct DeliveryStateMachine: Sendable {
     /// An attempt is due at `now` (epoch s): send, or finish when the intent is no longer ours,
     /// has no credentials or expired meanwhile.
     mutating func attemptDue(now: Int64, isOwned: Bool, hasCredentials: Bool) -> Action {
-        guard isOwned else { return .finish(.abandoned) }
-        guard hasCredentials else { return .finish(.ended(.failed, reason: "NoCredentials")) }
+        guard isOwned else { return finish(.abandoned) }
+        guard hasCredentials else { return finish(.ended(.failed, reason: "NoCredentials")) }
         if expiration != 0, now > expiration {
-            return .finish(.ended(.expired, reason: lastReason ?? "ExpiredBeforeSending"))
+            return finish(.ended(.expired, reason: lastReason ?? "ExpiredBeforeSending"))
         }
         return .send
     }
 
     /// The send could not start: its team's credentials are in a fault cool-down, or no client
     /// could be made (`reason` says which).
-    func notSent(_ reason: String) -> Action {
-        .finish(.ended(.failed, reason: reason))
+    mutating func notSent(_ reason: String) -> Action {
+        finish(.ended(.failed, reason: reason))
     }
 
     /// APNs refused the notification before sending it (the client's own validation).
-    func invalid(code: String) -> Action {
-        .finish(.ended(.rejected, reason: code))
+    mutating func invalid(code: String) -> Action {
+        finish(.ended(.rejected, reason: code))
     }
 
     /// Nothing was sent (the client's queue is full, or it shuts down): wait and try again.
@@ -100,15 +106,15 @@ struct DeliveryStateMachine: Sendable {
     mutating func answered(_ result: APNsResult, now: Int64, nowMilliseconds: Int64) -> Action {
         attempts += result.attempts
         switch result.classification {
-        case .delivered: return .finish(.answered(.delivered, result))
-        case .rejected: return .finish(.answered(.rejected, result))
-        case .unregistered: return .finish(.answered(.unregistered, result))
-        case .credentialFault: return .finish(.answered(.failed, result))
+        case .delivered: return finish(.answered(.delivered, result))
+        case .rejected: return finish(.answered(.rejected, result))
+        case .unregistered: return finish(.answered(.unregistered, result))
+        case .credentialFault: return finish(.answered(.failed, result))
         case .retryable:
             lastReason = result.reason?.description ?? result.failure.map { "\($0)" }
             lastResult = result
             // Now or never: one try.
-            if expiration == 0 { return .finish(.answered(.expired, result)) }
+            if expiration == 0 { return finish(.answered(.expired, result)) }
             if result.reason == .tooManyRequests, limits.canPark {
                 // Too fast for this device: it backs off in Redis and the intent waits in its mailbox.
                 return .park(due: nowMilliseconds, tooManyRequests: true)
@@ -120,29 +126,34 @@ struct DeliveryStateMachine: Sendable {
 
     /// The backoff's wait was cut short: the relay abandons its work (past its shutdown
     /// deadline). No outcome: the intent's offset stays uncommitted and it is consumed again.
-    func waitCancelled() -> Action {
-        .finish(.abandoned)
+    mutating func waitCancelled() -> Action {
+        finish(.abandoned)
     }
 
     /// The mailbox took the intent (or could not: Redis failing with `fail_open`, the partition
     /// gone meanwhile). A 429 that could not be parked is retried like any retryable answer; an
     /// intent past the retry budget that could not be parked times out.
     mutating func park(succeeded: Bool, tooManyRequests: Bool, now: Int64, nowMilliseconds: Int64) -> Action {
-        if succeeded { return .finish(.parked) }
-        return tooManyRequests ? retryOrGiveUp(now: now, nowMilliseconds: nowMilliseconds) : .finish(timeout())
+        if succeeded { return finish(.parked) }
+        return tooManyRequests ? retryOrGiveUp(now: now, nowMilliseconds: nowMilliseconds) : finish(timeout())
+    }
+
+    private mutating func finish(_ ending: Ending) -> Action {
+        self.ending = ending
+        return .finish
     }
 
     /// The next backoff, or the end when waiting it would pass the expiration or the retry
     /// deadline.
     private mutating func retryOrGiveUp(now: Int64, nowMilliseconds: Int64) -> Action {
-        let delay = backoff(backoffs)
+        let delay = backoff.delay(attempt: backoffs)
         backoffs += 1
         let resumeAt = now + delay.components.seconds
-        if resumeAt > expiration { return .finish(timeout()) }
+        if resumeAt > expiration { return finish(timeout()) }
         if resumeAt > limits.retryDeadline {
             // APNs unavailable past the retry budget: with mailboxes the intent waits in its
             // mailbox (tried again after the longest backoff) instead of failing.
-            guard limits.canPark else { return .finish(timeout()) }
+            guard limits.canPark else { return finish(timeout()) }
             return .park(due: nowMilliseconds + limits.parkAfterDeadlineMilliseconds, tooManyRequests: false)
         }
         return .wait(delay)

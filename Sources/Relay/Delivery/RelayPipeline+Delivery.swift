@@ -49,8 +49,7 @@ extension RelayPipeline {
         case .send, .park:
             let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil,
                                                      parkAfterDeadlineMilliseconds: Int64(configuration.retry.maxBackoffMilliseconds))
-            let backoff = self.backoff
-            let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits) { backoff.delay(attempt: $0) }
+            let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits, backoff: backoff)
             return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine)
         default: return nil
         }
@@ -73,6 +72,8 @@ extension RelayPipeline {
         let credentialIndex: Int?
         let ending = Ending()
         var machine: DeliveryStateMachine
+        /// The client the next attempt goes through.
+        var client: APNsClient?
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine) {
             self.intent = intent
@@ -113,11 +114,20 @@ extension RelayPipeline {
         var action = attemptDue(delivery)
         while true {
             switch action {
-            case .finish(let ending):
-                end(delivery, ending)
+            case .finish:
+                end(delivery, delivery.machine.ending ?? .abandoned)
                 return
             case .send:
-                action = await send(delivery.notification, of: delivery)
+                // The client was picked by `attemptDue`.
+                guard let client = delivery.client else { return end(delivery, .abandoned) }
+                let sentAt = ContinuousClock.now
+                let answer: Result<APNsResult, any Error>
+                do {
+                    answer = .success(try await client.send(delivery.notification))
+                } catch {
+                    answer = .failure(error)
+                }
+                action = judge(answer, delivery, sentAt: sentAt)
             case .wait(let delay):
                 do {
                     try await Task.sleep(for: delay)
@@ -134,7 +144,7 @@ extension RelayPipeline {
     }
 
     /// An attempt is due: the machine's say, then the team's credential-fault cool-down and the
-    /// client for the intent's endpoint.
+    /// client for the intent's endpoint (kept in the delivery for the send).
     @inline(never)
     func attemptDue(_ delivery: Delivery) -> DeliveryStateMachine.Action {
         let now = clock()
@@ -144,26 +154,12 @@ extension RelayPipeline {
         if let fault = activeCredentialFault(teamID: configuration.apns.credentials[credentialIndex].teamID, now: now) {
             return delivery.machine.notSent(fault)
         }
-        return action
-    }
-
-    /// One attempt: the request, then what its answer means.
-    @inline(never)
-    func send(_ notification: APNsNotification, of delivery: Delivery) async -> DeliveryStateMachine.Action {
-        let client: APNsClient
         do {
-            client = try self.client(credentialIndex: delivery.credentialIndex ?? 0, environment: delivery.intent.environment)
+            delivery.client = try client(credentialIndex: credentialIndex, environment: delivery.intent.environment)
         } catch {
             return delivery.machine.notSent("ClientSetup: \(error)")
         }
-        let sentAt = ContinuousClock.now
-        let answer: Result<APNsResult, any Error>
-        do {
-            answer = .success(try await client.send(notification))
-        } catch {
-            answer = .failure(error)
-        }
-        return judge(answer, delivery, sentAt: sentAt)
+        return action
     }
 
     /// Feeds APNs' answer (or the send's error) to the machine, with its effects: latency, the

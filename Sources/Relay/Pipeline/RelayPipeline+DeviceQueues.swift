@@ -2,7 +2,10 @@ import Kafka
 import NIOCore
 
 extension RelayPipeline {
-    func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) {
+    /// Starts the message's offset and puts its item in its device's queue; returns the item
+    /// when it can start now (nil when it waits behind its device's earlier ones, or its
+    /// partition is not ours).
+    func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) -> WorkItem? {
         let partition = message.topicPartition
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {
@@ -31,8 +34,7 @@ extension RelayPipeline {
         }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
-        guard let start else { return }
-        starts.continuation.yield(start)
+        return start
     }
 
     /// Whether an item in the device's queue records its answer for the same intent.

@@ -12,35 +12,54 @@ extension RelayPipeline {
     /// Batches parsed and grouped ahead of the admitting task.
     static let admissionsUnderWay = 2
 
-    /// Reads the consumer's events; each batch is parsed and grouped for its admission while
-    /// the admitting task admits earlier ones, in order (each batch's reads go to Redis after
-    /// the bucket writes of the batch before it).
-    func consume() async {
+    /// Consumes and admits until the relay stops, and runs every admitted intent's work in a
+    /// child task; once the shutdown deadline passed (``abandoning``), cancels what is left.
+    ///
+    /// Each batch is parsed and grouped for its admission by the reading task while this one
+    /// admits earlier ones, in order (each batch's reads go to Redis after the bucket writes of
+    /// the batch before it).
+    func consumeAndWork() async {
         // Without Redis admitting takes no round trip: hand over one batch at a time (fewer
         // consumed messages held).
         let handOver = HandOver<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.admitConsumed(handOver) }
-            events: for await event in consumer.events {
-                let consumed: Consumed
-                switch event {
-                case .assigned(let partitions): consumed = .assigned(partitions)
-                case .revoked(let partitions): consumed = .revoked(partitions)
-                case .messages(let batch):
-                    let parsed = batch.map(parse)
-                    consumed = .batch(batch, parsed, startAdmission(parsed))
-                case .error(let error):
-                    logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
-                    continue
+        await withDiscardingTaskGroup { workers in
+            workers.addTask {
+                await withTaskGroup(of: Void.self) { reading in
+                    reading.addTask { await self.read(into: handOver) }
+                    await self.stopping.wait()
+                    reading.cancelAll()
                 }
-                guard await handOver.push(consumed), !Task.isCancelled else { break events }
+                handOver.finish()
             }
-            handOver.finish()
+            await admitConsumed(handOver, workers: &workers)
+            await abandoning.wait()
+            workers.cancelAll()
         }
     }
 
-    func admitConsumed(_ handOver: HandOver<Consumed>) async {
-        while let next = await handOver.pop() {
+    /// Reads the consumer's events into `handOver` until cancelled.
+    private func read(into handOver: HandOver<Consumed>) async {
+        events: for await event in consumer.events {
+            let consumed: Consumed
+            switch event {
+            case .assigned(let partitions): consumed = .assigned(partitions)
+            case .revoked(let partitions): consumed = .revoked(partitions)
+            case .messages(let batch):
+                let parsed = batch.map(parse)
+                consumed = .batch(batch, parsed, startAdmission(parsed))
+            case .error(let error):
+                logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
+                continue
+            }
+            guard await handOver.push(consumed), !Task.isCancelled else { break events }
+        }
+        handOver.finish()
+    }
+
+    /// Applies rebalances and admits batches, in consumption order, until the relay stops:
+    /// each admitted intent that can start now runs in a child task of `workers`.
+    private func admitConsumed(_ handOver: HandOver<Consumed>, workers: inout DiscardingTaskGroup) async {
+        while let next = await handOver.pop(), !stopping.isOpen {
             switch next {
             case .assigned(let partitions):
                 state.withLock { $0.partitions.assign(partitions) }
@@ -52,8 +71,10 @@ extension RelayPipeline {
                 guard let admissions = await finishAdmission(parsed, admitting) else { return }
                 for (index, message) in batch.enumerated() {
                     await waitForCapacity()
-                    if Task.isCancelled { return }
-                    admit(message, parsed[index], admissions[index])
+                    if stopping.isOpen || Task.isCancelled { return }
+                    if let start = admit(message, parsed[index], admissions[index]) {
+                        workers.addTask { await self.work(start) }
+                    }
                 }
             }
             if Task.isCancelled { return }
@@ -65,7 +86,7 @@ extension RelayPipeline {
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in
-                    if state.inFlight < limit || Task.isCancelled { return true }
+                    if state.inFlight < limit || Task.isCancelled || stopping.isOpen { return true }
                     state.capacityWaiter = continuation
                     return false
                 }

@@ -37,13 +37,11 @@ public final class RelayPipeline: RelayStatus, Service {
     let logger: Logger
     let clock: @Sendable () -> Int64
     let backoff: Backoff
-    let stopRequested = Atomic(false)
-    /// Finished by ``requestStop()``: ``run()`` waits on it.
-    let stopSignal = AsyncStream<Never>.makeStream()
-    /// Items that can start now (the first of their device's queue), for ``run()``'s task group
-    /// to run. Unbounded as a stream, bounded by `limits.max_in_flight`: every item in it is in
-    /// flight.
-    let starts = AsyncStream<WorkItem>.makeStream()
+    /// Opened by ``requestStop()``: consuming stops and in-flight work drains.
+    let stopping = AsyncLatch()
+    /// Opened once in-flight work finished or the shutdown deadline passed: what is still
+    /// running is cancelled.
+    let abandoning = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
@@ -138,7 +136,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
     /// stopping, it is alive, and every APNs client it has opened has a ready connection.
     public var notReadyReason: String? {
-        if stopRequested.load(ordering: .relaxed) { return "stopping" }
+        if stopping.isOpen { return "stopping" }
         if let dead = notAliveReason { return dead }
         if let trouble = state.withLock({ $0.redisTrouble }) {
             return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
@@ -163,8 +161,13 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Asks ``run()`` to stop consuming and drain.
     public func requestStop() {
-        stopRequested.store(true, ordering: .relaxed)
-        stopSignal.continuation.finish()
+        stopping.open()
+        // The admitting loop may wait for in-flight room: it stops instead.
+        let waiter = state.withLock { state in
+            defer { state.capacityWaiter = nil }
+            return state.capacityWaiter
+        }
+        waiter?.resume()
     }
 
     /// Consumes until ``requestStop()``, a graceful shutdown of its service group, or
@@ -178,7 +181,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// 4. the consumer commits the stored offsets and leaves the group;
     /// 5. the producer, the APNs clients and Redis close.
     ///
-    /// Every intent's work runs in a child task of this one, so cancelling it reaches them all.
+    /// Every intent's work runs in a child task of this one: of the admitting loop's task group
+    /// for consumed intents, of the mailbox poller's for intents taken from mailboxes. So the
+    /// deadline (or cancelling this task) reaches all of it.
     public func run() async {
         await withGracefulShutdownHandler {
             await self.runUntilStopped()
@@ -189,14 +194,15 @@ public final class RelayPipeline: RelayStatus, Service {
 
     private func runUntilStopped() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
-        await withDiscardingTaskGroup { workers in
-            async let stopped: Void = consumeUntilStopped()
-            for await item in starts.stream {
-                workers.addTask { await self.work(item) }
-            }
-            // Past the shutdown deadline (or cancelled): what is still running is abandoned.
-            workers.cancelAll()
-            await stopped
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.consumeAndWork() }
+            group.addTask { await self.deliverMailboxes() }
+            group.addTask { await self.reportLag() }
+            await stopping.wait()
+            logger.info("stopping: consuming stopped", metadata: ["relay.in_flight": "\(inFlight)"])
+            await drain()
+            abandoning.open()
+            await group.waitForAll()
         }
         let left = inFlight
         if left > 0 {
@@ -213,26 +219,14 @@ public final class RelayPipeline: RelayStatus, Service {
         logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
     }
 
-    /// Consumes and delivers mailboxes until asked to stop, then waits for in-flight work up to
-    /// the shutdown deadline and ends ``starts``.
-    private func consumeUntilStopped() async {
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.consume() }
-            group.addTask { await self.deliverMailboxes() }
-            group.addTask {
-                // Lag from librdkafka's cached positions and watermarks (no round trip), every second.
-                while (try? await Task.sleep(for: .seconds(1))) != nil {
-                    for (partition, records) in self.consumer.lag {
-                        RelayMetrics.consumerLag(partition: partition.partition, records: records)
-                    }
-                }
+    /// Consumer lag from librdkafka's cached positions and watermarks (no round trip), every
+    /// second until the relay stops.
+    private func reportLag() async {
+        while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
+            for (partition, records) in consumer.lag {
+                RelayMetrics.consumerLag(partition: partition.partition, records: records)
             }
-            for await _ in stopSignal.stream {}
-            group.cancelAll()
         }
-        logger.info("stopping: consuming stopped", metadata: ["relay.in_flight": "\(inFlight)"])
-        await drain()
-        starts.continuation.finish()
     }
 
     /// Log metadata naming one intent.

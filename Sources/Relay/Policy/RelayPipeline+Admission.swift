@@ -44,8 +44,8 @@ extension RelayPipeline {
             } catch {
                 redisFailed(error)
                 if configuration.redis.failOpen { return admissions }
-                if Task.isCancelled { return nil }
-                try? await Task.sleep(for: backoff.delay(attempt: attempt))
+                if Task.isCancelled || stopping.isOpen { return nil }
+                await stopping.wait(atMost: backoff.delay(attempt: attempt))
                 attempt += 1
             }
         }

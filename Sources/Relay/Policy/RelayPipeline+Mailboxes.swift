@@ -66,19 +66,23 @@ extension RelayPipeline {
     }
 
     /// While running: every `policy.mailbox_poll_ms`, takes the mailbox entries that became due
-    /// on the partitions this relay owns and sends them through their devices' queues.
+    /// on the partitions this relay owns and sends them through their devices' queues, each
+    /// intent's work in a child task; once the shutdown deadline passed (``abandoning``),
+    /// cancels what is left.
     func deliverMailboxes() async {
         guard let policy else { return }
         let interval = Duration.milliseconds(configuration.policy.mailboxPollMilliseconds)
-        while !Task.isCancelled {
-            try? await Task.sleep(for: interval)
-            if Task.isCancelled { return }
-            await takeDueMailboxes(policy)
+        await withDiscardingTaskGroup { workers in
+            while await !stopping.wait(atMost: interval), !Task.isCancelled {
+                await takeDueMailboxes(policy, workers: &workers)
+            }
+            await abandoning.wait()
+            workers.cancelAll()
         }
     }
 
     @inline(never)
-    func takeDueMailboxes(_ policy: DevicePolicy) async {
+    func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
         let (owned, room) = state.withLock { state in
             (state.partitions.owned(topic: configuration.kafka.intentsTopic),
              configuration.limits.maxInFlight - state.inFlight)
@@ -93,7 +97,7 @@ extension RelayPipeline {
             redisFailed(error)
             return
         }
-        for (partition, member) in due {
+        for (partition, member) in due where !stopping.isOpen {
             let claimed = state.withLock { $0.mailboxJobs.insert(member).inserted }
             guard claimed else { continue }
             guard let parts = RedisKeys.parseMember(member) else {
@@ -137,7 +141,7 @@ extension RelayPipeline {
                 state.inFlight += 1
                 return Self.enqueue(item, &state)
             }
-            if let start { starts.continuation.yield(start) }
+            if let start { workers.addTask { await self.work(start) } }
         }
     }
 }
