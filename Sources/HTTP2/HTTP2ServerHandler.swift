@@ -29,24 +29,27 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
         var body: ByteBuffer?
     }
 
-    private var session: NGHTTP2Session?
-    private var context: ChannelHandlerContext?
-    private var requests: [Int32: IncomingRequest] = [:]
-    private var openStreamIDs = Set<Int32>()
+    // Stored state below is `@exclusivity(unchecked)`: only this connection's event loop
+    // touches it, so accesses never overlap, and the dynamic exclusivity checks cost about 9% of
+    // the client's throughput (bench apns, see docs/architecture.md).
+    @exclusivity(unchecked) private var session: NGHTTP2Session?
+    @exclusivity(unchecked) private var context: ChannelHandlerContext?
+    @exclusivity(unchecked) private var requests: [Int32: IncomingRequest] = [:]
+    @exclusivity(unchecked) private var openStreamIDs = Set<Int32>()
     private let initialMaxConcurrentStreams: UInt32
     private let delegate: any HTTP2ServerDelegate
-    private var inRead = false
-    private var closed = false
-    private var goingAway = false
+    @exclusivity(unchecked) private var inRead = false
+    @exclusivity(unchecked) private var closed = false
+    @exclusivity(unchecked) private var goingAway = false
     /// The last-stream-id of the GOAWAY we sent: requests above it are refused, never processed.
-    private var goAwayLastStreamID: Int32 = .max
+    @exclusivity(unchecked) private var goAwayLastStreamID: Int32 = .max
 
     /// The most streams that were open at once on this connection.
-    public private(set) var peakConcurrentStreams = 0
+    @exclusivity(unchecked) public private(set) var peakConcurrentStreams = 0
     /// Why the connection failed, when it did (a client protocol violation, for instance).
-    public private(set) var failure: String?
+    @exclusivity(unchecked) public private(set) var failure: String?
     /// The MAX_CONCURRENT_STREAMS we last advertised.
-    public private(set) var advertisedMaxConcurrentStreams: UInt32
+    @exclusivity(unchecked) public private(set) var advertisedMaxConcurrentStreams: UInt32
 
     /// Request bodies are kept up to this size plus one byte; the rest is read and dropped.
     private let maxRequestBodyBytes: Int

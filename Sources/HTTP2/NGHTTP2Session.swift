@@ -44,17 +44,20 @@ final class NGHTTP2Session {
     enum Mode { case client, server }
 
     /// Set once at the end of `init` (it needs `self` as nghttp2's user data); never nil after.
-    private var session: OpaquePointer! = nil
+    // Stored state below is `@exclusivity(unchecked)`: only this connection's event loop
+    // touches it, so accesses never overlap, and the dynamic exclusivity checks cost about 9% of
+    // the client's throughput (bench apns, see docs/architecture.md).
+    @exclusivity(unchecked) private var session: OpaquePointer! = nil
     /// Unowned: the delegate (the channel handler) owns this session and outlives it.
     unowned let delegate: any NGHTTP2SessionDelegate
     /// Request or response bodies not yet handed to nghttp2, by stream.
-    private var outboundBodies: [Int32: ByteBuffer] = [:]
+    @exclusivity(unchecked) private var outboundBodies: [Int32: ByteBuffer] = [:]
     /// nghttp2's description of the last error the peer caused (from its error callback).
-    fileprivate var peerError: String?
+    @exclusivity(unchecked) fileprivate var peerError: String?
     /// Reused between submits so that building a header list allocates nothing.
-    private var scratchBytes: [UInt8] = []
-    private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
-    private var scratchNameValues: [nghttp2_nv] = []
+    @exclusivity(unchecked) private var scratchBytes: [UInt8] = []
+    @exclusivity(unchecked) private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
+    @exclusivity(unchecked) private var scratchNameValues: [nghttp2_nv] = []
 
     init(mode: Mode, delegate: any NGHTTP2SessionDelegate, initialPeerMaxConcurrentStreams: UInt32? = nil) {
         self.delegate = delegate
