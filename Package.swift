@@ -211,6 +211,10 @@ let package = Package(
             path: "Tests/TestSupport",
             swiftSettings: strict),
         .testTarget(
+            name: "CommonTests",
+            dependencies: ["Common"],
+            swiftSettings: strict),
+        .testTarget(
             name: "SpawnTests",
             dependencies: ["Spawn"],
             swiftSettings: strict),
