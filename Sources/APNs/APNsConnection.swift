@@ -16,8 +16,9 @@ import Glibc
 /// the requests that arrive while it is not connected until a channel is ready or their deadline
 /// passes.
 ///
-/// `@unchecked Sendable`: every mutable stored property is touched only on `eventLoop`; the
-/// atomics are what other threads read.
+/// `@unchecked Sendable`: every mutable stored property is touched only on `eventLoop` (the
+/// methods that touch it assert so in debug builds, which the tests use); the atomics are what
+/// other threads read.
 final class APNsConnection: @unchecked Sendable {
     typealias Completion = (Result<HTTP2Response, HTTP2StreamError>) -> Void
 
@@ -93,6 +94,7 @@ final class APNsConnection: @unchecked Sendable {
 
     /// Records whether the slot has a ready channel (and keeps the ready-connections meter true).
     private func setReady(_ ready: Bool) {
+        eventLoop.assertInEventLoop()
         if isReady.exchange(ready, ordering: .relaxed) != ready {
             if ready { APNsMetrics.ready.increment() } else { APNsMetrics.ready.decrement() }
         }
@@ -129,6 +131,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func drainInbox() {
+        eventLoop.assertInEventLoop()
         swap(&draining, &spareSubmissions)
         inbox.withLock { inbox in
             swap(&inbox.submissions, &draining)
@@ -163,6 +166,7 @@ final class APNsConnection: @unchecked Sendable {
     // MARK: Event loop
 
     private func executeOnLoop(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
+        eventLoop.assertInEventLoop()
         switch state {
         case .ready(_, let handler, _) where handler.isAcceptingRequests:
             handler.execute(request, deadline: deadline, completion: completion)
@@ -176,6 +180,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func connectIfIdle() {
+        eventLoop.assertInEventLoop()
         guard case .idle = state else { return }
         generation += 1
         connectAttempts.add(1, ordering: .relaxed)
@@ -227,6 +232,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func handle(_ event: HTTP2ClientHandler.Event, handler: HTTP2ClientHandler, generation: Int) {
+        eventLoop.assertInEventLoop()
         switch event {
         case .ready:
             guard case .connecting(let current) = state, current == generation else {
@@ -278,6 +284,7 @@ final class APNsConnection: @unchecked Sendable {
     /// The ready channel is gone or going: count a failure if it died young, then reconnect after
     /// a backoff, so that a server that keeps closing connections never sees a tight loop.
     private func replaceConnection(readySince: NIODeadline, why: String) {
+        eventLoop.assertInEventLoop()
         setReady(false)
         streamLimit.store(0, ordering: .relaxed)
         let livedLong = NIODeadline.now() - readySince > .seconds(30)
@@ -286,6 +293,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func connectFailed(_ why: String) {
+        eventLoop.assertInEventLoop()
         setReady(false)
         failures += 1
         lastError = why
@@ -296,6 +304,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func backOff(_ why: String) {
+        eventLoop.assertInEventLoop()
         if case .shutDown = state { return }
         let delay = configuration.reconnectBackoff.delay(attempt: max(failures - 1, 0))
         let scheduled = eventLoop.scheduleTask(in: .nanoseconds(delay.totalNanoseconds)) { [self] in
@@ -308,6 +317,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func scheduleWaitingTimer() {
+        eventLoop.assertInEventLoop()
         guard waitingTimer == nil else { return }
         waitingTimer = eventLoop.scheduleTask(in: .milliseconds(50)) { [self] in
             waitingTimer = nil
@@ -328,6 +338,7 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private func failWaiting(_ error: HTTP2StreamError) {
+        eventLoop.assertInEventLoop()
         while let item = waiting.popFirst() { item.completion(.failure(error)) }
     }
 

@@ -9,7 +9,8 @@ struct RedisBatch {
 /// Drives one Redis connection: batches of commands go out RESP-encoded (hiredis' formatter),
 /// replies come back through hiredis' reader and complete the batches in order (Redis answers
 /// in order, which is what makes pipelining work). Used only on its channel's event loop, which
-/// is what makes the unchecked `Sendable` true.
+/// is what makes the unchecked `Sendable` true: its entry points assert it (debug builds, which
+/// the tests use).
 final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = RedisBatch
@@ -28,6 +29,7 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     private var failure: RedisError?
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        context.eventLoop.assertInEventLoop()
         let batch = unwrapOutboundIn(data)
         if let failure {
             batch.promise.fail(failure)
@@ -44,6 +46,7 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        context.eventLoop.assertInEventLoop()
         do {
             try decoder.feed(unwrapInboundIn(data))
             while let reply = try decoder.next() {
@@ -69,11 +72,13 @@ final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        context.eventLoop.assertInEventLoop()
         failAll(failure ?? .connectionLost("connection closed"))
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.eventLoop.assertInEventLoop()
         failAll(.connectionLost("\(error)"))
         context.close(promise: nil)
     }

@@ -1,13 +1,15 @@
 import Foundation
 import NIOPosix
+import Synchronization
 import Spawn
 
 /// A private `redis-server` on a free loopback port, without persistence: for the demo, the
 /// benchmarks and the tests. Killed when released.
-public final class RedisServerProcess: @unchecked Sendable {
+public final class RedisServerProcess: Sendable {
     /// Fixed once started: restarts come back on it.
-    public private(set) var port: Int
-    private var process: ChildProcess?
+    public let port: Int
+    /// The running server (nil before the first start); replaced by ``start()``.
+    private let process = Mutex<ChildProcess?>(nil)
     private let extraArguments: [String]
     /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
     private let tls: (certificate: String, key: String)?
@@ -16,17 +18,19 @@ public final class RedisServerProcess: @unchecked Sendable {
 
     /// - Parameter tls: PEM certificate and key files: serve TLS only (clients need no certificate).
     public init(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) throws {
-        port = 0
         extraArguments = arguments
         self.tls = tls
         // A free port can be taken by someone else before redis-server binds it: try another.
-        for attempt in 1...5 {
-            port = try Self.freePort()
+        var attempt = 1
+        while true {
+            let candidate = try Self.freePort()
             do {
-                try start()
+                let started = try Self.launch(port: candidate, tls: tls, extraArguments: arguments)
+                port = candidate
+                process.withLock { $0 = started }
                 return
             } catch let failure as ServerFailed where failure.log.contains("Address already in use") && attempt < 5 {
-                continue
+                attempt += 1
             }
         }
     }
@@ -35,12 +39,16 @@ public final class RedisServerProcess: @unchecked Sendable {
 
     /// Starts (again) on the same port and returns once it accepts connections.
     public func start() throws {
+        let started = try Self.launch(port: port, tls: tls, extraArguments: extraArguments)
+        process.withLock { $0 = started }
+    }
+
+    private static func launch(port: Int, tls: (certificate: String, key: String)?, extraArguments: [String]) throws -> ChildProcess {
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
         let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                   "--daemonize", "no", "--logfile", ""] + extraArguments
         let (process, output) = try ChildProcess.capturingOutput(executable: try Self.executable(), arguments: arguments)
-        self.process = process
         // Its log says when it is ready.
         var log: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
@@ -57,11 +65,12 @@ public final class RedisServerProcess: @unchecked Sendable {
         }
         // Keep draining its log so it never blocks on a full pipe.
         Thread.detachNewThread { _ = ChildProcess.readToEnd(output) }
+        return process
     }
 
     /// Kills it (SIGKILL: without persistence there is nothing to save, and nothing to wait for).
     public func stop() {
-        guard let process, process.isRunning else { return }
+        guard let process = process.withLock({ $0 }), process.isRunning else { return }
         process.signal(SIGKILL)
         process.wait()
     }

@@ -1,0 +1,70 @@
+import Redis
+
+extension RelayConfiguration {
+    /// The effective configuration as YAML, secrets redacted.
+    public var redactedYAML: String {
+        func quote(_ text: String) -> String { JSONObjectWriter.quote(text) }
+        var lines: [String] = []
+        lines.append("kafka:")
+        lines.append("  brokers: \(quote(kafka.brokers))")
+        lines.append("  group_id: \(quote(kafka.groupID))")
+        lines.append("  intents_topic: \(quote(kafka.intentsTopic))")
+        lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
+        lines.append(kafka.properties.isEmpty ? "  config: {}" : "  config:")
+        for (key, value) in kafka.properties.sorted(by: { $0.key < $1.key }) {
+            lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")
+        }
+        lines.append("apns:")
+        lines.append("  endpoint: \(quote(apns.endpoint))")
+        lines.append("  insecure_skip_verify: \(apns.insecureSkipVerify)")
+        lines.append("  connections: \(apns.connections)")
+        lines.append("  request_timeout_seconds: \(apns.requestTimeoutSeconds)")
+        lines.append(apns.credentials.isEmpty ? "  credentials: []" : "  credentials:")
+        for credential in apns.credentials {
+            lines.append("    - team_id: \(quote(credential.teamID))")
+            lines.append("      key_id: \(quote(credential.keyID))")
+            lines.append("      key_file: \(quote(credential.keyFile))")
+            lines.append("      topics: [\(credential.topics.map(quote).joined(separator: ", "))]")
+        }
+        lines.append("limits:")
+        lines.append("  max_in_flight: \(limits.maxInFlight)")
+        lines.append("defaults:")
+        lines.append("  expiration_seconds: \(defaults.expirationSeconds)")
+        lines.append("retry:")
+        lines.append("  initial_backoff_ms: \(retry.initialBackoffMilliseconds)")
+        lines.append("  max_backoff_ms: \(retry.maxBackoffMilliseconds)")
+        lines.append("  deadline_seconds: \(retry.deadlineSeconds)")
+        lines.append("  credential_fault_cooldown_seconds: \(retry.credentialFaultCooldownSeconds)")
+        lines.append("redis:")
+        lines.append("  url: \(quote(redis.url.isEmpty ? "" : (try? RedisURL(parsing: redis.url))?.description ?? "<redacted>"))")
+        lines.append("  fail_open: \(redis.failOpen)")
+        lines.append("  connections: \(redis.connections)")
+        lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
+        lines.append("policy:")
+        func rules(_ rules: Policy.Rules, indent: String) {
+            lines.append("\(indent)dedupe_window_seconds: \(rules.dedupeWindowSeconds)")
+            lines.append("\(indent)rate_limit: {burst: \(rules.rateLimit.burst), refill_per_second: \(rules.rateLimit.refillPerSecond)}")
+            lines.append("\(indent)coalesce: \(rules.coalesce)")
+        }
+        rules(policy.defaults, indent: "  ")
+        lines.append("  mailbox_poll_ms: \(policy.mailboxPollMilliseconds)")
+        lines.append("  backoff_initial_seconds: \(policy.backoffInitialSeconds)")
+        lines.append("  backoff_max_seconds: \(policy.backoffMaxSeconds)")
+        lines.append(policy.topics.isEmpty ? "  topics: {}" : "  topics:")
+        for (topic, topicRules) in policy.topics.sorted(by: { $0.key < $1.key }) {
+            lines.append("    \(quote(topic)):")
+            rules(topicRules, indent: "      ")
+        }
+        lines.append("http:")
+        lines.append("  port: \(http.port)")
+        lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
+        return lines.joined(separator: "\n")
+    }
+
+    /// librdkafka settings whose values are secrets.
+    static func isSecret(_ key: String) -> Bool {
+        let lower = key.lowercased()
+        return lower.contains("password") || lower.contains("secret") || lower.hasSuffix(".key")
+            || lower.contains("sasl.oauthbearer.config") || lower.contains("token")
+    }
+}
