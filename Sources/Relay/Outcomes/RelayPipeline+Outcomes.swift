@@ -88,18 +88,13 @@ extension RelayPipeline {
     @inline(never)
     func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
         guard let (key, value) = Self.encoded(ending) else { return false }
-        var retry = 0
-        while true {
-            do {
-                _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
-                break
-            } catch {
-                publishFailed(item, error)
-                if !isCurrent(item) || Task.isCancelled { return false }
-                try? await Task.sleep(for: backoff.delay(attempt: retry))
-                retry += 1
-            }
+        let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
+            _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
+        } failed: { error, _ in
+            publishFailed(item, error)
+            return isCurrent(item) ? .retry : .giveUp
         }
+        guard sent != nil else { return false }
         published(ending)
         return true
     }

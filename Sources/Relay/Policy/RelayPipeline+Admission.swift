@@ -1,5 +1,6 @@
 import Common
 import APNs
+import Redis
 
 extension RelayPipeline {
     /// A batch's admission: what was decided without Redis, and what to ask Redis.
@@ -30,25 +31,22 @@ extension RelayPipeline {
     func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> [Admission]? {
         var admissions = admitting.admissions
         guard let pending = admitting.pending else { return admissions }
-        var attempt = 0
-        while true {
-            do {
-                let asked = ContinuousClock.now
-                let answers = try await pending.get(now: nowMilliseconds())
-                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - asked).totalNanoseconds)
-                redisRecovered()
-                for (index, answer) in answers.enumerated() {
-                    BatchAdmission.apply(answer, to: admitting.members[index], parsed, &admissions)
-                }
-                return admissions
-            } catch {
-                redisFailed(error)
-                if configuration.redis.failOpen { return admissions }
-                if Task.isCancelled || stopping.isOpen { return nil }
-                await stopping.wait(atMost: backoff.delay(attempt: attempt))
-                attempt += 1
-            }
+        let answers = await Retry(backoff: backoff, interrupt: stopping).run { () async throws(RedisError) in
+            let asked = ContinuousClock.now
+            let answers = try await pending.get(now: nowMilliseconds())
+            RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - asked).totalNanoseconds)
+            redisRecovered()
+            return answers
+        } failed: { error, _ in
+            redisFailed(error)
+            return configuration.redis.failOpen ? .giveUp : .retry
         }
+        // Given up: with `fail_open` everything goes through; else the relay stops or is cancelled.
+        guard let answers else { return configuration.redis.failOpen ? admissions : nil }
+        for (index, answer) in answers.enumerated() {
+            BatchAdmission.apply(answer, to: admitting.members[index], parsed, &admissions)
+        }
+        return admissions
     }
 
     /// Now in epoch milliseconds, for the policy's clocks: the system's milliseconds, or the

@@ -29,32 +29,29 @@ extension RelayPipeline {
     /// item's partition is still ours, or with `redis.fail_open` gives up at once. A command
     /// Redis refuses (``RedisError/isRefusal``) is asked again only twice. Nil when it gave up.
     func withRedisRetries<T>(_ item: WorkItem, _ body: () async throws(RedisError) -> T) async -> T? {
-        var attempt = 0, refusals = 0
-        while true {
-            do {
-                let started = ContinuousClock.now
-                let result = try await body()
-                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
-                if attempt > 0 { redisRecovered() }
-                return result
-            } catch {
-                if error.isRefusal {
-                    // Not an outage: Redis refuses this item's command for what its keys hold.
-                    // It goes on as with `redis.fail_open`, alone.
-                    refusals += 1
-                    if refusals == Self.refusalsBeforeGivingUp {
-                        RelayMetrics.redisErrors.increment()
-                        logger.error("Redis refuses this intent's command: it goes on without the policy",
-                                     metadata: metadata(item, ["redis.error": "\(error)"]))
-                        return nil
-                    }
-                } else {
-                    redisFailed(error)
+        var failures = 0, refusals = 0
+        return await Retry(backoff: backoff).run { () async throws(RedisError) -> T in
+            let started = ContinuousClock.now
+            let result = try await body()
+            RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+            if failures > 0 { redisRecovered() }
+            return result
+        } failed: { error, count in
+            failures = count
+            if error.isRefusal {
+                // Not an outage: Redis refuses this item's command for what its keys hold.
+                // It goes on as with `redis.fail_open`, alone.
+                refusals += 1
+                if refusals == Self.refusalsBeforeGivingUp {
+                    RelayMetrics.redisErrors.increment()
+                    logger.error("Redis refuses this intent's command: it goes on without the policy",
+                                 metadata: metadata(item, ["redis.error": "\(error)"]))
+                    return .giveUp
                 }
-                if configuration.redis.failOpen || !isCurrent(item) || Task.isCancelled { return nil }
-                try? await Task.sleep(for: backoff.delay(attempt: attempt))
-                attempt += 1
+            } else {
+                redisFailed(error)
             }
+            return configuration.redis.failOpen || !isCurrent(item) ? .giveUp : .retry
         }
     }
 }
