@@ -1,6 +1,6 @@
 import APNs
 import Foundation
-import Relay
+@testable import Relay
 import Testing
 
 @Suite("Configuration")
@@ -189,6 +189,67 @@ struct ConfigurationTests {
         }
         #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: "kafka: [unclosed", environment: [:]) }
         #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(file: "/nonexistent.yaml", environment: [:]) }
+    }
+
+    /// librdkafka settings that would break at-least-once are refused, with what is allowed,
+    /// unless the operator says so; the safe spellings of the same keys pass.
+    @Test func settingsThatBreakTheGuaranteesAreRefusedUnlessAllowed() throws {
+        let unsafe = """
+            kafka:
+              config:
+                enable.auto.offset.store: "true"
+                acks: "1"
+                enable.idempotence: "false"
+                auto.offset.reset: latest
+                topic.request.required.acks: "0"
+            """
+        do {
+            _ = try RelayConfiguration.load(yaml: unsafe, environment: [:])
+            Issue.record("accepted")
+        } catch let error as ConfigurationError {
+            #expect(Set(error.issues.map(\.key)) == ["kafka.config.enable.auto.offset.store", "kafka.config.acks",
+                                                     "kafka.config.enable.idempotence", "kafka.config.auto.offset.reset",
+                                                     "kafka.config.topic.request.required.acks"])
+            #expect(error.issues.allSatisfy { $0.allowed.contains("kafka.allow_unsafe_config: true") })
+        }
+        // From the environment too.
+        #expect(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "kafka: {}", environment: ["APNS_RELAY_KAFKA_CONFIG_ACKS": "1"])
+        }
+        let allowed = try RelayConfiguration.load(yaml: unsafe + "\n  allow_unsafe_config: true", environment: [:])
+        #expect(allowed.kafka.allowUnsafeConfig)
+        #expect(allowed.kafka.properties["acks"] == "1")
+        #expect(allowed.redactedYAML.contains("allow_unsafe_config: true"))
+        let safe = try RelayConfiguration.load(yaml: """
+            kafka:
+              config:
+                enable.auto.offset.store: "false"
+                acks: "-1"
+                enable.idempotence: "true"
+                auto.offset.reset: earliest
+            """, environment: [:])
+        #expect(!safe.kafka.allowUnsafeConfig)
+    }
+
+    /// Every librdkafka key that carries a secret is redacted, whatever its spelling.
+    @Test(arguments: ["ssl.key.pem", "ssl.key.password", "ssl.keystore.password", "sasl.password",
+                      "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "ssl.certificate.pem.password",
+                      "SASL.PASSWORD", "ssl_key.pem", "custom.secret.thing"])
+    func everySecretBearingKafkaKeyIsRedacted(key: String) throws {
+        #expect(RelayConfiguration.isSecret(key), "\(key)")
+        let configuration = try RelayConfiguration.load(yaml: """
+            kafka:
+              config:
+                \(key): "topsecretvalue"
+            """, environment: [:])
+        #expect(!configuration.redactedYAML.contains("topsecretvalue"), "\(key)")
+    }
+
+    @Test func keysWithoutSecretsStayReadable() {
+        for key in ["security.protocol", "sasl.mechanism", "sasl.username", "ssl.ca.location", "ssl.endpoint.identification.algorithm",
+                    "client.id", "ssl.certificate.location", "ssl.certificate.pem", "sasl.kerberos.keytab"] {
+            #expect(!RelayConfiguration.isSecret(key), "\(key)")
+        }
     }
 
     @Test func redactedOutputHidesSecrets() throws {

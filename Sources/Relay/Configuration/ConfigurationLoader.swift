@@ -74,7 +74,8 @@ struct ConfigurationReader {
         checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "shutdown_deadline_seconds"])
 
         let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
-        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config"])
+        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config",
+                                                    "allow_unsafe_config"])
         configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
         configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
         configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
@@ -94,6 +95,15 @@ struct ConfigurationReader {
         for (variable, value) in environment where variable.hasPrefix(kafkaPrefix) && variable.count > kafkaPrefix.count {
             let name = variable.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
             configuration.kafka.properties[name] = value
+        }
+        configuration.kafka.allowUnsafeConfig = bool(kafka, "kafka.allow_unsafe_config", default: false)
+        if !configuration.kafka.allowUnsafeConfig {
+            for (name, value) in configuration.kafka.properties.sorted(by: { $0.key < $1.key }) {
+                if let allowed = RelayConfiguration.Kafka.guaranteeBreaking(name, value) {
+                    issues.append(.init(key: "kafka.config.\(name)", value: value,
+                                        allowed: "\(allowed) (or kafka.allow_unsafe_config: true)"))
+                }
+            }
         }
 
         let apns = mapping(top["apns"], key: "apns") ?? [:]

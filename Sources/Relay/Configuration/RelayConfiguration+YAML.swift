@@ -1,3 +1,4 @@
+import Foundation
 import Redis
 
 extension RelayConfiguration {
@@ -14,6 +15,7 @@ extension RelayConfiguration {
         for (key, value) in kafka.properties.sorted(by: { $0.key < $1.key }) {
             lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")
         }
+        if kafka.allowUnsafeConfig { lines.append("  allow_unsafe_config: true") }
         lines.append("apns:")
         lines.append("  endpoint: \(quote(apns.endpoint))")
         lines.append("  insecure_skip_verify: \(apns.insecureSkipVerify)")
@@ -61,10 +63,12 @@ extension RelayConfiguration {
         return lines.joined(separator: "\n")
     }
 
-    /// librdkafka settings whose values are secrets.
+    /// librdkafka settings whose values are secrets (passwords, secrets, tokens, private keys
+    /// inline as PEM, OAuth configuration), in any case and with `_` for `.`; paths to files
+    /// (`*.location`, keytabs) are not.
     static func isSecret(_ key: String) -> Bool {
-        let lower = key.lowercased()
-        return lower.contains("password") || lower.contains("secret") || lower.hasSuffix(".key")
-            || lower.contains("sasl.oauthbearer.config") || lower.contains("token")
+        let name = key.lowercased().replacingOccurrences(of: "_", with: ".")
+        return ["password", "secret", "token", "sasl.oauthbearer.config", ".key.pem"].contains { name.contains($0) }
+            || name.hasSuffix(".key")
     }
 }

@@ -11,7 +11,30 @@ public struct RelayConfiguration: Sendable {
         public var outcomesTopic = "apns.outcomes"
         /// Passed to librdkafka as they are (security.protocol, sasl.*, ...).
         public var properties: [String: String] = [:]
+        /// Accept librdkafka settings that break at-least-once (see ``guaranteeBreaking(_:_:)``).
+        public var allowUnsafeConfig = false
         public init() {}
+
+        /// What a librdkafka setting must be for the relay to keep its guarantees, or nil when
+        /// `value` keeps them: offsets stored only behind published outcomes, outcomes
+        /// acknowledged by every in-sync replica and written once, a new group reading from the
+        /// start of the topic.
+        public static func guaranteeBreaking(_ name: String, _ value: String) -> String? {
+            let value = value.lowercased()
+            switch name.lowercased().replacingOccurrences(of: "_", with: ".") {
+            case "enable.auto.offset.store":
+                return ["false", "0"].contains(value) ? nil : "false: the relay stores an offset once its outcome is out"
+            case "acks", "request.required.acks", "topic.acks", "topic.request.required.acks":
+                return ["all", "-1"].contains(value) ? nil : "all: an outcome is acknowledged by every in-sync replica"
+            case "enable.idempotence":
+                return ["true", "1"].contains(value) ? nil : "true: a retried outcome is written once"
+            case "auto.offset.reset", "topic.auto.offset.reset":
+                return ["earliest", "smallest", "beginning", "error"].contains(value)
+                    ? nil : "earliest or error: a new group or a lost position must not skip intents"
+            default:
+                return nil
+            }
+        }
     }
 
     public struct Credential: Sendable {
