@@ -162,10 +162,12 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         }
         shared.push(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
-        // Commit what is stored for these partitions first, so their next owner starts exactly
-        // behind the work finished here (synchronous: the callback runs on the poll thread).
-        if let list, rd_kafka_assignment_lost(rk) == 0 {
-            let committed = rd_kafka_commit(rk, list, 0)
+        // Commit what is stored first, so the partitions' next owner starts exactly behind the
+        // work finished here (synchronous: the callback runs on the poll thread). The revocation's
+        // list carries no offsets (committing it commits nothing): commit the stored offsets of
+        // the assignment instead, which still holds these partitions.
+        if list != nil, rd_kafka_assignment_lost(rk) == 0 {
+            let committed = rd_kafka_commit(rk, nil, 0)
             if committed != RD_KAFKA_RESP_ERR_NO_ERROR, committed != RD_KAFKA_RESP_ERR__NO_OFFSET {
                 shared.logger.warning("commit on revocation failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(committed)))"])
             }

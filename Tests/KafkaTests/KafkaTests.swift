@@ -37,7 +37,7 @@ let fastGroup = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
 
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
 
-@Suite("Kafka over librdkafka's mock cluster")
+@Suite("Kafka over librdkafka's mock cluster", .timeLimit(.minutes(3)))
 struct KafkaTests {
     @Test func producesAndConsumesInKeyOrder() async throws {
         let cluster = try KafkaMockCluster(brokers: 3)
@@ -68,6 +68,52 @@ struct KafkaTests {
         try await waitUntil { consumer.lag.count == 4 }
         #expect(consumer.lag.values.allSatisfy { $0 == 0 })
         await consumer.close()
+    }
+
+    /// With librdkafka's auto-commit off, a partition taken away by a rebalance has its stored
+    /// offset committed before it goes: its next owner starts exactly behind the work finished
+    /// here.
+    @Test func aRevokedPartitionsStoredOffsetIsCommittedBeforeItMoves() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let group = uniqueName("group")
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        var produced: [Int32: Int64] = [:]
+        for index in 0..<60 {
+            let delivery = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: Array("\(index)".utf8))
+            produced[delivery.partition, default: 0] += 1
+        }
+        await producer.close()
+        #expect(produced.count == 2)
+        let manual = fastGroup.merging(["enable.auto.commit": "false"]) { $1 }
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
+        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 60 }
+        // Everything is finished here; nothing is committed yet (auto-commit is off).
+        for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
+        let partitions = (0..<2).map { TopicPartition(topic: topic, partition: $0) }
+        #expect(try await first.committed(partitions).values.allSatisfy { $0 < 0 })
+
+        // A second member joins: one partition moves to it.
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
+        async let joined = collect(second) { _, events in
+            events.contains { if case .assigned(let assigned) = $0 { return !assigned.isEmpty }; return false }
+        }
+        let (_, events) = try await collect(first, timeout: .seconds(60)) { _, events in
+            events.contains { if case .revoked(let revoked) = $0 { return !revoked.isEmpty }; return false }
+        }
+        let revoked = events.compactMap { event -> [TopicPartition]? in
+            if case .revoked(let partitions) = event { return partitions }
+            return nil
+        }.flatMap { $0 }
+        #expect(revoked.count == 1)
+        let committed = try await first.committed(revoked)
+        for partition in revoked {
+            #expect(committed[partition] == produced[partition.partition], "\(partition)")
+        }
+        _ = try await joined
+        await second.close()
+        await first.close()
     }
 
     @Test func storedOffsetsAreCommittedAndResumedFrom() async throws {
