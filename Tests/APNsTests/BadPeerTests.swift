@@ -5,7 +5,7 @@ import NIOPosix
 import Testing
 
 /// Bad endpoints give one clear failure naming the cause, within the deadline, and no crash.
-@Suite("Bad peers")
+@Suite("Bad peers", .timeLimit(.minutes(3)))
 struct BadPeerTests {
     static func send(to port: Int, timeout: TimeAmount = .seconds(2)) async throws -> (APNsResult, Duration) {
         var configuration = APNsClientConfiguration(

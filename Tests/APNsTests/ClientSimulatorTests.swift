@@ -8,7 +8,7 @@ import Synchronization
 import TestSupport
 import Testing
 
-@Suite("Client against the simulator over TLS and HTTP/2")
+@Suite("Client against the simulator over TLS and HTTP/2", .timeLimit(.minutes(3)))
 struct ClientSimulatorTests {
     @Test func deliversAndEchoesTheAPNsID() async throws {
         let harness = try await Harness.start()

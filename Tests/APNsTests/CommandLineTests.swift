@@ -5,7 +5,7 @@ import TestSupport
 import Testing
 import Spawn
 
-@Suite("apns-relay send and simulate")
+@Suite("apns-relay send and simulate", .timeLimit(.minutes(3)))
 struct CommandLineTests {
     static func json(_ text: String) throws -> [String: Any] {
         let line = try #require(text.split(separator: "\n").last)

@@ -7,7 +7,7 @@ import NIOSSL
 import Testing
 
 /// The nghttp2 engine on its own: limits that protect both sides from odd peers.
-@Suite("HTTP/2 engine")
+@Suite("HTTP/2 engine", .timeLimit(.minutes(3)))
 struct HTTP2EngineTests {
     /// Answers every request with a body of `size` bytes.
     final class BigBodyServer: HTTP2ServerDelegate {

@@ -1,7 +1,7 @@
 import APNs
 import Testing
 
-@Suite("JSON reader")
+@Suite("JSON reader", .timeLimit(.minutes(3)))
 struct JSONReaderTests {
     static func read(_ json: String) throws -> JSONReader.Value {
         try Array(json.utf8).withUnsafeBytes { bytes in

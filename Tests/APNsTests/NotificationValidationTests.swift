@@ -2,7 +2,7 @@ import APNs
 import NIOCore
 import Testing
 
-@Suite("Local validation")
+@Suite("Local validation", .timeLimit(.minutes(3)))
 struct NotificationValidationTests {
     static let alert = ByteBuffer(string: #"{"aps":{"alert":"hi"}}"#)
 
@@ -94,7 +94,7 @@ struct NotificationValidationTests {
     }
 }
 
-@Suite("Reasons and classification")
+@Suite("Reasons and classification", .timeLimit(.minutes(3)))
 struct ClassificationTests {
     @Test func everyDocumentedReasonClassifies() {
         for (reason, status) in APNsReason.documented {
@@ -122,7 +122,7 @@ struct ClassificationTests {
     }
 }
 
-@Suite("Endpoints")
+@Suite("Endpoints", .timeLimit(.minutes(3)))
 struct EndpointTests {
     @Test func parses() throws {
         #expect(try APNsEndpoint(parsing: "production") == .production)

@@ -3,7 +3,7 @@ import Crypto
 import Foundation
 import Testing
 
-@Suite("Provider tokens")
+@Suite("Provider tokens", .timeLimit(.minutes(3)))
 struct ProviderTokenTests {
     @Test func tokenVerifiesWithThePublicKey() throws {
         let key = TestKey()

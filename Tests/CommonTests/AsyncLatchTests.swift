@@ -1,7 +1,7 @@
 import Common
 import Testing
 
-@Suite("AsyncLatch")
+@Suite("AsyncLatch", .timeLimit(.minutes(3)))
 struct AsyncLatchTests {
     @Test func everyWaiterBeforeAndAfterOpeningGoesOn() async {
         let latch = AsyncLatch()
@@ -37,7 +37,7 @@ struct AsyncLatchTests {
     }
 }
 
-@Suite("Backoff")
+@Suite("Backoff", .timeLimit(.minutes(3)))
 struct BackoffTests {
     @Test func doublesUpToTheMaximumWithJitterInTheUpperHalf() {
         let backoff = Backoff(base: .milliseconds(100), maximum: .seconds(1))

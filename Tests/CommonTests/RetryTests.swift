@@ -1,7 +1,7 @@
 import Common
 import Testing
 
-@Suite("Retry")
+@Suite("Retry", .timeLimit(.minutes(3)))
 struct RetryTests {
     struct Failed: Error {}
     static let quick = Backoff(base: .milliseconds(1), maximum: .milliseconds(4), jitter: false)

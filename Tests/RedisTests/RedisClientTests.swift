@@ -5,7 +5,7 @@ import Testing
 import Spawn
 import RedisTesting
 
-@Suite("Redis URLs")
+@Suite("Redis URLs", .timeLimit(.minutes(3)))
 struct RedisURLTests {
     @Test func parsesEveryPart() throws {
         let plain = try RedisURL(parsing: "redis://127.0.0.1:6380/2")
@@ -27,7 +27,7 @@ struct RedisURLTests {
     }
 }
 
-@Suite("Redis client against redis-server")
+@Suite("Redis client against redis-server", .timeLimit(.minutes(3)))
 struct RedisClientTests {
     static func client(_ url: String, timeout: Duration = .seconds(2), connections: Int = 2) throws -> RedisClient {
         var configuration = RedisConfiguration(url: try RedisURL(parsing: url))

@@ -2,7 +2,7 @@
 import Testing
 
 /// The pure part of a batch's admission, step by step: no Redis, no clock.
-@Suite("Batch admission")
+@Suite("Batch admission", .timeLimit(.minutes(3)))
 struct BatchAdmissionTests {
     static let a = String(repeating: "aa", count: 32)
     static let b = String(repeating: "bb", count: 32)

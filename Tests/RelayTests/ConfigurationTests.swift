@@ -3,7 +3,7 @@ import Foundation
 @testable import Relay
 import Testing
 
-@Suite("Configuration")
+@Suite("Configuration", .timeLimit(.minutes(3)))
 struct ConfigurationTests {
     static var shippedFile: String {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

@@ -2,7 +2,7 @@
 import Testing
 
 /// The credential-fault breaker on a clock the test moves (epoch seconds).
-@Suite("Credential fault breaker")
+@Suite("Credential fault breaker", .timeLimit(.minutes(3)))
 struct CredentialFaultBreakerTests {
     @Test func aFaultStopsItsTeamForTheCoolDownThenOneIntentProbes() {
         var breaker = CredentialFaultBreaker(cooldownSeconds: 60)

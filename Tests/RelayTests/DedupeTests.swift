@@ -8,7 +8,7 @@ import Testing
 import RedisTesting
 import KafkaTesting
 
-@Suite("Dedupe in Redis")
+@Suite("Dedupe in Redis", .timeLimit(.minutes(3)))
 struct DedupeTests {
     static func harness(_ redis: RedisServerProcess, failOpen: Bool = false) async throws -> RelayHarness {
         try await RelayHarness.start(configureRelay: {

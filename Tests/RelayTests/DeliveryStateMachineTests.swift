@@ -5,7 +5,7 @@ import Testing
 
 /// One intent's delivery, step by step: the test is the clock (epoch seconds) and the backoff
 /// (2ⁿ seconds, no jitter).
-@Suite("Delivery state machine")
+@Suite("Delivery state machine", .timeLimit(.minutes(3)))
 struct DeliveryStateMachineTests {
     static let now: Int64 = 1_700_000_000
 

@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 import RedisTesting
 
-@Suite("Fleet-wide provider token in Redis")
+@Suite("Fleet-wide provider token in Redis", .timeLimit(.minutes(3)))
 struct FleetTokenTests {
     final class Clock: Sendable {
         let now = Atomic<Int64>(1_700_000_000)

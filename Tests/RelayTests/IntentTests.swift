@@ -3,7 +3,7 @@ import NIOCore
 @testable import Relay
 import Testing
 
-@Suite("Intents and outcomes")
+@Suite("Intents and outcomes", .timeLimit(.minutes(3)))
 struct IntentTests {
     static let token = String(repeating: "ab", count: 32)
     static let now: Int64 = 1_700_000_000
@@ -152,7 +152,7 @@ extension IntentTests {
     }
 }
 
-@Suite("Relay metrics")
+@Suite("Relay metrics", .timeLimit(.minutes(3)))
 struct RelayMetricsTests {
     @Test func reasonLabelsStayBoundedWhateverAPNsAnswers() {
         #expect(RelayMetrics.reasonLabel("RetryDeadline: ServiceUnavailable") == "RetryDeadline")

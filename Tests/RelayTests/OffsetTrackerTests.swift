@@ -2,7 +2,7 @@ import Kafka
 @testable import Relay
 import Testing
 
-@Suite("Offset tracker")
+@Suite("Offset tracker", .timeLimit(.minutes(3)))
 struct OffsetTrackerTests {
     @Test func theCommittablePositionMovesOnlyPastOffsetsFinishedWithEverythingBeforeThem() {
         var tracker = OffsetTracker()
@@ -71,7 +71,7 @@ struct SplitMix {
     }
 }
 
-@Suite("Partition ledger")
+@Suite("Partition ledger", .timeLimit(.minutes(3)))
 struct PartitionLedgerTests {
     static let p0 = TopicPartition(topic: "apns.intents", partition: 0)
     static let p1 = TopicPartition(topic: "apns.intents", partition: 1)

@@ -10,7 +10,7 @@ import RedisTesting
 
 /// Rate limits, mailboxes and coalescing against a real redis-server, the simulator and the
 /// mock Kafka cluster.
-@Suite("Per-device policy: rate limit, mailboxes, coalescing")
+@Suite("Per-device policy: rate limit, mailboxes, coalescing", .timeLimit(.minutes(3)))
 struct PolicyTests {
     static func harness(_ redis: RedisServerProcess, burst: Int, refill: Double,
                         configure: (inout RelayConfiguration) -> Void = { _ in },

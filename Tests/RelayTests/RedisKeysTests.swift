@@ -1,7 +1,7 @@
 @testable import Relay
 import Testing
 
-@Suite("Redis key schema")
+@Suite("Redis key schema", .timeLimit(.minutes(3)))
 struct RedisKeysTests {
     @Test func everyKeyOfADeviceSharesItsHashTag() {
         let token = "ab12", topic = "com.x"

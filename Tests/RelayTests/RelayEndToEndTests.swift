@@ -112,7 +112,7 @@ func intent(_ id: String, token: String, extra: String = "", payload: String = #
     #"{"id":"\#(id)","token":"\#(token)","topic":"com.example.app","payload":\#(payload)\#(extra)}"#
 }
 
-@Suite("Relay end to end: mock Kafka, the simulator, the pipeline")
+@Suite("Relay end to end: mock Kafka, the simulator, the pipeline", .timeLimit(.minutes(3)))
 struct RelayEndToEndTests {
     @Test func everyIntentGetsItsOutcome() async throws {
         let gone = hexToken(0xdead)

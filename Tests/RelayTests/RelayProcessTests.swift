@@ -196,7 +196,7 @@ struct ProcessHarness {
     }
 }
 
-@Suite("apns-relay run as a process", .serialized)
+@Suite("apns-relay run as a process", .serialized, .timeLimit(.minutes(3)))
 struct RelayProcessTests {
     @Test func sigtermFinishesCommitsAndExitsZero() async throws {
         let harness = try await ProcessHarness.start()
@@ -341,7 +341,7 @@ extension RelayProcessTests {
     }
 }
 
-@Suite("Secrets stay out of what the relay shows; dashboards read what it exports")
+@Suite("Secrets stay out of what the relay shows; dashboards read what it exports", .timeLimit(.minutes(3)))
 struct SecretsTests {
     /// Every metric name the Grafana dashboard and the alert rules use is one a running relay
     /// (with Redis, after sending) exports.
@@ -411,7 +411,7 @@ struct SecretsTests {
     }
 }
 
-@Suite("Credentials change without a restart")
+@Suite("Credentials change without a restart", .timeLimit(.minutes(3)))
 struct CredentialReloadTests {
     /// Polls /metrics until `text` shows up.
     static func waitForMetric(_ text: String, port: Int) async throws {
@@ -495,7 +495,7 @@ struct CredentialReloadTests {
     }
 }
 
-@Suite("apns-relay check-config")
+@Suite("apns-relay check-config", .timeLimit(.minutes(3)))
 struct CheckConfigProcessTests {
     @Test func theShippedFilePassesAndABrokenOneIsExplained() async throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
@@ -510,7 +510,7 @@ struct CheckConfigProcessTests {
     }
 }
 
-@Suite("apns-relay-dev bench e2e")
+@Suite("apns-relay-dev bench e2e", .timeLimit(.minutes(3)))
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line.
     @Test func smallRunPrintsItsFigures() async throws {
@@ -525,7 +525,7 @@ struct BenchE2EProcessTests {
     }
 }
 
-@Suite("apns-relay-dev demo")
+@Suite("apns-relay-dev demo", .timeLimit(.minutes(3)))
 struct DemoProcessTests {
     @Test func aSmallDemoAnswersEveryIntentAndShowsDuplicates() async throws {
         let run = try await RelayBinary.runDev(["demo", "--count", "200", "--devices", "40", "--failure-rate", "0"])

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import Spawn
 
-@Suite("Child processes")
+@Suite("Child processes", .timeLimit(.minutes(3)))
 struct ChildProcessTests {
     @Test func theChildGetsItsStreamsAndNoOtherDescriptor() throws {
         // A descriptor that would be inherited (no close-on-exec), as a C library might leave one.
