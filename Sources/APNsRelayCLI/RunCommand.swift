@@ -53,7 +53,10 @@ struct RunCommand: AsyncParsableCommand {
         // answer ("stopping") until it is done.
         let group = ServiceGroup(configuration: .init(
             services: [
-                StatusService(port: configuration.http.port, registry: registry, status: current, logger: logger),
+                StatusService(host: configuration.http.address, port: configuration.http.port,
+                              limits: StatusServer.Limits(requestTimeout: .seconds(configuration.http.requestTimeoutSeconds),
+                                                          maxConnections: configuration.http.maxConnections),
+                              registry: registry, status: current, logger: logger),
                 PipelineService(current: current, configFile: config, logger: logger,
                                 reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
             ],

@@ -181,8 +181,13 @@ struct ConfigurationReader {
         }
 
         let http = mapping(top["http"], key: "http") ?? [:]
-        checkKnown(http, prefix: "http.", known: ["port"])
-        configuration.http.port = integer(http, "http.port", default: 9464, range: 0...65535)
+        checkKnown(http, prefix: "http.", known: ["address", "port", "request_timeout_seconds", "max_connections"])
+        configuration.http.address = string(http, "http.address", default: configuration.http.address, nonEmpty: true)
+        configuration.http.port = integer(http, "http.port", default: configuration.http.port, range: 0...65535)
+        configuration.http.requestTimeoutSeconds = integer(http, "http.request_timeout_seconds",
+                                                           default: configuration.http.requestTimeoutSeconds, range: 1...300)
+        configuration.http.maxConnections = integer(http, "http.max_connections", default: configuration.http.maxConnections,
+                                                    range: 1...100_000)
         configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
         return configuration
     }

@@ -58,7 +58,10 @@ extension RelayConfiguration {
             rules(topicRules, indent: "      ")
         }
         lines.append("http:")
+        lines.append("  address: \(quote(http.address))")
         lines.append("  port: \(http.port)")
+        lines.append("  request_timeout_seconds: \(http.requestTimeoutSeconds)")
+        lines.append("  max_connections: \(http.maxConnections)")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
         return lines.joined(separator: "\n")
     }

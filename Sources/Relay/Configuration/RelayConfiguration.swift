@@ -164,7 +164,15 @@ public struct RelayConfiguration: Sendable {
     }
 
     public struct HTTP: Sendable {
+        /// The address the status endpoints listen on (all interfaces by default: the kubelet's
+        /// probes and Prometheus reach the pod's IP).
+        public var address = "0.0.0.0"
         public var port = 9464
+        /// A connection must deliver a whole request head within this (idle keep-alive
+        /// connections and slow-loris requests are closed).
+        public var requestTimeoutSeconds = 10
+        /// Connections open at once; more are closed as they arrive.
+        public var maxConnections = 4096
         public init() {}
     }
 

@@ -8,16 +8,19 @@ public import ServiceLifecycle
 public struct StatusService: Service {
     let host: String
     let port: Int
+    let limits: StatusServer.Limits
     let registry: PrometheusCollectorRegistry
     let status: any RelayStatus
     let logger: Logger
     let bound: @Sendable (Int) -> Void
 
     /// - Parameter bound: called with the port once the server listens.
-    public init(host: String = "0.0.0.0", port: Int, registry: PrometheusCollectorRegistry, status: any RelayStatus,
+    public init(host: String = "0.0.0.0", port: Int, limits: StatusServer.Limits = StatusServer.Limits(),
+                registry: PrometheusCollectorRegistry, status: any RelayStatus,
                 logger: Logger, bound: @escaping @Sendable (Int) -> Void = { _ in }) {
         self.host = host
         self.port = port
+        self.limits = limits
         self.registry = registry
         self.status = status
         self.logger = logger
@@ -26,19 +29,20 @@ public struct StatusService: Service {
 
     /// The port could not be served.
     public struct BindError: Error, CustomStringConvertible {
+        public var address: String
         public var port: Int
         public var reason: String
-        public var description: String { "cannot serve http.port \(port): \(reason)" }
+        public var description: String { "cannot serve http.port \(port) on \(address): \(reason)" }
     }
 
     public func run() async throws {
         let server: StatusServer
         do {
-            server = try await StatusServer.start(host: host, port: port, registry: registry, status: status)
+            server = try await StatusServer.start(host: host, port: port, registry: registry, status: status, limits: limits)
         } catch {
-            throw BindError(port: port, reason: "\(error)")
+            throw BindError(address: host, port: port, reason: "\(error)")
         }
-        logger.info("serving /metrics, /healthz, /readyz", metadata: ["http.port": "\(server.port)"])
+        logger.info("serving /metrics, /healthz, /readyz", metadata: ["http.address": "\(host)", "http.port": "\(server.port)"])
         bound(server.port)
         // Until the group's shutdown reaches this service (or the group is cancelled).
         try? await gracefulShutdown()
