@@ -114,14 +114,22 @@ struct PipelineService: Service {
                 watching.cancel()
                 guard let (next, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
                 fingerprint = seen
+                let previous = pipeline.configuration
                 do {
                     current.pipeline = try RelayPipeline(configuration: next, logger: logger)
-                    // A SIGTERM while the new one was being made stopped the old one only.
-                    if stopping.load(ordering: .relaxed) { current.pipeline.requestStop() }
                 } catch {
-                    logger.critical("cannot start the pipeline with the new configuration", metadata: ["relay.error": "\(error)"])
-                    return
+                    // Validated, yet refused: the drained relay starts again as it was.
+                    logger.error("cannot start with the new configuration; the running one stays", metadata: ["relay.error": "\(error)"])
+                    Self.countReload("invalid")
+                    do {
+                        current.pipeline = try RelayPipeline(configuration: previous, logger: logger)
+                    } catch {
+                        logger.critical("cannot start the pipeline again", metadata: ["relay.error": "\(error)"])
+                        return
+                    }
                 }
+                // A SIGTERM while the new one was being made stopped the old one only.
+                if stopping.load(ordering: .relaxed) { current.pipeline.requestStop() }
             }
         } onGracefulShutdown: {
             stopping.store(true, ordering: .relaxed)
@@ -153,6 +161,13 @@ struct PipelineService: Service {
             last = seen
             if let broken = Self.brokenKey(configuration) {
                 logger.error("a changed key file is broken; the running credentials stay", metadata: ["relay.error": "\(broken)"])
+                Self.countReload("invalid")
+                continue
+            }
+            do {
+                try RelayPipeline.validate(configuration)
+            } catch {
+                logger.error("the changed configuration is refused; the running one stays", metadata: ["relay.error": "\(error)"])
                 Self.countReload("invalid")
                 continue
             }

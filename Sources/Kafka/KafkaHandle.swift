@@ -138,3 +138,12 @@ func string(fromCBuffer buffer: [CChar]) -> String {
     let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
     return String(decoding: bytes, as: UTF8.self)
 }
+
+/// librdkafka settings checked without making a client.
+public enum KafkaSettings {
+    /// Throws what librdkafka says of the first setting it refuses (an unknown name, a value it
+    /// cannot read), in name order; makes no client and opens no connection.
+    public static func validate(_ properties: [String: String]) throws(KafkaError) {
+        _ = try KafkaConfigBuilder(properties)
+    }
+}

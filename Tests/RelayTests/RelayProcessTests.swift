@@ -276,6 +276,9 @@ struct RelayProcessTests {
         let second = try RelayProcess.start(config: config)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 600)
         #expect(ids.count == 600)
+        // The first relay may have answered every intent before it died, committing none: the
+        // second one redoes what was not committed, and everything ends committed.
+        try await waitUntil(timeout: .seconds(90), asking: { (try? await harness.committedTotal()) == 600 })
         let accepted = harness.simulator.accepted.map(\.apnsID)
         let twice = accepted.count - Set(accepted).count
         let inFlightAtKill = 600 - Int(committedAtKill)
@@ -421,6 +424,32 @@ struct CredentialReloadTests {
             guard ContinuousClock.now < deadline else { throw OutcomesTimedOut() }
             try await Task.sleep(for: .milliseconds(200))
         }
+    }
+
+    /// A change that loads but that librdkafka or the Redis URL parser refuses leaves the
+    /// running relay untouched: it is counted as invalid, the process keeps relaying.
+    @Test func aChangeOnlyTheClientsWouldRefuseLeavesTheRunningRelayAlone() async throws {
+        let harness = try await ProcessHarness.start()
+        let port = try freePort()
+        let config = try writeConfig(harness: harness, httpPort: port)
+        let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
+        try await Self.waitForMetric("relay_intents_consumed_total", port: port)
+        let original = try String(contentsOfFile: config, encoding: .utf8)
+        // librdkafka knows no such value; the loader passes kafka.config through as it is.
+        try original.replacingOccurrences(of: "heartbeat.interval.ms: 500", with: "heartbeat.interval.ms: soon")
+            .write(toFile: config, atomically: true, encoding: .utf8)
+        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#, port: port)
+        // A Redis URL that does not parse.
+        try original.replacingOccurrences(of: "url: \"\"", with: "url: \"redis://:99999999\"")
+            .write(toFile: config, atomically: true, encoding: .utf8)
+        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 2"#, port: port)
+        try await harness.produce(20)
+        let (ids, _) = try await harness.outcomeIDs(atLeast: 20)
+        #expect(ids.count == 20)
+        let metrics = try await httpGet(port: port, path: "/metrics")
+        #expect(!metrics.body.contains(#"relay_config_reloads_total{result="applied"}"#) || metrics.body.contains(#"relay_config_reloads_total{result="applied"} 0"#))
+        #expect(await relay.terminate() == 0)
+        await harness.simulator.stop()
     }
 
     @Test func aNewKeyIsPickedUpARemovedTopicStopsAndABrokenKeyIsRefused() async throws {

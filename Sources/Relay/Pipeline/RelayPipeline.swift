@@ -122,6 +122,16 @@ public final class RelayPipeline: RelayStatus, Service {
                                           maxBatch: 1000, bufferedMessages: 5000, logger: logger)
     }
 
+    /// Checks what the initialiser would refuse in `configuration`, without making any client:
+    /// the Redis URL, the librdkafka settings, the credentials' key files.
+    public static func validate(_ configuration: RelayConfiguration) throws {
+        if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
+        try KafkaSettings.validate(configuration.kafka.properties)
+        for credential in configuration.apns.credentials {
+            _ = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+        }
+    }
+
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
