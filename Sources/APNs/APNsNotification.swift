@@ -128,6 +128,7 @@ extension APNsNotification {
         case .failure(.notAnObject): throw APNsValidationError(.badPayload, "payload is not a JSON object")
         case .failure(.tooDeep): throw APNsValidationError(.badPayload, "payload nests deeper than \(PayloadScanner.maximumDepth) levels")
         case .failure(.malformed(let offset)): throw APNsValidationError(.badPayload, "payload is not valid JSON (at byte \(offset))")
+        case .failure(.invalidUTF8(let offset)): throw APNsValidationError(.badPayload, "payload is not valid UTF-8 (at byte \(offset))")
         }
         guard summary.aps == .object else {
             throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")

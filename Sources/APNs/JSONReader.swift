@@ -10,6 +10,9 @@ public struct JSONReader {
 
     public enum Failure: Error, Equatable, Sendable {
         case malformed(offset: Int)
+        /// A string holds bytes that are not UTF-8 (RFC 3629: no overlong forms, no surrogates,
+        /// nothing past U+10FFFF), first at this offset.
+        case invalidUTF8(offset: Int)
         case tooDeep
     }
 
@@ -198,6 +201,10 @@ public struct JSONReader {
                 return escaped
             }
             if byte < 0x20 { throw .malformed(offset: index) }
+            if byte >= 0x80 {
+                index += try Self.utf8SequenceLength(bytes, at: index)
+                continue
+            }
             if byte == UInt8(ascii: "\\") {
                 escaped = true
                 index += 1
@@ -220,6 +227,31 @@ public struct JSONReader {
             index += 1
         }
         throw .malformed(offset: index)
+    }
+
+    /// The length of the well-formed UTF-8 sequence of a non-ASCII character starting at
+    /// `start` (RFC 3629, table 3-7 of the Unicode standard).
+    private static func utf8SequenceLength(_ bytes: UnsafeRawBufferPointer, at start: Int) throws(Failure) -> Int {
+        let lead = bytes[start]
+        let length: Int
+        var lower: UInt8 = 0x80, upper: UInt8 = 0xBF
+        switch lead {
+        case 0xC2...0xDF: length = 2
+        case 0xE0: length = 3; lower = 0xA0
+        case 0xE1...0xEC, 0xEE...0xEF: length = 3
+        case 0xED: length = 3; upper = 0x9F
+        case 0xF0: length = 4; lower = 0x90
+        case 0xF1...0xF3: length = 4
+        case 0xF4: length = 4; upper = 0x8F
+        default: throw .invalidUTF8(offset: start)
+        }
+        guard start + length <= bytes.count else { throw .invalidUTF8(offset: start) }
+        // The second byte has the lead's own range; the others are plain continuation bytes.
+        guard (lower...upper).contains(bytes[start + 1]) else { throw .invalidUTF8(offset: start) }
+        for offset in 2..<length where !(0x80...0xBF).contains(bytes[start + offset]) {
+            throw .invalidUTF8(offset: start)
+        }
+        return length
     }
 
     /// Decodes the escapes of a string body already checked by ``skipString()``.

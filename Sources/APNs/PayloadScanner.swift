@@ -15,6 +15,7 @@ enum PayloadScanner {
 
     enum Failure: Error, Equatable {
         case malformed(offset: Int)
+        case invalidUTF8(offset: Int)
         case notAnObject
         case tooDeep
     }
@@ -28,6 +29,7 @@ enum PayloadScanner {
         } catch {
             switch error {
             case .malformed(let offset): throw .malformed(offset: offset)
+            case .invalidUTF8(let offset): throw .invalidUTF8(offset: offset)
             case .tooDeep: throw .tooDeep
             }
         }

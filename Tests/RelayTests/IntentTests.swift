@@ -34,6 +34,37 @@ struct IntentTests {
         #expect(nowOrNever.environment == .development)
     }
 
+    /// Invalid UTF-8 anywhere in an intent's strings (payload keys and values, topic, id) makes
+    /// it `invalid`, naming the byte; well-formed characters of every length pass.
+    @Test func invalidUTF8AnywhereIsRefusedWithItsOffset() throws {
+        func bytes(_ before: String, _ bad: [UInt8], _ after: String) -> (message: [UInt8], offset: Int) {
+            (Array(before.utf8) + bad + Array(after.utf8), before.utf8.count)
+        }
+        let token = Self.token
+        let cases: [(String, [UInt8], String)] = [
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":"hi "#, [0xC0, 0xAF], #""}}}"#),  // overlong
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":"#, [], ""),  // placeholder, replaced below
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{},"k"#, [0xED, 0xA0, 0x80], #"":1}}"#),  // surrogate in a key
+            (#"{"id":"a","token":"\#(token)","topic":"com."#, [0xF4, 0x90, 0x80, 0x80], #"","payload":{"aps":{}}}"#),  // past U+10FFFF in the topic
+            (#"{"id":""#, [0xE2, 0x82], #"","token":"\#(token)","topic":"com.x","payload":{"aps":{}}}"#),  // truncated in the id
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":""#, [0x80], #""}}}"#),  // lone continuation
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":""#, [0xFF], #""}}}"#),
+        ].filter { !$0.1.isEmpty }
+        for (before, bad, after) in cases {
+            let (message, offset) = bytes(before, bad, after)
+            do {
+                _ = try Intent.parse(message, key: nil, now: Self.now, defaultTTL: 86_400)
+                Issue.record("accepted \(bad)")
+            } catch {
+                #expect(error.reason == "InvalidUTF8", "\(bad): \(error)")
+                #expect(error.message.contains("at byte \(offset)"), "\(bad): \(error.message)")
+            }
+        }
+        let fine = #"{"id":"é€😀","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":"é € 😀 \u00e9"},"ключ":"値"}}"#
+        let intent = try Intent.parse(Array(fine.utf8), key: nil, now: Self.now, defaultTTL: 86_400)
+        #expect(intent.id == "é€😀")
+    }
+
     @Test func apnsIDIsStablePerIntentID() throws {
         let first = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}}"#).get()
         let second = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"x"}}}"#).get()

@@ -134,7 +134,12 @@ extension Intent {
         guard value.count <= maxMessageBytes else {
             throw invalid("MessageTooLarge", "intent is \(value.count) bytes, at most \(maxMessageBytes) allowed")
         }
-        guard let fields = value.withUnsafeBytes({ Fields.read($0) }) else {
+        let fields: Fields
+        switch value.withUnsafeBytes({ Fields.read($0) }) {
+        case .success(let read): fields = read
+        case .failure(.invalidUTF8(let offset)):
+            throw invalid("InvalidUTF8", "intent holds a string that is not valid UTF-8 (at byte \(offset))")
+        case .failure:
             throw invalid("NotJSON", "intent is not a JSON object")
         }
         let id = fields.string(.id)
@@ -242,11 +247,11 @@ extension Intent {
 
         private var values: [JSONReader.Value?] = Array(repeating: nil, count: Field.allCases.count)
 
-        /// nil unless the bytes are exactly one well-formed JSON object.
-        static func read(_ bytes: UnsafeRawBufferPointer) -> Fields? {
+        /// The fields, unless the bytes are not exactly one well-formed JSON object.
+        static func read(_ bytes: UnsafeRawBufferPointer) -> Result<Fields, JSONReader.Failure> {
             var fields = Fields()
             var reader = JSONReader(bytes)
-            guard reader.nextIs(UInt8(ascii: "{")) else { return nil }
+            guard reader.nextIs(UInt8(ascii: "{")) else { return .failure(.malformed(offset: 0)) }
             do {
                 try reader.forEachMember { reader, key throws(JSONReader.Failure) in
                     if let field = Field(key: key) {
@@ -257,9 +262,9 @@ extension Intent {
                 }
                 try reader.expectEnd()
             } catch {
-                return nil
+                return .failure(error)
             }
-            return fields
+            return .success(fields)
         }
 
         subscript(field: Field) -> JSONReader.Value? { values[field.rawValue] }
