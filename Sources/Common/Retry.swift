@@ -23,6 +23,7 @@ public struct Retry: Sendable {
     ///   - attempt: one try.
     ///   - failed: hears each failure, with how many there were so far (1 for the first), and
     ///     says whether to try again.
+    @inlinable
     public func run<T, Failure: Error>(_ attempt: () async throws(Failure) -> T,
                                        failed: (Failure, Int) -> RetryDecision) async -> T? {
         var failures = 0
