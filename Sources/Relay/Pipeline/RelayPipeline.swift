@@ -204,17 +204,19 @@ public final class RelayPipeline: RelayStatus, Service {
 
     private func runUntilStopped() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
-        await withTaskGroup(of: Void.self) { group in
+        let left = await withTaskGroup(of: Void.self) { group -> Int in
             group.addTask { await self.consumeAndWork() }
             group.addTask { await self.deliverMailboxes() }
             group.addTask { await self.reportLag() }
             await stopping.wait()
             logger.info("stopping: consuming stopped", metadata: ["relay.in_flight": "\(inFlight)"])
             await drain()
+            // What is still in flight now is abandoned.
+            let left = inFlight
             abandoning.open()
             await group.waitForAll()
+            return left
         }
-        let left = inFlight
         if left > 0 {
             logger.warning("shutdown deadline passed with intents in flight: abandoned, their offsets stay uncommitted",
                            metadata: ["relay.in_flight": "\(left)"])
