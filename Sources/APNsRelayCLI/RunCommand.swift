@@ -49,24 +49,29 @@ struct RunCommand: AsyncParsableCommand {
         }
         for warning in pipeline.warnings { logger.warning("\(warning)") }
         let current = CurrentPipeline(pipeline)
+        let status: StatusServer
+        do {
+            status = try await StatusServer.start(
+                host: configuration.http.address, port: configuration.http.port, registry: registry, status: current,
+                limits: StatusServer.Limits(requestTimeout: .seconds(configuration.http.requestTimeoutSeconds),
+                                            maxConnections: configuration.http.maxConnections))
+        } catch {
+            Terminal.error("cannot serve http.port \(configuration.http.port) on \(configuration.http.address): \(error)")
+            throw ExitCode(1)
+        }
+        logger.info("serving /metrics, /healthz, /readyz", metadata: [
+            "http.address": "\(configuration.http.address)", "http.port": "\(status.port)",
+        ])
         // Shut down in reverse order: the relay drains and commits first, the status endpoints
         // answer ("stopping") until it is done.
         let group = ServiceGroup(configuration: .init(
             services: [
-                StatusService(host: configuration.http.address, port: configuration.http.port,
-                              limits: StatusServer.Limits(requestTimeout: .seconds(configuration.http.requestTimeoutSeconds),
-                                                          maxConnections: configuration.http.maxConnections),
-                              registry: registry, status: current, logger: logger),
+                StatusService(server: status, logger: logger),
                 PipelineService(current: current, configFile: config, logger: logger,
                                 reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
-        do {
-            try await group.run()
-        } catch let error as StatusService.BindError {
-            Terminal.error("\(error)")
-            throw ExitCode(1)
-        }
+        try await group.run()
     }
 }
 

@@ -133,9 +133,7 @@ private final class StatusHandler: ChannelInboundHandler {
     /// The next request head must arrive within the timeout.
     private func awaitRequest(context: ChannelHandlerContext) {
         deadline?.cancel()
-        let timeout = TimeAmount.nanoseconds(requestTimeout.components.seconds * 1_000_000_000
-                                             + requestTimeout.components.attoseconds / 1_000_000_000)
-        deadline = context.eventLoop.assumeIsolated().scheduleTask(in: timeout) {
+        deadline = context.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(requestTimeout)) {
             context.close(promise: nil)
         }
     }
