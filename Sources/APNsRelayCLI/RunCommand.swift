@@ -170,7 +170,7 @@ struct PipelineService: Service {
                 continue
             }
             do {
-                try RelayPipeline.validate(configuration)
+                try RelayPipeline.validateClientSettings(configuration)
             } catch {
                 logger.error("the changed configuration is refused; the running one stays", metadata: ["relay.error": "\(error)"])
                 Self.countReload("invalid")

@@ -122,14 +122,12 @@ public final class RelayPipeline: RelayStatus, Service {
                                           maxBatch: 1000, bufferedMessages: 5000, logger: logger)
     }
 
-    /// Checks what the initialiser would refuse in `configuration`, without making any client:
-    /// the Redis URL, the librdkafka settings, the credentials' key files.
-    public static func validate(_ configuration: RelayConfiguration) throws {
+    /// Checks what the initialiser's clients would refuse in `configuration`, without making any
+    /// client: the Redis URL and the librdkafka settings. (The credentials' key files are read
+    /// by whoever checks a change for them; the initialiser reads them again.)
+    public static func validateClientSettings(_ configuration: RelayConfiguration) throws {
         if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
         try KafkaSettings.validate(configuration.kafka.properties)
-        for credential in configuration.apns.credentials {
-            _ = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
-        }
     }
 
     /// Outcomes published so far, by status.
