@@ -134,7 +134,7 @@ func partitions(of list: UnsafePointer<rd_kafka_topic_partition_list_t>?) -> [To
 }
 
 /// Text from a fixed-size C buffer (up to its first NUL).
-func string(fromCBuffer buffer: [CChar]) -> String {
+package func string(fromCBuffer buffer: [CChar]) -> String {
     let bytes = buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
     return String(decoding: bytes, as: UTF8.self)
 }

@@ -31,7 +31,7 @@ public final class KafkaMockCluster: @unchecked Sendable {
         guard let owner = rd_kafka_new(RD_KAFKA_PRODUCER, conf, &errorText, errorText.count) else {
             rd_kafka_conf_destroy(conf)
             throw KafkaError(code: RD_KAFKA_RESP_ERR__FAIL.rawValue,
-                             message: "cannot start the mock Kafka cluster's client: \(Self.text(errorText))")
+                             message: "cannot start the mock Kafka cluster's client: \(string(fromCBuffer: errorText))")
         }
         guard let cluster = rd_kafka_mock_cluster_new(owner, Int32(brokers)) else {
             rd_kafka_destroy(owner)
@@ -44,10 +44,6 @@ public final class KafkaMockCluster: @unchecked Sendable {
     deinit {
         rd_kafka_mock_cluster_destroy(cluster)
         rd_kafka_destroy(owner)
-    }
-
-    private static func text(_ buffer: [CChar]) -> String {
-        String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// `host:port,...` of the mock brokers.
