@@ -67,6 +67,18 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             self.completion = completion
         }
 
+        /// Headers with a status and END_STREAM arrived.
+        var isComplete: Bool { endOfStream && status != nil }
+
+        func end(_ end: HTTP2ConnectionStateMachine.StreamEnd) {
+            switch end {
+            case .response:
+                finish(.success(HTTP2Response(status: status ?? 0, headers: headers, body: body)))
+            case .failure(let error):
+                finish(.failure(error))
+            }
+        }
+
         func finish(_ result: Result<HTTP2Response, HTTP2StreamError>) {
             guard let completion else { return }
             self.completion = nil
@@ -74,23 +86,19 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         }
     }
 
-    private enum State { case starting, open, goingAway, closed }
-
     private let configuration: Configuration
     // Stored state below is `@exclusivity(unchecked)`: only this connection's event loop
     // touches it, so accesses never overlap, and the dynamic exclusivity checks cost about 9% of
     // the client's throughput (bench apns, see docs/architecture.md).
     @exclusivity(unchecked) private var session: NGHTTP2Session?
     @exclusivity(unchecked) private var context: ChannelHandlerContext?
-    @exclusivity(unchecked) private var state: State = .starting
+    /// The connection's rules (stream limit, GOAWAY, PING, ready deadline); this handler feeds it
+    /// events and carries out its answers.
+    @exclusivity(unchecked) private var machine: HTTP2ConnectionStateMachine
     @exclusivity(unchecked) private var closeReason: HTTP2Error?
     @exclusivity(unchecked) private var streams: [Int32: Exchange] = [:]
     @exclusivity(unchecked) private var pending = CircularBuffer<Exchange>()
-    @exclusivity(unchecked) private var goAwayLastStreamID: Int32 = .max
-    @exclusivity(unchecked) private var serverStreamLimit: Int = 1
     @exclusivity(unchecked) private var flushScheduled = false
-    @exclusivity(unchecked) private var lastFrameReceived = NIODeadline.now()
-    @exclusivity(unchecked) private var pingSentAt: NIODeadline?
     @exclusivity(unchecked) private var timer: Scheduled<Void>?
 
     /// Called on the event loop for every connection-level event.
@@ -98,16 +106,21 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
+        self.machine = HTTP2ConnectionStateMachine(
+            configuration: .init(maxConcurrentStreams: configuration.maxConcurrentStreams,
+                                 idlePingInterval: configuration.idlePingInterval,
+                                 pingTimeout: configuration.pingTimeout, readyTimeout: configuration.readyTimeout),
+            now: .now())
     }
 
     // MARK: Public, event loop only
 
     /// How many streams may be open at once now.
-    public var streamLimit: Int { min(serverStreamLimit, configuration.maxConcurrentStreams) }
+    public var streamLimit: Int { machine.streamLimit }
     /// Requests on the wire.
     public var openStreams: Int { streams.count }
     /// True while new requests are accepted.
-    public var isAcceptingRequests: Bool { state == .starting || state == .open }
+    public var isAcceptingRequests: Bool { machine.isAcceptingRequests }
 
     /// Sends `request` when a stream is free; `completion` runs exactly once on the event loop.
     public func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
@@ -121,8 +134,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     /// Starts a graceful shutdown: no new streams, in-flight ones finish, then the connection closes.
     public func shutdown() {
-        guard let context, state == .open || state == .starting else { return }
-        state = .goingAway
+        guard let context, machine.shutdownRequested() else { return }
         failPending(.refused("connection is shutting down"))
         if let session {
             try? session.submitGoAway(lastStreamID: 0, errorCode: HTTP2ErrorCode.noError, debugData: [])
@@ -157,7 +169,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             fail(context, error)
             return
         }
-        lastFrameReceived = .now()
+        machine.frameReceived(now: .now())
         scheduleTimer(context)
         flush(context)
     }
@@ -172,9 +184,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard let session, state != .closed else { return }
-        lastFrameReceived = .now()
-        pingSentAt = nil
+        guard let session, machine.phase != .closed else { return }
+        machine.frameReceived(now: .now())
         do {
             try session.receive(unwrapInboundIn(data))
         } catch {
@@ -184,7 +195,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func channelReadComplete(context: ChannelHandlerContext) {
         flush(context)
-        if let session, !session.isAlive, state == .starting || state == .open {
+        if let session, !session.isAlive, machine.isAcceptingRequests {
             // nghttp2 ended the session over something the server sent; its GOAWAY went out in
             // the flush above.
             fail(context, .protocolViolation(session.lastPeerError ?? "server broke the HTTP/2 protocol"))
@@ -199,7 +210,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     public func channelInactive(context: ChannelHandlerContext) {
-        connectionEnded(closeReason ?? (state == .goingAway ? nil : .closed("peer closed the connection")))
+        connectionEnded(closeReason ?? (machine.phase == .goingAway ? nil : .closed("peer closed the connection")))
         context.fireChannelInactive()
     }
 
@@ -245,49 +256,38 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     func streamClosed(_ streamID: Int32, errorCode: UInt32) {
         guard let exchange = streams.removeValue(forKey: streamID) else { return }
-        if exchange.endOfStream, let status = exchange.status {
-            exchange.finish(.success(HTTP2Response(status: status, headers: exchange.headers, body: exchange.body)))
-        } else if errorCode == HTTP2ErrorCode.refusedStream || !exchange.headersSent || streamID > goAwayLastStreamID {
-            exchange.finish(.failure(.refused(errorCode == HTTP2ErrorCode.refusedStream ? "REFUSED_STREAM" : "not processed")))
-        } else if exchange.completion != nil, exchange.deadline <= .now() {
-            exchange.finish(.failure(.timedOut))
-        } else {
-            exchange.finish(.failure(.reset(errorCode)))
-        }
+        let end = machine.streamClosed(streamID, errorCode: errorCode, complete: exchange.isComplete,
+                                       headersSent: exchange.headersSent,
+                                       deadlinePassed: exchange.completion != nil && exchange.deadline <= .now())
+        exchange.end(end)
         startPendingStreams()
     }
 
     func settingsReceived() {
         guard let session else { return }
-        let advertised = Int(clamping: session.remoteMaxConcurrentStreams)
-        let previous = streamLimit
-        serverStreamLimit = advertised
-        if state == .starting {
-            state = .open
-            onEvent?(.ready)
-        }
-        if streamLimit != previous { onEvent?(.streamLimitChanged(streamLimit)) }
+        let change = machine.settingsReceived(maxConcurrentStreams: Int(clamping: session.remoteMaxConcurrentStreams))
+        if change.becameReady { onEvent?(.ready) }
+        if let limit = change.streamLimit { onEvent?(.streamLimitChanged(limit)) }
         startPendingStreams()
     }
 
     func goAwayReceived(lastStreamID: Int32, errorCode: UInt32, debugData: [UInt8]) {
-        goAwayLastStreamID = min(goAwayLastStreamID, lastStreamID)
-        if state != .closed { state = .goingAway }
+        machine.goAwayReceived(lastStreamID: lastStreamID)
         failPending(.refused("server sent GOAWAY"))
         onEvent?(.goAway(lastStreamID: lastStreamID, errorCode: errorCode,
                          debugData: String(decoding: debugData, as: UTF8.self)))
     }
 
     func pingAcknowledged() {
-        pingSentAt = nil
+        machine.pingAcknowledged()
     }
 
     // MARK: Internals
 
     private func startPendingStreams() {
-        guard state == .open, let session, let context else { return }
+        guard let session, let context else { return }
         var started = false
-        while streams.count < streamLimit, let exchange = pending.popFirst() {
+        while machine.streamsToStart(open: streams.count, pending: pending.count) > 0, let exchange = pending.popFirst() {
             guard exchange.completion != nil, let request = exchange.request else { continue }
             exchange.request = nil
             do {
@@ -316,7 +316,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     private func flush(_ context: ChannelHandlerContext) {
-        guard let session, state != .closed else { return }
+        guard let session, machine.phase != .closed else { return }
         do {
             try session.flush(to: context)
         } catch {
@@ -325,15 +325,14 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     private func closeIfFinished() {
-        guard let context, let session, state == .goingAway else { return }
-        if streams.isEmpty || !session.isAlive {
-            context.close(promise: nil)
-        }
+        guard let context, let session,
+              machine.shouldClose(openStreams: streams.count, sessionAlive: session.isAlive) else { return }
+        context.close(promise: nil)
     }
 
     private func scheduleTimer(_ context: ChannelHandlerContext) {
         timer = context.eventLoop.assumeIsolated().scheduleTask(in: configuration.timerResolution) { [self] in
-            guard let context = self.context, state != .closed else { return }
+            guard let context = self.context, machine.phase != .closed else { return }
             tick(context)
             scheduleTimer(context)
         }
@@ -351,20 +350,17 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             try? session?.submitResetStream(streamID, errorCode: HTTP2ErrorCode.cancel)
             cancelled = true
         }
-        if let pingSentAt {
-            if now - pingSentAt > configuration.pingTimeout {
-                fail(context, .pingTimeout)
-                return
-            }
-        } else if now - lastFrameReceived > configuration.idlePingInterval, state == .open || state == .goingAway {
+        switch machine.timerFired(now: now) {
+        case .none:
+            break
+        case .sendPing:
             try? session?.submitPing()
-            pingSentAt = now
             cancelled = true
+        case .fail(let error):
+            fail(context, error)
+            return
         }
         if cancelled { flush(context) }
-        if state == .starting, now - lastFrameReceived > configuration.readyTimeout {
-            fail(context, .connectTimeout)
-        }
     }
 
     private func failPending(_ error: HTTP2StreamError) {
@@ -374,7 +370,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     private func fail(_ context: ChannelHandlerContext, _ error: HTTP2Error) {
-        guard state != .closed else { return }
+        guard machine.phase != .closed else { return }
         if closeReason == nil { closeReason = error }
         connectionEnded(error)
         context.close(promise: nil)
@@ -382,9 +378,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     /// Ends every request, exactly once, and reports the close.
     private func connectionEnded(_ error: HTTP2Error?) {
-        guard state != .closed else { return }
         let started = session != nil
-        state = .closed
+        guard machine.connectionEnded() else { return }
         timer?.cancel()
         timer = nil
         let why = error?.description ?? "connection closed"
@@ -392,13 +387,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         let open = streams
         streams.removeAll()
         for (streamID, exchange) in open {
-            if exchange.endOfStream, let status = exchange.status {
-                exchange.finish(.success(HTTP2Response(status: status, headers: exchange.headers, body: exchange.body)))
-            } else if !exchange.headersSent || streamID > goAwayLastStreamID {
-                exchange.finish(.failure(.refused(why)))
-            } else {
-                exchange.finish(.failure(.connectionLost(why)))
-            }
+            exchange.end(machine.streamAtConnectionEnd(streamID, complete: exchange.isComplete,
+                                                       headersSent: exchange.headersSent, why: why))
         }
         // A channel that never became active (the connect failed) reports nothing: whoever
         // connected it has the connect error, which says more.
