@@ -49,8 +49,15 @@ let package = Package(
             name: "CRdKafka", pkgConfig: "rdkafka",
             providers: [.apt(["librdkafka-dev"])]),
 
-        // Small utilities the modules share: backoff with jitter, Duration arithmetic.
-        .target(name: "Common", swiftSettings: strict),
+        // Small utilities the modules share: backoff with jitter, the retry loop, the bounded async
+        // queue, the latch, Duration arithmetic.
+        .target(
+            name: "Common",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strict),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.
         .target(
             name: "HTTP2",
@@ -64,7 +71,8 @@ let package = Package(
         .target(
             name: "Kafka",
             dependencies: [
-                "CRdKafka",
+                "CRdKafka", "Common",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict),
@@ -74,6 +82,7 @@ let package = Package(
             dependencies: [
                 "CHiredis",
                 "Common",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -93,6 +102,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict),
         // The relay: intents, outcomes, configuration, the pipeline between Kafka and APNs.

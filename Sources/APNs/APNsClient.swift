@@ -5,6 +5,7 @@ public import Logging
 public import NIOCore
 import NIOPosix
 public import NIOSSL
+public import ServiceLifecycle
 import Synchronization
 
 public struct APNsClientConfiguration: Sendable {
@@ -42,7 +43,11 @@ public struct APNsClientConfiguration: Sendable {
 /// for a free stream, and returns APNs' answer classified; a request APNs did not process
 /// (streams above a GOAWAY's last-stream-id, REFUSED_STREAM) goes out again on another
 /// connection, and an ExpiredProviderToken answer gets one fresh token and one retry.
-public final class APNsClient: Sendable {
+///
+/// The initialiser opens nothing: the connections start with ``start()``, ``run()`` or the
+/// first send. As a `Service`, the client closes its connections gracefully when its service
+/// group shuts down.
+public final class APNsClient: Service, Sendable {
     public let configuration: APNsClientConfiguration
     private let connections: [APNsConnection]
     /// One executor per event loop the pool's connections live on.
@@ -51,6 +56,8 @@ public final class APNsClient: Sendable {
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
     private let isShutDown = Atomic<Bool>(false)
+    private let shutDownLatch = AsyncLatch()
+    private let started = Atomic<Bool>(false)
     /// Sends between admission and answer; bounded by the streams the pool may open plus
     /// `maxQueuedNotifications`.
     private let outstanding = Atomic<Int>(0)
@@ -93,7 +100,20 @@ public final class APNsClient: Sendable {
                            sslContext: sslContext, configuration: configuration, logger: logger)
         }
         self.taskExecutors = loops.prefix(configuration.connections).map { EventLoopTaskExecutor(eventLoop: $0) }
+    }
+
+    /// Starts connecting every connection of the pool, once.
+    public func start() {
+        guard !started.load(ordering: .relaxed), !started.exchange(true, ordering: .relaxed) else { return }
         for connection in connections { connection.start() }
+    }
+
+    /// Connects, waits for a graceful shutdown of the service group (or cancellation, or a
+    /// direct ``shutdown()``), then shuts the client down.
+    public func run() async {
+        start()
+        await waitForGracefulShutdown(orUntil: shutDownLatch)
+        await shutdown()
     }
 
     /// Sends one notification and returns APNs' answer (or why none came).
@@ -104,6 +124,7 @@ public final class APNsClient: Sendable {
     public func send(_ notification: APNsNotification) async throws -> APNsResult {
         // The synchronous work lives in helpers that are never inlined here: every byte of this
         // function's locals sits in the async frame of each send in flight, so it stays small.
+        start()
         try admit(notification)
         defer { outstanding.subtract(1, ordering: .relaxed) }
         let attempt = makeAttempt(notification)
@@ -125,14 +146,19 @@ public final class APNsClient: Sendable {
     }
 
     /// Closes every connection gracefully: in-flight requests finish, waiting ones fail.
+    /// Later calls wait for the first one to finish.
     public func shutdown() async {
-        guard !isShutDown.exchange(true, ordering: .relaxed) else { return }
+        guard !isShutDown.exchange(true, ordering: .relaxed) else {
+            await shutDownLatch.wait()
+            return
+        }
         for connection in connections {
             try? await connection.shutdown().get()
         }
         if ownsGroup {
             try? await group.shutdownGracefully()
         }
+        shutDownLatch.open()
     }
 
     /// Connections that have a ready HTTP/2 channel now.

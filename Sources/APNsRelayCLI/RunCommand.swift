@@ -40,15 +40,15 @@ struct RunCommand: AsyncParsableCommand {
         let logger = Logger(label: "apns-relay")
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
-        let pipeline: RelayPipeline
+        let application: RelayApplication
         do {
-            pipeline = try RelayPipeline(configuration: configuration, logger: logger)
+            application = try RelayApplication(configuration: configuration, logger: logger)
         } catch {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
         }
-        for warning in pipeline.warnings { logger.warning("\(warning)") }
-        let current = CurrentPipeline(pipeline)
+        for warning in application.pipeline.warnings { logger.warning("\(warning)") }
+        let current = CurrentApplication(application)
         let status: StatusServer
         do {
             status = try await StatusServer.start(
@@ -75,22 +75,22 @@ struct RunCommand: AsyncParsableCommand {
     }
 }
 
-/// The pipeline running now: the status endpoints follow it across reloads.
-final class CurrentPipeline: RelayStatus, Sendable {
-    private let current: Mutex<RelayPipeline>
+/// The relay running now: the status endpoints follow it across reloads.
+final class CurrentApplication: RelayStatus, Sendable {
+    private let current: Mutex<RelayApplication>
 
-    init(_ pipeline: RelayPipeline) {
-        current = Mutex(pipeline)
+    init(_ application: RelayApplication) {
+        current = Mutex(application)
     }
 
-    var pipeline: RelayPipeline {
+    var application: RelayApplication {
         get { current.withLock { $0 } }
         set { current.withLock { $0 = newValue } }
     }
 
-    var notAliveReason: String? { pipeline.notAliveReason }
-    var notReadyReason: String? { pipeline.notReadyReason }
-    var warnings: [String] { pipeline.warnings }
+    var notAliveReason: String? { application.pipeline.notAliveReason }
+    var notReadyReason: String? { application.pipeline.notReadyReason }
+    var warnings: [String] { application.pipeline.warnings }
 }
 
 /// Runs the pipeline; graceful shutdown asks it to drain. While it runs, the configuration file
@@ -100,7 +100,7 @@ final class CurrentPipeline: RelayStatus, Sendable {
 /// intents committed, the rest consumed again) and a new one starts with it. A broken change is
 /// logged, once, and the running configuration stays in use.
 struct PipelineService: Service {
-    let current: CurrentPipeline
+    let current: CurrentApplication
     let configFile: String
     let logger: Logger
     /// How often the files are checked (10 s; tests go faster).
@@ -110,41 +110,41 @@ struct PipelineService: Service {
         let stopping = Atomic<Bool>(false)
         let current = self.current
         await withGracefulShutdownHandler {
-            var fingerprint = Self.fingerprint(configFile, current.pipeline.configuration)
+            var fingerprint = Self.fingerprint(configFile, current.application.configuration)
             while true {
-                let pipeline = current.pipeline
+                let application = current.application
                 let start = fingerprint
-                let watching = Task { [self] in await watch(pipeline, from: start) }
-                await pipeline.run()
+                let watching = Task { [self] in await watch(application, from: start) }
+                await application.run()
                 watching.cancel()
                 guard let (next, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
                 fingerprint = seen
-                let previous = pipeline.configuration
+                let previous = application.configuration
                 do {
-                    current.pipeline = try RelayPipeline(configuration: next, logger: logger)
+                    current.application = try RelayApplication(configuration: next, logger: logger)
                 } catch {
                     // Validated, yet refused: the drained relay starts again as it was.
                     logger.error("cannot start with the new configuration; the running one stays", metadata: ["relay.error": "\(error)"])
                     Self.countReload("invalid")
                     do {
-                        current.pipeline = try RelayPipeline(configuration: previous, logger: logger)
+                        current.application = try RelayApplication(configuration: previous, logger: logger)
                     } catch {
-                        logger.critical("cannot start the pipeline again", metadata: ["relay.error": "\(error)"])
+                        logger.critical("cannot start the relay again", metadata: ["relay.error": "\(error)"])
                         return
                     }
                 }
                 // A SIGTERM while the new one was being made stopped the old one only.
-                if stopping.load(ordering: .relaxed) { current.pipeline.requestStop() }
+                if stopping.load(ordering: .relaxed) { current.application.requestStop() }
             }
         } onGracefulShutdown: {
             stopping.store(true, ordering: .relaxed)
-            current.pipeline.requestStop()
+            current.application.requestStop()
         }
     }
 
     /// Until cancelled: on a valid change, asks `pipeline` to stop and returns the new
     /// configuration with its fingerprint.
-    private func watch(_ pipeline: RelayPipeline, from start: [UInt8]) async -> (RelayConfiguration, [UInt8])? {
+    private func watch(_ application: RelayApplication, from start: [UInt8]) async -> (RelayConfiguration, [UInt8])? {
         var last = start
         while !Task.isCancelled {
             try? await Task.sleep(for: reloadInterval)
@@ -170,20 +170,20 @@ struct PipelineService: Service {
                 continue
             }
             do {
-                try RelayPipeline.validateClientSettings(configuration)
+                try RelayApplication.validateClientSettings(configuration)
             } catch {
                 logger.error("the changed configuration is refused; the running one stays", metadata: ["relay.error": "\(error)"])
                 Self.countReload("invalid")
                 continue
             }
-            if configuration.http.port != pipeline.configuration.http.port {
+            if configuration.http.port != application.configuration.http.port {
                 logger.warning("http.port changes only with a restart", metadata: ["http.port": "\(configuration.http.port)"])
             }
             logger.notice("configuration or credentials changed: draining and starting again with them", metadata: [
                 "apns.credentials": "\(configuration.apns.credentials.map { "\($0.teamID):\($0.keyID) \($0.topics)" })",
             ])
             Self.countReload("applied")
-            pipeline.requestStop()
+            application.requestStop()
             return (configuration, seen)
         }
         return nil

@@ -43,10 +43,11 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let count = workload.count
         // Latencies (consume to outcome) as the relay publishes its outcomes.
         let latencies = LatencyRecorder(capacity: count)
-        let pipeline = try RelayPipeline(configuration: configuration, worker: "bench", published: { outcome in
+        let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             latencies.record(outcome.latencyMilliseconds)
         })
-        let running = Task { await pipeline.run() }
+        let pipeline = application.pipeline
+        let running = Task { await application.run() }
         let deadline = ContinuousClock.now + .seconds(600)
         var finishedAt = ContinuousClock.now
         var lastReport = ContinuousClock.now

@@ -96,10 +96,11 @@ struct DemoCommand: AsyncParsableCommand {
     private func relay(_ configuration: RelayConfiguration, unregistered: String, badgeSeen: BadgeSeen) async throws -> [String: Int] {
         // The highest badge count among the outcomes (the badge increments arrive in order).
         let badge = badgeSeen
-        let pipeline = try RelayPipeline(configuration: configuration, worker: "demo", published: { outcome in
+        let application = try RelayApplication(configuration: configuration, worker: "demo", published: { outcome in
             if let count = outcome.badge { badge.value.max(count, ordering: .relaxed) }
         })
-        let running = Task { await pipeline.run() }
+        let pipeline = application.pipeline
+        let running = Task { await application.run() }
 
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
         var intents = Self.mixedStream(count: count, devices: devices, unregistered: unregistered)

@@ -1,88 +1,29 @@
+import Common
 import CRdKafka
 import Foundation
 import Logging
 import Synchronization
 
-/// What the poll thread, the C callbacks and the application share. Everything behind locks.
+/// What the poll thread, the C callbacks and the application share: the hand-over queue and
+/// the flow control, each behind its lock.
 final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
-    struct Queue {
-        var events: [KafkaConsumerEvent] = []
-        /// Records in `events`.
-        var messages = 0
-        var waiter: CheckedContinuation<KafkaConsumerEvent?, Never>?
-        var finished = false
-    }
-
-    let capacity: Int
-    let queue = Mutex(Queue())
-    let applicationPaused = Mutex(Set<TopicPartition>())
-    let bufferFull = Mutex(false)
-    /// The current assignment, for pausing everything when the buffer fills.
-    let assigned = Mutex(Set<TopicPartition>())
+    /// Events for the application; its size counts records (batches weigh their length).
+    let queue: AsyncBoundedQueue<KafkaConsumerEvent>
+    let flow: Mutex<ConsumerFlowControl>
 
     init(capacity: Int, logger: Logger) {
-        self.capacity = max(capacity, 1)
+        queue = AsyncBoundedQueue(capacity: capacity) { event in
+            if case .messages(let batch) = event { return batch.count }
+            return 0
+        }
+        flow = Mutex(ConsumerFlowControl(capacity: capacity))
         super.init(logger: logger)
     }
 
-    /// Queues an event; returns how many records are queued after it.
+    /// Queues an event without waiting; returns how many records are queued after it.
     @discardableResult
     func push(_ event: KafkaConsumerEvent) -> Int {
-        let (waiter, count) = queue.withLock { queue -> (CheckedContinuation<KafkaConsumerEvent?, Never>?, Int) in
-            if queue.finished { return (nil, 0) }
-            if let waiter = queue.waiter {
-                queue.waiter = nil
-                return (waiter, queue.messages)
-            }
-            queue.events.append(event)
-            queue.messages += Self.records(in: event)
-            return (nil, queue.messages)
-        }
-        waiter?.resume(returning: event)
-        return count
-    }
-
-    private static func records(in event: KafkaConsumerEvent) -> Int {
-        if case .messages(let batch) = event { return batch.count }
-        return 0
-    }
-
-    /// The next event; nil once the consumer is closed or the waiting task is cancelled.
-    func next() async -> KafkaConsumerEvent? {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let ready: KafkaConsumerEvent?? = queue.withLock { queue in
-                    if !queue.events.isEmpty {
-                        let event = queue.events.removeFirst()
-                        queue.messages -= Self.records(in: event)
-                        return .some(event)
-                    }
-                    if queue.finished || Task.isCancelled { return .some(nil) }
-                    queue.waiter = continuation
-                    return nil
-                }
-                if let ready { continuation.resume(returning: ready) }
-            }
-        } onCancel: {
-            let waiter = queue.withLock { queue in
-                defer { queue.waiter = nil }
-                return queue.waiter
-            }
-            waiter?.resume(returning: nil)
-        }
-    }
-
-    var queuedMessages: Int { queue.withLock { $0.messages } }
-
-    var isFinished: Bool { queue.withLock { $0.finished } }
-
-    func finish() {
-        let waiter = queue.withLock { queue in
-            queue.finished = true
-            defer { queue.waiter = nil }
-            return queue.waiter
-        }
-        waiter?.resume(returning: nil)
+        queue.offer(event) ?? 0
     }
 }
 
@@ -114,30 +55,26 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
                                       value: value, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
         }
     }
-    let queued = batch.isEmpty ? shared.queuedMessages : shared.push(.messages(batch))
+    if !batch.isEmpty { shared.push(.messages(batch)) }
 
-    // Flow control. While the application is behind, stop polling for a while (librdkafka keeps
-    // its bounded prefetch; nothing is purged and fetched again). If it stays behind longer
-    // than `blockLimit`, pause every assigned partition and go back to polling, so that
-    // rebalances and the group session keep being served; resume once it caught up.
-    let blockLimit = Duration.seconds(5)
-    if queued >= shared.capacity, !shared.bufferFull.withLock({ $0 }) {
-        let giveUpAt = ContinuousClock.now + blockLimit
-        while shared.queuedMessages > shared.capacity / 2, ContinuousClock.now < giveUpAt, !shared.isFinished {
+    // Flow control (``ConsumerFlowControl``): hold off polling while the application is behind,
+    // pause everything if that lasts, resume once it caught up.
+    while !shared.queue.isFinished {
+        let decision = shared.flow.withLock { $0.decide(buffered: shared.queue.size, now: .now) }
+        switch decision {
+        case .poll:
+            return
+        case .hold:
             usleep(2_000)
+        case .pause(let partitions):
+            handle.withHandle { rk in withPartitionList(partitions) { _ = rd_kafka_pause_partitions(rk, $0) } }
+            shared.logger.info("consumer paused: the application is behind", metadata: ["kafka.buffered": "\(shared.queue.size)"])
+            return
+        case .resume(let partitions):
+            handle.withHandle { rk in withPartitionList(partitions) { _ = rd_kafka_resume_partitions(rk, $0) } }
+            shared.logger.info("consumer resumed")
+            return
         }
-        if shared.queuedMessages > shared.capacity / 2 {
-            shared.bufferFull.withLock { $0 = true }
-            let all = Array(shared.assigned.withLock { $0 })
-            handle.withHandle { rk in withPartitionList(all) { _ = rd_kafka_pause_partitions(rk, $0) } }
-            shared.logger.info("consumer paused: the application is behind", metadata: ["kafka.buffered": "\(shared.queuedMessages)"])
-        }
-    } else if shared.bufferFull.withLock({ $0 }), queued <= shared.capacity / 2 {
-        shared.bufferFull.withLock { $0 = false }
-        let paused = shared.applicationPaused.withLock { $0 }
-        let resumable = shared.assigned.withLock { $0 }.subtracting(paused)
-        handle.withHandle { rk in withPartitionList(Array(resumable)) { _ = rd_kafka_resume_partitions(rk, $0) } }
-        shared.logger.info("consumer resumed")
     }
 }
 
@@ -156,9 +93,9 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         } else {
             _ = rd_kafka_assign(rk, list)
         }
-        shared.assigned.withLock { $0.formUnion(changed) }
-        if shared.bufferFull.withLock({ $0 }) {
-            _ = rd_kafka_pause_partitions(rk, list)
+        let pauseNow = shared.flow.withLock { $0.assigned(changed) }
+        if !pauseNow.isEmpty {
+            withPartitionList(pauseNow) { _ = rd_kafka_pause_partitions(rk, $0) }
         }
         shared.push(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
@@ -181,14 +118,12 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         } else {
             _ = rd_kafka_assign(rk, nil)
         }
-        shared.assigned.withLock { $0.subtract(changed) }
-        shared.applicationPaused.withLock { $0.subtract(changed) }
+        shared.flow.withLock { $0.revoked(changed) }
         shared.push(.revoked(changed))
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
         _ = rd_kafka_assign(rk, nil)
-        shared.push(.revoked(Array(shared.assigned.withLock { $0 })))
-        shared.assigned.withLock { $0.removeAll() }
+        shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
     }
 }
 

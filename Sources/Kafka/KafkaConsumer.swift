@@ -1,6 +1,8 @@
+import Common
 import CRdKafka
 import Foundation
 public import Logging
+public import ServiceLifecycle
 import Synchronization
 
 /// A consumer-group member (cooperative-sticky assignment) that hands records and rebalances to
@@ -12,12 +14,27 @@ import Synchronization
 /// poll thread waits for the application to catch up, and if that takes longer than a few
 /// seconds it pauses every assigned partition and keeps polling (so rebalances and the group
 /// session are served), resuming once the application caught up. ``pause(_:)`` and
-/// ``resume(_:)`` give the application the same lever.
-public final class KafkaConsumer: Sendable {
+/// ``resume(_:)`` give the application the same lever (``ConsumerFlowControl`` decides).
+///
+/// The initialiser only configures librdkafka: the subscription and the poll thread start with
+/// ``run()`` (the consumer is a `Service`; a graceful shutdown closes it) or with the first read
+/// of ``events``, whichever comes first.
+public final class KafkaConsumer: Service, Sendable {
     private let handle: KafkaHandle
     private let shared: ConsumerShared
-    private let poller: PollThread
     private let logger: Logger
+    private let topics: [String]
+    private let batchSize: Int
+    /// The poll thread, once started; nil again after ``close()``.
+    private let polling = Mutex<Polling>(.notStarted)
+    /// Opened by ``close()``.
+    private let closed = AsyncLatch()
+
+    private enum Polling {
+        case notStarted
+        case running(PollThread)
+        case closed
+    }
 
     /// - Parameters:
     ///   - maxBatch: records per `.messages` event at most.
@@ -47,44 +64,65 @@ public final class KafkaConsumer: Sendable {
         }
         let handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder, context: shared)
         handle.withHandle { _ = rd_kafka_poll_set_consumer($0) }
-        // No topics: a group member that only reads or commits offsets (no subscription).
-        let subscribed = topics.isEmpty ? RD_KAFKA_RESP_ERR_NO_ERROR : handle.withHandle { rk in
-            withPartitionList(topics.map { TopicPartition(topic: $0, partition: RD_KAFKA_PARTITION_UA) }) { list in
-                rd_kafka_subscribe(rk, list)
-            }
-        }
-        guard subscribed == RD_KAFKA_RESP_ERR_NO_ERROR else {
-            throw KafkaError(subscribed, context: "subscribe to \(topics.joined(separator: ", "))")
-        }
         self.handle = handle
         self.shared = shared
         self.logger = logger
-        let batchSize = max(maxBatch, 1)
-        self.poller = PollThread(name: "kafka-consumer-poll") {
-            pollOnce(handle, shared, batchSize: batchSize)
-        }
+        self.topics = topics
+        self.batchSize = max(maxBatch, 1)
     }
 
     deinit {
-        poller.stop()
-        shared.finish()
+        if case .running(let poller) = polling.withLock({ $0 }) { poller.stop() }
+        shared.queue.finish()
     }
 
-    /// Records and rebalances, in order. One consumer of this sequence at a time.
-    public var events: Events { Events(shared: shared) }
+    /// Subscribes and starts the poll thread, once (later calls, and calls after ``close()``, do
+    /// nothing). A refused subscription reaches the application as an `.error` event.
+    public func start() {
+        polling.withLock { polling in
+            guard case .notStarted = polling else { return }
+            // No topics: a group member that only reads or commits offsets (no subscription).
+            let subscribed = topics.isEmpty ? RD_KAFKA_RESP_ERR_NO_ERROR : handle.withHandle { rk in
+                withPartitionList(topics.map { TopicPartition(topic: $0, partition: RD_KAFKA_PARTITION_UA) }) { list in
+                    rd_kafka_subscribe(rk, list)
+                }
+            }
+            if subscribed != RD_KAFKA_RESP_ERR_NO_ERROR {
+                shared.push(.error(KafkaError(subscribed, context: "subscribe to \(topics.joined(separator: ", "))")))
+            }
+            let (handle, shared, batchSize) = (self.handle, self.shared, self.batchSize)
+            polling = .running(PollThread(name: "kafka-consumer-poll") {
+                pollOnce(handle, shared, batchSize: batchSize)
+            })
+        }
+    }
+
+    /// Starts consuming, waits for a graceful shutdown (or cancellation), then ``close()``s.
+    public func run() async {
+        start()
+        await waitForGracefulShutdown(orUntil: closed)
+        await close()
+    }
+
+    /// Records and rebalances, in order. One consumer of this sequence at a time; making its
+    /// iterator starts the consumer (``start()``).
+    public var events: Events { Events(consumer: self) }
 
     public struct Events: AsyncSequence, Sendable {
         public typealias Element = KafkaConsumerEvent
-        let shared: ConsumerShared
+        let consumer: KafkaConsumer
 
         public struct AsyncIterator: AsyncIteratorProtocol {
-            let shared: ConsumerShared
+            let queue: AsyncBoundedQueue<KafkaConsumerEvent>
             public mutating func next() async -> KafkaConsumerEvent? {
-                await shared.next()
+                await queue.pop()
             }
         }
 
-        public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(shared: shared) }
+        public func makeAsyncIterator() -> AsyncIterator {
+            consumer.start()
+            return AsyncIterator(queue: consumer.shared.queue)
+        }
     }
 
     /// Marks `offset` as processed: the committed position becomes `offset + 1`. Fails for a
@@ -107,17 +145,14 @@ public final class KafkaConsumer: Sendable {
 
     /// Stops fetching from these partitions until ``resume(_:)``.
     public func pause(_ partitions: [TopicPartition]) {
-        shared.applicationPaused.withLock { $0.formUnion(partitions) }
+        shared.flow.withLock { $0.applicationPaused(partitions) }
         handle.withHandle { rk in
             withPartitionList(partitions) { _ = rd_kafka_pause_partitions(rk, $0) }
         }
     }
 
     public func resume(_ partitions: [TopicPartition]) {
-        let resumable = shared.applicationPaused.withLock { paused in
-            paused.subtract(partitions)
-            return shared.bufferFull.withLock { $0 } ? [] : partitions
-        }
+        let resumable = shared.flow.withLock { $0.applicationResumed(partitions) }
         guard !resumable.isEmpty else { return }
         handle.withHandle { rk in
             withPartitionList(resumable) { _ = rd_kafka_resume_partitions(rk, $0) }
@@ -137,12 +172,22 @@ public final class KafkaConsumer: Sendable {
     }
 
     /// Commits what is stored, leaves the group (revoking every partition) and ends ``events``.
+    /// Later calls wait for the first one to finish.
     public func close() async {
+        let previous = polling.withLock { polling in
+            defer { polling = .closed }
+            return polling
+        }
+        if case .closed = previous {
+            _ = await closed.wait()
+            return
+        }
+        shared.flow.withLock { $0.closing() }
         let handle = self.handle
-        let poller = self.poller
+        let poller: PollThread? = if case .running(let poller) = previous { poller } else { nil }
         let logger = self.logger
         await runBlocking {
-            poller.stop()
+            poller?.stop()
             // The final commit can meet a rebalance or a coordinator change: try a few times.
             for attempt in 0..<5 {
                 let result = handle.withHandle { rd_kafka_commit($0, nil, 0) }
@@ -154,7 +199,9 @@ public final class KafkaConsumer: Sendable {
             }
             _ = handle.withHandle { rd_kafka_consumer_close($0) }
         }
-        shared.finish()
+        shared.queue.finish()
+        logger.info("consumer closed: offsets committed, left the group")
+        closed.open()
     }
 
     /// The current assignment.

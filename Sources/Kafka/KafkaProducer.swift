@@ -1,14 +1,18 @@
+import Common
 import CRdKafka
 import Foundation
 public import Logging
+public import ServiceLifecycle
 import Synchronization
 
 /// An idempotent producer (`enable.idempotence=true`, `acks=all`) whose delivery reports
 /// resolve the `send` that made them.
 ///
 /// A dedicated thread calls `rd_kafka_poll`, which serves delivery reports and errors; nothing
-/// here blocks a Swift concurrency thread or an event loop.
-public final class KafkaProducer: Sendable {
+/// here blocks a Swift concurrency thread or an event loop. The thread starts with ``run()``
+/// (the producer is a `Service`; a graceful shutdown flushes and closes it) or with the first
+/// record, whichever comes first; the initialiser only configures librdkafka.
+public final class KafkaProducer: Service, Sendable {
     /// What a delivery report said.
     public struct Delivery: Sendable, Equatable {
         public var partition: Int32
@@ -18,8 +22,12 @@ public final class KafkaProducer: Sendable {
     private let handle: KafkaHandle
     private let callbacks: ProducerCallbacks
     private let topics: Mutex<[String: TopicHandle]>
-    private let poller: PollThread
+    private let poller = Mutex<PollThread?>(nil)
+    /// Set once the poll thread runs: the send path checks it without taking the lock.
+    private let polling = Atomic<Bool>(false)
     private let logger: Logger
+    /// Opened by ``close(timeout:)``.
+    private let closedLatch = AsyncLatch()
     /// Set by ``close(timeout:)``: later sends fail at once instead of waiting for a delivery
     /// report nobody would serve.
     private let closed = Atomic<Bool>(false)
@@ -49,14 +57,31 @@ public final class KafkaProducer: Sendable {
         self.callbacks = callbacks
         self.topics = Mutex([:])
         self.logger = logger
-        let handle = self.handle
-        self.poller = PollThread(name: "kafka-producer-poll") {
-            handle.withHandle { _ = rd_kafka_poll($0, 100) }
-        }
     }
 
     deinit {
-        poller.stop()
+        poller.withLock { $0 }?.stop()
+    }
+
+    /// Starts the poll thread that serves delivery reports, once.
+    public func start() {
+        guard !polling.load(ordering: .acquiring) else { return }
+        poller.withLock { poller in
+            guard poller == nil, !closed.load(ordering: .relaxed) else { return }
+            let handle = self.handle
+            poller = PollThread(name: "kafka-producer-poll") {
+                handle.withHandle { _ = rd_kafka_poll($0, 100) }
+            }
+            polling.store(true, ordering: .releasing)
+        }
+    }
+
+    /// Serves delivery reports until a graceful shutdown (or cancellation), then
+    /// ``close(timeout:)``s: what is handed over gets up to 10 s to be delivered.
+    public func run() async {
+        start()
+        await waitForGracefulShutdown(orUntil: closedLatch)
+        await close()
     }
 
     /// Appends a record and waits for its delivery report.
@@ -78,6 +103,7 @@ public final class KafkaProducer: Sendable {
         guard !closed.load(ordering: .relaxed) else {
             return report(.failure(KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")))
         }
+        start()
         let topicHandle: TopicHandle
         do {
             topicHandle = try self.topic(topic)
@@ -94,6 +120,7 @@ public final class KafkaProducer: Sendable {
             throw KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")
         }
         guard !records.isEmpty else { return [] }
+        start()
         let topicHandle = try self.topic(topic)
         let results: [Result<Delivery, KafkaError>] = await withUnsafeContinuation { continuation in
             let collector = DeliveryCollector(count: records.count, continuation)
@@ -135,19 +162,25 @@ public final class KafkaProducer: Sendable {
 
     /// Flushes for up to `timeout`, then fails whatever is still undelivered (its `send` throws)
     /// and stops the poll thread. The producer is unusable afterwards.
+    /// Later calls wait for the first one to finish.
     public func close(timeout: Duration = .seconds(10)) async {
-        closed.store(true, ordering: .relaxed)
-        _ = await flush(timeout: timeout)
+        guard !closed.exchange(true, ordering: .relaxed) else {
+            _ = await closedLatch.wait()
+            return
+        }
+        let flushed = await flush(timeout: timeout)
         let handle = self.handle
-        let poller = self.poller
+        let poller = self.poller.withLock { $0 }
         await runBlocking {
             handle.withHandle { rk in
                 _ = rd_kafka_purge(rk, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT))
                 // Serves the purged records' delivery reports.
                 _ = rd_kafka_flush(rk, 1000)
             }
-            poller.stop()
+            poller?.stop()
         }
+        logger.info(flushed ? "producer closed: every record delivered" : "producer closed: undelivered records failed")
+        closedLatch.open()
     }
 
     /// Records waiting for their delivery report.

@@ -2,6 +2,7 @@ public import Common
 import Foundation
 public import Logging
 public import NIOCore
+public import ServiceLifecycle
 import NIOPosix
 import NIOSSL
 import Synchronization
@@ -29,13 +30,17 @@ public struct RedisConfiguration: Sendable {
 /// is late is closed (the replies behind it would be out of step) and made again. A connection
 /// that cannot be made fails calls at once until its backoff (with jitter) passed, so callers
 /// learn quickly that Redis is down and decide themselves how to wait.
-public final class RedisClient: Sendable {
+///
+/// Connections are made on first use, never in the initialiser. As a `Service`, the client
+/// closes its connections when its service group shuts down gracefully.
+public final class RedisClient: Service, Sendable {
     public let configuration: RedisConfiguration
     private let slots: [RedisSlot]
     private let group: any EventLoopGroup
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
     private let isShutDown = Atomic<Bool>(false)
+    private let shutDownLatch = AsyncLatch()
 
     public init(configuration: RedisConfiguration, eventLoopGroup: (any EventLoopGroup)? = nil,
                 logger: Logger = Logger(label: "apns-relay.redis")) throws(RedisError) {
@@ -130,14 +135,26 @@ public final class RedisClient: Sendable {
         slots.reduce(0) { $0 + ($1.isConnected.load(ordering: .relaxed) ? 1 : 0) }
     }
 
+    /// Waits for a graceful shutdown of the service group (or cancellation, or a direct
+    /// ``shutdown()``), then shuts the client down.
+    public func run() async {
+        await waitForGracefulShutdown(orUntil: shutDownLatch)
+        await shutdown()
+    }
+
+    /// Closes every connection; calls made afterwards fail. Later calls wait for the first.
     public func shutdown() async {
-        guard !isShutDown.exchange(true, ordering: .relaxed) else { return }
+        guard !isShutDown.exchange(true, ordering: .relaxed) else {
+            await shutDownLatch.wait()
+            return
+        }
         for slot in slots {
             try? await slot.shutdown().get()
         }
         if ownsGroup {
             try? await group.shutdownGracefully()
         }
+        shutDownLatch.open()
     }
 }
 

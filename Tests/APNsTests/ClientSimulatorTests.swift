@@ -197,6 +197,10 @@ struct ClientSimulatorTests {
             configuration.behaviour.goAwayAfterStreams = 150
             configuration.behaviour.latency = .milliseconds(5)
         }
+        // Both connections ready first: the burst then flows while the GOAWAYs come (requests
+        // queued before a connection is ready all go out at once, before any GOAWAY).
+        harness.client.start()
+        try await waitUntil { harness.client.readyConnections == 2 }
         let count = 1500
         let notifications = (0..<count).map { APNsNotification.alert("n\($0)", deviceToken: token($0), topic: sampleTopic) }
         let results = try await withThrowingTaskGroup(of: APNsResult.self) { group in

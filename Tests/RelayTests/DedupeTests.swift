@@ -168,8 +168,9 @@ struct DedupeTests {
         // A second relay in another group reads the whole topic again, as after lost commits.
         var configuration = harness.configuration
         configuration.kafka.groupID += "-again"
-        let second = try RelayPipeline(configuration: configuration, worker: "second")
-        let running = Task { await second.run() }
+        let secondApplication = try RelayApplication(configuration: configuration, worker: "second")
+        let second = secondApplication.pipeline
+        let running = Task { await secondApplication.run() }
         let outcomes = try await harness.outcomes(count: 200)
         let fromSecond = outcomes.filter { $0["worker"] as? String == "second" }
         #expect(fromSecond.count == 100)

@@ -125,8 +125,9 @@ struct PolicyTests {
         await harness.running.value
         #expect(harness.pipeline.outcomeCounts == ["delivered": 1])
         // ... and start another one in the same group: it owns the partition now and delivers it.
-        let second = try RelayPipeline(configuration: harness.configuration, worker: "second")
-        let running = Task { await second.run() }
+        let secondApplication = try RelayApplication(configuration: harness.configuration, worker: "second")
+        let second = secondApplication.pipeline
+        let running = Task { await secondApplication.run() }
         let outcomes = try await harness.outcomes(count: 2)
         let waiting = try #require(Self.byID(outcomes)["waiting"])
         #expect(waiting["status"] as? String == "delivered")

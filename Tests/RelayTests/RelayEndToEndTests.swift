@@ -56,8 +56,9 @@ struct RelayHarness {
         // All at once, in order: the producer puts them in one record batch (the mock cluster
         // answers a fetch with one record batch per partition).
         _ = try await producer.send(topic: intentsTopic, records: preload.map { (Array($0.key.utf8), Array($0.json.utf8)) })
-        let pipeline = try RelayPipeline(configuration: configuration, worker: "test-worker")
-        let running = Task { await pipeline.run() }
+        let application = try RelayApplication(configuration: configuration, worker: "test-worker")
+        let pipeline = application.pipeline
+        let running = Task { await application.run() }
         return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration, producer: producer,
                             intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
     }

@@ -243,7 +243,7 @@ struct RelayProcessTests {
         #expect(await relay.terminate() == 0)
         let printed = relay.printed
         let stages = ["stopping: consuming stopped", "stopping: in-flight work finished", "stopping: outcomes flushed",
-                      "stopping: offsets committed", "relay stopped", "stopping: status server closed"]
+                      "consumer closed: offsets committed", "relay stopped", "stopping: status server closed"]
         let positions = stages.map { printed.range(of: $0)?.lowerBound }
         #expect(positions.allSatisfy { $0 != nil }, "\(printed.split(separator: "\n").suffix(30).joined(separator: "\n"))")
         let found = positions.compactMap { $0 }

@@ -1,24 +1,71 @@
 import APNs
+import Common
+import ServiceLifecycle
+import Synchronization
 
-extension RelayPipeline {
-    struct ClientKey: Hashable {
+/// The relay's APNs clients, one per credential and endpoint, opened on first use (nothing
+/// connects before an intent needs it). A `Service`: when its group shuts down gracefully it
+/// closes every client (their in-flight requests finish); later requests fail.
+final class APNsClientRegistry: Service, Sendable {
+    struct Key: Hashable {
         var credential: Int
         var endpoint: APNsEndpoint
     }
 
-    func client(credentialIndex: Int, environment: APNsEnvironment) throws -> APNsClient {
-        let key = ClientKey(credential: credentialIndex, endpoint: try endpoints[environment]!.get())
-        return try clients.withLock { clients in
-            if let existing = clients[key] { return existing }
-            var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[credentialIndex]))
-            settings.connections = configuration.apns.connections
-            settings.insecureSkipVerify = configuration.apns.insecureSkipVerify
-            settings.requestTimeout = .seconds(Int64(configuration.apns.requestTimeoutSeconds))
-            settings.maxQueuedNotifications = max(configuration.limits.maxInFlight, 1000)
-            let client = try APNsClient(configuration: settings, logger: logger)
-            clients[key] = client
+    private struct State {
+        var clients: [Key: APNsClient] = [:]
+        var shutDown = false
+    }
+
+    private let state = Mutex(State())
+    private let make: @Sendable (Key) throws -> APNsClient
+    private let closed = AsyncLatch()
+
+    /// - Parameter make: builds the client for a key (no I/O: clients connect on first send).
+    init(make: @escaping @Sendable (Key) throws -> APNsClient) {
+        self.make = make
+    }
+
+    /// The client for `key`, made now if it is the first request for it.
+    func client(_ key: Key) throws -> APNsClient {
+        try state.withLock { state in
+            if let existing = state.clients[key] { return existing }
+            guard !state.shutDown else { throw APNsError.shutdown }
+            let client = try make(key)
+            state.clients[key] = client
             return client
         }
+    }
+
+    /// Every client made so far.
+    var all: [(key: Key, client: APNsClient)] {
+        state.withLock { $0.clients.map { (key: $0.key, client: $0.value) } }
+    }
+
+    func run() async {
+        await waitForGracefulShutdown(orUntil: closed)
+        await shutdown()
+    }
+
+    /// Closes every client; no new one is made afterwards.
+    func shutdown() async {
+        let clients = state.withLock { state -> [APNsClient]? in
+            guard !state.shutDown else { return nil }
+            state.shutDown = true
+            return Array(state.clients.values)
+        }
+        guard let clients else {
+            await closed.wait()
+            return
+        }
+        for client in clients { await client.shutdown() }
+        closed.open()
+    }
+}
+
+extension RelayPipeline {
+    func client(credentialIndex: Int, environment: APNsEnvironment) throws -> APNsClient {
+        try clients.client(APNsClientRegistry.Key(credential: credentialIndex, endpoint: try endpoints[environment]!.get()))
     }
 
     /// Where each environment's intents go: Apple's hosts when `apns.endpoint` is

@@ -1,3 +1,4 @@
+import Common
 import Kafka
 
 extension RelayPipeline {
@@ -21,7 +22,7 @@ extension RelayPipeline {
     func consumeAndWork() async {
         // Without Redis admitting takes no round trip: hand over one batch at a time (fewer
         // consumed messages held).
-        let handOver = HandOver<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
+        let handOver = AsyncBoundedQueue<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
         await withDiscardingTaskGroup { workers in
             workers.addTask {
                 await withTaskGroup(of: Void.self) { reading in
@@ -38,7 +39,7 @@ extension RelayPipeline {
     }
 
     /// Reads the consumer's events into `handOver` until cancelled.
-    private func read(into handOver: HandOver<Consumed>) async {
+    private func read(into handOver: AsyncBoundedQueue<Consumed>) async {
         events: for await event in consumer.events {
             let consumed: Consumed
             switch event {
@@ -58,7 +59,7 @@ extension RelayPipeline {
 
     /// Applies rebalances and admits batches, in consumption order, until the relay stops:
     /// each admitted intent that can start now runs in a child task of `workers`.
-    private func admitConsumed(_ handOver: HandOver<Consumed>, workers: inout DiscardingTaskGroup) async {
+    private func admitConsumed(_ handOver: AsyncBoundedQueue<Consumed>, workers: inout DiscardingTaskGroup) async {
         while let next = await handOver.pop(), !stopping.isOpen {
             switch next {
             case .assigned(let partitions):

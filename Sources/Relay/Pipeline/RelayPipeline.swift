@@ -1,8 +1,8 @@
 import Common
-public import APNs
+import APNs
 import Foundation
 import Kafka
-public import Logging
+import Logging
 import NIOCore
 import Redis
 public import ServiceLifecycle
@@ -31,7 +31,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
     let tokenSources: [any ProviderTokenSource]
     /// APNs clients by credential and endpoint, opened on first use.
-    let clients: Mutex<[ClientKey: APNsClient]>
+    let clients: APNsClientRegistry
     let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
     let state: Mutex<State>
     let logger: Logger
@@ -67,13 +67,9 @@ public final class RelayPipeline: RelayStatus, Service {
         var mailboxJobs: Set<String> = []
     }
 
-    /// - Parameters:
-    ///   - clock: epoch seconds (tests inject one).
-    ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
-    public init(configuration: RelayConfiguration, worker: String? = nil,
-                logger: Logger = Logger(label: "apns-relay"),
-                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
-                published: (@Sendable (Outcome) -> Void)? = nil) throws {
+    /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
+    init(configuration: RelayConfiguration, clients: RelayClients, worker: String?, logger: Logger,
+         clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?) {
         self.configuration = configuration
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
         self.logger = logger
@@ -84,16 +80,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
         self.credentials = CredentialDirectory(configuration.apns.credentials)
-        var redis: RedisClient?
-        if !configuration.redis.url.isEmpty {
-            var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
-            settings.connections = configuration.redis.connections
-            settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
-            redis = try RedisClient(configuration: settings, logger: logger)
-        }
-        self.redis = redis
-        self.deduplicator = redis.map { Deduplicator(client: $0) }
-        self.policy = redis.map {
+        self.redis = clients.redis
+        self.deduplicator = clients.redis.map { Deduplicator(client: $0) }
+        self.policy = clients.redis.map {
             var policy = DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
                                       backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
                                       backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
@@ -103,31 +92,13 @@ public final class RelayPipeline: RelayStatus, Service {
             }
             return policy
         }
-        self.badges = redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        self.badges = clients.redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
-        self.tokenSources = try configuration.apns.credentials.map { credential -> any ProviderTokenSource in
-            let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
-            signer.registerMetrics()
-            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
-            return try LocalProviderTokenSource(signer: signer, clock: clock)
-        }
-        self.clients = Mutex([:])
+        self.tokenSources = clients.tokenSources
+        self.clients = clients.apns
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
-        self.producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
-                                          properties: configuration.kafka.properties, logger: logger)
-        self.consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
-                                          groupID: configuration.kafka.groupID,
-                                          topics: [configuration.kafka.intentsTopic],
-                                          properties: configuration.kafka.properties,
-                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
-    }
-
-    /// Checks what the initialiser's clients would refuse in `configuration`, without making any
-    /// client: the Redis URL and the librdkafka settings. (The credentials' key files are read
-    /// by whoever checks a change for them; the initialiser reads them again.)
-    public static func validateClientSettings(_ configuration: RelayConfiguration) throws {
-        if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
-        try KafkaSettings.validate(configuration.kafka.properties)
+        self.producer = clients.producer
+        self.consumer = clients.consumer
     }
 
     /// Outcomes published so far, by status.
@@ -149,8 +120,7 @@ public final class RelayPipeline: RelayStatus, Service {
         if let trouble = state.withLock({ $0.redisTrouble }) {
             return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
         }
-        let clients = clients.withLock { Array($0) }
-        for (key, client) in clients where client.readyConnections == 0 {
+        for (key, client) in clients.all where client.readyConnections == 0 {
             return "no ready APNs connection for \(key.endpoint)"
         }
         return nil
@@ -185,9 +155,11 @@ public final class RelayPipeline: RelayStatus, Service {
     /// 2. in-flight work finishes (its outcomes published, its offsets stored) until the
     ///    shutdown deadline; what is left then is cancelled: abandoned without an outcome, its
     ///    offsets not stored, so that it is consumed again;
-    /// 3. the producer flushes;
-    /// 4. the consumer commits the stored offsets and leaves the group;
-    /// 5. the producer, the APNs clients and Redis close.
+    /// 3. the producer flushes.
+    ///
+    /// The clients are services of their own, after it in ``RelayApplication``'s group: the
+    /// consumer commits and leaves the group once this returns, then the producer, the APNs
+    /// clients and Redis close.
     ///
     /// Every intent's work runs in a child task of this one: of the admitting loop's task group
     /// for consumed intents, of the mailbox poller's for intents taken from mailboxes. So the
@@ -221,12 +193,6 @@ public final class RelayPipeline: RelayStatus, Service {
         }
         _ = await producer.flush(timeout: .seconds(10))
         logger.info("stopping: outcomes flushed")
-        await consumer.close()
-        logger.info("stopping: offsets committed, left the consumer group")
-        await producer.close()
-        for client in clients.withLock({ Array($0.values) }) { await client.shutdown() }
-        await redis?.shutdown()
-        logger.info("relay stopped", metadata: ["relay.outcomes": "\(outcomeCounts)"])
     }
 
     /// Consumer lag from librdkafka's cached positions and watermarks (no round trip), every

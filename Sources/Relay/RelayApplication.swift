@@ -1,0 +1,124 @@
+public import APNs
+import Foundation
+import Kafka
+public import Logging
+import Redis
+public import ServiceLifecycle
+
+/// The clients one relay talks through. Built from the configuration; none of them does I/O
+/// before its service runs or its first use.
+struct RelayClients {
+    /// Nil without Redis (`redis.url` empty).
+    let redis: RedisClient?
+    let apns: APNsClientRegistry
+    let producer: KafkaProducer
+    let consumer: KafkaConsumer
+    /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
+    let tokenSources: [any ProviderTokenSource]
+}
+
+/// Everything one configuration runs, built in one place: the clients (Redis, the APNs
+/// clients, the outcome producer, the intents consumer) and the ``RelayPipeline`` between them.
+///
+/// ``run()`` runs them as one `ServiceGroup`, in this order, so that a graceful shutdown (or
+/// ``requestStop()``) stops them in the reverse one:
+///
+/// 1. the pipeline stops consuming, finishes or abandons its in-flight work by the shutdown
+///    deadline, and flushes its outcomes;
+/// 2. the consumer commits the stored offsets and leaves the group;
+/// 3. the producer flushes what is left and closes;
+/// 4. the APNs clients close (in-flight requests finish);
+/// 5. Redis closes.
+///
+/// A configuration reload makes a new application from the new configuration (`run` drains the
+/// old one first): this initialiser is the one place where the relay is built.
+public final class RelayApplication: Service, Sendable {
+    public let configuration: RelayConfiguration
+    public let pipeline: RelayPipeline
+    private let clients: RelayClients
+    private let logger: Logger
+
+    /// - Parameters:
+    ///   - worker: names this relay in outcomes and logs (default: host name and process id).
+    ///   - clock: epoch seconds (tests inject one).
+    ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
+    public init(configuration: RelayConfiguration, worker: String? = nil,
+                logger: Logger = Logger(label: "apns-relay"),
+                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
+                published: (@Sendable (Outcome) -> Void)? = nil) throws {
+        self.configuration = configuration
+        self.logger = logger
+        var redis: RedisClient?
+        if !configuration.redis.url.isEmpty {
+            var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
+            settings.connections = configuration.redis.connections
+            settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
+            redis = try RedisClient(configuration: settings, logger: logger)
+        }
+        let tokenSources = try configuration.apns.credentials.map { [redis] credential -> any ProviderTokenSource in
+            let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+            signer.registerMetrics()
+            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
+            return try LocalProviderTokenSource(signer: signer, clock: clock)
+        }
+        let apns = configuration.apns
+        let queued = max(configuration.limits.maxInFlight, 1000)
+        let registry = APNsClientRegistry { key in
+            var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[key.credential]))
+            settings.connections = apns.connections
+            settings.insecureSkipVerify = apns.insecureSkipVerify
+            settings.requestTimeout = .seconds(Int64(apns.requestTimeoutSeconds))
+            settings.maxQueuedNotifications = queued
+            return try APNsClient(configuration: settings, logger: logger)
+        }
+        let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
+                                         properties: configuration.kafka.properties, logger: logger)
+        let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
+                                         groupID: configuration.kafka.groupID,
+                                         topics: [configuration.kafka.intentsTopic],
+                                         properties: configuration.kafka.properties,
+                                         maxBatch: 1000, bufferedMessages: 5000, logger: logger)
+        clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources)
+        pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
+                                 clock: clock, published: published)
+    }
+
+    /// Checks what the initialiser's clients would refuse in `configuration`, without making any
+    /// client: the Redis URL and the librdkafka settings. (The credentials' key files are read
+    /// by whoever checks a change for them; the initialiser reads them again.)
+    public static func validateClientSettings(_ configuration: RelayConfiguration) throws {
+        if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
+        try KafkaSettings.validate(configuration.kafka.properties)
+    }
+
+    /// Runs the clients and the pipeline until ``requestStop()``, a graceful shutdown of the
+    /// service group this runs in, or cancellation; returns once everything closed, in the
+    /// order above.
+    public func run() async {
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        if let redis = clients.redis { services.append(.init(service: redis)) }
+        services += [
+            .init(service: clients.apns),
+            .init(service: clients.producer),
+            .init(service: clients.consumer),
+            // The pipeline ending (asked to stop) shuts the rest down, in reverse order.
+            .init(service: pipeline, successTerminationBehavior: .gracefullyShutdownGroup),
+        ]
+        let group = ServiceGroup(configuration: .init(services: services, logger: logger))
+        await withGracefulShutdownHandler {
+            do {
+                try await group.run()
+            } catch {
+                logger.error("the relay's services stopped with an error", metadata: ["relay.error": "\(error)"])
+            }
+        } onGracefulShutdown: {
+            self.pipeline.requestStop()
+        }
+        logger.info("relay stopped", metadata: ["relay.outcomes": "\(pipeline.outcomeCounts)"])
+    }
+
+    /// Asks the relay to stop: the pipeline drains, then the clients close.
+    public func requestStop() {
+        pipeline.requestStop()
+    }
+}
