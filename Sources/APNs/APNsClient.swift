@@ -120,7 +120,8 @@ public final class APNsClient: Service, Sendable {
     ///
     /// Throws ``APNsError/invalidNotification(_:)`` without sending anything when local
     /// validation fails, ``APNsError/queueFull(limit:)`` when too many sends wait for a stream,
-    /// and ``APNsError/shutdown`` after ``shutdown()``.
+    /// and ``APNsError/shutdown`` after ``shutdown()``. A cancelled task stops waiting at once
+    /// and throws `CancellationError` (its request may still reach APNs if it was on the wire).
     public func send(_ notification: APNsNotification) async throws -> APNsResult {
         // The synchronous work lives in helpers that are never inlined here: every byte of this
         // function's locals sits in the async frame of each send in flight, so it stays small.
@@ -134,6 +135,7 @@ public final class APNsClient: Service, Sendable {
         while true {
             let connection = pickConnection(avoiding: attempt.avoid)
             let answer = await connection.execute(attempt.request, deadline: attempt.deadline)
+            if case .failure = answer { try Task.checkCancellation() }
             switch judge(answer, from: connection, attempt) {
             case .finished(let result):
                 return result
@@ -146,14 +148,15 @@ public final class APNsClient: Service, Sendable {
     }
 
     /// Closes every connection gracefully: in-flight requests finish, waiting ones fail.
-    /// Later calls wait for the first one to finish.
-    public func shutdown() async {
+    /// Requests still open `grace` after the call (10 s unless told) are cut: their sends end
+    /// with a lost connection. Later calls wait for the first one to finish.
+    public func shutdown(grace: Duration = .seconds(10)) async {
         guard !isShutDown.exchange(true, ordering: .relaxed) else {
             await shutDownLatch.wait()
             return
         }
         for connection in connections {
-            try? await connection.shutdown().get()
+            try? await connection.shutdown(grace: TimeAmount(grace)).get()
         }
         if ownsGroup {
             try? await group.shutdownGracefully()

@@ -33,7 +33,7 @@ final class APNsConnection: @unchecked Sendable {
     private struct Submission {
         var request: HTTP2Request
         var deadline: NIODeadline
-        var continuation: UnsafeContinuation<Result<HTTP2Response, HTTP2StreamError>, Never>
+        var answer: PendingAnswer
     }
 
     private struct Inbox {
@@ -110,23 +110,37 @@ final class APNsConnection: @unchecked Sendable {
     /// Requests reach the event loop through `inbox`: callers append under a lock and only the
     /// first of a burst schedules a drain, so a busy pool pays one event-loop hop per batch rather
     /// than per notification.
+    ///
+    /// A cancelled task stops waiting at once with ``PendingAnswer/cancelled``; its request, if
+    /// it was already handed over, runs to its answer or deadline on the connection (the answer
+    /// is dropped).
     func execute(_ request: HTTP2Request, deadline: NIODeadline) async -> Result<HTTP2Response, HTTP2StreamError> {
         load.add(1, ordering: .relaxed)
         defer { load.subtract(1, ordering: .relaxed) }
-        return await withUnsafeContinuation { continuation in
-            if eventLoop.inEventLoop {
-                executeOnLoop(request, deadline: deadline) { continuation.resume(returning: $0) }
-                return
+        let answer = PendingAnswer()
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                guard answer.install(continuation) else { return }
+                submit(request, deadline: deadline, answer: answer)
             }
-            let submission = Submission(request: request, deadline: deadline, continuation: continuation)
-            let scheduleDrain = inbox.withLock { inbox in
-                inbox.submissions.append(submission)
-                defer { inbox.drainScheduled = true }
-                return !inbox.drainScheduled
-            }
-            if scheduleDrain {
-                eventLoop.execute { self.drainInbox() }
-            }
+        } onCancel: {
+            answer.cancel()
+        }
+    }
+
+    private func submit(_ request: HTTP2Request, deadline: NIODeadline, answer: PendingAnswer) {
+        if eventLoop.inEventLoop {
+            executeOnLoop(request, deadline: deadline) { answer.resume($0) }
+            return
+        }
+        let submission = Submission(request: request, deadline: deadline, answer: answer)
+        let scheduleDrain = inbox.withLock { inbox in
+            inbox.submissions.append(submission)
+            defer { inbox.drainScheduled = true }
+            return !inbox.drainScheduled
+        }
+        if scheduleDrain {
+            eventLoop.execute { self.drainInbox() }
         }
     }
 
@@ -138,15 +152,18 @@ final class APNsConnection: @unchecked Sendable {
             inbox.drainScheduled = false
         }
         for submission in draining {
-            let continuation = submission.continuation
-            executeOnLoop(submission.request, deadline: submission.deadline) { continuation.resume(returning: $0) }
+            let answer = submission.answer
+            // Its task was cancelled before it left the inbox: not sent at all.
+            if answer.isDone { continue }
+            executeOnLoop(submission.request, deadline: submission.deadline) { answer.resume($0) }
         }
         draining.removeAll(keepingCapacity: true)
         swap(&draining, &spareSubmissions)
     }
 
-    /// Closes every channel gracefully and fails what waits.
-    func shutdown() -> EventLoopFuture<Void> {
+    /// Closes every channel gracefully and fails what waits; channels whose requests are still
+    /// open after `grace` are closed at once (those requests end as lost).
+    func shutdown(grace: TimeAmount) -> EventLoopFuture<Void> {
         eventLoop.submit {
             if case .backingOff(let scheduled) = self.state { scheduled.cancel() }
             if case .ready(_, let handler, _) = self.state { handler.shutdown() }
@@ -154,7 +171,13 @@ final class APNsConnection: @unchecked Sendable {
             self.setReady(false)
             self.streamLimit.store(0, ordering: .relaxed)
             self.failWaiting(.refused("client shut down"))
-            return Array(self.channels.values)
+            let channels = Array(self.channels.values)
+            if !channels.isEmpty {
+                self.eventLoop.scheduleTask(in: grace) {
+                    for channel in channels { channel.close(promise: nil) }
+                }
+            }
+            return channels
         }.flatMap { channels in
             let closed = channels.map { channel in
                 channel.closeFuture
@@ -375,5 +398,55 @@ final class APNsConnection: @unchecked Sendable {
             return String(debugData[range.upperBound..<end])
         }
         return debugData.isEmpty ? "none" : debugData
+    }
+}
+
+/// Where one request's answer goes: resumed exactly once, by the answer or by the waiting task's
+/// cancellation, whichever comes first (a late answer is dropped).
+final class PendingAnswer: Sendable {
+    typealias Answer = Result<HTTP2Response, HTTP2StreamError>
+
+    /// What a cancelled wait answers.
+    static let cancelled = Answer.failure(.connectionLost("the waiting task was cancelled"))
+
+    private enum State {
+        case new
+        case waiting(UnsafeContinuation<Answer, Never>)
+        case done
+    }
+
+    private let state = Mutex(State.new)
+
+    /// Hands over the continuation to resume. False when the task was cancelled first: the
+    /// continuation is resumed with ``cancelled`` here and nothing is to be sent.
+    func install(_ continuation: UnsafeContinuation<Answer, Never>) -> Bool {
+        let installed = state.withLock { state -> Bool in
+            guard case .new = state else { return false }
+            state = .waiting(continuation)
+            return true
+        }
+        if !installed { continuation.resume(returning: Self.cancelled) }
+        return installed
+    }
+
+    func resume(_ answer: Answer) {
+        let waiting = state.withLock { state -> UnsafeContinuation<Answer, Never>? in
+            defer { state = .done }
+            if case .waiting(let continuation) = state { return continuation }
+            return nil
+        }
+        waiting?.resume(returning: answer)
+    }
+
+    func cancel() {
+        resume(Self.cancelled)
+    }
+
+    /// Answered or cancelled already.
+    var isDone: Bool {
+        state.withLock { state in
+            if case .done = state { return true }
+            return false
+        }
     }
 }

@@ -118,7 +118,7 @@ struct DeliveryStateMachineTests {
         #expect(machine.retries == 0)
         #expect(machine.attempts == 0)
         // A wait cut short (past the shutdown deadline) abandons the intent: no outcome.
-        #expect(machine.waitCancelled() == .finish)
+        #expect(machine.cancelled() == .finish)
         #expect(machine.ending == .abandoned)
     }
 

@@ -8,6 +8,7 @@ import NIOCore
 import Relay
 import Testing
 import KafkaTesting
+import TestSupport
 
 /// A mock Kafka cluster, the APNs simulator and a relay pipeline, all in this process.
 struct RelayHarness {
@@ -209,6 +210,32 @@ struct RelayEndToEndTests {
         let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
         #expect(committed.values.reduce(0) { $0 + max($1, 0) } == 40)
         await reader.close()
+    }
+
+    /// Review 3.2: work still running at the shutdown deadline is cancelled, not waited for:
+    /// a request APNs never answers (request timeout 60 s) ends the relay about 1 s after the
+    /// stop, without an outcome and without a commit, so the intent is consumed again.
+    @Test func workLeftAtTheShutdownDeadlineIsCancelled() async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.blackHole = true }) { relay in
+            relay.shutdownDeadlineSeconds = 1
+            relay.apns.requestTimeoutSeconds = 60
+        }
+        try await harness.produce(intent("stuck-1", token: hexToken(1)), key: hexToken(1))
+        try await waitUntil { harness.simulator.accepted.count == 1 }
+        let stopped = ContinuousClock.now
+        harness.pipeline.requestStop()
+        await harness.running.value
+        let took = ContinuousClock.now - stopped
+        #expect(took >= .seconds(1))
+        #expect(took < .seconds(5))
+        #expect(harness.pipeline.outcomeCounts.isEmpty)
+        let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
+                                       groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
+        let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
+        #expect(committed.values.allSatisfy { $0 <= 0 })
+        await reader.close()
+        await harness.producer.close()
+        await harness.simulator.stop()
     }
 
     @Test func kafkaOutageLosesNothing() async throws {

@@ -5,7 +5,7 @@ import Synchronization
 
 /// The relay's APNs clients, one per credential and endpoint, opened on first use (nothing
 /// connects before an intent needs it). A `Service`: when its group shuts down gracefully it
-/// closes every client (their in-flight requests finish); later requests fail.
+/// closes every client (requests still open a second later are cut); later requests fail.
 final class APNsClientRegistry: Service, Sendable {
     struct Key: Hashable {
         var credential: Int
@@ -58,7 +58,9 @@ final class APNsClientRegistry: Service, Sendable {
             await closed.wait()
             return
         }
-        for client in clients { await client.shutdown() }
+        // The pipeline stopped before: what is still on the wire belongs to intents it
+        // abandoned (consumed again), so it gets only a moment.
+        for client in clients { await client.shutdown(grace: .seconds(1)) }
         closed.open()
     }
 }

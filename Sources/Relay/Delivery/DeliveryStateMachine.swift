@@ -124,9 +124,10 @@ struct DeliveryStateMachine: Sendable {
         }
     }
 
-    /// The backoff's wait was cut short: the relay abandons its work (past its shutdown
-    /// deadline). No outcome: the intent's offset stays uncommitted and it is consumed again.
-    mutating func waitCancelled() -> Action {
+    /// The work was cancelled during a backoff wait or a send: the relay abandons it (past its
+    /// shutdown deadline). No outcome: the intent's offset stays uncommitted and it is consumed
+    /// again.
+    mutating func cancelled() -> Action {
         finish(.abandoned)
     }
 

@@ -133,7 +133,7 @@ extension RelayPipeline {
                     try await Task.sleep(for: delay)
                     action = attemptDue(delivery)
                 } catch {
-                    action = delivery.machine.waitCancelled()
+                    action = delivery.machine.cancelled()
                 }
             case .park(let due, let tooManyRequests):
                 let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
@@ -173,6 +173,9 @@ extension RelayPipeline {
             RelayMetrics.apnsLatency.recordNanoseconds((ContinuousClock.now - sentAt).totalNanoseconds)
         case .failure(APNsError.invalidNotification(let invalid)):
             return delivery.machine.invalid(code: invalid.code.rawValue)
+        case .failure(is CancellationError):
+            // The shutdown deadline passed (or the relay was cancelled): abandoned.
+            return delivery.machine.cancelled()
         case .failure(let error):
             // Queue full or shutting down: nothing was sent; wait and try again.
             return delivery.machine.sendFailed("\(error)", now: clock(), nowMilliseconds: nowMilliseconds())
