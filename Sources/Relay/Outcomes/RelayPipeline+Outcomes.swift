@@ -24,7 +24,7 @@ extension RelayPipeline {
     /// (the newer notification shows the sum).
     @inline(never)
     func earlyEnding(_ item: WorkItem) async -> Ending {
-        if case .inMailbox = item.admission { return Ending(parked: true) }
+        if case .inMailbox = item.admission { return await inMailbox(item) }
         var outcome = earlyOutcome(item, item.admission)
         if case .coalesced = item.admission, case .success(let intent) = item.intent, let change = intent.badge, let badges {
             outcome.badge = await withRedisRetries(item) { () throws(RedisError) in
@@ -32,6 +32,21 @@ extension RelayPipeline {
             }
         }
         return Ending(outcome: outcome)
+    }
+
+    /// A redelivered intent its device's mailbox already holds: parked, once its due-index
+    /// member is known to exist (written again if the park's index write never happened).
+    /// Redis failing with `redis.fail_open` leaves it parked unchecked; the partition gone
+    /// meanwhile abandons it (its next owner consumes it again).
+    @inline(never)
+    func inMailbox(_ item: WorkItem) async -> Ending {
+        guard let policy, case .success(let intent) = item.intent else { return Ending(parked: true) }
+        let now = nowMilliseconds()
+        let indexed: Void? = await withRedisRetries(item) { () throws(RedisError) in
+            try await policy.ensureIndexed(partition: item.partition.partition, token: intent.token, topic: intent.topic,
+                                           id: intent.id, now: now)
+        }
+        return indexed != nil || (isCurrent(item) && !Task.isCancelled) ? Ending(parked: true) : Ending()
     }
 
     /// The outcome of an unusable message or of an intent the policy keeps from being sent.

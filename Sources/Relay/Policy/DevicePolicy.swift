@@ -41,7 +41,8 @@ struct DevicePolicy: Sendable {
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
     /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before,
-    /// {2, due} not yet, {3, entry} claimed, {4, entry} expired (removed).
+    /// {2, due} not yet (or claimed under a lease that runs until `due`: a claim never loses its
+    /// index member while its lease runs), {3, entry} claimed, {4, entry} expired (removed).
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
 
     /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox, waiting.
@@ -240,8 +241,9 @@ struct DevicePolicy: Sendable {
         guard case .array(let values) = reply, values.count == 2, let parkedDue = values[0].integer else {
             throw .protocolError("park script answered \(reply)")
         }
-        // Indexed after the mailbox write: a crash between the two leaves the intent's offset
-        // uncommitted, and its redelivery parks and indexes it again.
+        // Indexed after the mailbox write (the two keys are in different hash slots): a crash
+        // between the two leaves the intent's offset uncommitted, and its redelivery, which
+        // finds it in the mailbox, indexes it (``ensureIndexed``).
         let member = RedisKeys.member(token: token, topic: topic, id: id)
         let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
         if case .error(let message) = indexed[0] { throw .server(message) }
@@ -315,6 +317,15 @@ struct DevicePolicy: Sendable {
         let command = due.map { RedisCommand("ZADD", [dueKey(partition: partition), $0, member]) }
             ?? RedisCommand("ZREM", [dueKey(partition: partition), member])
         _ = try await client.send(command)
+    }
+
+    /// Puts a mailbox entry's member back into the due index if it is missing (`ZADD NX`, due
+    /// `now`: the take then says when it is really due), leaving a present one as it is. For
+    /// a redelivered intent its mailbox holds: the index write after the park may never have
+    /// happened (the relay died, or lost the partition, between the two).
+    func ensureIndexed(partition: Int32, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
+        _ = try await client.send(RedisCommand("ZADD", [dueKey(partition: partition), "NX", now,
+                                                        RedisKeys.member(token: token, topic: topic, id: id)]))
     }
 
     /// Ends a claim after its outcome was published, and drops its due-index member.

@@ -97,8 +97,13 @@ extension RelayPipeline {
             redisFailed(error)
             return
         }
-        for (partition, member) in due where !stopping.isOpen {
-            let claimed = state.withLock { $0.mailboxJobs.insert(member).inserted }
+        let topic = configuration.kafka.intentsTopic
+        for (partition, member) in due where !stopping.isOpen && !Task.isCancelled {
+            // Only for partitions still ours: a rebalance may have taken one since the query.
+            let claimed = state.withLock { state in
+                state.partitions.owns(TopicPartition(topic: topic, partition: partition), generation: generations[partition] ?? -1)
+                    && state.mailboxJobs.insert(member).inserted
+            }
             guard claimed else { continue }
             guard let parts = RedisKeys.parseMember(member) else {
                 _ = try? await policy.reindex(partition: partition, member: member, due: nil)

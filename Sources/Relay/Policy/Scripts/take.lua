@@ -2,7 +2,11 @@ local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), 
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
 local entry, expiration, parked
 if m[1] == id then entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
-elseif m[4] == id and (tonumber(m[7]) or 0) <= now then entry, expiration, parked = m[5], tonumber(m[6]) or 0, false
+elseif m[4] == id then
+    -- A claim whose lease runs is another relay's (or an earlier take's): ask again at its end.
+    local cu = tonumber(m[7]) or 0
+    if cu > now then return {2, cu} end
+    entry, expiration, parked = m[5], tonumber(m[6]) or 0, false
 else return {0} end
 local function clear()
     if parked then redis.call('HDEL', KEYS[1], 'pid', 'p', 'pe', 'pd')
