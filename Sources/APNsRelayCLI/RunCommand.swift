@@ -72,6 +72,10 @@ struct RunCommand: AsyncParsableCommand {
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
+        if let refusal = current.application.pipeline.refusal {
+            Terminal.error("stopped: \(refusal)")
+            throw ExitCode(1)
+        }
     }
 }
 

@@ -146,7 +146,7 @@ struct ConfigurationReader {
                        "retry.initial_backoff_ms", Int64(configuration.retry.initialBackoffMilliseconds))
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
-        checkKnown(redis, prefix: "redis.", known: ["url", "fail_open", "connections", "timeout_ms"])
+        checkKnown(redis, prefix: "redis.", known: ["url", "fail_open", "allow_eviction", "connections", "timeout_ms"])
         configuration.redis.url = string(redis, "redis.url", default: "")
         if !configuration.redis.url.isEmpty {
             do {
@@ -158,6 +158,7 @@ struct ConfigurationReader {
             }
         }
         configuration.redis.failOpen = bool(redis, "redis.fail_open", default: false)
+        configuration.redis.allowEviction = bool(redis, "redis.allow_eviction", default: false)
         configuration.redis.connections = integer(redis, "redis.connections", default: 2, range: 1...32)
         configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
 

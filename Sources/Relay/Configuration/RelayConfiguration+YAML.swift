@@ -40,6 +40,7 @@ extension RelayConfiguration {
         lines.append("redis:")
         lines.append("  url: \(quote(redis.url.isEmpty ? "" : (try? RedisURL(parsing: redis.url))?.description ?? "<redacted>"))")
         lines.append("  fail_open: \(redis.failOpen)")
+        lines.append("  allow_eviction: \(redis.allowEviction)")
         lines.append("  connections: \(redis.connections)")
         lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
         lines.append("policy:")

@@ -95,6 +95,9 @@ public struct RelayConfiguration: Sendable {
         /// While Redis is unreachable: false (default) stops consuming until it is back; true
         /// sends without policy (no dedupe) meanwhile.
         public var failOpen = false
+        /// Run even though Redis' `maxmemory-policy` can evict keys (parked intents among
+        /// them). Off: the relay refuses to run against such a Redis (see docs/redis.md).
+        public var allowEviction = false
         public var connections = 2
         /// Deadline of one Redis call (ms).
         public var timeoutMilliseconds = 1000

@@ -23,6 +23,48 @@ extension RelayPipeline {
         if wasDown { logger.warning("Redis answers again") }
     }
 
+    /// How often Redis' eviction policy and persistence are checked again while running.
+    static let guaranteesCheckInterval = Duration.seconds(60)
+
+    /// Checks what Redis guarantees for parked intents (``RedisGuarantees``). False when the
+    /// relay must not go on: Redis can evict keys and `redis.allow_eviction` is off; then the
+    /// relay is stopped (``refusal`` says why). Redis not answering is not a refusal: the check
+    /// comes again.
+    func redisGuaranteesHold() async -> Bool {
+        guard let redis, policy != nil else { return true }
+        let guarantees: RedisGuarantees
+        do {
+            guarantees = try await RedisGuarantees.read(redis)
+        } catch {
+            logger.warning("cannot read Redis' eviction policy yet", metadata: ["redis.error": "\(error)"])
+            return true
+        }
+        if let risk = guarantees.persistenceRisk {
+            logger.warning("\(risk)")
+        }
+        guard let risk = guarantees.evictionRisk else { return true }
+        if configuration.redis.allowEviction {
+            logger.warning("\(risk) (allowed by redis.allow_eviction)")
+            return true
+        }
+        let first = state.withLock { state in
+            defer { state.refusal = state.refusal ?? risk }
+            return state.refusal == nil
+        }
+        if first { logger.critical("refusing to run: \(risk)") }
+        requestStop()
+        return false
+    }
+
+    /// Checks Redis' guarantees again every ``guaranteesCheckInterval`` (a failover or a
+    /// restart may bring a differently configured Redis) until the relay stops.
+    func watchRedisGuarantees() async {
+        guard redis != nil, policy != nil else { return }
+        while await !stopping.wait(atMost: Self.guaranteesCheckInterval), !Task.isCancelled {
+            guard await redisGuaranteesHold() else { return }
+        }
+    }
+
     static let refusalsBeforeGivingUp = 3
 
     /// Runs `body` until it succeeds. While Redis fails: retries with backoff as long as the
