@@ -34,6 +34,22 @@ struct IntentTests {
         #expect(nowOrNever.environment == .development)
     }
 
+    /// Review item 19: a topic is a bundle id, so no topic can run into the next part of a Redis
+    /// key (a ":" made "a:b" + id "c" and "a" + id "b:c" one dedupe record; a topic ending in
+    /// ":applied" was another topic's badge record), and a token has one spelling.
+    @Test func redisKeyPartsCannotRunIntoEachOther() throws {
+        for topic in ["com.x:applied", "com.x:y", "com.x y", "com.é", "com/x", "com.x{1}", "*"] {
+            #expect(Self.reason(#"{"id":"a","token":"\#(Self.token)","topic":"\#(topic)","payload":{"aps":{}}}"#) == "BadTopic", "\(topic)")
+        }
+        for topic in ["com.example.app", "com.Example.my-app_2", "io.x9.A-b"] {
+            #expect(Self.reason(#"{"id":"a","token":"\#(Self.token)","topic":"\#(topic)","payload":{"aps":{}}}"#) == nil, "\(topic)")
+        }
+        let upper = try Self.parse(#"{"id":"a","token":"\#(Self.token.uppercased())","topic":"com.x","payload":{"aps":{}}}"#).get()
+        #expect(upper.token == Self.token)
+        #expect(RedisKeys.seen(token: upper.token, topic: upper.topic, id: upper.id)
+            == RedisKeys.seen(token: Self.token, topic: "com.x", id: "a"))
+    }
+
     /// Invalid UTF-8 anywhere in an intent's strings (payload keys and values, topic, id) makes
     /// it `invalid`, naming the byte; well-formed characters of every length pass.
     @Test func invalidUTF8AnywhereIsRefusedWithItsOffset() throws {

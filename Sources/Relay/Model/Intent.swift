@@ -32,6 +32,16 @@ public struct Intent: Sendable {
                          payload: payload)
     }
 
+    static func isBundleIDByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "."), UInt8(ascii: "-"), UInt8(ascii: "_"):
+            true
+        default:
+            false
+        }
+    }
+
     /// The intent as an intents-topic message, every field explicit (the expiration resolved):
     /// how a parked intent is kept in its mailbox. ``parse(_:key:now:defaultTTL:)`` reads it back
     /// to the same intent.
@@ -160,9 +170,11 @@ extension Intent {
         guard let topic, !topic.isEmpty else {
             throw fail("MissingField", fields[.topic] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
         }
-        // A bundle id (with its push type's suffix): no spaces or control characters.
-        guard topic.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F }) else {
-            throw fail("BadTopic", "\"topic\" must be a bundle id, without spaces or control characters")
+        // A bundle id (with its push type's suffix): ASCII letters, digits, dots, hyphens and
+        // underscores. Nothing else, so that no topic can run into the next part of a Redis key
+        // (":" separates them) or of a due-index member (" ").
+        guard topic.utf8.allSatisfy(Self.isBundleIDByte) else {
+            throw fail("BadTopic", "\"topic\" must be a bundle id: ASCII letters, digits, \".\", \"-\" and \"_\"")
         }
         guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
@@ -211,7 +223,8 @@ extension Intent {
         let payload = value.withUnsafeBytes { bytes in
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
-        var intent = Intent(id: id, token: token, topic: topic, pushType: pushType, priority: priority,
+        // One device, one spelling: hex tokens are kept in lower case (APNs reads either).
+        var intent = Intent(id: id, token: token.lowercased(), topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment,
                             payload: ByteBuffer(bytes: payload))
         intent.badge = badge
