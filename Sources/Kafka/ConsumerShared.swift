@@ -104,7 +104,13 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         // list carries no offsets (committing it commits nothing): commit the stored offsets of
         // the assignment instead, which still holds these partitions.
         if list != nil, rd_kafka_assignment_lost(rk) == 0 {
-            let committed = rd_kafka_commit(rk, nil, 0)
+            // The coordinator may still be finishing the previous step of the rebalance: a few
+            // quick tries (at most 350 ms on this thread).
+            var committed = rd_kafka_commit(rk, nil, 0)
+            for wait: UInt32 in [50_000, 100_000, 200_000] where committed == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS {
+                usleep(wait)
+                committed = rd_kafka_commit(rk, nil, 0)
+            }
             if committed != RD_KAFKA_RESP_ERR_NO_ERROR, committed != RD_KAFKA_RESP_ERR__NO_OFFSET {
                 shared.logger.warning("commit on revocation failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(committed)))"])
             }
