@@ -108,6 +108,9 @@ extension RelayPipeline {
 
     /// Sends with retries; the outcome goes to the delivery's ending (nil there when the work
     /// was abandoned, its partition revoked). The retry budget starts now.
+    ///
+    /// Its async frame is held by every intent in flight, so it keeps only the machine's small
+    /// action: each step's values live in the frames of the helpers it awaits.
     @inline(never)
     func deliver(_ delivery: Delivery) async {
         delivery.machine.limits.retryDeadline = clock() + configuration.retry.deadlineSeconds
@@ -115,32 +118,53 @@ extension RelayPipeline {
         while true {
             switch action {
             case .finish:
-                end(delivery, delivery.machine.ending ?? .abandoned)
-                return
+                return ended(delivery)
             case .send:
-                // The client was picked by `attemptDue`.
-                guard let client = delivery.client else { return end(delivery, .abandoned) }
-                let sentAt = ContinuousClock.now
-                let answer: Result<APNsResult, any Error>
-                do {
-                    answer = .success(try await client.send(delivery.notification))
-                } catch {
-                    answer = .failure(error)
-                }
-                action = judge(answer, delivery, sentAt: sentAt)
+                action = await attempt(delivery)
             case .wait(let delay):
-                do {
-                    try await Task.sleep(for: delay)
-                    action = attemptDue(delivery)
-                } catch {
-                    action = delivery.machine.cancelled()
-                }
+                action = await backOff(delivery, delay)
             case .park(let due, let tooManyRequests):
-                let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
-                action = delivery.machine.park(succeeded: parked, tooManyRequests: tooManyRequests, now: clock(),
-                                               nowMilliseconds: nowMilliseconds())
+                action = await park(delivery, due: due, tooManyRequests: tooManyRequests)
             }
         }
+    }
+
+    /// One send through the client `attemptDue` picked, and what its answer means.
+    @inline(never)
+    func attempt(_ delivery: Delivery) async -> DeliveryStateMachine.Action {
+        guard let client = delivery.client else { return delivery.machine.cancelled() }
+        let sentAt = ContinuousClock.now
+        let answer: Result<APNsResult, any Error>
+        do {
+            answer = .success(try await client.send(delivery.notification))
+        } catch {
+            answer = .failure(error)
+        }
+        return judge(answer, delivery, sentAt: sentAt)
+    }
+
+    /// Waits out a backoff; cancelled (the shutdown deadline passed), the delivery is abandoned.
+    @inline(never)
+    func backOff(_ delivery: Delivery, _ delay: Duration) async -> DeliveryStateMachine.Action {
+        do {
+            try await Task.sleep(for: delay)
+            return attemptDue(delivery)
+        } catch {
+            return delivery.machine.cancelled()
+        }
+    }
+
+    /// Parks the intent in its mailbox (a 429, or a retry past the budget).
+    @inline(never)
+    func park(_ delivery: Delivery, due: Int64, tooManyRequests: Bool) async -> DeliveryStateMachine.Action {
+        let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
+        return delivery.machine.park(succeeded: parked, tooManyRequests: tooManyRequests, now: clock(),
+                                     nowMilliseconds: nowMilliseconds())
+    }
+
+    @inline(never)
+    func ended(_ delivery: Delivery) {
+        end(delivery, delivery.machine.ending ?? .abandoned)
     }
 
     /// An attempt is due: the machine's say, then the team's credential-fault cool-down and the

@@ -65,6 +65,8 @@ public final class RelayPipeline: RelayStatus, Service {
         var redisTrouble: String?
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
+        /// Why the relay refused to go on (its Redis can evict parked intents).
+        var refusal: String?
     }
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
@@ -109,8 +111,13 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Not alive once the outcome producer hit a fatal error: no outcome can be published again
     /// (their intents stay uncommitted), so the process must be restarted.
     public var notAliveReason: String? {
-        producer.fatalError.map { "outcome producer failed: \($0)" }
+        if let refusal { return refusal }
+        return producer.fatalError.map { "outcome producer failed: \($0)" }
     }
+
+    /// Why the relay stopped on its own and must not be run as it is configured: its Redis
+    /// can evict parked intents (``RedisGuarantees``). `run` exits with an error then.
+    public var refusal: String? { state.withLock { $0.refusal } }
 
     /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
     /// stopping, it is alive, and every APNs client it has opened has a ready connection.
@@ -164,9 +171,19 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Every intent's work runs in a child task of this one: of the admitting loop's task group
     /// for consumed intents, of the mailbox poller's for intents taken from mailboxes. So the
     /// deadline (or cancelling this task) reaches all of it.
+    ///
+    /// The work runs in a task of its own that this one awaits and cancels with itself: one that
+    /// inherits no task-local values (the service group's among them). Every intent's child
+    /// task would otherwise link to them, and that link costs about 2.5 KB of task memory per
+    /// intent in flight (25 MB at 10,000; heaptrack, docs/architecture.md).
     public func run() async {
         await withGracefulShutdownHandler {
-            await self.runUntilStopped()
+            let work = Task.detached { await self.runUntilStopped() }
+            await withTaskCancellationHandler {
+                await work.value
+            } onCancel: {
+                work.cancel()
+            }
         } onGracefulShutdown: {
             self.requestStop()
         }
@@ -174,10 +191,12 @@ public final class RelayPipeline: RelayStatus, Service {
 
     private func runUntilStopped() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
+        guard await redisGuaranteesHold() else { return }
         let left = await withTaskGroup(of: Void.self) { group -> Int in
             group.addTask { await self.consumeAndWork() }
             group.addTask { await self.deliverMailboxes() }
             group.addTask { await self.reportLag() }
+            group.addTask { await self.watchRedisGuarantees() }
             await stopping.wait()
             logger.info("stopping: consuming stopped", metadata: ["relay.in_flight": "\(inFlight)"])
             await drain()
