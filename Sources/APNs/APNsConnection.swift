@@ -263,7 +263,8 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
             state = .ready(generation: generation, handler: handler, since: .now())
-            setReady(true)
+            // A connection that may open no stream (MAX_CONCURRENT_STREAMS 0) is not ready.
+            setReady(handler.streamLimit > 0)
             streamLimit.store(handler.streamLimit, ordering: .relaxed)
             lastError = nil
             logger.debug("connected to APNs", metadata: ["apns.endpoint": "\(endpoint)"])
@@ -275,6 +276,7 @@ final class APNsConnection: @unchecked Sendable {
         case .streamLimitChanged(let limit):
             if case .ready(let current, _, _) = state, current == generation {
                 streamLimit.store(limit, ordering: .relaxed)
+                setReady(limit > 0)
             }
             logger.debug("APNs changed the stream limit", metadata: ["apns.max_concurrent_streams": "\(limit)"])
         case .goAway(let lastStreamID, let errorCode, let debugData):

@@ -35,6 +35,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         public var readyTimeout: TimeAmount = .seconds(10)
         /// Fail the connection unless TLS negotiated `h2` through ALPN.
         public var requireALPN: Bool = true
+        /// Requests waiting for a free stream at most; more are refused at once.
+        public var maxPendingRequests: Int = 10_000
 
         public init() {}
     }
@@ -119,6 +121,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     public var streamLimit: Int { machine.streamLimit }
     /// Requests on the wire.
     public var openStreams: Int { streams.count }
+    /// Requests waiting for a free stream.
+    public var pendingRequests: Int { pending.count }
     /// True while new requests are accepted.
     public var isAcceptingRequests: Bool { machine.isAcceptingRequests }
 
@@ -126,6 +130,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     public func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {
         guard isAcceptingRequests else {
             completion(.failure(.refused(closeReason?.description ?? "connection is going away")))
+            return
+        }
+        guard pending.count < configuration.maxPendingRequests else {
+            completion(.failure(.refused("\(pending.count) requests already wait for a stream")))
             return
         }
         pending.append(Exchange(request: request, deadline: deadline, completion: completion))
@@ -341,8 +349,14 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     /// Fires deadlines and keeps the idle PING going.
     private func tick(_ context: ChannelHandlerContext) {
         let now = NIODeadline.now()
-        for exchange in pending where exchange.completion != nil && exchange.deadline <= now {
-            exchange.finish(.failure(.timedOut))
+        // Requests whose deadline passed while they waited for a stream end, and leave the queue.
+        if pending.contains(where: { $0.completion == nil || $0.deadline <= now }) {
+            var kept = CircularBuffer<Exchange>(initialCapacity: pending.count)
+            for exchange in pending {
+                if exchange.completion != nil, exchange.deadline <= now { exchange.finish(.failure(.timedOut)) }
+                if exchange.completion != nil { kept.append(exchange) }
+            }
+            pending = kept
         }
         var cancelled = false
         for (streamID, exchange) in streams where exchange.completion != nil && exchange.deadline <= now {

@@ -72,6 +72,40 @@ struct BadPeerTests {
         await server.stop()
     }
 
+    /// Review 4.2: a server that allows no stream at all (SETTINGS_MAX_CONCURRENT_STREAMS 0)
+    /// leaves the connection not ready, and requests waiting for a stream end at their deadline
+    /// and leave the queue; the queue is bounded.
+    @Test func aServerThatAllowsNoStreamIsNotReadyAndWaitingRequestsEnd() async throws {
+        let noStreams: [UInt8] = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0]
+        let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: noStreams)
+        var configuration = APNsClientConfiguration(
+            endpoint: APNsEndpoint(host: "127.0.0.1", port: server.port),
+            credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
+        configuration.connections = 1
+        configuration.requestTimeout = .milliseconds(500)
+        configuration.insecureSkipVerify = true
+        let client = try APNsClient(configuration: configuration)
+        let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        #expect(result.failure == .timedOut(""))
+        #expect(client.readyConnections == 0)
+        await client.shutdown()
+
+        var h2 = HTTP2ClientHandler.Configuration()
+        h2.maxPendingRequests = 3
+        h2.timerResolution = .milliseconds(10)
+        let raw = try await RawHTTP2Client.connect(port: server.port, configuration: h2)
+        let request = HTTP2Request(authority: "127.0.0.1", path: "/3/device/\(sampleToken)")
+        let answers = await withTaskGroup(of: Result<HTTP2Response, HTTP2StreamError>.self) { group in
+            for _ in 0..<5 { group.addTask { await raw.result(request, timeout: .milliseconds(300)) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(answers.filter { if case .failure(.timedOut) = $0 { return true }; return false }.count == 3)
+        #expect(answers.filter { if case .failure(.refused) = $0 { return true }; return false }.count == 2)
+        #expect(await raw.pendingRequests() == 0)
+        await raw.close()
+        await server.stop()
+    }
+
     @Test func unansweredPingClosesTheConnection() async throws {
         let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: ScriptedServer.settingsFrame)
         var configuration = HTTP2ClientHandler.Configuration()

@@ -68,6 +68,22 @@ final class RawHTTP2Client: Sendable {
         return try await promise.futureResult.get()
     }
 
+    /// The request's result as the handler gives it, errors included.
+    func result(_ request: HTTP2Request, timeout: TimeAmount) async -> Result<HTTP2Response, HTTP2StreamError> {
+        let promise = channel.eventLoop.makePromise(of: Result<HTTP2Response, HTTP2StreamError>.self)
+        let handler = handler
+        channel.eventLoop.execute {
+            handler.value.execute(request, deadline: .now() + timeout) { promise.succeed($0) }
+        }
+        return (try? await promise.futureResult.get()) ?? .failure(.connectionLost("channel gone"))
+    }
+
+    /// Requests waiting in the handler for a free stream.
+    func pendingRequests() async -> Int {
+        let handler = handler
+        return (try? await channel.eventLoop.submit { handler.value.pendingRequests }.get()) ?? -1
+    }
+
     func close() async {
         try? await channel.close()
     }
