@@ -106,6 +106,39 @@ struct PartitionLedgerTests {
         #expect(ledger.owned(topic: "other").isEmpty)
     }
 
+    /// Review 3.4: one stuck offset keeps every later one uncommitted; past the limit the
+    /// partition is held (paused) once, and released once half of them are committable.
+    @Test func aPartitionWithTooManyUncommittedOffsetsIsHeldUntilHalfAreCommittable() {
+        var ledger = PartitionLedger(uncommittedLimit: 10)
+        ledger.assign([Self.p0, Self.p1])
+        var holds = 0, otherHolds = 0, releases = 0, committed: [Int64] = []
+        for offset in 0..<20 as Range<Int64> {
+            _ = ledger.start(Self.p0, offset: offset)
+            if ledger.holdIfFull(Self.p0) { holds += 1 }
+            if ledger.holdIfFull(Self.p1) { otherHolds += 1 }
+            // Everything but the first finishes at once: it stays uncommitted behind offset 0.
+            if offset > 0, let moved = ledger.finish(Self.p0, generation: 1, offset: offset) { committed.append(moved) }
+            if ledger.releaseIfDrained(Self.p0) { releases += 1 }
+        }
+        #expect(holds == 1)
+        #expect(otherHolds == 0)
+        #expect(releases == 0)
+        #expect(committed.isEmpty)
+        #expect(ledger.held == [Self.p0])
+        // The stuck one finishes: everything is committable, the partition is released once.
+        let moved = ledger.finish(Self.p0, generation: 1, offset: 0)
+        #expect(moved == 19)
+        let first = ledger.releaseIfDrained(Self.p0), second = ledger.releaseIfDrained(Self.p0)
+        #expect(first && !second)
+        #expect(ledger.held.isEmpty)
+        // A held partition that is revoked is no longer held.
+        for offset in 20..<30 as Range<Int64> { _ = ledger.start(Self.p0, offset: offset) }
+        let heldAgain = ledger.holdIfFull(Self.p0)
+        #expect(heldAgain)
+        ledger.revoke([Self.p0])
+        #expect(ledger.held.isEmpty)
+    }
+
     @Test func theCommittableOffsetMovesInOrder() {
         var ledger = PartitionLedger()
         ledger.assign([Self.p0])

@@ -67,6 +67,12 @@ public struct RelayConfiguration: Sendable {
     public struct Limits: Sendable {
         /// Intents between consume and outcome at most.
         public var maxInFlight = 10_000
+        /// Intents consumed and waiting behind an earlier intent for the same device: they
+        /// hold memory but no send slot, so that one busy device cannot stall the others.
+        public var maxWaiting = 50_000
+        /// Offsets of one partition started and not yet committable (behind an unfinished one)
+        /// at most; past it the partition pauses until half of them are committable.
+        public var maxUncommittedPerPartition = 200_000
         public init() {}
     }
 

@@ -10,6 +10,8 @@ enum RelayMetrics {
     /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
     static let parked = Counter(label: "relay_parked_total")
     static let inFlight = Gauge(label: "relay_in_flight")
+    /// Partitions paused because too many of their offsets wait behind an unfinished one.
+    static let partitionsHeld = Gauge(label: "relay_partitions_held")
     /// Outcomes whose publishing failed once (each is retried until it succeeds).
     static let publishFailures = Counter(label: "relay_outcome_publish_failures_total")
     /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).

@@ -11,6 +11,9 @@ struct OffsetTracker: Sendable {
     private(set) var committable: Int64?
 
     var inFlight: Int { pending.count - finished.count }
+    /// Offsets started and not yet committable (finished ones behind an unfinished one
+    /// included): what this tracker holds in memory.
+    var uncommitted: Int { pending.count }
 
     mutating func started(_ offset: Int64) {
         pending.append(offset)

@@ -5,9 +5,21 @@ import Kafka
 /// started under an earlier ownership is known as no longer ours even once the partition came
 /// back. A value type: the pipeline keeps it under its state lock and stores the committable
 /// offsets it returns.
+///
+/// One unfinished offset keeps every later one of its partition uncommitted, and the tracker
+/// holds them all. Past `uncommittedLimit` of them the partition is *held*: the pipeline
+/// pauses it until the tracker is down to half (``holdIfFull(_:)``, ``releaseIfDrained(_:)``),
+/// so memory stays bounded whatever the throughput.
 struct PartitionLedger: Sendable {
     private var trackers: [TopicPartition: OffsetTracker] = [:]
     private var generations: [TopicPartition: Int] = [:]
+    let uncommittedLimit: Int
+    /// Partitions paused because they reached the limit.
+    private(set) var held: Set<TopicPartition> = []
+
+    init(uncommittedLimit: Int = .max) {
+        self.uncommittedLimit = max(uncommittedLimit, 2)
+    }
 
     /// The partitions are ours from now on (a new generation each).
     mutating func assign(_ partitions: [TopicPartition]) {
@@ -23,7 +35,21 @@ struct PartitionLedger: Sendable {
         for partition in partitions {
             trackers[partition] = nil
             generations[partition, default: 0] += 1
+            held.remove(partition)
         }
+    }
+
+    /// True when `partition` just reached the limit of uncommitted offsets: to be paused.
+    mutating func holdIfFull(_ partition: TopicPartition) -> Bool {
+        guard let tracker = trackers[partition], tracker.uncommitted >= uncommittedLimit else { return false }
+        return held.insert(partition).inserted
+    }
+
+    /// True when a held partition is down to half the limit: to be resumed.
+    mutating func releaseIfDrained(_ partition: TopicPartition) -> Bool {
+        guard held.contains(partition), (trackers[partition]?.uncommitted ?? 0) <= uncommittedLimit / 2 else { return false }
+        held.remove(partition)
+        return true
     }
 
     /// An offset of an owned partition starts: its generation, or nil when the partition is not

@@ -7,10 +7,12 @@ extension RelayPipeline {
     /// partition is not ours).
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) -> WorkItem? {
         let partition = message.topicPartition
+        var hold = false
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {
                 return (nil, state.inFlight)
             }
+            hold = state.partitions.holdIfFull(partition)
             if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
             state.inFlight += 1
             guard case .success(let intent) = parsed else {
@@ -34,6 +36,7 @@ extension RelayPipeline {
         }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
+        if hold { held(partition) }
         return start
     }
 
@@ -51,6 +54,7 @@ extension RelayPipeline {
         guard let token = item.queueToken else { return item }
         if state.devices[token] != nil {
             state.devices[token]!.append(item)
+            state.waiting += 1
             return nil
         }
         var queue = CircularBuffer<WorkItem>(initialCapacity: 4)
@@ -65,12 +69,18 @@ extension RelayPipeline {
         while let item = next {
             await handle(item)
             guard let token = item.queueToken else { return }
-            next = state.withLock { state in
+            let (queued, waiter) = state.withLock { state -> (WorkItem?, CheckedContinuation<Void, Never>?) in
                 state.devices[token]?.removeFirst()
-                if let queued = state.devices[token]?.first { return queued }
-                state.devices[token] = nil
-                return nil
+                guard let queued = state.devices[token]?.first else {
+                    state.devices[token] = nil
+                    return (nil, nil)
+                }
+                state.waiting -= 1
+                // One fewer waiting: room for the admitting loop if that bound held it.
+                return (queued, capacityWaiterIfRoom(&state))
             }
+            waiter?.resume()
+            next = queued
         }
     }
 }

@@ -82,12 +82,24 @@ extension RelayPipeline {
         }
     }
 
+    /// Whether another intent may be admitted: fewer than `limits.max_in_flight` under way and
+    /// fewer than `limits.max_waiting` waiting behind their devices.
+    func hasRoom(_ state: State) -> Bool {
+        state.inFlight - state.waiting < configuration.limits.maxInFlight && state.waiting < configuration.limits.maxWaiting
+    }
+
+    /// The admitting loop's continuation, taken out of the state when there is room for it.
+    func capacityWaiterIfRoom(_ state: inout State) -> CheckedContinuation<Void, Never>? {
+        guard hasRoom(state), let waiter = state.capacityWaiter else { return nil }
+        state.capacityWaiter = nil
+        return waiter
+    }
+
     func waitForCapacity() async {
-        let limit = configuration.limits.maxInFlight
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in
-                    if state.inFlight < limit || Task.isCancelled || stopping.isOpen { return true }
+                    if hasRoom(state) || Task.isCancelled || stopping.isOpen { return true }
                     state.capacityWaiter = continuation
                     return false
                 }

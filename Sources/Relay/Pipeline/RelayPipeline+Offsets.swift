@@ -1,3 +1,4 @@
+import Kafka
 
 
 extension RelayPipeline {
@@ -7,6 +8,7 @@ extension RelayPipeline {
     /// positions in order (a later store of an older position would move the commit back), and
     /// the drain that waits for the last item must find its offset stored.
     func finish(_ item: WorkItem, stored: Bool) {
+        var release = false
         let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
@@ -19,12 +21,10 @@ extension RelayPipeline {
                 } catch {
                     notStored = committable
                 }
+                release = state.partitions.releaseIfDrained(item.partition)
             }
             var waiters: [CheckedContinuation<Void, Never>] = []
-            if state.inFlight < configuration.limits.maxInFlight, let waiter = state.capacityWaiter {
-                state.capacityWaiter = nil
-                waiters.append(waiter)
-            }
+            if let waiter = capacityWaiterIfRoom(&state) { waiters.append(waiter) }
             if state.inFlight == 0, let waiter = state.drainedWaiter {
                 state.drainedWaiter = nil
                 waiters.append(waiter)
@@ -38,6 +38,23 @@ extension RelayPipeline {
         }
         RelayMetrics.inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }
+        if release { released(item.partition) }
+    }
+
+    /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its
+    /// offsets are committable.
+    func held(_ partition: TopicPartition) {
+        consumer.pause([partition])
+        RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
+        logger.warning("partition paused: too many offsets wait behind an unfinished intent", metadata: [
+            "kafka.partition": "\(partition.partition)", "relay.limit": "\(configuration.limits.maxUncommittedPerPartition)",
+        ])
+    }
+
+    func released(_ partition: TopicPartition) {
+        consumer.resume([partition])
+        RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
+        logger.info("partition resumed", metadata: ["kafka.partition": "\(partition.partition)"])
     }
 
     /// Waits for in-flight work to end, up to the shutdown deadline.

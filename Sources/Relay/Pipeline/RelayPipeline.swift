@@ -17,7 +17,9 @@ import Synchronization
 /// - Retryable answers are retried with exponential backoff and jitter until the intent's
 ///   expiration or the retry deadline; expiration 0 means one attempt.
 /// - A credential fault stops sends for that team only, for a cool-down, then one intent probes.
-/// - At most `limits.maxInFlight` intents are between consume and outcome; past that the loop
+/// - At most `limits.maxInFlight` intents are under way between consume and outcome, and at
+///   most `limits.maxWaiting` wait behind an earlier intent for their device (they take no
+///   send slot, so one busy device does not stall the others); past that the loop
 ///   stops reading, the consumer's bounded buffer fills and it pauses its partitions.
 /// - An offset becomes committable once its outcome's delivery report succeeded and every
 ///   earlier offset of the partition is done. Work for revoked partitions is dropped unsent
@@ -50,11 +52,14 @@ public final class RelayPipeline: RelayStatus, Service {
     let badges: BadgeStore?
 
     struct State {
-        var partitions = PartitionLedger()
+        var partitions: PartitionLedger
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
+        /// Intents between consume and outcome, the waiting ones included.
         var inFlight = 0
+        /// Of those, the ones waiting behind an earlier intent for their device (not started).
+        var waiting = 0
         var capacityWaiter: CheckedContinuation<Void, Never>?
         var drainedWaiter: CheckedContinuation<Void, Never>?
         var credentialFaults: CredentialFaultBreaker
@@ -77,7 +82,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.logger = logger
         self.clock = clock
         self.published = published
-        self.state = Mutex(State(credentialFaults: CredentialFaultBreaker(
+        self.state = Mutex(State(
+            partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
+            credentialFaults: CredentialFaultBreaker(
             cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds)))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
@@ -143,6 +150,10 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Intents between consume and outcome now.
     public var inFlight: Int { state.withLock { $0.inFlight } }
+
+    /// Partitions paused now because `limits.max_uncommitted_per_partition` of their offsets
+    /// wait behind an unfinished intent.
+    public var heldPartitions: [Int32] { state.withLock { $0.partitions.held.map(\.partition).sorted() } }
 
     /// Asks ``run()`` to stop consuming and drain.
     public func requestStop() {

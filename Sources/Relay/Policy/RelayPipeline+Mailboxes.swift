@@ -85,7 +85,7 @@ extension RelayPipeline {
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
         let (owned, room) = state.withLock { state in
             (state.partitions.owned(topic: configuration.kafka.intentsTopic),
-             configuration.limits.maxInFlight - state.inFlight)
+             configuration.limits.maxInFlight - (state.inFlight - state.waiting))
         }
         guard !owned.isEmpty, room > 0 else { return }
         let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
