@@ -10,6 +10,8 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// Events for the application; its size counts records (batches weigh their length).
     let queue: AsyncBoundedQueue<KafkaConsumerEvent>
     let flow: Mutex<ConsumerFlowControl>
+    /// Told of a revocation on the poll thread before its commit (``KafkaConsumer/onRevoking(_:)``).
+    let revocationHandler = Mutex<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
 
     init(capacity: Int, logger: Logger) {
         queue = AsyncBoundedQueue(capacity: capacity) { event in
@@ -99,6 +101,10 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         }
         shared.push(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        // The application stops new work of these partitions and lets what is under way finish
+        // first (bounded by the handler), so that the commit below covers it.
+        let lost = list == nil || rd_kafka_assignment_lost(rk) != 0
+        shared.revocationHandler.withLock { $0 }?(changed, lost)
         // Commit what is stored first, so the partitions' next owner starts exactly behind the
         // work finished here (synchronous: the callback runs on the poll thread). The revocation's
         // list carries no offsets (committing it commits nothing): commit the stored offsets of
@@ -128,6 +134,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         shared.push(.revoked(changed))
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
+        shared.revocationHandler.withLock { $0 }?(Array(shared.flow.withLock { $0.assigned }), true)
         _ = rd_kafka_assign(rk, nil)
         shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
     }

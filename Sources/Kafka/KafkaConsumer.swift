@@ -143,6 +143,15 @@ public final class KafkaConsumer: Service, Sendable {
         }
     }
 
+    /// Installs what hears of a revocation first: called on the poll thread when librdkafka
+    /// revokes partitions, before their stored offsets are committed and they are unassigned
+    /// (`lost`: the group already gave them to others, nothing can be committed). The handler
+    /// may block, bounded: it is the moment to stop new work of those partitions and let the
+    /// work under way store its offsets. The `.revoked` event follows in ``events``.
+    public func onRevoking(_ handler: @escaping @Sendable ([TopicPartition], _ lost: Bool) -> Void) {
+        shared.revocationHandler.withLock { $0 = handler }
+    }
+
     /// Stops fetching from these partitions until ``resume(_:)``.
     public func pause(_ partitions: [TopicPartition]) {
         shared.flow.withLock { $0.applicationPaused(partitions) }

@@ -55,8 +55,27 @@ extension RelayPipeline {
         }
     }
 
+    /// Whether the item's partition is still ours (being revoked included): work that reached
+    /// APNs goes on to its outcome and stored offset.
     func isCurrent(_ item: WorkItem) -> Bool {
         state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
+    }
+
+    /// Whether new work of the item may start: its partition is ours and not being revoked.
+    func isActive(_ item: WorkItem) -> Bool {
+        state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
+    }
+
+    /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
+    /// the first time, it is counted among its partition's work at APNs, which a revocation
+    /// waits for.
+    func mayGoToAPNs(_ delivery: Delivery) -> Bool {
+        let first = !delivery.ending.countedAtAPNs
+        let allowed = state.withLock {
+            $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
+        }
+        if allowed { delivery.ending.countedAtAPNs = true }
+        return allowed
     }
 
 
@@ -140,7 +159,17 @@ extension RelayPipeline {
         } catch {
             answer = .failure(error)
         }
-        return judge(answer, delivery, sentAt: sentAt)
+        let action = judge(answer, delivery, sentAt: sentAt)
+        // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
+        if case .wait = action { leftAPNs(delivery) }
+        return action
+    }
+
+    func leftAPNs(_ delivery: Delivery) {
+        guard delivery.ending.countedAtAPNs else { return }
+        delivery.ending.countedAtAPNs = false
+        let waiter = state.withLock { Self.endAtAPNs(delivery.item, &$0) }
+        waiter?.signal()
     }
 
     /// Waits out a backoff; cancelled (the shutdown deadline passed), the delivery is abandoned.
@@ -172,7 +201,7 @@ extension RelayPipeline {
     @inline(never)
     func attemptDue(_ delivery: Delivery) -> DeliveryStateMachine.Action {
         let now = clock()
-        let action = delivery.machine.attemptDue(now: now, isOwned: isCurrent(delivery.item) && !Task.isCancelled,
+        let action = delivery.machine.attemptDue(now: now, isOwned: !Task.isCancelled && mayGoToAPNs(delivery),
                                                  hasCredentials: delivery.credentialIndex != nil)
         guard case .send = action, let credentialIndex = delivery.credentialIndex else { return action }
         if let fault = activeCredentialFault(teamID: configuration.apns.credentials[credentialIndex].teamID, now: now) {

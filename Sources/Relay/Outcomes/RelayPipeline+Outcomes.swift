@@ -13,6 +13,9 @@ extension RelayPipeline {
         /// In its device's mailbox: no outcome now (the mailbox answers it later), and its
         /// offset may be committed.
         var parked: Bool
+        /// Counted among its partition's work at APNs (``PartitionLedger/sendBegins(_:generation:first:)``)
+        /// until it ends.
+        var countedAtAPNs = false
 
         init(outcome: Outcome? = nil, parked: Bool = false) {
             self.outcome = outcome

@@ -8,15 +8,15 @@ extension RelayPipeline {
     func conclude(_ item: WorkItem, _ ending: Ending) async {
         // The outcome stays in `ending` (this frame, held by every intent in flight, stays small).
         guard let status = ending.outcome?.status else {
-            finish(item, stored: ending.parked)
+            finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return
         }
         guard await recordAndPublish(item, ending, records: item.recordsAnswer && Self.isAnswered(status)) else {
-            finish(item, stored: false)
+            finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
         if let member = item.mailboxMember { await release(member, item) }
-        finish(item, stored: true)
+        finish(item, stored: true, sent: ending.countedAtAPNs)
     }
 
     /// Records the answer first when `records`, then publishes the outcome. False when the

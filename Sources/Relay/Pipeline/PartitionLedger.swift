@@ -16,6 +16,12 @@ struct PartitionLedger: Sendable {
     let uncommittedLimit: Int
     /// Partitions paused because they reached the limit.
     private(set) var held: Set<TopicPartition> = []
+    /// Partitions librdkafka is taking away: no new work of theirs starts, the work that
+    /// reached APNs finishes (its offsets are still stored) before the revocation is
+    /// acknowledged (``markRevoking(_:)``, ``revokingSettled``).
+    private(set) var revoking: Set<TopicPartition> = []
+    /// Per partition, its items whose notification went to APNs and that have not ended.
+    private var atAPNs: [TopicPartition: Int] = [:]
 
     init(uncommittedLimit: Int = .max) {
         self.uncommittedLimit = max(uncommittedLimit, 2)
@@ -36,7 +42,39 @@ struct PartitionLedger: Sendable {
             trackers[partition] = nil
             generations[partition, default: 0] += 1
             held.remove(partition)
+            revoking.remove(partition)
+            atAPNs[partition] = nil
         }
+    }
+
+    /// librdkafka is revoking `partitions`: from now on none of their work starts.
+    mutating func markRevoking(_ partitions: [TopicPartition]) {
+        revoking.formUnion(partitions.filter { trackers[$0] != nil })
+    }
+
+    /// True once no work of a revoking partition is at APNs (nothing to wait for).
+    var revokingSettled: Bool {
+        revoking.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
+    }
+
+    /// Whether work started under `generation` may go on to APNs: its partition is ours and
+    /// not being revoked.
+    func isActive(_ partition: TopicPartition, generation: Int) -> Bool {
+        owns(partition, generation: generation) && !revoking.contains(partition)
+    }
+
+    /// A notification of this work goes to APNs (counted once per item: `first`). False when
+    /// it must not (the partition is not active): then nothing was counted.
+    mutating func sendBegins(_ partition: TopicPartition, generation: Int, first: Bool) -> Bool {
+        guard isActive(partition, generation: generation) else { return false }
+        if first { atAPNs[partition, default: 0] += 1 }
+        return true
+    }
+
+    /// Work counted by ``sendBegins(_:generation:first:)`` ended (its offset stored or not).
+    mutating func sentWorkEnded(_ partition: TopicPartition, generation: Int) {
+        guard generations[partition] == generation, let count = atAPNs[partition] else { return }
+        atAPNs[partition] = count > 1 ? count - 1 : nil
     }
 
     /// True when `partition` just reached the limit of uncommitted offsets: to be paused.
@@ -55,7 +93,7 @@ struct PartitionLedger: Sendable {
     /// An offset of an owned partition starts: its generation, or nil when the partition is not
     /// ours (the message is dropped).
     mutating func start(_ partition: TopicPartition, offset: Int64) -> Int? {
-        guard trackers[partition] != nil, let generation = generations[partition] else { return nil }
+        guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition] else { return nil }
         trackers[partition]?.started(offset)
         return generation
     }

@@ -1,3 +1,4 @@
+import Dispatch
 import Kafka
 
 
@@ -7,8 +8,12 @@ extension RelayPipeline {
     /// The offset is stored inside the state lock: two items finishing at once must store their
     /// positions in order (a later store of an older position would move the commit back), and
     /// the drain that waits for the last item must find its offset stored.
-    func finish(_ item: WorkItem, stored: Bool) {
+    ///
+    /// `sent`: the item was counted among its partition's work at APNs; a revocation waiting
+    /// for that work goes on once the last of it ended.
+    func finish(_ item: WorkItem, stored: Bool, sent: Bool) {
         var release = false
+        var revokeWaiter: DispatchSemaphore?
         let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
             state.inFlight -= 1
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
@@ -23,6 +28,7 @@ extension RelayPipeline {
                 }
                 release = state.partitions.releaseIfDrained(item.partition)
             }
+            if sent { revokeWaiter = Self.endAtAPNs(item, &state) }
             var waiters: [CheckedContinuation<Void, Never>] = []
             if let waiter = capacityWaiterIfRoom(&state) { waiters.append(waiter) }
             if state.inFlight == 0, let waiter = state.drainedWaiter {
@@ -38,7 +44,42 @@ extension RelayPipeline {
         }
         RelayMetrics.inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }
+        revokeWaiter?.signal()
         if release { released(item.partition) }
+    }
+
+    /// The item no longer counts among its partition's work at APNs; returns the revocation's
+    /// waiter to signal when that was the last of it.
+    static func endAtAPNs(_ item: WorkItem, _ state: inout State) -> DispatchSemaphore? {
+        state.partitions.sentWorkEnded(item.partition, generation: item.generation)
+        guard state.revokeWaiter != nil, state.partitions.revokingSettled else { return nil }
+        defer { state.revokeWaiter = nil }
+        return state.revokeWaiter
+    }
+
+    /// On the consumer's poll thread, before a revocation's commit: no new work of
+    /// `partitions` starts from now on, and, unless the assignment was lost, this waits (up to
+    /// the shutdown deadline) until their work that went to APNs ended, its offsets stored, so
+    /// that the commit covers it and the next owner does not send it again.
+    func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
+        let semaphore = DispatchSemaphore(value: 0)
+        let settled = state.withLock { state -> Bool in
+            state.partitions.markRevoking(partitions)
+            if lost || state.partitions.revokingSettled { return true }
+            state.revokeWaiter = semaphore
+            return false
+        }
+        logger.info("partitions being revoked: their new work stops", metadata: [
+            "kafka.partitions": "\(partitions.map(\.partition))", "kafka.assignment_lost": "\(lost)",
+        ])
+        guard !settled else { return }
+        let bound = configuration.shutdownDeadlineSeconds
+        if semaphore.wait(timeout: .now() + .seconds(bound)) == .timedOut {
+            state.withLock { $0.revokeWaiter = nil }
+            logger.warning("revocation goes on with work still at APNs (its next owner may send it again)", metadata: [
+                "kafka.partitions": "\(partitions.map(\.partition))", "relay.waited_seconds": "\(bound)",
+            ])
+        }
     }
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its

@@ -72,6 +72,9 @@ public final class RelayPipeline: RelayStatus, Service {
         var mailboxJobs: Set<String> = []
         /// Why the relay refused to go on (its Redis can evict parked intents).
         var refusal: String?
+        /// The consumer's poll thread, waiting in a revocation until the revoking partitions'
+        /// work at APNs ended.
+        var revokeWaiter: DispatchSemaphore?
     }
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
@@ -108,6 +111,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = clients.producer
         self.consumer = clients.consumer
+        clients.consumer.onRevoking { [weak self] partitions, lost in
+            self?.partitionsRevoking(partitions, lost: lost)
+        }
     }
 
     /// Outcomes published so far, by status.

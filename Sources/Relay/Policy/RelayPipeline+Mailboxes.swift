@@ -9,7 +9,7 @@ extension RelayPipeline {
     /// partition was revoked meanwhile: then the intent is sent, or abandoned, as usual).
     @inline(never)
     func park(_ item: WorkItem, due: Int64, tooManyRequests: Bool = false) async -> Bool {
-        guard let policy, case .success(let intent) = item.intent, isCurrent(item) else { return false }
+        guard let policy, case .success(let intent) = item.intent, isActive(item) else { return false }
         let entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
                                        consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
                                        expiration: intent.expiration, message: intent.encoded)
@@ -101,7 +101,7 @@ extension RelayPipeline {
         for (partition, member) in due where !stopping.isOpen && !Task.isCancelled {
             // Only for partitions still ours: a rebalance may have taken one since the query.
             let claimed = state.withLock { state in
-                state.partitions.owns(TopicPartition(topic: topic, partition: partition), generation: generations[partition] ?? -1)
+                state.partitions.isActive(TopicPartition(topic: topic, partition: partition), generation: generations[partition] ?? -1)
                     && state.mailboxJobs.insert(member).inserted
             }
             guard claimed else { continue }
