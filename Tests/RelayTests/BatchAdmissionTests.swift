@@ -58,8 +58,9 @@ struct BatchAdmissionTests {
     @Test func ofTheIntentsThatMustWaitTheNewestIsParkedAndTheOlderAreCoalescedByIt() {
         let parsed = [Self.intent("1"), Self.intent("2"), Self.intent("3"), Self.intent("4"), Self.intent("5")]
         var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
-        BatchAdmission.apply((decisions: [.send, .duplicate, .wait, .inMailbox, .wait], due: 42), to: [0, 1, 2, 3, 4], parsed, &admissions)
-        #expect(admissions == [.send, .duplicate, .coalesced(by: "5"), .inMailbox, .park(due: 42)])
+        let record = AnswerRecord(status: "unregistered", httpStatus: 410, unregisteredAt: 1_432_819_882_000, reason: "Unregistered")
+        BatchAdmission.apply((decisions: [.send, .duplicate(record), .wait, .inMailbox, .wait], due: 42), to: [0, 1, 2, 3, 4], parsed, &admissions)
+        #expect(admissions == [.send, .duplicate(record), .coalesced(by: "5"), .inMailbox, .park(due: 42)])
     }
 
     @Test func aNowOrNeverIntentThatMustWaitExpiresInsteadOfBeingParked() {
@@ -73,7 +74,7 @@ struct BatchAdmissionTests {
         let parsed = [Self.intent("same"), Self.intent("other"), Self.intent("same")]
         var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
         BatchAdmission.apply((decisions: [.wait, .wait, .wait], due: 1), to: [0, 1, 2], parsed, &admissions)
-        #expect(admissions == [.duplicate, .coalesced(by: "same"), .park(due: 1)])
+        #expect(admissions == [.duplicate(nil), .coalesced(by: "same"), .park(due: 1)])
     }
 
     @Test func answersApplyOnlyToTheirGroupsPositions() {

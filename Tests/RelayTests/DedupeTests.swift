@@ -1,4 +1,5 @@
 import APNs
+import APNsSimulator
 import Foundation
 import Kafka
 import Redis
@@ -10,8 +11,9 @@ import KafkaTesting
 
 @Suite("Dedupe in Redis", .timeLimit(.minutes(3)))
 struct DedupeTests {
-    static func harness(_ redis: RedisServerProcess, failOpen: Bool = false) async throws -> RelayHarness {
-        try await RelayHarness.start(configureRelay: {
+    static func harness(_ redis: RedisServerProcess, failOpen: Bool = false,
+                        simulator: (inout SimulatorConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
+        try await RelayHarness.start(configure: simulator, configureRelay: {
             $0.redis.url = redis.url
             $0.redis.timeoutMilliseconds = 300
             $0.redis.failOpen = failOpen
@@ -36,16 +38,20 @@ struct DedupeTests {
         let again = try #require(all["d-1"]?.first { $0["status"] as? String == "duplicate" })
         #expect(again["reason"] as? String == "AlreadyAnswered")
         #expect(again["attempts"] as? Int == 0)
-        #expect(again["http_status"] is NSNull)
+        // What APNs answered the first time comes with it.
+        #expect(again["original_status"] as? String == "delivered")
+        #expect(again["http_status"] as? Int == 200)
         #expect(again["token"] as? String == hexToken(1))
         #expect(again["apns_id"] as? String == APNsIdentifiers.format(Intent.apnsID(for: "d-1")))
         #expect(all["d-2"]?.first?["status"] as? String == "delivered")
         let sentD1 = harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: "d-1")) }
         #expect(sentD1.count == 1)
 
-        // The record holds the status, with the window as its TTL.
+        // The record holds the answer, with the window as its TTL.
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).string == "delivered")
+        let apnsID = APNsIdentifiers.format(Intent.apnsID(for: "d-1"))
+        #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).string
+            == "2 delivered 200 - \(apnsID) -")
         let ttl = try #require(try await client.send(RedisCommand("TTL", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).integer)
         #expect(ttl > 3500 && ttl <= 3600)
         await client.shutdown()
@@ -155,6 +161,41 @@ struct DedupeTests {
         #expect(harness.simulator.accepted.count == 20)
         try await waitUntil { harness.pipeline.inFlight == 0 }
         #expect(harness.pipeline.outcomeCounts["delivered"] == 20)
+        await harness.stop()
+    }
+
+    /// Review 2.3: a redelivered intent whose answer is recorded comes out `duplicate` with what
+    /// APNs answered the first time, so a 410 (and its timestamp) is never lost behind it.
+    @Test func aDuplicateCarriesTheRecordedAnswer() async throws {
+        let redis = try RedisServerProcess()
+        let gone = hexToken(0x410)
+        let harness = try await Self.harness(redis, simulator: { $0.behaviour.unregistered = [gone: 1_432_819_882_000] })
+        try await harness.produce(intent("gone-1", token: gone), key: gone)
+        try await harness.produce(intent("fine-1", token: hexToken(0x411)), key: hexToken(0x411))
+        let first = Dictionary(uniqueKeysWithValues: try await harness.outcomes(count: 2).map { ($0["id"] as? String ?? "", $0) })
+        #expect(first["gone-1"]?["status"] as? String == "unregistered")
+        // A second relay in another group reads the topic again, as after lost commits.
+        var configuration = harness.configuration
+        configuration.kafka.groupID += "-again"
+        let secondApplication = try RelayApplication(configuration: configuration, worker: "second")
+        let running = Task { await secondApplication.run() }
+        let again = Dictionary(uniqueKeysWithValues: try await harness.outcomes(count: 4)
+            .filter { $0["worker"] as? String == "second" }.map { ($0["id"] as? String ?? "", $0) })
+        let gone1 = try #require(again["gone-1"])
+        #expect(gone1["status"] as? String == "duplicate")
+        #expect(gone1["original_status"] as? String == "unregistered")
+        #expect(gone1["http_status"] as? Int == 410)
+        #expect(gone1["reason"] as? String == "Unregistered")
+        #expect(gone1["unregistered_at"] as? Int == 1_432_819_882_000)
+        #expect(gone1["apns_id"] as? String == first["gone-1"]?["apns_id"] as? String)
+        let fine1 = try #require(again["fine-1"])
+        #expect(fine1["status"] as? String == "duplicate")
+        #expect(fine1["original_status"] as? String == "delivered")
+        #expect(fine1["http_status"] as? Int == 200)
+        #expect(fine1["reason"] as? String == "AlreadyAnswered")
+        #expect(harness.simulator.accepted.count == 1)
+        secondApplication.requestStop()
+        await running.value
         await harness.stop()
     }
 

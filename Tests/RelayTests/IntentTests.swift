@@ -34,6 +34,23 @@ struct IntentTests {
         #expect(nowOrNever.environment == .development)
     }
 
+    /// The dedupe record keeps APNs' answer; records written before it (the status alone)
+    /// still read.
+    @Test func answerRecordsReadBackAsWritten() {
+        let full = AnswerRecord(status: "rejected", httpStatus: 400, apnsID: "6B0C-1", reason: "BadDeviceToken")
+        #expect(full.encoded == "2 rejected 400 - 6B0C-1 BadDeviceToken")
+        #expect(AnswerRecord(full.encoded) == full)
+        let gone = AnswerRecord(status: "unregistered", httpStatus: 410, unregisteredAt: 1_432_819_882_000, apnsID: "A", reason: "Unregistered")
+        #expect(AnswerRecord(gone.encoded) == gone)
+        let delivered = AnswerRecord(status: "delivered", httpStatus: 200, apnsID: "B")
+        #expect(AnswerRecord(delivered.encoded) == delivered)
+        #expect(AnswerRecord("delivered") == AnswerRecord(status: "delivered"))
+        #expect(AnswerRecord("2 rejected 400 - - a reason with spaces")?.reason == "a reason with spaces")
+        for garbage in ["", "3 x y z w v", "2 - 1 2 3 4", "2 rejected", "a b"] {
+            #expect(AnswerRecord(garbage) == nil, "\(garbage)")
+        }
+    }
+
     /// Review item 19: a topic is a bundle id, so no topic can run into the next part of a Redis
     /// key (a ":" made "a:b" + id "c" and "a" + id "b:c" one dedupe record; a topic ending in
     /// ":applied" was another topic's badge record), and a token has one spelling.
@@ -156,7 +173,7 @@ struct IntentTests {
         let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
                               reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
                               latencyMilliseconds: 7, partition: 3, offset: 42, worker: "w", at: 9)
-        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"badge":null,"superseded_by":null,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"topic":"com.x","status":"unregistered","original_status":null,"http_status":410,"reason":"Unregistered","apns_id":"id","unregistered_at":5,"badge":null,"superseded_by":null,"attempts":2,"latency_ms":7,"partition":3,"offset":42,"worker":"w","at":9}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
     }
 }

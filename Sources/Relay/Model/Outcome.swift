@@ -32,6 +32,9 @@ public struct Outcome: Sendable, Equatable {
     public var apnsID: String?
     /// 410 only: when APNs last knew the token was invalid, ms since the epoch.
     public var unregisteredAt: Int64?
+    /// For a `duplicate`: the status APNs' first answer gave it (`delivered`, `rejected`,
+    /// `unregistered`), when the dedupe record says.
+    public var originalStatus: String?
     /// The badge count sent in `aps.badge`, for intents that change it.
     public var badge: Int64?
     /// `coalesced` only: the id of the intent that took this one's place.
@@ -76,6 +79,7 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("token", token)
         writer.addOrNull("topic", topic)
         writer.add("status", status.rawValue)
+        writer.addOrNull("original_status", originalStatus)
         writer.addOrNull("http_status", httpStatus)
         writer.addOrNull("reason", reason)
         writer.addOrNull("apns_id", apnsID)

@@ -69,7 +69,15 @@ extension RelayPipeline {
             return makeOutcome(item, intent: intent, status: .expired, reason: "RateLimited")
         case .expiredParked:
             return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
-        case .duplicate, .send, .park, .inMailbox:
+        case .duplicate(let record?):
+            // What APNs answered the first time: a 410 reported again with its timestamp.
+            var outcome = makeOutcome(item, intent: intent, status: .duplicate, reason: record.reason ?? "AlreadyAnswered")
+            outcome.originalStatus = record.status
+            outcome.httpStatus = record.httpStatus
+            outcome.apnsID = record.apnsID
+            outcome.unregisteredAt = record.unregisteredAt
+            return outcome
+        case .duplicate(nil), .send, .park, .inMailbox:
             return makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
         }
     }

@@ -88,10 +88,10 @@ extension RelayPipeline {
         }
     }
 
-    /// The status to record and for how long (kept out of `record`'s frame).
+    /// The answer to record (``AnswerRecord``) and for how long (kept out of `record`'s frame).
     @inline(never)
     func recordFields(_ ending: Ending) -> (String, Int64)? {
         guard let outcome = ending.outcome else { return nil }
-        return (outcome.status.rawValue, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
+        return (AnswerRecord(outcome).encoded, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
     }
 }

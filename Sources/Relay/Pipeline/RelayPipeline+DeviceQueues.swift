@@ -25,7 +25,7 @@ extension RelayPipeline {
                 // A copy in flight here is in its device's queue (Redis learns of it only once
                 // APNs answered it).
                 if Self.isInFlight(intent, state.devices[intent.token]) {
-                    admission = .duplicate
+                    admission = .duplicate(nil)
                 } else {
                     recordsAnswer = true
                 }

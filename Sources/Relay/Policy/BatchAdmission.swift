@@ -2,8 +2,9 @@ extension RelayPipeline {
     /// What the policy decided for a consumed intent before it reaches its device's queue.
     enum Admission: Sendable, Equatable {
         case send
-        /// APNs answered it before, or a copy is in flight here: outcome `duplicate`.
-        case duplicate
+        /// APNs answered it before (what it answered, when the record says), or a copy is in
+        /// flight here: outcome `duplicate`.
+        case duplicate(AnswerRecord?)
         /// A newer intent of the batch or the mailbox takes its place: outcome `coalesced`.
         case coalesced(by: String)
         /// It sits in its mailbox already (a redelivery): no outcome now, its offset moves on.
@@ -64,14 +65,14 @@ enum BatchAdmission {
             guard case .success(let intent) = parsed[position] else { continue }
             switch decision {
             case .send: admissions[position] = .send
-            case .duplicate: admissions[position] = .duplicate
+            case .duplicate(let record): admissions[position] = .duplicate(record)
             case .inMailbox: admissions[position] = .inMailbox
             case .wait:
                 if intent.expiration == 0 {
                     admissions[position] = .nowOrNever
                 } else if let parking, case .success(let newer) = parsed[parking] {
                     // A copy of the intent being parked is that intent: a duplicate.
-                    admissions[position] = newer.id == intent.id ? .duplicate : .coalesced(by: newer.id)
+                    admissions[position] = newer.id == intent.id ? .duplicate(nil) : .coalesced(by: newer.id)
                 } else {
                     admissions[position] = .park(due: answer.due)
                     parking = position

@@ -40,7 +40,7 @@ struct DevicePolicy: Sendable {
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
-    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry} answered before,
+    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry, record} answered before,
     /// {2, due} not yet (or claimed under a lease that runs until `due`: a claim never loses its
     /// index member while its lease runs), {3, entry} claimed, {4, entry} expired (removed).
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
@@ -54,8 +54,8 @@ struct DevicePolicy: Sendable {
     enum Admission {
         /// A token was taken.
         case send
-        /// APNs answered it before: outcome `duplicate`.
-        case duplicate
+        /// APNs answered it before (what it answered, from the record): outcome `duplicate`.
+        case duplicate(AnswerRecord?)
         /// It is in its mailbox already (a redelivery): the mailbox will answer it.
         case inMailbox
         /// The device may not be sent to now: park it (or, with expiration 0, give up).
@@ -123,7 +123,7 @@ struct DevicePolicy: Sendable {
                 decisions.reserveCapacity(group.ids.count)
                 for (position, id) in group.ids.enumerated() {
                     if !values[3 + position].isNull {
-                        decisions.append(.duplicate)
+                        decisions.append(.duplicate(values[3 + position].string.flatMap(AnswerRecord.init)))
                     } else if let waiting, DevicePolicy.isWaiting(id, in: waiting) {
                         decisions.append(.inMailbox)
                     } else if now < backoffUntil || !bucket.spend() {
@@ -268,7 +268,7 @@ struct DevicePolicy: Sendable {
 
     enum Take {
         case stale
-        case answered(Entry)
+        case answered(Entry, AnswerRecord?)
         case notYet(due: Int64)
         case claimed(Entry)
         case expired(Entry)
@@ -295,14 +295,14 @@ struct DevicePolicy: Sendable {
             throw .protocolError("take script answered \(replies[1])")
         }
         func entry() throws(RedisError) -> Entry {
-            guard values.count == 2, let bytes = values[1].bytes, let entry = Entry(bytes) else {
+            guard values.count >= 2, let bytes = values[1].bytes, let entry = Entry(bytes) else {
                 throw .protocolError("take script answered an unreadable entry")
             }
             return entry
         }
         switch code {
         case 0: return .stale
-        case 1: return .answered(try entry())
+        case 1: return .answered(try entry(), values.count > 2 ? values[2].string.flatMap(AnswerRecord.init) : nil)
         case 2:
             guard values.count == 2, let due = values[1].integer else { throw .protocolError("take script answered \(replies[1])") }
             return .notYet(due: due)

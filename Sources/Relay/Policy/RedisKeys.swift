@@ -3,8 +3,8 @@
 /// the due index and the provider tokens have hash tags of their own.
 ///
 /// Per device (`<token>`) and app (`<topic>`):
-/// - `apns-relay:seen:{<token>}:<topic>:<id>` — string, the status APNs' answer gave the intent,
-///   kept for the topic's dedupe window (``Deduplicator``).
+/// - `apns-relay:seen:{<token>}:<topic>:<id>` — string, APNs' answer to the intent
+///   (``AnswerRecord``), kept for the topic's dedupe window (``Deduplicator``).
 /// - `apns-relay:rate:{<token>}` — string: the token bucket as a GCRA theoretical arrival time
 ///   (epoch ms): each send moves it one interval (`1000 / refill_per_second` ms, rounded up)
 ///   on, from now at the earliest; a send is allowed while it lies at most `burst - 1`

@@ -135,8 +135,8 @@ extension RelayPipeline {
                 _ = try? await policy.reindex(partition: partition, member: member, due: next)
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
-            case .answered(let entry):
-                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .duplicate)
+            case .answered(let entry, let record):
+                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .duplicate(record))
             case .expired(let entry):
                 item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .expiredParked)
             case .claimed(let entry):

@@ -13,7 +13,8 @@ local function clear()
     else redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
     markWaiting(5)
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then clear(); return {1, entry} end
+local seen = redis.call('GET', KEYS[3])
+if seen then clear(); return {1, entry, seen} end
 if expiration * 1000 < now then clear(); return {4, entry} end
 local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
 if tat < now then tat = now end

@@ -1,0 +1,51 @@
+/// What the dedupe record (``RedisKeys/seen(token:topic:id:)``) keeps of APNs' answer to an
+/// intent, so that a redelivery's `duplicate` outcome says what the answer was: a 410 is never
+/// lost behind a bare `duplicate`.
+///
+/// Stored as one line: `2 <status> <http status> <unregistered_at> <apns-id> <reason>`, `-` for
+/// what the answer did not have (the reason, last, is never split). Records written before this
+/// format hold the status alone; they still read, with the rest unknown.
+struct AnswerRecord: Sendable, Equatable {
+    /// `delivered`, `rejected` or `unregistered`.
+    var status: String
+    var httpStatus: Int?
+    var unregisteredAt: Int64?
+    var apnsID: String?
+    var reason: String?
+
+    init(status: String, httpStatus: Int? = nil, unregisteredAt: Int64? = nil, apnsID: String? = nil, reason: String? = nil) {
+        self.status = status
+        self.httpStatus = httpStatus
+        self.unregisteredAt = unregisteredAt
+        self.apnsID = apnsID
+        self.reason = reason
+    }
+
+    init(_ outcome: Outcome) {
+        self.init(status: outcome.status.rawValue, httpStatus: outcome.httpStatus, unregisteredAt: outcome.unregisteredAt,
+                  apnsID: outcome.apnsID, reason: outcome.reason)
+    }
+
+    var encoded: String {
+        func field(_ value: String?) -> String {
+            guard let value, !value.isEmpty, !value.contains(" ") else { return "-" }
+            return value
+        }
+        return "2 \(field(status)) \(field(httpStatus.map(String.init))) \(field(unregisteredAt.map(String.init))) "
+            + "\(field(apnsID)) \(reason.map { $0.isEmpty ? "-" : $0 } ?? "-")"
+    }
+
+    /// Nil for a value that is neither format.
+    init?(_ text: String) {
+        let parts = text.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
+        if parts.count == 1 {
+            guard !text.isEmpty, !text.contains(" ") else { return nil }
+            self.init(status: text)
+            return
+        }
+        guard parts.count == 6, parts[0] == "2", !parts[1].isEmpty, parts[1] != "-" else { return nil }
+        func value(_ part: Substring) -> String? { part == "-" || part.isEmpty ? nil : String(part) }
+        self.init(status: String(parts[1]), httpStatus: value(parts[2]).flatMap { Int($0) },
+                  unregisteredAt: value(parts[3]).flatMap { Int64($0) }, apnsID: value(parts[4]), reason: value(parts[5]))
+    }
+}
