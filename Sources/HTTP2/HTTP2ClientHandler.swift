@@ -37,6 +37,9 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         public var requireALPN: Bool = true
         /// Requests waiting for a free stream at most; more are refused at once.
         public var maxPendingRequests: Int = 10_000
+        /// The first request's stream id (odd). Only tests change it, to reach the end of the
+        /// stream-id space.
+        public var firstStreamID: Int32 = 1
 
         public init() {}
     }
@@ -173,6 +176,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
                 (id: Int32(NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE.rawValue), value: 1 << 20),
             ])
             try session.setLocalConnectionWindow(configuration.connectionWindow)
+            if configuration.firstStreamID != 1 { try session.setNextStreamID(configuration.firstStreamID) }
         } catch {
             fail(context, error)
             return
@@ -323,8 +327,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         }
     }
 
+    /// Inside nghttp2's receive callbacks this does nothing: `channelReadComplete` flushes once
+    /// the bytes were taken in (nghttp2 must not be asked to send from its callbacks).
     private func flush(_ context: ChannelHandlerContext) {
-        guard let session, machine.phase != .closed else { return }
+        guard let session, machine.phase != .closed, !session.isReceiving else { return }
         do {
             try session.flush(to: context)
         } catch {
@@ -333,7 +339,8 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     private func closeIfFinished() {
-        guard let context, let session,
+        // Not from inside nghttp2's callbacks: `channelReadComplete` checks again.
+        guard let context, let session, !session.isReceiving,
               machine.shouldClose(openStreams: streams.count, sessionAlive: session.isAlive) else { return }
         context.close(promise: nil)
     }

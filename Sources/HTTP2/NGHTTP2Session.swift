@@ -58,6 +58,9 @@ final class NGHTTP2Session {
     @exclusivity(unchecked) private var scratchBytes: [UInt8] = []
     @exclusivity(unchecked) private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
     @exclusivity(unchecked) private var scratchNameValues: [nghttp2_nv] = []
+    /// Inside `nghttp2_session_mem_recv`: nghttp2 must not be asked to send from its callbacks
+    /// (its documented rule); the owning handler defers its flushes until `receive` returned.
+    @exclusivity(unchecked) private(set) var isReceiving = false
 
     init(mode: Mode, delegate: any NGHTTP2SessionDelegate, initialPeerMaxConcurrentStreams: UInt32? = nil) {
         self.delegate = delegate
@@ -109,6 +112,8 @@ final class NGHTTP2Session {
 
     /// Feeds inbound bytes to nghttp2; delegate callbacks fire synchronously.
     func receive(_ buffer: ByteBuffer) throws(HTTP2Error) {
+        isReceiving = true
+        defer { isReceiving = false }
         let rc = buffer.withUnsafeReadableBytes { bytes -> Int in
             guard let base = bytes.baseAddress else { return 0 }
             return nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
@@ -120,6 +125,7 @@ final class NGHTTP2Session {
 
     /// Appends every frame nghttp2 wants to send to `buffer`.
     func produce(into buffer: inout ByteBuffer) throws(HTTP2Error) {
+        assert(!isReceiving, "nghttp2_session_mem_send called from inside a nghttp2_session_mem_recv callback")
         while true {
             var data: UnsafePointer<UInt8>?
             let count = nghttp2_session_mem_send(session, &data)
@@ -143,6 +149,13 @@ final class NGHTTP2Session {
     /// False when the session is finished (GOAWAY exchanged and no stream left, or a fatal error).
     var isAlive: Bool {
         nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0
+    }
+
+    /// The id the next request's stream gets (odd, for a client). Tests use it to reach the end
+    /// of the stream-id space without a billion requests.
+    func setNextStreamID(_ id: Int32) throws(HTTP2Error) {
+        let rc = nghttp2_session_set_next_stream_id(session, id)
+        if rc != 0 { throw HTTP2Error.protocolViolation(NGHTTP2Session.describe(rc)) }
     }
 
     var remoteMaxConcurrentStreams: UInt32 {

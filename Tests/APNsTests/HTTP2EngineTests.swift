@@ -44,6 +44,31 @@ struct HTTP2EngineTests {
         try await server.close()
     }
 
+    /// Review 4.1: the stream-id space running out while a request starts inside nghttp2's
+    /// callbacks (when the stream before it closes) shuts the connection down without asking
+    /// nghttp2 to send from its callback (debug builds assert that), and refuses the request
+    /// that cannot be sent.
+    @Test func runningOutOfStreamIDsInsideACallbackShutsDownCleanly() async throws {
+        var configuration = SimulatorConfiguration()
+        configuration.maxConcurrentStreams = 1
+        let simulator = try await APNsSimulator.start(configuration)
+        var h2 = HTTP2ClientHandler.Configuration()
+        h2.firstStreamID = Int32.max - 2  // two client stream ids left
+        let raw = try await RawHTTP2Client.connect(port: simulator.port, configuration: h2)
+        let request = HTTP2Request(authority: "localhost", path: "/3/device/\(sampleToken)", headers: ["apns-topic": sampleTopic],
+                                   body: ByteBuffer(string: #"{"aps":{"alert":"x"}}"#))
+        // One stream at a time: the second and third start as the one before them closes.
+        let answers = await withTaskGroup(of: Result<HTTP2Response, HTTP2StreamError>.self) { group in
+            for _ in 0..<3 { group.addTask { await raw.result(request, timeout: .seconds(10)) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(answers.filter { if case .success = $0 { return true }; return false }.count == 2)
+        #expect(answers.filter { if case .failure(.refused) = $0 { return true }; return false }.count == 1)
+        // With no stream id left the connection goes away and closes.
+        _ = try await raw.closed()
+        await simulator.stop()
+    }
+
     @Test func oversizedRequestBodyIsAnswered413WithoutBeingKept() async throws {
         var configuration = SimulatorConfiguration()
         configuration.recordInMemory = true
