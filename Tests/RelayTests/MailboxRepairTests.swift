@@ -3,6 +3,8 @@ import Foundation
 import Redis
 @testable import Relay
 import RedisTesting
+import KafkaTesting
+import Kafka
 import TestSupport
 import Testing
 
@@ -37,6 +39,42 @@ struct MailboxRepairTests {
         #expect(outcomes.map { $0["id"] as? String } == ["stranded-1"])
         #expect(outcomes.first?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "stranded-1") == 1)
+        await harness.stop()
+        await client.shutdown()
+    }
+
+    /// Review 2.2: a mailbox entry found answered (or expired) when it is taken stays in the
+    /// mailbox, as the take's claim, until its outcome is out; while outcomes cannot be
+    /// published it is still there (a relay dying now would leave it to be taken again).
+    @Test func anAnsweredEntryLeavesItsMailboxOnlyOnceItsOutcomeIsOut() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0x2c)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let member = RedisKeys.member(token: token, topic: "com.example.app", id: "answered-1")
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        // Outcome records time out after 1 s while the brokers refuse them.
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10, configure: { $0.kafka.properties["message.timeout.ms"] = "1000" })
+        try await harness.produce(intent("warm-up", token: hexToken(2)), key: hexToken(2))
+        _ = try await harness.outcomes(count: 1)
+        harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notEnoughReplicas)
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [mailbox, "pid", "answered-1", "p", Self.entry(intent("answered-1", token: token), expiration: expiration),
+                                  "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "10:answered-1"]),
+            RedisCommand("SET", [RedisKeys.seen(token: token, topic: "com.example.app", id: "answered-1"), "2 delivered 200 - - -"]),
+            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0, member]),
+        ])
+        // Taken (it became the take's claim), its outcome not out: still in the mailbox.
+        try await waitUntil(asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "cid"])))?.string == "answered-1" })
+        try await waitUntil { harness.pipeline.publishFailures > 0 }
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "cid"])).string == "answered-1")
+        harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
+        let outcomes = try await harness.outcomes(count: 2)
+        #expect(outcomes.first { $0["id"] as? String == "answered-1" }?["status"] as? String == "duplicate")
+        // Out: the claim and its index member go.
+        try await waitUntil(asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "cid"])))?.isNull == true })
+        #expect(PolicyTests.sent(harness, "answered-1") == 0)
         await harness.stop()
         await client.shutdown()
     }

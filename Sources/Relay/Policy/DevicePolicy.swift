@@ -42,7 +42,9 @@ struct DevicePolicy: Sendable {
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
     /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry, record} answered before,
     /// {2, due} not yet (or claimed under a lease that runs until `due`: a claim never loses its
-    /// index member while its lease runs), {3, entry} claimed, {4, entry} expired (removed).
+    /// index member while its lease runs), {3, entry} claimed, {4, entry} expired. Answered,
+    /// expired and claimed entries all become the take's claim, removed by the release once
+    /// their outcome is out.
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
 
     /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox, waiting.

@@ -13,9 +13,16 @@ local function clear()
     else redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
     markWaiting(5)
 end
+-- The entry becomes this take's claim: it stays in the mailbox, under a lease, until its
+-- outcome is out (release); a relay that dies first leaves it to be taken again.
+local function claim()
+    clear()
+    redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
+    markWaiting(5)
+end
 local seen = redis.call('GET', KEYS[3])
-if seen then clear(); return {1, entry, seen} end
-if expiration * 1000 < now then clear(); return {4, entry} end
+if seen then claim(); return {1, entry, seen} end
+if expiration * 1000 < now then claim(); return {4, entry} end
 local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
 if tat < now then tat = now end
 local bu = tonumber(string.match(redis.call('GET', KEYS[4]) or '', '^(%d+)') or '') or 0
@@ -29,7 +36,5 @@ if now < bu or (burst > 0 and tat - now > ahead) then
     return {2, at}
 end
 if burst > 0 then redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 60000) end
-clear()
-redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
-markWaiting(5)
+claim()
 return {3, entry}
