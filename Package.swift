@@ -230,7 +230,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
-            dependencies: ["Redis", "RedisTesting", "Spawn", "Common"],
+            dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",

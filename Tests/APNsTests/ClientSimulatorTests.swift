@@ -312,7 +312,7 @@ struct ClientSimulatorTests {
         var configuration = SimulatorConfiguration()
         configuration.clientCertificateTrustRoots = clientIdentity.chain
         let simulator = try await APNsSimulator.start(configuration)
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("cert-\(UUID())")
+        let directory = TestFiles.path("cert-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let certFile = directory.appendingPathComponent("cert.pem").path
         let keyFile = directory.appendingPathComponent("key.pem").path

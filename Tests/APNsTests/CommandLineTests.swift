@@ -47,7 +47,7 @@ struct CommandLineTests {
         #expect(invalidAnswer["reason"] as? String == "BadDeviceToken")
         #expect(simulator.answers.values.reduce(0, +) == 2)  // the invalid one never reached it
 
-        let payloadFile = FileManager.default.temporaryDirectory.appendingPathComponent("payload-\(UUID()).json").path
+        let payloadFile = TestFiles.path("payload-\(UUID()).json").path
         try #"{"aps":{"content-available":1}}"#.write(toFile: payloadFile, atomically: true, encoding: .utf8)
         let background = try await RelayBinary.run(common + ["--token", sampleToken, "--payload", payloadFile,
                                                        "--push-type", "background", "--priority", "5"])
@@ -87,7 +87,7 @@ struct CommandLineTests {
     @Test func simulatePrintsItsURLAndStopsOnSIGTERM() async throws {
         let key = TestKey()
         let keyFile = try key.writeP8()
-        let record = FileManager.default.temporaryDirectory.appendingPathComponent("record-\(UUID()).jsonl").path
+        let record = TestFiles.path("record-\(UUID()).jsonl").path
         let out = try ChildProcess.makePipe(), err = try ChildProcess.makePipe()
         let process = try ChildProcess(executable: RelayBinary.devURL.path, arguments: [
             "simulate", "--listen", "127.0.0.1:0", "--jwt-key", "\(TestKey.teamID):\(TestKey.keyID):\(keyFile)", "--record", record,

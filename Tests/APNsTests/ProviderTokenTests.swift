@@ -2,6 +2,7 @@ import APNs
 import Crypto
 import Foundation
 import Testing
+import TestSupport
 
 @Suite("Provider tokens", .timeLimit(.minutes(3)))
 struct ProviderTokenTests {
@@ -60,7 +61,7 @@ struct ProviderTokenTests {
 
     @Test func badKeyFilesFailWithTheCause() throws {
         #expect(throws: APNsError.self) { try ProviderTokenSigner(teamID: "T", keyID: "K", keyFile: "/nonexistent/AuthKey.p8") }
-        let garbage = FileManager.default.temporaryDirectory.appendingPathComponent("garbage-\(UUID()).p8").path
+        let garbage = TestFiles.path("garbage-\(UUID()).p8").path
         try "-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n".write(toFile: garbage, atomically: true, encoding: .utf8)
         do {
             _ = try ProviderTokenSigner(teamID: "T", keyID: "K", keyFile: garbage)

@@ -4,6 +4,7 @@ import Crypto
 import Foundation
 import NIOCore
 import Synchronization
+import TestSupport
 
 /// A fixed team and key id, a fresh key pair per use.
 struct TestKey {
@@ -18,7 +19,7 @@ struct TestKey {
 
     /// Writes the key as a `.p8` (PKCS#8 PEM) file and returns its path.
     func writeP8() throws -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(UUID().uuidString).p8").path
+        let path = TestFiles.path("AuthKey_\(UUID().uuidString).p8").path
         try privateKey.pemRepresentation.write(toFile: path, atomically: true, encoding: .utf8)
         return path
     }

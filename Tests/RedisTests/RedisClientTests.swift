@@ -4,6 +4,7 @@ import Redis
 import Testing
 import Spawn
 import RedisTesting
+import TestSupport
 
 @Suite("Redis URLs", .timeLimit(.minutes(3)))
 struct RedisURLTests {
@@ -141,7 +142,7 @@ struct RedisClientTests {
     }
 
     @Test func redissSpeaksTLS() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-tls-\(UUID())")
+        let directory = TestFiles.path("redis-tls-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let certificate = directory.appendingPathComponent("cert.pem").path, key = directory.appendingPathComponent("key.pem").path
         let quiet = open("/dev/null", O_WRONLY)

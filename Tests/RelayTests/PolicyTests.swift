@@ -328,7 +328,7 @@ struct PolicyTests {
         let token = hexToken(0xd0)
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two")
         // `inspect` shows the parked intent, the empty bucket and the last notification sent.
-        let file = FileManager.default.temporaryDirectory.appendingPathComponent("policy-\(UUID()).yaml").path
+        let file = TestFiles.path("policy-\(UUID()).yaml").path
         try harness.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
         let inspected = try await RelayBinary.run(["inspect", "--config", file, "--token", token, "--topic", "com.example.app"])
         #expect(inspected.status == 0, "\(inspected.stdout)")

@@ -36,7 +36,7 @@ struct RelayHarness {
         try cluster.createTopic(intentsTopic, partitions: 4)
         try cluster.createTopic(outcomesTopic, partitions: 4)
         let key = P256.Signing.PrivateKey()
-        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(suffix).p8").path
+        let keyFile = TestFiles.path("AuthKey_\(suffix).p8").path
         try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
         var simulatorConfiguration = SimulatorConfiguration()
         simulatorConfiguration.signingKeys = [.init(teamID: teamID, keyID: keyID, publicKey: key.publicKey)]

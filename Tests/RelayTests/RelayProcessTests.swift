@@ -92,7 +92,7 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
           max_in_flight: \(maxInFlight)
         shutdown_deadline_seconds: \(shutdownDeadline)
         """
-    let path = FileManager.default.temporaryDirectory.appendingPathComponent("relay-\(UUID()).yaml").path
+    let path = TestFiles.path("relay-\(UUID()).yaml").path
     try yaml.write(toFile: path, atomically: true, encoding: .utf8)
     return path
 }
@@ -121,7 +121,7 @@ struct ProcessHarness {
         try cluster.createTopic("intents-\(suffix)", partitions: 4)
         try cluster.createTopic("outcomes-\(suffix)", partitions: 4)
         let key = P256.Signing.PrivateKey()
-        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("AuthKey_\(suffix).p8").path
+        let keyFile = TestFiles.path("AuthKey_\(suffix).p8").path
         try key.pemRepresentation.write(toFile: keyFile, atomically: true, encoding: .utf8)
         var configuration = SimulatorConfiguration()
         configuration.signingKeys = [.init(teamID: "TEAM123456", keyID: "ABC123DEFG", publicKey: key.publicKey)] + extraKeys
@@ -456,7 +456,7 @@ struct CredentialReloadTests {
         let newKey = P256.Signing.PrivateKey()
         let harness = try await ProcessHarness.start(extraKeys: [.init(teamID: "TEAM999999", keyID: "NEWKEY1234", publicKey: newKey.publicKey)])
         // The keys are reached through symlinks, as in a mounted Kubernetes Secret.
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("keys-\(UUID())")
+        let directory = TestFiles.path("keys-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let newKeyFile = directory.appendingPathComponent("new-v1.p8").path
         try newKey.pemRepresentation.write(toFile: newKeyFile, atomically: true, encoding: .utf8)
@@ -531,7 +531,7 @@ struct CheckConfigProcessTests {
         let shipped = try await RelayBinary.run(["check-config", root.appendingPathComponent("config/apns-relay.yaml").path])
         #expect(shipped.status == 0, "\(shipped.stderr)")
         #expect(shipped.stdout.contains("rate_limit: {burst: 10, refill_per_second: 0.2}"))
-        let broken = FileManager.default.temporaryDirectory.appendingPathComponent("broken-\(UUID()).yaml").path
+        let broken = TestFiles.path("broken-\(UUID()).yaml").path
         try "limits:\n  max_in_flight: lots\n".write(toFile: broken, atomically: true, encoding: .utf8)
         let refused = try await RelayBinary.run(["check-config", broken])
         #expect(refused.status != 0)
