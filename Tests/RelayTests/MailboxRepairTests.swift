@@ -79,6 +79,30 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// Review 2.2: a displaced entry stays in the mailbox until its `coalesced` outcome is
+    /// acknowledged: a park whose reply was lost, asked again, still hands it over.
+    @Test func aDisplacedEntryIsHandedOverUntilItsOutcomeIsAcknowledged() async throws {
+        let redis = try RedisServerProcess()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        let token = hexToken(0x2d)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        func park(_ id: String) async throws -> [String] {
+            let entry = DevicePolicy.Entry(partition: 0, offset: 0, consumedAt: Self.nowMilliseconds(), expiration: expiration,
+                                           message: Array(intent(id, token: token).utf8))
+            return try await policy.park(token: token, topic: "com.example.app", id: id, entry: entry, due: Self.nowMilliseconds() + 60_000,
+                                         now: Self.nowMilliseconds(), tooManyRequests: false).displaced.map(\.id)
+        }
+        #expect(try await park("older") == [])
+        #expect(try await park("newer") == ["older"])
+        // The reply was lost: the relay parks again, and is handed the displaced entry again.
+        #expect(try await park("newer") == ["older"])
+        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "older")
+        #expect(try await park("newer") == [])
+        #expect(try await park("newest") == ["newer"])
+        await client.shutdown()
+    }
+
     /// Review 1.2: a take that finds another relay's claim with its lease still running must
     /// not drop the claim's due-index member (the claim would never be retried if that relay
     /// then lost the partition); the member moves to the lease's end.

@@ -34,7 +34,9 @@ struct DevicePolicy: Sendable {
     /// With a 429, starts or lengthens the device's backoff first (doubling while 429s repeat,
     /// kept until its end plus the maximum, so that the level is remembered).
     /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
-    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, displaced entry or nil}.
+    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, {id, entry, ...}}: every
+    /// displaced entry whose `coalesced` outcome is not acknowledged yet
+    /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included.
     static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.park_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
@@ -233,7 +235,7 @@ struct DevicePolicy: Sendable {
 
     /// Parks an intent (see ``parkScript``) and indexes it; answers the entry it displaced.
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
-              tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: Entry?) {
+              tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: [(id: String, entry: Entry)]) {
         let call = RedisCommand.evalsha(Self.parkScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.backoff(token: token),
                                                                 RedisKeys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
@@ -249,8 +251,18 @@ struct DevicePolicy: Sendable {
         let member = RedisKeys.member(token: token, topic: topic, id: id)
         let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
         if case .error(let message) = indexed[0] { throw .server(message) }
-        let displaced = values[1].bytes.flatMap(Entry.init)
+        var displaced: [(id: String, entry: Entry)] = []
+        let pairs = values[1].array ?? []
+        for index in stride(from: 0, to: pairs.count - 1, by: 2) {
+            guard let displacedID = pairs[index].string, let entry = pairs[index + 1].bytes.flatMap(Entry.init) else { continue }
+            displaced.append((displacedID, entry))
+        }
         return (parkedDue, displaced)
+    }
+
+    /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.
+    func acknowledgeDisplaced(token: String, topic: String, id: String) async throws(RedisError) {
+        _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id]))
     }
 
     /// Mailbox members of these partitions due by `now`, at most `limit` per partition.

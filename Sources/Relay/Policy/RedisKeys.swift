@@ -12,7 +12,8 @@
 /// - `apns-relay:backoff:{<token>}` — string `<until ms> <level>`: the 429 backoff (its level
 ///   doubles the wait while 429s repeat).
 /// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
-///   expiration, `pd` due ms) and the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms).
+///   expiration, `pd` due ms), the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms),
+///   and the displaced ones whose `coalesced` outcome is not acknowledged yet (`d:<id>` entry).
 /// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
 ///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
 ///   them with the other strings in one `MGET`.

@@ -20,19 +20,25 @@ extension RelayPipeline {
         }) else { return false }
         RelayMetrics.parked.increment()
         logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
-        if let displaced = parked.displaced {
-            await publishDisplaced(displaced, by: intent.id, item)
+        for (displacedID, displaced) in parked.displaced {
+            // Acknowledged once its outcome is out; else a later park of the device answers it.
+            guard await publishDisplaced(displaced, by: intent.id, item) else { continue }
+            do throws(RedisError) {
+                try await policy.acknowledgeDisplaced(token: intent.token, topic: intent.topic, id: displacedID)
+            } catch {
+                redisFailed(error)
+            }
         }
         return true
     }
 
     /// Publishes `coalesced` for an intent a newer one displaced from its mailbox.
     @inline(never)
-    func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async {
+    func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async -> Bool {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
         outcome.supersededBy = newer
-        _ = await publish(Ending(outcome: outcome), item)
+        return await publish(Ending(outcome: outcome), item)
     }
 
     /// A work item for an intent kept in a mailbox (its offset is not stored again).

@@ -14,8 +14,9 @@ if ARGV[6] == '1' then
     due = math.max(due, bu)
 end
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid')
-local displaced = false
-if m[1] and m[1] ~= ARGV[1] then displaced = m[2] end
+-- A displaced entry is kept (field `d:<id>`) until the relay acknowledged its `coalesced`
+-- outcome: a lost reply to this park, or a relay dying before publishing, does not lose it.
+if m[1] and m[1] ~= ARGV[1] then redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2]) end
 local expiration = tonumber(ARGV[3])
 due = math.min(due, expiration * 1000 + 1000)
 redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)
@@ -23,4 +24,12 @@ if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
 local keep = math.max(0, expiration * 1000 - now) + 86400000
 if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
 markWaiting(3)
+-- Every displaced entry not yet acknowledged: {id, entry, id, entry, ...}.
+local displaced = {}
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 2) == 'd:' then
+        table.insert(displaced, string.sub(field, 3))
+        table.insert(displaced, redis.call('HGET', KEYS[1], field))
+    end
+end
 return {due, displaced}
