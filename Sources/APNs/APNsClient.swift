@@ -155,8 +155,11 @@ public final class APNsClient: Service, Sendable {
             await shutDownLatch.wait()
             return
         }
-        for connection in connections {
-            try? await connection.shutdown(grace: TimeAmount(grace)).get()
+        // All at once: each connection's grace runs from now.
+        await withTaskGroup(of: Void.self) { group in
+            for connection in connections {
+                group.addTask { try? await connection.shutdown(grace: TimeAmount(grace)).get() }
+            }
         }
         if ownsGroup {
             try? await group.shutdownGracefully()

@@ -217,6 +217,8 @@ final class APNsConnection: @unchecked Sendable {
         h2Configuration.idlePingInterval = configuration.idlePingInterval
         h2Configuration.pingTimeout = configuration.pingTimeout
         h2Configuration.readyTimeout = configuration.connectTimeout
+        // The client bounds what it admits; a connection may hold all of it waiting for streams.
+        h2Configuration.maxPendingRequests = max(configuration.maxQueuedNotifications, 1)
         let h2 = h2Configuration
         let serverHostname = Self.isIPAddress(host) ? nil : host
 

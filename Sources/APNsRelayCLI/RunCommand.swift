@@ -66,9 +66,12 @@ struct RunCommand: AsyncParsableCommand {
         // answer ("stopping") until it is done.
         let group = ServiceGroup(configuration: .init(
             services: [
-                StatusService(server: status, logger: logger),
-                PipelineService(current: current, configFile: config, logger: logger,
-                                reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
+                .init(service: StatusService(server: status, logger: logger)),
+                // The relay stopping by itself (it refused its Redis, or could not start again
+                // after a reload) closes the status endpoints gracefully; the exit code says why.
+                .init(service: PipelineService(current: current, configFile: config, logger: logger,
+                                               reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
+                      successTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()

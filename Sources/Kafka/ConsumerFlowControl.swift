@@ -29,6 +29,7 @@ public struct ConsumerFlowControl: Sendable {
     /// Every assigned partition is paused because the application is behind.
     public private(set) var bufferFull = false
     private var holdingUntil: ContinuousClock.Instant?
+    private var closed = false
 
     public init(capacity: Int, holdLimit: Duration = .seconds(5)) {
         self.capacity = max(capacity, 1)
@@ -39,6 +40,7 @@ public struct ConsumerFlowControl: Sendable {
 
     /// After a poll (or a hold), with `buffered` records waiting for the application.
     public mutating func decide(buffered: Int, now: ContinuousClock.Instant) -> Decision {
+        if closed { return .poll }
         if let until = holdingUntil {
             if buffered <= resumeLevel {
                 holdingUntil = nil
@@ -61,9 +63,10 @@ public struct ConsumerFlowControl: Sendable {
         return .poll
     }
 
-    /// The consumer is closing: no more holding.
+    /// The consumer is closing: no more holding (nobody reads the buffer any more).
     public mutating func closing() {
         holdingUntil = nil
+        closed = true
     }
 
     /// A rebalance assigned `partitions`: the ones to pause right away (all of them while the

@@ -27,7 +27,7 @@ struct RelayClients {
 ///    deadline, and flushes its outcomes;
 /// 2. the consumer commits the stored offsets and leaves the group;
 /// 3. the producer flushes what is left and closes;
-/// 4. the APNs clients close (in-flight requests finish);
+/// 4. the APNs clients close (requests still open a second later are cut);
 /// 5. Redis closes.
 ///
 /// A configuration reload makes a new application from the new configuration (`run` drains the

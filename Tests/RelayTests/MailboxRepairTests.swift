@@ -19,6 +19,14 @@ struct MailboxRepairTests {
                            message: Array(json.utf8)).encoded
     }
 
+    /// A relay that owns its partitions and polls their mailboxes: it answered one intent.
+    static func pollingRelay(_ redis: RedisServerProcess) async throws -> RelayHarness {
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
+        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
+        _ = try await harness.outcomes(count: 1)
+        return harness
+    }
+
     /// Review 1.1: the relay died between the park script and the due-index `ZADD`. Its intent's
     /// offset was not committed, so the intent comes again; it must be delivered, not taken for
     /// "already in the mailbox" and left there unindexed.
@@ -79,6 +87,37 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// A parked entry that is due while another intent's claim still runs waits for that claim
+    /// (one notification at a time per device and app); the claim is not overwritten.
+    @Test func aDueEntryWaitsForAnotherIntentsLiveClaim() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.pollingRelay(redis)
+        let token = hexToken(0x1c)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let leaseEnd = Self.nowMilliseconds() + 100_000
+        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let member = RedisKeys.member(token: token, topic: "com.example.app", id: "parked-2")
+        let due = RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [mailbox, "cid", "claimed-1", "c", Self.entry(intent("claimed-1", token: token), expiration: expiration),
+                                  "ce", expiration, "cu", leaseEnd,
+                                  "pid", "parked-2", "p", Self.entry(intent("parked-2", token: token), expiration: expiration),
+                                  "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "8:parked-2claimed-1"]),
+            RedisCommand("ZADD", [due, 0, member]),
+        ])
+        try await waitUntil(asking: {
+            let score = try? await client.send(RedisCommand("ZSCORE", [due, member]))
+            return score?.string.flatMap { Int64($0) } == leaseEnd
+        })
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "cid"])).string == "claimed-1")
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "parked-2")
+        #expect(PolicyTests.sent(harness, "parked-2") == 0)
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Review 2.2: a displaced entry stays in the mailbox until its `coalesced` outcome is
     /// acknowledged: a park whose reply was lost, asked again, still hands it over.
     @Test func aDisplacedEntryIsHandedOverUntilItsOutcomeIsAcknowledged() async throws {
@@ -108,11 +147,7 @@ struct MailboxRepairTests {
     /// then lost the partition); the member moves to the lease's end.
     @Test func aLiveClaimKeepsItsIndexMemberUntilItsLeaseEnds() async throws {
         let redis = try RedisServerProcess()
-        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
-        // Once one intent is answered the relay owns the partitions and polls their mailboxes.
-        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
-        _ = try await harness.outcomes(count: 1)
-
+        let harness = try await Self.pollingRelay(redis)
         let token = hexToken(0x1b)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let leaseEnd = Self.nowMilliseconds() + 100_000

@@ -139,6 +139,20 @@ struct PartitionLedgerTests {
         #expect(ledger.held.isEmpty)
     }
 
+    /// A revocation can come while the partition's assignment still waits behind consumed
+    /// batches: the mark holds from then on, and only the revocation itself lifts it.
+    @Test func aPartitionRevokedBeforeItsAssignmentArrivedStartsNothing() {
+        var ledger = PartitionLedger()
+        ledger.markRevoking([Self.p0])
+        ledger.assign([Self.p0])
+        #expect(ledger.start(Self.p0, offset: 1) == nil)
+        #expect(!ledger.isActive(Self.p0, generation: 1))
+        #expect(ledger.revokingSettled)
+        ledger.revoke([Self.p0])
+        ledger.assign([Self.p0])
+        #expect(ledger.start(Self.p0, offset: 1) == 3)
+    }
+
     @Test func theCommittableOffsetMovesInOrder() {
         var ledger = PartitionLedger()
         ledger.assign([Self.p0])

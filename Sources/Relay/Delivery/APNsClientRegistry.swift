@@ -60,7 +60,9 @@ final class APNsClientRegistry: Service, Sendable {
         }
         // The pipeline stopped before: what is still on the wire belongs to intents it
         // abandoned (consumed again), so it gets only a moment.
-        for client in clients { await client.shutdown(grace: .seconds(1)) }
+        await withTaskGroup(of: Void.self) { group in
+            for client in clients { group.addTask { await client.shutdown(grace: .seconds(1)) } }
+        }
         closed.open()
     }
 }

@@ -141,6 +141,8 @@ extension RelayPipeline {
             case .send:
                 action = await attempt(delivery)
             case .wait(let delay):
+                // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
+                leftAPNs(delivery)
                 action = await backOff(delivery, delay)
             case .park(let due, let tooManyRequests):
                 action = await park(delivery, due: due, tooManyRequests: tooManyRequests)
@@ -159,10 +161,7 @@ extension RelayPipeline {
         } catch {
             answer = .failure(error)
         }
-        let action = judge(answer, delivery, sentAt: sentAt)
-        // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
-        if case .wait = action { leftAPNs(delivery) }
-        return action
+        return judge(answer, delivery, sentAt: sentAt)
     }
 
     func leftAPNs(_ delivery: Delivery) {

@@ -47,9 +47,11 @@ struct PartitionLedger: Sendable {
         }
     }
 
-    /// librdkafka is revoking `partitions`: from now on none of their work starts.
+    /// librdkafka is revoking `partitions`: from now on none of their work starts, even when
+    /// their assignment has not reached the ledger yet (it waits behind consumed batches); the
+    /// mark stays until the revocation itself arrives (``revoke(_:)``).
     mutating func markRevoking(_ partitions: [TopicPartition]) {
-        revoking.formUnion(partitions.filter { trackers[$0] != nil })
+        revoking.formUnion(partitions)
     }
 
     /// True once no work of a revoking partition is at APNs (nothing to wait for).

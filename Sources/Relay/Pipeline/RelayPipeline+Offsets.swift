@@ -57,10 +57,13 @@ extension RelayPipeline {
         return state.revokeWaiter
     }
 
+    static let revocationWaitLimitSeconds = 60
+
     /// On the consumer's poll thread, before a revocation's commit: no new work of
     /// `partitions` starts from now on, and, unless the assignment was lost, this waits (up to
-    /// the shutdown deadline) until their work that went to APNs ended, its offsets stored, so
-    /// that the commit covers it and the next owner does not send it again.
+    /// the shutdown deadline, 60 s at most) until their requests at APNs were answered and
+    /// concluded, their offsets stored, so that the commit covers them up to the partition's
+    /// first unfinished intent and the next owner does not send them again.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
         let semaphore = DispatchSemaphore(value: 0)
         let settled = state.withLock { state -> Bool in
@@ -73,7 +76,8 @@ extension RelayPipeline {
             "kafka.partitions": "\(partitions.map(\.partition))", "kafka.assignment_lost": "\(lost)",
         ])
         guard !settled else { return }
-        let bound = configuration.shutdownDeadlineSeconds
+        // Well inside librdkafka's max.poll.interval.ms (300 s by default): the poll thread waits.
+        let bound = min(configuration.shutdownDeadlineSeconds, Self.revocationWaitLimitSeconds)
         if semaphore.wait(timeout: .now() + .seconds(bound)) == .timedOut {
             state.withLock { $0.revokeWaiter = nil }
             logger.warning("revocation goes on with work still at APNs (its next owner may send it again)", metadata: [
@@ -84,8 +88,12 @@ extension RelayPipeline {
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its
     /// offsets are committable.
+    ///
+    /// Pausing and resuming happen outside the state lock, so a release may come in between:
+    /// each checks the ledger again afterwards and undoes itself when the other won.
     func held(_ partition: TopicPartition) {
         consumer.pause([partition])
+        if !state.withLock({ $0.partitions.held.contains(partition) }) { consumer.resume([partition]) }
         RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
         logger.warning("partition paused: too many offsets wait behind an unfinished intent", metadata: [
             "kafka.partition": "\(partition.partition)", "relay.limit": "\(configuration.limits.maxUncommittedPerPartition)",
@@ -94,6 +102,7 @@ extension RelayPipeline {
 
     func released(_ partition: TopicPartition) {
         consumer.resume([partition])
+        if state.withLock({ $0.partitions.held.contains(partition) }) { consumer.pause([partition]) }
         RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
         logger.info("partition resumed", metadata: ["kafka.partition": "\(partition.partition)"])
     }

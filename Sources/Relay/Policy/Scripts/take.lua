@@ -1,7 +1,11 @@
 local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
 local entry, expiration, parked
-if m[1] == id then entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
+if m[1] == id then
+    -- Another intent's claim still runs: one notification at a time per device and app.
+    local cu = tonumber(m[7]) or 0
+    if m[4] and m[4] ~= id and cu > now then return {2, cu} end
+    entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
 elseif m[4] == id then
     -- A claim whose lease runs is another relay's (or an earlier take's): ask again at its end.
     local cu = tonumber(m[7]) or 0
