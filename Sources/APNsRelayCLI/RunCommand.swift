@@ -37,6 +37,9 @@ struct RunCommand: AsyncParsableCommand {
             Terminal.error("invalid configuration \(config):\n\(error)")
             throw ExitCode(2)
         }
+        // What the files held when they were loaded: a change from then on is a reload, even one
+        // made before the relay is running (the status endpoints answer earlier).
+        let loaded = PipelineService.fingerprint(config, configuration)
         let logger = Logger(label: "apns-relay")
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
@@ -69,7 +72,7 @@ struct RunCommand: AsyncParsableCommand {
                 .init(service: StatusService(server: status, logger: logger)),
                 // The relay stopping by itself (it refused its Redis, or could not start again
                 // after a reload) closes the status endpoints gracefully; the exit code says why.
-                .init(service: PipelineService(current: current, configFile: config, logger: logger,
+                .init(service: PipelineService(current: current, configFile: config, loaded: loaded, logger: logger,
                                                reloadInterval: .milliseconds(max(reloadCheckMilliseconds, 100))),
                       successTerminationBehavior: .gracefullyShutdownGroup),
             ],
@@ -109,6 +112,8 @@ final class CurrentApplication: RelayStatus, Sendable {
 struct PipelineService: Service {
     let current: CurrentApplication
     let configFile: String
+    /// The files' fingerprint when the running configuration was loaded.
+    let loaded: [UInt8]
     let logger: Logger
     /// How often the files are checked (10 s; tests go faster).
     let reloadInterval: Duration
@@ -117,7 +122,7 @@ struct PipelineService: Service {
         let stopping = Atomic<Bool>(false)
         let current = self.current
         await withGracefulShutdownHandler {
-            var fingerprint = Self.fingerprint(configFile, current.application.configuration)
+            var fingerprint = loaded
             while true {
                 let application = current.application
                 let start = fingerprint
