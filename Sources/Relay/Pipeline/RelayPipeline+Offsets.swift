@@ -1,7 +1,6 @@
 import Dispatch
 import Kafka
 
-
 extension RelayPipeline {
     /// Ends an item: its offset becomes committable once it and every earlier one are done.
     ///
