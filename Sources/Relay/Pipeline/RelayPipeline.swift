@@ -72,6 +72,8 @@ public final class RelayPipeline: RelayStatus, Service {
         var mailboxJobs: Set<String> = []
         /// Why the relay refused to go on (its Redis can evict parked intents).
         var refusal: String?
+        /// Redis' risk to parked intents last logged (each change is logged once).
+        var redisRisksLogged: [String] = []
         /// The consumer's poll thread, waiting in a revocation until the revoking partitions'
         /// work at APNs ended.
         var revokeWaiter: DispatchSemaphore?

@@ -12,9 +12,10 @@ struct RedisGuarantees: Sendable, Equatable {
     var appendOnly: Bool
 
     static func read(_ client: RedisClient) async throws(RedisError) -> RedisGuarantees {
-        let reply = try await client.send(RedisCommand("INFO", ["memory"]))
-        let persistence = try await client.send(RedisCommand("INFO", ["persistence"]))
-        guard let memory = reply.string, let persisted = persistence.string,
+        // Both sections in one round trip.
+        let replies = try await client.pipeline([RedisCommand("INFO", ["memory"]), RedisCommand("INFO", ["persistence"])])
+        for case .error(let message) in replies { throw .server(message) }
+        guard let memory = replies[0].string, let persisted = replies[1].string,
               let guarantees = parse(info: memory + "\n" + persisted) else {
             throw .protocolError("INFO answered without maxmemory_policy or aof_enabled")
         }

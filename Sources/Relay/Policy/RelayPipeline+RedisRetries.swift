@@ -39,14 +39,15 @@ extension RelayPipeline {
             logger.warning("cannot read Redis' eviction policy yet", metadata: ["redis.error": "\(error)"])
             return true
         }
-        if let risk = guarantees.persistenceRisk {
-            logger.warning("\(risk)")
+        // Warnings at the first check and when they change, not every minute.
+        let allowed = guarantees.evictionRisk.map { "\($0) (allowed by redis.allow_eviction)" }
+        let warnings = [guarantees.persistenceRisk, configuration.redis.allowEviction ? allowed : nil].compactMap { $0 }
+        let changed = state.withLock { state in
+            defer { state.redisRisksLogged = warnings }
+            return state.redisRisksLogged != warnings
         }
-        guard let risk = guarantees.evictionRisk else { return true }
-        if configuration.redis.allowEviction {
-            logger.warning("\(risk) (allowed by redis.allow_eviction)")
-            return true
-        }
+        if changed { for warning in warnings { logger.warning("\(warning)") } }
+        guard let risk = guarantees.evictionRisk, !configuration.redis.allowEviction else { return true }
         let first = state.withLock { state in
             defer { state.refusal = state.refusal ?? risk }
             return state.refusal == nil
