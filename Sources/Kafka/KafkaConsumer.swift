@@ -29,6 +29,10 @@ public final class KafkaConsumer: Service, Sendable {
     private let polling = Mutex<Polling>(.notStarted)
     /// Opened by ``close()``.
     private let closed = AsyncLatch()
+    private let subscriptionFailure = Mutex<KafkaError?>(nil)
+
+    /// Why librdkafka refused the subscription, if it did: the consumer never gets a record.
+    public var failure: KafkaError? { subscriptionFailure.withLock { $0 } }
 
     private enum Polling {
         case notStarted
@@ -88,7 +92,9 @@ public final class KafkaConsumer: Service, Sendable {
                 }
             }
             if subscribed != RD_KAFKA_RESP_ERR_NO_ERROR {
-                shared.push(.error(KafkaError(subscribed, context: "subscribe to \(topics.joined(separator: ", "))")))
+                let error = KafkaError(subscribed, context: "subscribe to \(topics.joined(separator: ", "))")
+                subscriptionFailure.withLock { $0 = error }
+                shared.push(.error(error))
             }
             let (handle, shared, batchSize) = (self.handle, self.shared, self.batchSize)
             polling = .running(PollThread(name: "kafka-consumer-poll") {

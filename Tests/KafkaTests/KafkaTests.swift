@@ -72,6 +72,23 @@ struct KafkaTests {
         await consumer.close()
     }
 
+    /// A subscription librdkafka refuses is reported (the initialiser no longer subscribes, so
+    /// it cannot throw it): as the consumer's failure and as an error event.
+    @Test func aRefusedSubscriptionIsReported() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [""],
+                                         properties: fastGroup)
+        #expect(consumer.failure == nil)
+        var iterator = consumer.events.makeAsyncIterator()
+        let first = await iterator.next()
+        guard case .error(let error) = first else {
+            Issue.record("expected an error event, got \(String(describing: first))")
+            return
+        }
+        #expect(consumer.failure == error)
+        await consumer.close()
+    }
+
     /// With librdkafka's auto-commit off, a partition taken away by a rebalance has its stored
     /// offset committed before it goes: its next owner starts exactly behind the work finished
     /// here.

@@ -127,6 +127,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// (their intents stay uncommitted), so the process must be restarted.
     public var notAliveReason: String? {
         if let refusal { return refusal }
+        if let failure = consumer.failure { return "intents consumer failed: \(failure)" }
         return producer.fatalError.map { "outcome producer failed: \($0)" }
     }
 
