@@ -209,6 +209,7 @@ let package = Package(
             dependencies: [
                 "Common", "APNs", "APNsSimulator", "HTTP2", "Spawn", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),

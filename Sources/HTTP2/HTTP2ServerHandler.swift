@@ -177,6 +177,14 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
         context.fireChannelInactive()
     }
 
+    /// Lets go of the channel (its context holds this handler: a cycle until then) and of the
+    /// nghttp2 session.
+    public func handlerRemoved(context: ChannelHandlerContext) {
+        markClosed()
+        self.context = nil
+        session = nil
+    }
+
     // MARK: nghttp2 callbacks
 
     func streamOpened(_ streamID: Int32) {

@@ -2,6 +2,7 @@ import APNs
 import APNsSimulator
 import HTTP2
 import NIOCore
+import NIOEmbedded
 import NIOPosix
 import NIOSSL
 import Testing
@@ -18,6 +19,26 @@ struct HTTP2EngineTests {
                 status: 200, body: ByteBuffer(repeating: UInt8(ascii: "x"), count: size)))
         }
         func connectionClosed(_ connection: HTTP2ServerHandler) {}
+    }
+
+    /// A server connection is freed once its channel closed, whoever closed it: the handler
+    /// lets go of its channel (and with it its nghttp2 session) when it is removed.
+    @Test(arguments: [false, true])
+    func aClosedServerConnectionIsFreed(clientSendsGoAway: Bool) throws {
+        weak var freed: HTTP2ServerHandler?
+        try {
+            let handler = HTTP2ServerHandler(maxConcurrentStreams: 10, delegate: BigBodyServer(size: 1))
+            freed = handler
+            let channel = EmbeddedChannel(handler: handler)
+            try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 443)).wait()
+            var bytes = ByteBuffer(string: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            bytes.writeBytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  // SETTINGS, empty
+            if clientSendsGoAway { bytes.writeBytes([0, 0, 8, 7, 0, 0, 0, 0, 0] + [UInt8](repeating: 0, count: 8)) }
+            try channel.writeInbound(bytes)
+            #expect(channel.isActive == !clientSendsGoAway)
+            _ = try channel.finish(acceptAlreadyClosed: true)
+        }()
+        #expect(freed == nil)
     }
 
     @Test func oversizedResponseBodyIsCancelledNotBuffered() async throws {
