@@ -347,4 +347,49 @@ struct PolicyTests {
         #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
         await harness.stop()
     }
+
+    /// Review 2.4: an intent consumed while an older one waits in its device's mailbox does not
+    /// overtake it, even with a token in the bucket (its key deleted here: full again) before
+    /// the older one is due. The newer takes its place in the mailbox (the older is `coalesced`
+    /// by it) and goes out from there, so the device sees the two in partition order.
+    @Test func aNewerIntentDoesNotOvertakeAnOlderOneWaitingInTheMailbox() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0x27)
+        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "first", parked: "older")
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        #expect(try await client.send(RedisCommand("DEL", ["apns-relay:rate:{\(token)}"])).integer == 1)
+        try await harness.produce(intent("newer", token: token), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        #expect(byID["first"]?["status"] as? String == "delivered")
+        #expect(byID["newer"]?["status"] as? String == "delivered")
+        let older = try #require(byID["older"])
+        #expect(older["status"] as? String == "coalesced")
+        #expect(older["superseded_by"] as? String == "newer")
+        let order = harness.simulator.accepted.map(\.apnsID)
+        #expect(order == ["first", "newer"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
+        await client.shutdown()
+        await harness.stop()
+    }
+
+    /// An intent that comes while an older one is being sent from the mailbox waits behind that
+    /// send (although the bucket has a token for it), and goes out once that send is answered,
+    /// not at the end of the send's 120 s lease.
+    @Test func anIntentWaitingBehindAMailboxSendGoesOutWhenThatSendIsAnswered() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0x28)
+        // APNs takes 3 s to answer; the bucket has a token every 0.5 s.
+        let harness = try await Self.harness(redis, burst: 1, refill: 2, simulator: { $0.behaviour.latency = .seconds(3) })
+        try await harness.produce(intent("first", token: token), key: token)
+        try await harness.produce(intent("older", token: token), key: token)
+        // "older" is sent from the mailbox; while APNs takes its time to answer, "newer" comes
+        // (and finds a token in the bucket long before "older" is answered).
+        try await waitUntil { Self.sent(harness, "older") == 1 }
+        try await harness.produce(intent("newer", token: token), key: token)
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        for id in ["first", "older", "newer"] { #expect(byID[id]?["status"] as? String == "delivered", "\(id)") }
+        #expect((byID["newer"]?["latency_ms"] as? Int ?? .max) < 30_000)
+        let order = harness.simulator.accepted.map(\.apnsID)
+        #expect(order == ["first", "older", "newer"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
+        await harness.stop()
+    }
 }

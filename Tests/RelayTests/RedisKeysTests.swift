@@ -24,4 +24,23 @@ struct RedisKeysTests {
             #expect(RedisKeys.parseMember(unreadable) == nil, "\(unreadable)")
         }
     }
+
+    /// The `waiting` value (`<length of pid>:<pid><cid>`) read as what the mailbox holds for an
+    /// intent being admitted; an unreadable value holds nothing.
+    @Test func aWaitingValueSaysWhatTheMailboxHoldsForAnIntent() {
+        func holds(_ value: String?, _ id: String) -> DevicePolicy.MailboxHolds {
+            DevicePolicy.mailbox(value.map { Array($0.utf8) }, holdsFor: id)
+        }
+        #expect(holds(nil, "a") == .nothing)
+        #expect(holds("0:", "a") == .nothing)
+        #expect(holds("1:a", "a") == .thisIntent)  // parked
+        #expect(holds("0:a", "a") == .thisIntent)  // being sent
+        #expect(holds("1:ab", "b") == .thisIntent)
+        #expect(holds("1:ab", "c") == .anotherIntent)
+        #expect(holds("0:b", "a") == .anotherIntent)
+        #expect(holds("2:ab", "a") == .anotherIntent)  // "ab" parked, not "a"
+        #expect(holds("9:a", "a") == .nothing)
+        #expect(holds("x", "a") == .nothing)
+        #expect(holds("-1:a", "a") == .nothing)
+    }
 }

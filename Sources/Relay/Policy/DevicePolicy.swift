@@ -16,14 +16,24 @@ struct DevicePolicy: Sendable {
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
-    /// Whether `id` is one of the ids a `waiting` value names.
-    /// A value that does not read so (Redis holds whatever was written there) names no id.
-    static func isWaiting(_ id: String, in value: [UInt8]) -> Bool {
-        guard let colon = value.firstIndex(of: UInt8(ascii: ":")),
+    /// What a device and app's mailbox holds, as an intent being admitted sees it.
+    enum MailboxHolds: Equatable {
+        case nothing
+        /// The intent itself, parked or being sent (it is a redelivery).
+        case thisIntent
+        /// An older intent, parked or being sent: the one being admitted must not overtake it.
+        case anotherIntent
+    }
+
+    /// What the ids of a `waiting` value say about the intent `id`. A value that does not read
+    /// so (Redis holds whatever was written there) names no id.
+    static func mailbox(_ value: [UInt8]?, holdsFor id: String) -> MailboxHolds {
+        guard let value, let colon = value.firstIndex(of: UInt8(ascii: ":")),
               let length = Int(String(decoding: value[..<colon], as: UTF8.self)),
-              length >= 0, length <= value.count - colon - 1 else { return false }
+              length >= 0, length <= value.count - colon - 1 else { return .nothing }
         let pid = value[(colon + 1)..<(colon + 1 + length)], cid = value[(colon + 1 + length)...]
-        return (!pid.isEmpty && pid.elementsEqual(id.utf8)) || (!cid.isEmpty && cid.elementsEqual(id.utf8))
+        if (!pid.isEmpty && pid.elementsEqual(id.utf8)) || (!cid.isEmpty && cid.elementsEqual(id.utf8)) { return .thisIntent }
+        return pid.isEmpty && cid.isEmpty ? .nothing : .anotherIntent
     }
 
     func dueKey(partition: Int32) -> String { RedisKeys.due(intentsTopic: intentsTopic, partition: partition) }
@@ -126,11 +136,14 @@ struct DevicePolicy: Sendable {
                 var decisions: [Admission] = []
                 decisions.reserveCapacity(group.ids.count)
                 for (position, id) in group.ids.enumerated() {
+                    let holds = DevicePolicy.mailbox(waiting, holdsFor: id)
                     if !values[3 + position].isNull {
                         decisions.append(.duplicate(values[3 + position].string.flatMap(AnswerRecord.init)))
-                    } else if let waiting, DevicePolicy.isWaiting(id, in: waiting) {
+                    } else if holds == .thisIntent {
                         decisions.append(.inMailbox)
-                    } else if now < backoffUntil || !bucket.spend() {
+                    } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
+                        // Behind an older intent of its mailbox it waits there too (taking the
+                        // older one's place when that one is only parked): partition order.
                         decisions.append(.wait)
                     } else {
                         decisions.append(.send)
