@@ -204,6 +204,16 @@ let package = Package(
             ],
             swiftSettings: strict),
 
+        // The fuzz targets (`scripts/fuzz`): every reader of bytes the relay does not control.
+        .target(
+            name: "Fuzzing",
+            dependencies: [
+                "APNs", "APNsSimulator", "HTTP2", "Redis", "Relay",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
+            swiftSettings: strict),
+
         .testTarget(
             name: "APNsTests",
             dependencies: [
@@ -238,6 +248,10 @@ let package = Package(
             dependencies: ["Kafka", "KafkaTesting", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
+            name: "FuzzingTests",
+            dependencies: ["Fuzzing"],
+            swiftSettings: strict),
+        .testTarget(
             name: "RelayTests",
             dependencies: [
                 "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "KafkaTesting", "Redis", "RedisTesting", "Spawn", "TestSupport",
@@ -250,3 +264,13 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// libFuzzer's driver for the fuzz targets. Declared only for `scripts/fuzz` (which sets
+// APNS_RELAY_FUZZ=1 and builds with -sanitize=fuzzer): libFuzzer provides the driver it calls,
+// so in any other build it would not link.
+if Context.environment["APNS_RELAY_FUZZ"] == "1" {
+    package.targets += [
+        .target(name: "CFuzzerDriver"),
+        .executableTarget(name: "FuzzTarget", dependencies: ["CFuzzerDriver", "Fuzzing"], swiftSettings: strict),
+    ]
+}

@@ -1,6 +1,6 @@
 public import Common
 import Foundation
-import HTTP2
+package import HTTP2
 public import Logging
 public import NIOCore
 import NIOPosix
@@ -314,7 +314,7 @@ public final class APNsClient: Service, Sendable {
     }
 
     /// Reads status, `apns-id` and the JSON error body (`reason`, and `timestamp` on 410).
-    static func result(from response: HTTP2Response, apnsID: String, attempts: Int) -> APNsResult {
+    package static func result(from response: HTTP2Response, apnsID: String, attempts: Int) -> APNsResult {
         let echoedID = response.headers["apns-id"] ?? apnsID
         guard response.status != 200 else {
             return APNsResult(status: 200, reason: nil, apnsID: echoedID, timestamp: nil, attempts: attempts)

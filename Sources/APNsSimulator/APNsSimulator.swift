@@ -66,7 +66,6 @@ public final class APNsSimulator: Sendable {
         let ownsGroup = eventLoopGroup == nil
         let group = eventLoopGroup ?? MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let state = try SharedState(configuration)
-        let initialStreams = configuration.signingKeys.isEmpty ? configuration.maxConcurrentStreams : 1
         do {
             let channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(.backlog, value: 256)
@@ -74,8 +73,7 @@ public final class APNsSimulator: Sendable {
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .childChannelInitializer { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        let connection = SimulatorConnection(state: state, eventLoop: channel.eventLoop)
-                        let handler = HTTP2ServerHandler(maxConcurrentStreams: initialStreams, delegate: connection)
+                        let handler = connectionHandler(state: state, on: channel.eventLoop)
                         try channel.pipeline.syncOperations.addHandlers([NIOSSLServerHandler(context: sslContext), handler])
                         state.register(handler, on: channel.eventLoop)
                     }

@@ -1,8 +1,8 @@
 import APNs
 import Crypto
 import Foundation
-import HTTP2
-import NIOCore
+package import HTTP2
+package import NIOCore
 import Synchronization
 
 /// One answer the simulator gives.
@@ -353,5 +353,22 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         boundTeam = teamID
         currentKey = key
         return .success(key)
+    }
+}
+
+extension APNsSimulator {
+    /// The HTTP/2 handler one accepted connection runs. With signing keys a connection starts
+    /// limited to one stream, raised once its first token is accepted (as APNs does).
+    static func connectionHandler(state: SharedState, on eventLoop: any EventLoop) -> HTTP2ServerHandler {
+        let initialStreams = state.keys.isEmpty ? state.maxConcurrentStreams : 1
+        return HTTP2ServerHandler(maxConcurrentStreams: initialStreams,
+                                  delegate: SimulatorConnection(state: state, eventLoop: eventLoop))
+    }
+
+    /// A connection handler with a simulator state of its own, for driving one connection with
+    /// bytes directly (the fuzz targets do).
+    package static func connectionHandler(_ configuration: SimulatorConfiguration,
+                                          on eventLoop: any EventLoop) throws -> HTTP2ServerHandler {
+        connectionHandler(state: try SharedState(configuration), on: eventLoop)
     }
 }

@@ -1,5 +1,5 @@
 import CHiredis
-import NIOCore
+package import NIOCore
 
 /// One Redis reply.
 public enum RESPValue: Sendable, Equatable {
@@ -72,14 +72,14 @@ enum RESPEncoder {
 
 /// Reads replies with hiredis' reply reader: bytes go in as they arrive, whole replies come out.
 /// Not thread-safe; one per connection, used on its event loop.
-final class RESPDecoder {
-    struct ProtocolError: Error, CustomStringConvertible {
-        var description: String
+package final class RESPDecoder {
+    package struct ProtocolError: Error, CustomStringConvertible {
+        package var description: String
     }
 
     private let reader: UnsafeMutablePointer<redisReader>
 
-    init() {
+    package init() {
         reader = redisReaderCreate()
     }
 
@@ -87,7 +87,7 @@ final class RESPDecoder {
         redisReaderFree(reader)
     }
 
-    func feed(_ buffer: ByteBuffer) throws(ProtocolError) {
+    package func feed(_ buffer: ByteBuffer) throws(ProtocolError) {
         let status = buffer.withUnsafeReadableBytes { bytes in
             redisReaderFeed(reader, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
         }
@@ -95,7 +95,7 @@ final class RESPDecoder {
     }
 
     /// The next complete reply, or nil when more bytes are needed.
-    func next() throws(ProtocolError) -> RESPValue? {
+    package func next() throws(ProtocolError) -> RESPValue? {
         var reply: UnsafeMutableRawPointer?
         guard redisReaderGetReply(reader, &reply) == REDIS_OK else { throw ProtocolError(description: errorText) }
         guard let reply else { return nil }

@@ -1,0 +1,177 @@
+import APNs
+import APNsSimulator
+import Foundation
+import HTTP2
+import NIOCore
+import NIOEmbedded
+import Redis
+import Relay
+
+/// The entry points the fuzzer drives, one per place the relay reads bytes it does not control.
+///
+/// Each target takes arbitrary bytes, must return (no crash, no hang, no unbounded memory), and
+/// checks what it can about the answer: an outcome is valid JSON, a payload that passes
+/// validation is a JSON object within APNs' size limit. `scripts/fuzz TARGET SECONDS` runs one
+/// under libFuzzer and the address sanitizer; the tests replay every seed and every input that
+/// once failed (`Fuzz/corpus`, `Fuzz/regressions`) through the same functions.
+public enum FuzzTarget: String, CaseIterable, Sendable {
+    /// A Kafka message value: the JSON reader, intent parsing and payload validation, and the
+    /// `invalid` outcome a rejected intent gets.
+    case intent
+    /// Bytes from a Redis server: hiredis' reply reader and the values made of its replies.
+    case resp
+    /// Bytes from an APNs server: the HTTP/2 client handler (nghttp2) with three requests in
+    /// flight, and the reading of each response as an APNs result.
+    case http2Client = "http2-client"
+    /// Bytes from an HTTP/2 client (after the connection preface): the simulator's connection.
+    case simulator
+    /// A configuration file: YAML, the keys the relay knows, their validation.
+    case configuration
+
+    /// Runs one input and says how far it got: intents accepted, replies decoded, responses
+    /// completed, bytes the simulator answered, configurations accepted. Violations of what the
+    /// target checks stop the process (the fuzzer keeps the input).
+    @discardableResult
+    public func run(_ bytes: UnsafeRawBufferPointer) -> Int {
+        switch self {
+        case .intent: Self.intent(bytes)
+        case .resp: Self.resp(bytes)
+        case .http2Client: Self.http2Client(bytes)
+        case .simulator: Self.simulator(bytes)
+        case .configuration: Self.configuration(bytes)
+        }
+    }
+
+    @discardableResult
+    public func run(_ bytes: [UInt8]) -> Int {
+        bytes.withUnsafeBytes { run($0) }
+    }
+
+    // MARK: - Targets
+
+    private static func intent(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let outcome: Outcome
+        do {
+            let intent = try Intent.parse(Array(bytes), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
+            let payload = Array(intent.payload.readableBytesView)
+            precondition(payload.count <= 4096, "a payload over 4 KB passed validation")
+            precondition(isJSONObject(payload), "a payload that passed validation is not a JSON object")
+            outcome = Outcome(id: intent.id, token: intent.token, topic: intent.topic, status: .delivered,
+                              httpStatus: 200, apnsID: Intent.apnsID(for: intent.id).uuidString.lowercased(),
+                              attempts: 1, latencyMilliseconds: 1, partition: 0, offset: 0, worker: "fuzz", at: 0)
+        } catch {
+            outcome = Outcome(id: error.id, token: error.token, topic: error.topic, status: .invalid,
+                              reason: "\(error.reason): \(error.message)", attempts: 0, latencyMilliseconds: 0,
+                              partition: 0, offset: 0, worker: "fuzz", at: 0)
+        }
+        precondition(isJSONObject(outcome.utf8), "an outcome is not a JSON object: \(outcome.json)")
+        return outcome.status == .invalid ? 0 : 1
+    }
+
+    private static func resp(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let decoder = RESPDecoder()
+        var replies = 0
+        for chunk in chunks(bytes) {
+            do {
+                try decoder.feed(ByteBuffer(bytes: chunk))
+                while try decoder.next() != nil { replies += 1 }
+            } catch {
+                break  // a protocol error: the connection would be closed
+            }
+        }
+        return replies
+    }
+
+    private static func http2Client(_ bytes: UnsafeRawBufferPointer) -> Int {
+        var configuration = HTTP2ClientHandler.Configuration()
+        configuration.requireALPN = false
+        configuration.maxConcurrentStreams = 2
+        configuration.timerResolution = .seconds(5)  // the 70 s the loop is moved on in 14 steps, not 1,400
+        let handler = HTTP2ClientHandler(configuration: configuration)
+        let channel = EmbeddedChannel(handler: handler)
+        defer { _ = try? channel.finish(acceptAlreadyClosed: true) }
+        guard (try? channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 443)).wait()) != nil else { return 0 }
+        var completed = 0
+        let deadline = channel.embeddedEventLoop.now + .seconds(5)
+        for index in 0..<3 {
+            var headers = HTTP2Headers()
+            headers.add("apns-topic", "com.example.app")
+            let request = HTTP2Request(authority: "api.push.apple.com", path: "/3/device/\(index)", headers: headers,
+                                       body: ByteBuffer(string: #"{"aps":{"alert":"hi"}}"#))
+            handler.execute(request, deadline: deadline) { answer in
+                if case .success(let response) = answer {
+                    _ = APNsClient.result(from: response, apnsID: "00000000-0000-0000-0000-000000000000", attempts: 1)
+                    completed += 1
+                }
+            }
+        }
+        feed(chunks(bytes), to: channel)
+        channel.embeddedEventLoop.advanceTime(by: .seconds(70))  // deadlines, the ping and its timeout
+        feed([], to: channel)
+        return completed
+    }
+
+    private static func simulator(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let channel = EmbeddedChannel()
+        defer { _ = try? channel.finish(acceptAlreadyClosed: true) }
+        guard let handler = try? APNsSimulator.connectionHandler(SimulatorConfiguration(), on: channel.eventLoop),
+              (try? channel.pipeline.syncOperations.addHandler(handler)) != nil,
+              (try? channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 50_000)).wait()) != nil else { return 0 }
+        var answered = clientPreface.withUnsafeBytes { feed([$0] + chunks(bytes), to: channel) }
+        channel.embeddedEventLoop.advanceTime(by: .seconds(70))
+        answered += feed([], to: channel)
+        return answered
+    }
+
+    private static func configuration(_ bytes: UnsafeRawBufferPointer) -> Int {
+        (try? RelayConfiguration.load(yaml: String(decoding: bytes, as: UTF8.self))) == nil ? 0 : 1
+    }
+
+    // MARK: - Helpers
+
+    private static let clientPreface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+
+    /// Writes each chunk as one read, until the channel closes; returns how many bytes the
+    /// handler wrote back (drained, so that they do not pile up).
+    @discardableResult
+    private static func feed(_ chunks: [UnsafeRawBufferPointer], to channel: EmbeddedChannel) -> Int {
+        var written = 0
+        func drain() {
+            while let buffer = try? channel.readOutbound(as: ByteBuffer.self) { written += buffer.readableBytes }
+        }
+        for chunk in chunks where channel.isActive {
+            do {
+                try channel.writeInbound(ByteBuffer(bytes: chunk))
+            } catch {
+                break
+            }
+            drain()
+        }
+        drain()
+        return written
+    }
+
+    /// The input cut where it holds the five bytes `\xFF\xFEcut`, so that the fuzzer can try
+    /// replies that arrive in pieces; without them, the whole input as one read.
+    private static func chunks(_ bytes: UnsafeRawBufferPointer) -> [UnsafeRawBufferPointer] {
+        let marker: [UInt8] = [0xFF, 0xFE, 0x63, 0x75, 0x74]
+        var pieces: [UnsafeRawBufferPointer] = []
+        var start = 0
+        var index = 0
+        while index + marker.count <= bytes.count {
+            if bytes[index] == marker[0], zip(bytes[index..<(index + marker.count)], marker).allSatisfy({ $0 == $1 }) {
+                pieces.append(UnsafeRawBufferPointer(rebasing: bytes[start..<index]))
+                index += marker.count
+                start = index
+            } else {
+                index += 1
+            }
+        }
+        pieces.append(UnsafeRawBufferPointer(rebasing: bytes[start...]))
+        return pieces
+    }
+
+    private static func isJSONObject(_ bytes: [UInt8]) -> Bool {
+        (try? JSONSerialization.jsonObject(with: Data(bytes))) is [String: Any]
+    }
+}
