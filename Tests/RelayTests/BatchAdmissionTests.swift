@@ -25,34 +25,81 @@ struct BatchAdmissionTests {
 
     @Test func groupsByDeviceAndTopicInBatchOrderAndSkipsInvalidOnes() {
         let parsed = [Self.intent("1"), Self.intent("2", token: Self.b), .failure(InvalidIntent(reason: "x", message: "y", id: "bad")),
-                      Self.intent("3"), Self.intent("4", topic: "com.y")]
-        var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
+                      Self.intent("3"), Self.intent("4", topic: "com.y", expiration: 0)]
         var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
-        BatchAdmission.group(parsed, rules: Self.rules(), admissions: &admissions, groups: &groups, members: &members)
+        BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
         #expect(groups.map(\.token) == [Self.a, Self.b, Self.a])
         #expect(groups.map(\.topic) == ["com.x", "com.x", "com.y"])
         #expect(groups.map(\.ids) == [["1", "3"], ["2"], ["4"]])
+        #expect(groups.map(\.nowOrNever) == [[false, false], [false], [true]])
+        #expect(groups.map(\.collapsesInto) == [[nil, nil], [nil], [nil]])
         #expect(members == [[0, 3], [1], [4]])
-        #expect(admissions == Array(repeating: .send, count: parsed.count))
     }
 
-    @Test func collapsesToTheNewestOfACollapseIDWhereTheTopicCoalesces() {
+    @Test func marksTheOlderIntentsOfACollapseIDWhereTheTopicCoalesces() {
         let parsed = [Self.intent("1", collapse: "c"), Self.intent("2", collapse: "c"), Self.intent("3", collapse: "d"),
                       Self.intent("4", collapse: "c"), Self.intent("5", token: Self.b, collapse: "c")]
-        var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
         var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
-        BatchAdmission.group(parsed, rules: Self.rules(), admissions: &admissions, groups: &groups, members: &members)
-        #expect(admissions == [.coalesced(by: "4"), .coalesced(by: "4"), .send, .send, .send])
-        #expect(groups.map(\.ids) == [["3", "4"], ["5"]])
-        #expect(members == [[2, 3], [4]])
+        BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
+        #expect(groups.map(\.ids) == [["1", "2", "3", "4"], ["5"]])
+        #expect(groups.map(\.collapsesInto) == [[3, 3, nil, nil], [nil]])
+        #expect(members == [[0, 1, 2, 3], [4]])
 
-        // Without coalescing every intent is asked about.
-        admissions = Array(repeating: .send, count: parsed.count)
+        // Without coalescing nothing collapses.
         groups = []
         members = []
-        BatchAdmission.group(parsed, rules: Self.rules(coalesce: false), admissions: &admissions, groups: &groups, members: &members)
-        #expect(admissions == Array(repeating: .send, count: parsed.count))
-        #expect(groups.map(\.ids) == [["1", "2", "3", "4"], ["5"]])
+        BatchAdmission.group(parsed, rules: Self.rules(coalesce: false), groups: &groups, members: &members)
+        #expect(groups.map(\.collapsesInto) == [[nil, nil, nil, nil], [nil]])
+    }
+
+    /// A batch's admissions from group to Redis' answer: `records` by id, a bucket with `tokens`
+    /// left, and what the mailbox holds (a `waiting` value); and how many tokens were spent.
+    static func admit(_ parsed: [Result<Intent, InvalidIntent>], records: [String: AnswerRecord?] = [:], tokens: Int,
+                      waiting: String? = nil) -> (admissions: [BatchAdmission.Admission], spent: Int) {
+        var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
+        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
+        var spent = 0
+        for (group, positions) in zip(groups, members) {
+            let limit = RelayConfiguration.Policy.RateLimit(burst: 10, refillPerSecond: 0.5)
+            let now: Int64 = 1_000_000, interval = limit.intervalMilliseconds
+            // A bucket of burst 10 with `tokens` left: its arrival time 10 - tokens intervals on.
+            var bucket = DevicePolicy.Bucket(limit, stored: now + Int64(10 - tokens) * interval, now: now)
+            let decisions = DevicePolicy.decide(group, waiting: waiting.map { Array($0.utf8) }, backoffUntil: 0, bucket: &bucket,
+                                                now: now) { records[group.ids[$0]] }
+            spent += bucket.spent.map { Int(($0 - now) / interval) - (10 - tokens) } ?? 0
+            BatchAdmission.apply((decisions, due: 42), to: positions, parsed, &admissions)
+        }
+        return (admissions, spent)
+    }
+
+    @Test func aCollapseSendsItsNewestAndSpendsOneToken() {
+        let parsed = [Self.intent("1", collapse: "c"), Self.intent("2", collapse: "c"), Self.intent("3"), Self.intent("4", collapse: "c")]
+        let (admissions, spent) = Self.admit(parsed, tokens: 5)
+        #expect(admissions == [.coalesced(by: "4"), .coalesced(by: "4"), .send, .send])
+        #expect(spent == 2)
+    }
+
+    /// Review 2.5: the newest of a collapse id that cannot go out (now-or-never with no token,
+    /// or refused by APNs before) does not take the older ones down with it.
+    @Test func aCollapseSettlesOnTheNewestIntentThatCanStillBeDelivered() {
+        let lasting = [Self.intent("1", collapse: "c"), Self.intent("2", collapse: "c"), Self.intent("3", collapse: "c", expiration: 0)]
+        #expect(Self.admit(lasting, tokens: 0).admissions == [.coalesced(by: "2"), .park(due: 42), .nowOrNever])
+        #expect(Self.admit(lasting, tokens: 1).admissions == [.coalesced(by: "3"), .coalesced(by: "3"), .send])
+
+        let rejected = AnswerRecord(status: "rejected", httpStatus: 400, reason: "BadCollapseId")
+        let parsed = [Self.intent("1", collapse: "c"), Self.intent("2", collapse: "c")]
+        let (admissions, spent) = Self.admit(parsed, records: ["2": rejected], tokens: 3)
+        #expect(admissions == [.send, .duplicate(rejected)])
+        #expect(spent == 1)
+
+        // One delivered before is the survivor: it went out.
+        let delivered = AnswerRecord(status: "delivered", httpStatus: 200)
+        #expect(Self.admit(parsed, records: ["2": delivered], tokens: 3) == ([.coalesced(by: "2"), .duplicate(delivered)], 0))
+        // So is one in its mailbox already (a redelivery).
+        #expect(Self.admit(parsed, tokens: 3, waiting: "1:2").admissions == [.coalesced(by: "2"), .inMailbox])
+        // Behind another intent of the mailbox the newest waits, and is the one parked.
+        #expect(Self.admit(parsed, tokens: 3, waiting: "1:9").admissions == [.coalesced(by: "2"), .park(due: 42)])
     }
 
     @Test func ofTheIntentsThatMustWaitTheNewestIsParkedAndTheOlderAreCoalescedByIt() {

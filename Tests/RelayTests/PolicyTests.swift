@@ -228,6 +228,27 @@ struct PolicyTests {
         }
     }
 
+    /// Review 2.5: the survivor of a collapse is one that can still be delivered. The newest of
+    /// a collapse id is now-or-never and the device's bucket is empty: it expires, and the older
+    /// one (with a real expiration) is parked and delivered, not `coalesced` by one that never
+    /// went out.
+    @Test func aCollapseNeverSettlesOnAnIntentThatIsThenDropped() async throws {
+        let redis = try RedisServerProcess()
+        let token = hexToken(0xc5)
+        let harness = try await Self.harness(redis, burst: 1, refill: 1, preload: [
+            (intent("first", token: token), token),
+            (intent("lasting", token: token, extra: #","collapse_id":"score""#), token),
+            (intent("fleeting", token: token, extra: #","collapse_id":"score","expiration":0"#), token),
+        ])
+        let byID = Self.byID(try await harness.outcomes(count: 3))
+        #expect(byID["first"]?["status"] as? String == "delivered")
+        #expect(byID["fleeting"]?["status"] as? String == "expired")
+        #expect(byID["fleeting"]?["reason"] as? String == "RateLimited")
+        #expect(byID["lasting"]?["status"] as? String == "delivered")
+        #expect(Self.sent(harness, "lasting") == 1)
+        await harness.stop()
+    }
+
     @Test func expirationsPastWhatTheRelayCanHoldAreAnsweredNotParkedForever() async throws {
         let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis, burst: 1, refill: 0.001)

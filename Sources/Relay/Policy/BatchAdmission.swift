@@ -18,41 +18,52 @@ extension RelayPipeline {
     }
 }
 
-/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:admissions:groups:members:)``
+/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:groups:members:)``
 /// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:)`` turns Redis'
 /// answer for each group into the intents' admissions.
 enum BatchAdmission {
     typealias Admission = RelayPipeline.Admission
 
-    /// Collapses in-batch duplicates of a collapse id (the older ones are `coalesced` by the
-    /// newest) and groups the other usable intents by device and topic, in batch order.
+    /// Groups the usable intents by device and topic, in batch order, and marks in each group
+    /// the older intents of a collapse id (where the topic coalesces) as collapsing into the
+    /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
+    /// the newest may turn out unable to go out.
     static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (String) -> RelayConfiguration.Policy.Rules,
-                      admissions: inout [Admission], groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
+                      groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
+        func collapseKey(_ intent: Intent) -> CollapseKey? {
+            guard let collapseID = intent.collapseID, rules(intent.topic).coalesce else { return nil }
+            return CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)
+        }
         var newest: [CollapseKey: Int] = [:]
         for (index, entry) in parsed.enumerated() {
-            guard case .success(let intent) = entry, let collapseID = intent.collapseID, rules(intent.topic).coalesce else { continue }
-            newest[CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)] = index
+            guard case .success(let intent) = entry, let key = collapseKey(intent) else { continue }
+            newest[key] = index
         }
         struct GroupKey: Hashable { var token: String, topic: String }
         var groupIndex: [GroupKey: Int] = [:]
+        /// Batch index → (group, position in it), for the collapse marks.
+        var placed: [Int: (group: Int, position: Int)] = [:]
+        var collapsing: [(index: Int, into: Int)] = []
         for (index, entry) in parsed.enumerated() {
             guard case .success(let intent) = entry else { continue }
-            if let collapseID = intent.collapseID,
-               let last = newest[CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)], last != index,
-               case .success(let newer) = parsed[last] {
-                admissions[index] = .coalesced(by: newer.id)
-                continue
-            }
+            if let key = collapseKey(intent), let last = newest[key], last != index { collapsing.append((index, last)) }
             let key = GroupKey(token: intent.token, topic: intent.topic)
+            let group: Int
             if let existing = groupIndex[key] {
-                groups[existing].ids.append(intent.id)
-                members[existing].append(index)
+                group = existing
             } else {
-                groupIndex[key] = groups.count
-                groups.append(DevicePolicy.Group(token: intent.token, topic: intent.topic, ids: [intent.id], rules: rules(intent.topic)))
-                members.append([index])
+                group = groups.count
+                groupIndex[key] = group
+                groups.append(DevicePolicy.Group(token: intent.token, topic: intent.topic, rules: rules(intent.topic)))
+                members.append([])
             }
+            placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0))
+            members[group].append(index)
+        }
+        for (index, into) in collapsing {
+            guard let older = placed[index], let newer = placed[into] else { continue }
+            groups[older.group].collapsesInto[older.position] = newer.position
         }
     }
 
@@ -67,6 +78,10 @@ enum BatchAdmission {
             case .send: admissions[position] = .send
             case .duplicate(let record): admissions[position] = .duplicate(record)
             case .inMailbox: admissions[position] = .inMailbox
+            case .coalesced(let survivor):
+                guard case .success(let newer) = parsed[positions[survivor]] else { continue }
+                // A copy of the surviving intent is that intent: a duplicate.
+                admissions[position] = newer.id == intent.id ? .duplicate(nil) : .coalesced(by: newer.id)
             case .wait:
                 if intent.expiration == 0 {
                     admissions[position] = .nowOrNever

@@ -65,7 +65,7 @@ struct DevicePolicy: Sendable {
 
     // MARK: Calls
 
-    enum Admission {
+    enum Admission: Equatable {
         /// A token was taken.
         case send
         /// APNs answered it before (what it answered, from the record): outcome `duplicate`.
@@ -74,14 +74,90 @@ struct DevicePolicy: Sendable {
         case inMailbox
         /// The device may not be sent to now: park it (or, with expiration 0, give up).
         case wait
+        /// A newer intent of its collapse id (at this position of the group) goes in its place.
+        case coalesced(into: Int)
     }
 
     /// One device and topic's intents of a batch.
     struct Group {
-        var token: String
-        var topic: String
-        var ids: [String]
-        var rules: RelayConfiguration.Policy.Rules
+        let token: String
+        let topic: String
+        let rules: RelayConfiguration.Policy.Rules
+        /// The intents in batch order.
+        private(set) var ids: [String] = []
+        /// For each intent, whether it is now-or-never (expiration 0: it cannot wait).
+        private(set) var nowOrNever: [Bool] = []
+        /// For each intent, the position of the newest intent of its collapse id when that is
+        /// another one (nil for the newest and for intents that do not collapse).
+        var collapsesInto: [Int?] = []
+
+        init(token: String, topic: String, rules: RelayConfiguration.Policy.Rules) {
+            self.token = token
+            self.topic = topic
+            self.rules = rules
+        }
+
+        /// Adds the next intent; answers its position.
+        mutating func append(_ id: String, nowOrNever: Bool) -> Int {
+            ids.append(id)
+            self.nowOrNever.append(nowOrNever)
+            collapsesInto.append(nil)
+            return ids.count - 1
+        }
+    }
+
+    /// One group's decisions, from what Redis holds: its mailbox's ids, the device's backoff and
+    /// bucket, and the dedupe record of the intent at a position (nil: none; a nil record: one
+    /// that does not read).
+    ///
+    /// Intents are decided in batch order, each collapse id once, at its newest intent's place:
+    /// the newest that can still be delivered survives (sent, parked, in the mailbox already,
+    /// or delivered before) and the older ones are `coalesced` into it; a newest that cannot (a
+    /// now-or-never one the device cannot take now, or one APNs refused before) gets its own
+    /// answer and the next older one is tried. Only a sent intent spends a token.
+    static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
+                       record: (Int) -> AnswerRecord??) -> [Admission] {
+        var decisions = Array(repeating: Admission.wait, count: group.ids.count)
+        // The older intents of each collapse id, newest first, by the position of the newest.
+        var older: [Int: [Int]] = [:]
+        for (position, into) in group.collapsesInto.enumerated() {
+            if let into { older[into, default: []].insert(position, at: 0) }
+        }
+        /// Decides one intent; true when it survives its collapse id (it can still be delivered).
+        func decideOne(_ position: Int) -> Bool {
+            let holds = mailbox(waiting, holdsFor: group.ids[position])
+            let decision: Admission
+            if let record = record(position) {
+                decision = .duplicate(record)
+            } else if holds == .thisIntent {
+                decision = .inMailbox
+            } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
+                // Behind an older intent of its mailbox it waits there too (taking the older
+                // one's place when that one is only parked): partition order.
+                decision = .wait
+            } else {
+                decision = .send
+            }
+            decisions[position] = decision
+            return switch decision {
+            case .send, .inMailbox: true
+            case .duplicate(let record): record == nil || record?.status == Outcome.Status.delivered.rawValue
+            case .wait: !group.nowOrNever[position]
+            case .coalesced: false
+            }
+        }
+        for position in group.ids.indices where group.collapsesInto[position] == nil {
+            let olderOnes = older[position] ?? []
+            var survivor = decideOne(position) ? position : nil
+            for candidate in olderOnes {
+                if let survivor {
+                    decisions[candidate] = .coalesced(into: survivor)
+                } else if decideOne(candidate) {
+                    survivor = candidate
+                }
+            }
+        }
+        return decisions
     }
 
     /// The admission of a batch's groups, asked when ``PendingAdmission/get(now:)`` is called.
@@ -130,24 +206,12 @@ struct DevicePolicy: Sendable {
                 guard let values = stored.array, values.count == 3 + group.ids.count else {
                     throw .protocolError("MGET answered \(stored)")
                 }
-                let waiting = values[2].bytes
                 var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
                 let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
-                var decisions: [Admission] = []
-                decisions.reserveCapacity(group.ids.count)
-                for (position, id) in group.ids.enumerated() {
-                    let holds = DevicePolicy.mailbox(waiting, holdsFor: id)
-                    if !values[3 + position].isNull {
-                        decisions.append(.duplicate(values[3 + position].string.flatMap(AnswerRecord.init)))
-                    } else if holds == .thisIntent {
-                        decisions.append(.inMailbox)
-                    } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
-                        // Behind an older intent of its mailbox it waits there too (taking the
-                        // older one's place when that one is only parked): partition order.
-                        decisions.append(.wait)
-                    } else {
-                        decisions.append(.send)
-                    }
+                let decisions = DevicePolicy.decide(group, waiting: values[2].bytes, backoffUntil: backoffUntil,
+                                                    bucket: &bucket, now: now) { position in
+                    let record = values[3 + position]
+                    return record.isNull ? nil : .some(record.string.flatMap(AnswerRecord.init))
                 }
                 if let arrival = bucket.spent {
                     let token = group.token

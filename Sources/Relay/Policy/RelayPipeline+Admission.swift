@@ -12,15 +12,14 @@ extension RelayPipeline {
     }
 
     /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
-    /// they never get that far): collapses intents with the same (token, topic, collapse id) to
-    /// the newest where the topic coalesces, and groups the rest by device and topic for the
-    /// question to Redis (asked by ``finishAdmission(_:_:)``, one batch after another).
+    /// they never get that far): groups the intents by device and topic for the question to
+    /// Redis, marking those with the same collapse id where the topic coalesces (asked by
+    /// ``finishAdmission(_:_:)``, one batch after another).
     func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
-        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), admissions: &admitting.admissions, groups: &groups,
-                             members: &admitting.members)
+        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), groups: &groups, members: &admitting.members)
         if !groups.isEmpty { admitting.pending = policy.admission(groups) }
         return admitting
     }
