@@ -110,10 +110,12 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         // list carries no offsets (committing it commits nothing): commit the stored offsets of
         // the assignment instead, which still holds these partitions.
         if list != nil, rd_kafka_assignment_lost(rk) == 0 {
-            // The coordinator may still be finishing the previous step of the rebalance: a few
-            // quick tries (at most 350 ms on this thread).
+            // The coordinator refuses commits while the group's other members are still joining
+            // or syncing (a loaded member can take seconds): tries again with backoff, about
+            // 5.5 s at most on this thread (well inside max.poll.interval.ms).
             var committed = rd_kafka_commit(rk, nil, 0)
-            for wait: UInt32 in [50_000, 100_000, 200_000] where committed == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS {
+            for wait: UInt32 in [50_000, 100_000, 200_000, 400_000, 800_000, 1_000_000, 1_000_000, 1_000_000, 1_000_000]
+            where committed == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS {
                 usleep(wait)
                 committed = rd_kafka_commit(rk, nil, 0)
             }
