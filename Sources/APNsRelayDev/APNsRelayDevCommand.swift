@@ -1,11 +1,11 @@
 import ArgumentParser
 
 /// `apns-relay-dev`: the relay's development tools, apart from the production executable: the
-/// demo on embedded defaults, the APNs simulator and the benchmarks.
+/// demo on embedded defaults, the APNs simulator, the benchmarks and the soak.
 @main
 struct APNsRelayDevCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "apns-relay-dev",
-        abstract: "apns-relay's demo, APNs simulator and benchmarks.",
-        subcommands: [DemoCommand.self, SimulateCommand.self, BenchCommand.self])
+        abstract: "apns-relay's demo, APNs simulator, benchmarks and soak.",
+        subcommands: [DemoCommand.self, SimulateCommand.self, BenchCommand.self, SoakCommand.self])
 }

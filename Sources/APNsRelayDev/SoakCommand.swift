@@ -1,0 +1,333 @@
+import APNs
+import APNsSimulator
+import ArgumentParser
+import CommandLineSupport
+import Foundation
+import Kafka
+import KafkaTesting
+import Relay
+import RedisTesting
+import Spawn
+import Synchronization
+
+/// `apns-relay-dev soak`: relay processes (`apns-relay run`, next to this executable) under a
+/// steady load while faults come one after another — a relay killed with SIGKILL and started
+/// again, redis-server killed and started again (AOF, fsync always), APNs stalling (no answers),
+/// a storm of 503s, a broker outage (every produce and fetch refused) — ending with one verdict
+/// line: intents, outcomes, missing, wrong, sends that reached APNs twice and the bound they must
+/// stay within.
+///
+/// The mock Kafka cluster, the simulator and redis-server run apart from the relays (this
+/// process and its child), as a broker, APNs and Redis would. Every intent has a device of its
+/// own, so each must end `delivered`, or `duplicate` of a delivered one after a redelivery.
+/// Sends twice are allowed where the relay cannot know better: the intents it had at APNs when
+/// it was killed (at most `--max-in-flight` per kill) and the sends APNs took in without
+/// answering while it stalled.
+struct SoakCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "soak",
+        abstract: "Relay processes under steady load through kill -9s, Redis restarts, APNs stalls and 503 storms, broker outages; prints one verdict line.")
+
+    @Option(help: "How long the load runs, in seconds (faults included); then the relays finish what is left.")
+    var seconds: Int = 300
+
+    @Option(help: "Relay processes.")
+    var relays: Int = 2
+
+    @Option(help: "Intents produced per second.")
+    var rate: Int = 100
+
+    @Option(help: "Seconds between two faults.")
+    var faultEvery: Int = 15
+
+    @Option(help: "Each relay's limits.max_in_flight.")
+    var maxInFlight: Int = 50
+
+    func validate() throws {
+        if seconds < 10 || relays < 1 || rate < 1 || faultEvery < 5 || maxInFlight < 1 {
+            throw ValidationError("--seconds ≥ 10, --relays ≥ 1, --rate ≥ 1, --fault-every ≥ 5 and --max-in-flight ≥ 1")
+        }
+    }
+
+    func run() async throws {
+        Terminal.logErrorsOnly()
+        let relayBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+            .deletingLastPathComponent().appendingPathComponent("apns-relay").path
+        guard FileManager.default.isExecutableFile(atPath: relayBinary) else {
+            Terminal.error("no apns-relay next to this executable (\(relayBinary)): build both products")
+            throw ExitCode(1)
+        }
+        let stack = try await EmbeddedStack.start(partitions: 8) { $0.recordInMemory = true }
+        let soak: Soak
+        do {
+            soak = try Soak(stack: stack, relayBinary: relayBinary, relays: relays, maxInFlight: maxInFlight)
+        } catch {
+            Terminal.error("cannot start the soak: \(error)")
+            await stack.stop()
+            throw ExitCode(1)
+        }
+        let verdict = await soak.run(seconds: seconds, rate: rate, faultEvery: faultEvery)
+        await soak.stop()
+        Terminal.line(verdict.line)
+        if !verdict.passed { throw ExitCode(1) }
+    }
+}
+
+struct SoakError: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// One soak: the stack, redis-server, the relay processes and what was seen.
+final class Soak: Sendable {
+    enum Fault: String, CaseIterable {
+        case killRelay = "kill -9"
+        case restartRedis = "Redis restart"
+        case stallAPNs = "APNs stall"
+        case storm503 = "503 storm"
+        case brokerOutage = "broker outage"
+    }
+
+    struct Verdict {
+        var line: String
+        var passed: Bool
+    }
+
+    private struct Seen {
+        var produced = Set<String>()
+        var produceFailures = 0
+        /// Per intent id, the statuses of its outcomes (with `original_status` for a duplicate).
+        var outcomes: [String: [String]] = [:]
+        var outcomeEvents = 0
+        var faults: [Fault: Int] = [:]
+        /// Sends APNs took in without answering (while it stalled): each may be sent again.
+        var unanswered = 0
+    }
+
+    private let stack: EmbeddedStack
+    private let redis: RedisServerProcess
+    private let relayBinary: String
+    private let configFile: String
+    private let maxInFlight: Int
+    private let processes: Mutex<[ChildProcess?]>
+    private let seen = Mutex(Seen())
+
+    init(stack: EmbeddedStack, relayBinary: String, relays: Int, maxInFlight: Int) throws {
+        self.stack = stack
+        self.relayBinary = relayBinary
+        self.maxInFlight = maxInFlight
+        // Persistence as docs/redis.md asks for it: a restart loses nothing.
+        redis = try RedisServerProcess(arguments: ["--appendonly", "yes", "--appendfsync", "always",
+                                                   "--dir", stack.directory.path])
+        var configuration = stack.configuration
+        configuration.redis.url = redis.url
+        configuration.limits.maxInFlight = maxInFlight
+        configuration.shutdownDeadlineSeconds = 10
+        configuration.retry.initialBackoffMilliseconds = 20
+        configuration.retry.maxBackoffMilliseconds = 500
+        configFile = stack.directory.appendingPathComponent("relay.yaml").path
+        try configuration.redactedYAML.write(toFile: configFile, atomically: true, encoding: .utf8)
+        processes = Mutex(Array(repeating: nil, count: relays))
+        for index in 0..<relays { try startRelay(index) }
+    }
+
+    private func startRelay(_ index: Int) throws {
+        let log = stack.directory.appendingPathComponent("relay-\(index).log").path
+        let descriptor = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { throw SoakError(description: "cannot open \(log): \(String(cString: strerror(errno)))") }
+        defer { close(descriptor) }
+        let process = try ChildProcess(executable: relayBinary, arguments: ["run", "--config", configFile],
+                                       standardOutput: descriptor, standardError: descriptor)
+        processes.withLock { $0[index] = process }
+    }
+
+    func stop() async {
+        let running = processes.withLock { $0.compactMap { $0 } }
+        for process in running { process.signal(SIGTERM) }
+        await Task.detached { for process in running { process.wait() } }.value
+        redis.stop()
+        await stack.stop()
+    }
+
+    func run(seconds: Int, rate: Int, faultEvery: Int) async -> Soak.Verdict {
+        let started = ContinuousClock.now
+        let loadEnds = started + .seconds(seconds)
+        let reading = Task { await readOutcomes() }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.produce(rate: rate, until: loadEnds) }
+            group.addTask { await self.injectFaults(every: faultEvery, until: loadEnds) }
+            group.addTask { await self.report(started: started, until: loadEnds) }
+        }
+        // The load is over: wait for every produced intent's outcome (a relay killed last may
+        // have left work for its partitions' next owner), two minutes at most.
+        let settleBy = ContinuousClock.now + .seconds(120)
+        while ContinuousClock.now < settleBy, missing().count > 0 {
+            try? await Task.sleep(for: .milliseconds(500))
+        }
+        // Outcomes published twice (a redelivery after a kill) come in the same time.
+        try? await Task.sleep(for: .seconds(2))
+        reading.cancel()
+        return verdict(elapsed: ContinuousClock.now - started)
+    }
+
+    // MARK: Load
+
+    private func produce(rate: Int, until end: ContinuousClock.Instant) async {
+        guard let producer = try? KafkaProducer(bootstrapServers: stack.configuration.kafka.brokers) else {
+            Terminal.error("cannot make the soak's producer")
+            return
+        }
+        let topic = stack.configuration.kafka.intentsTopic
+        var next = 0
+        var tick = ContinuousClock.now
+        await withDiscardingTaskGroup { sends in
+            while ContinuousClock.now < end {
+                // Ten batches a second; each send is acknowledged (or fails) on its own, so a
+                // broker outage does not hold the pace.
+                let batch = max(1, rate / 10)
+                for _ in 0..<batch {
+                    let index = next
+                    next += 1
+                    let id = "soak-\(index)"
+                    let token = EmbeddedStack.token(0x50_0000 + index)
+                    let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"soak \#(index)"}}}"#
+                    sends.addTask {
+                        do {
+                            _ = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8))
+                            self.seen.withLock { _ = $0.produced.insert(id) }
+                        } catch {
+                            self.seen.withLock { $0.produceFailures += 1 }
+                        }
+                    }
+                }
+                tick += .milliseconds(100)
+                try? await Task.sleep(until: tick)
+            }
+        }
+    }
+
+    private func readOutcomes() async {
+        guard let consumer = try? KafkaConsumer(bootstrapServers: stack.configuration.kafka.brokers,
+                                                groupID: "soak-reader-\(UUID().uuidString.prefix(8))",
+                                                topics: [stack.configuration.kafka.outcomesTopic],
+                                                properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]) else {
+            Terminal.error("cannot make the soak's outcome reader")
+            return
+        }
+        for await event in consumer.events {
+            if Task.isCancelled { break }
+            guard case .messages(let batch) = event else { continue }
+            var read: [(String, String)] = []
+            for message in batch {
+                guard let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
+                      let id = object["id"] as? String, let status = object["status"] as? String else {
+                    read.append(("", "unreadable"))
+                    continue
+                }
+                let original = object["original_status"] as? String
+                read.append((id, original.map { "\(status)/\($0)" } ?? status))
+            }
+            seen.withLock { seen in
+                seen.outcomeEvents += read.count
+                for (id, status) in read { seen.outcomes[id, default: []].append(status) }
+            }
+        }
+        await consumer.close()
+    }
+
+    // MARK: Faults
+
+    private func injectFaults(every interval: Int, until end: ContinuousClock.Instant) async {
+        var count = 0
+        while true {
+            try? await Task.sleep(for: .seconds(interval))
+            // A fault lasts up to 8 s; none starts that close to the end of the load.
+            guard ContinuousClock.now + .seconds(8) < end else { return }
+            let fault = Fault.allCases[count % Fault.allCases.count]
+            let victim = count / Fault.allCases.count
+            count += 1
+            Self.progress(fault.rawValue)
+            switch fault {
+            case .killRelay:
+                let relays = processes.withLock { $0.count }
+                let index = victim % relays
+                if let process = processes.withLock({ $0[index] }) {
+                    process.signal(SIGKILL)
+                    _ = await Task.detached { process.wait() }.value
+                }
+                do {
+                    try startRelay(index)
+                } catch {
+                    Terminal.error("cannot start relay \(index) again: \(error)")
+                }
+            case .restartRedis:
+                redis.stop()
+                do {
+                    try redis.start()
+                } catch {
+                    Terminal.error("redis-server does not start again: \(error)")
+                }
+            case .stallAPNs:
+                let before = stack.simulator.accepted.count
+                stack.simulator.update { $0.blackHole = true }
+                try? await Task.sleep(for: .seconds(5))
+                stack.simulator.update { $0.blackHole = false }
+                let stalled = stack.simulator.accepted.count - before
+                seen.withLock { $0.unanswered += stalled }
+            case .storm503:
+                stack.simulator.update { $0.failNext = (count: 1_000, status: 503) }
+                try? await Task.sleep(for: .seconds(5))
+                stack.simulator.update { $0.failNext = (count: 0, status: 503) }
+            case .brokerOutage:
+                for key in [KafkaMockCluster.APIKey.produce, KafkaMockCluster.APIKey.fetch] {
+                    stack.cluster.failRequests(apiKey: key, errorCode: KafkaErrorCode.notLeaderForPartition)
+                }
+                try? await Task.sleep(for: .seconds(8))
+                for key in [KafkaMockCluster.APIKey.produce, KafkaMockCluster.APIKey.fetch] {
+                    stack.cluster.restoreRequests(apiKey: key)
+                }
+            }
+            seen.withLock { $0.faults[fault, default: 0] += 1 }
+        }
+    }
+
+    private func report(started: ContinuousClock.Instant, until end: ContinuousClock.Instant) async {
+        while ContinuousClock.now < end {
+            try? await Task.sleep(for: .seconds(10))
+            let (produced, answered) = seen.withLock { ($0.produced.count, $0.outcomes.count) }
+            Self.progress("\(Int((ContinuousClock.now - started).totalSeconds)) s, \(produced) intents produced, \(answered) answered")
+        }
+    }
+
+    /// A progress line on standard error.
+    private static func progress(_ text: String) {
+        FileHandle.standardError.write(Data("soak: \(text)\n".utf8))
+    }
+
+    // MARK: Verdict
+
+    private func missing() -> [String] {
+        seen.withLock { seen in seen.produced.filter { seen.outcomes[$0] == nil } }
+    }
+
+    private func verdict(elapsed: Duration) -> Verdict {
+        let sends = stack.simulator.accepted.reduce(into: [String: Int]()) { $0[$1.apnsID, default: 0] += 1 }
+        let twice = sends.values.reduce(0) { $0 + max(0, $1 - 1) }
+        return seen.withLock { seen in
+            let missing = seen.produced.filter { seen.outcomes[$0] == nil }.count
+            // Right: delivered, or a duplicate of a delivered one (a redelivery).
+            let wrong = seen.outcomes.values.filter { statuses in
+                !statuses.allSatisfy { $0 == "delivered" || $0 == "duplicate/delivered" }
+            }.count
+            let kills = seen.faults[.killRelay] ?? 0
+            let bound = kills * maxInFlight + seen.unanswered
+            let faults = Fault.allCases.map { "\(seen.faults[$0] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
+            let passed = missing == 0 && wrong == 0 && twice <= bound && !seen.produced.isEmpty
+            let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays, faults: \(faults); "
+                + "intents \(seen.produced.count) (\(seen.produceFailures) not produced), outcomes \(seen.outcomeEvents) "
+                + "for \(seen.outcomes.count) intents, missing \(missing), wrong \(wrong), "
+                + "sent twice \(twice) (bound \(bound): \(kills) kills × \(maxInFlight) in flight + \(seen.unanswered) unanswered in stalls): "
+                + (passed ? "PASS" : "FAIL")
+            return Verdict(line: line, passed: passed)
+        }
+    }
+}
