@@ -88,5 +88,4 @@ public enum KafkaErrorCode {
     public static let requestTimedOut = RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT.rawValue
     public static let notEnoughReplicas = RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS.rawValue
     public static let coordinatorNotAvailable = RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE.rawValue
-    public static let rebalanceInProgress = RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS.rawValue
 }
