@@ -98,6 +98,11 @@ struct BatchAdmissionTests {
         #expect(Self.admit(parsed, records: ["2": delivered], tokens: 3) == ([.coalesced(by: "2"), .duplicate(delivered)], 0))
         // So is one in its mailbox already (a redelivery).
         #expect(Self.admit(parsed, tokens: 3, waiting: "1:2").admissions == [.coalesced(by: "2"), .inMailbox])
+        // An older one that would have to wait while a newer intent of the batch goes out now
+        // would reach the device after it: the newer one supersedes it.
+        let between = [Self.intent("1", collapse: "c"), Self.intent("2"), Self.intent("3", collapse: "c", expiration: 0)]
+        #expect(Self.admit(between, tokens: 1).admissions == [.coalesced(by: "2"), .send, .nowOrNever])
+        #expect(Self.admit(between, tokens: 2).admissions == [.coalesced(by: "3"), .send, .send])
         // Behind another intent of the mailbox the newest waits, and is the one parked.
         #expect(Self.admit(parsed, tokens: 3, waiting: "1:9").admissions == [.coalesced(by: "2"), .park(due: 42)])
     }

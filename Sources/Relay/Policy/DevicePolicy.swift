@@ -114,7 +114,9 @@ struct DevicePolicy: Sendable {
     /// the newest that can still be delivered survives (sent, parked, in the mailbox already,
     /// or delivered before) and the older ones are `coalesced` into it; a newest that cannot (a
     /// now-or-never one the device cannot take now, or one APNs refused before) gets its own
-    /// answer and the next older one is tried. Only a sent intent spends a token.
+    /// answer and the next older one is tried. An older one that would have to wait while a
+    /// newer intent of the group goes out now is `coalesced` into that one instead: it would
+    /// reach the device after it. Only a sent intent spends a token.
     static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
                        record: (Int) -> AnswerRecord??) -> [Admission] {
         var decisions = Array(repeating: Admission.wait, count: group.ids.count)
@@ -146,6 +148,8 @@ struct DevicePolicy: Sendable {
             case .coalesced: false
             }
         }
+        /// The newest intent decided so far that goes out now.
+        var lastSent: Int?
         for position in group.ids.indices where group.collapsesInto[position] == nil {
             let olderOnes = older[position] ?? []
             var survivor = decideOne(position) ? position : nil
@@ -153,9 +157,18 @@ struct DevicePolicy: Sendable {
                 if let survivor {
                     decisions[candidate] = .coalesced(into: survivor)
                 } else if decideOne(candidate) {
-                    survivor = candidate
+                    // An older intent that must wait while a newer one goes out now would reach
+                    // the device after it: the newer one supersedes it (as in the mailbox).
+                    if decisions[candidate] == .wait, let lastSent, lastSent > candidate {
+                        decisions[candidate] = .coalesced(into: lastSent)
+                        survivor = lastSent
+                    } else {
+                        survivor = candidate
+                    }
                 }
             }
+            if decisions[position] == .send { lastSent = position }
+            if let survivor, decisions[survivor] == .send { lastSent = max(lastSent ?? survivor, survivor) }
         }
         return decisions
     }
