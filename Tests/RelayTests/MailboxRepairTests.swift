@@ -142,6 +142,43 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// An older intent of the partition (a redelivery after a crash) never displaces a newer one
+    /// from the mailbox, parked or being sent: it is displaced itself, `coalesced` by the newer.
+    @Test func anOlderIntentNeverDisplacesANewerOneFromTheMailbox() async throws {
+        let redis = try RedisServerProcess()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        let token = hexToken(0x2e)
+        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        func entry(_ id: String, offset: Int64) -> DevicePolicy.Entry {
+            DevicePolicy.Entry(partition: 3, offset: offset, consumedAt: Self.nowMilliseconds(), expiration: expiration,
+                               message: Array(intent(id, token: token).utf8))
+        }
+        func park(_ id: String, offset: Int64) async throws -> (displaced: [String], keeper: String) {
+            let parked = try await policy.park(token: token, topic: "com.example.app", id: id, entry: entry(id, offset: offset),
+                                               due: Self.nowMilliseconds() + 60_000, now: Self.nowMilliseconds(), tooManyRequests: false)
+            return (parked.displaced.map(\.id), parked.keeper)
+        }
+        #expect(try await park("newer", offset: 10) == ([], "newer"))
+        #expect(try await park("older", offset: 5) == (["older"], "newer"))
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "newer")
+        // Nothing of the older one was indexed.
+        #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.due(intentsTopic: "intents", partition: 3)])).integer == 1)
+        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "older")
+
+        // The same with the newer one being sent (claimed) and nothing parked.
+        _ = try await client.send(RedisCommand("DEL", [mailbox]))
+        _ = try await client.send(RedisCommand("HSET", [mailbox, "cid", "sending", "c", entry("sending", offset: 20).encoded,
+                                                        "ce", expiration, "cu", Self.nowMilliseconds() + 60_000]))
+        #expect(try await park("stale", offset: 15) == (["stale"], "sending"))
+        #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "pid"])).integer == 0)
+        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "stale")
+        // A newer one than the one being sent parks behind it as before.
+        #expect(try await park("next", offset: 21) == ([], "next"))
+        await client.shutdown()
+    }
+
     /// Review 1.2: a take that finds another relay's claim with its lease still running must
     /// not drop the claim's due-index member (the claim would never be retried if that relay
     /// then lost the partition); the member moves to the lease's end.

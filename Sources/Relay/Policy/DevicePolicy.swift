@@ -40,13 +40,16 @@ struct DevicePolicy: Sendable {
 
     // MARK: Scripts (Scripts/*.lua; each mailbox script starts with mark_waiting.lua)
 
-    /// Parks an intent in its mailbox, displacing the one parked there (whose entry it returns).
-    /// With a 429, starts or lengthens the device's backoff first (doubling while 429s repeat,
-    /// kept until its end plus the maximum, so that the level is remembered).
+    /// Parks an intent in its mailbox, displacing the one parked there (whose entry it returns),
+    /// unless the mailbox holds a newer intent of the partition, parked or being sent (the one
+    /// parking is a redelivery): then the one parking is displaced. With a 429, starts or
+    /// lengthens the device's backoff first (doubling while 429s repeat, kept until its end plus
+    /// the maximum, so that the level is remembered).
     /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
-    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, {id, entry, ...}}: every
-    /// displaced entry whose `coalesced` outcome is not acknowledged yet
-    /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included.
+    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, {id, entry, ...}, keeper}:
+    /// every displaced entry whose `coalesced` outcome is not acknowledged yet
+    /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included, and the id the
+    /// mailbox keeps (the one parking, or the newer one that displaced it).
     static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.park_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
@@ -323,31 +326,36 @@ struct DevicePolicy: Sendable {
         }
     }
 
-    /// Parks an intent (see ``parkScript``) and indexes it; answers the entry it displaced.
+    /// Parks an intent (see ``parkScript``) and indexes it; answers the entries displaced and
+    /// the id the mailbox keeps (`id`, or a newer intent that displaced it: then nothing is
+    /// indexed).
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
-              tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: [(id: String, entry: Entry)]) {
+              tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: [(id: String, entry: Entry)], keeper: String) {
         let call = RedisCommand.evalsha(Self.parkScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.backoff(token: token),
                                                                 RedisKeys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds])
         let reply = try await client.pipelineLoading([Self.parkScript], [call])[0]
         if case .error(let message) = reply { throw .server(message) }
-        guard case .array(let values) = reply, values.count == 2, let parkedDue = values[0].integer else {
+        guard case .array(let values) = reply, values.count == 3, let parkedDue = values[0].integer,
+              let keeper = values[2].string else {
             throw .protocolError("park script answered \(reply)")
         }
-        // Indexed after the mailbox write (the two keys are in different hash slots): a crash
-        // between the two leaves the intent's offset uncommitted, and its redelivery, which
-        // finds it in the mailbox, indexes it (``ensureIndexed``).
-        let member = RedisKeys.member(token: token, topic: topic, id: id)
-        let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
-        if case .error(let message) = indexed[0] { throw .server(message) }
+        if keeper == id {
+            // Indexed after the mailbox write (the two keys are in different hash slots): a
+            // crash between the two leaves the intent's offset uncommitted, and its redelivery,
+            // which finds it in the mailbox, indexes it (``ensureIndexed``).
+            let member = RedisKeys.member(token: token, topic: topic, id: id)
+            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
+            if case .error(let message) = indexed[0] { throw .server(message) }
+        }
         var displaced: [(id: String, entry: Entry)] = []
         let pairs = values[1].array ?? []
         for index in stride(from: 0, to: pairs.count - 1, by: 2) {
             guard let displacedID = pairs[index].string, let entry = pairs[index + 1].bytes.flatMap(Entry.init) else { continue }
             displaced.append((displacedID, entry))
         }
-        return (parkedDue, displaced)
+        return (parkedDue, displaced, keeper)
     }
 
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.

@@ -5,7 +5,8 @@ import Redis
 
 extension RelayPipeline {
     /// Parks the item's intent in its device's mailbox (the intent it displaces there comes out
-    /// `coalesced`). False when it could not (Redis failing with `redis.fail_open`, or the
+    /// `coalesced`; so does this one when the mailbox holds a newer intent of the partition, in
+    /// which case nothing is parked). False when it could not (Redis failing with `redis.fail_open`, or the
     /// partition was revoked meanwhile: then the intent is sent, or abandoned, as usual).
     @inline(never)
     func park(_ item: WorkItem, due: Int64, tooManyRequests: Bool = false) async -> Bool {
@@ -18,11 +19,13 @@ extension RelayPipeline {
             try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
                                   due: max(due, now), now: now, tooManyRequests: tooManyRequests)
         }) else { return false }
-        RelayMetrics.parked.increment()
-        logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
+        if parked.keeper == intent.id {
+            RelayMetrics.parked.increment()
+            logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
+        }
         for (displacedID, displaced) in parked.displaced {
             // Acknowledged once its outcome is out; else a later park of the device answers it.
-            guard await publishDisplaced(displaced, by: intent.id, item) else { continue }
+            guard await publishDisplaced(displaced, by: parked.keeper, item) else { continue }
             do throws(RedisError) {
                 try await policy.acknowledgeDisplaced(token: intent.token, topic: intent.topic, id: displacedID)
             } catch {

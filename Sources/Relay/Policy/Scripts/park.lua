@@ -13,17 +13,36 @@ if ARGV[6] == '1' then
     redis.call('SET', KEYS[2], bu .. ' ' .. bl, 'PX', length + top)
     due = math.max(due, bu)
 end
-local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid')
+local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid', 'c', 'pd')
+-- Whether the entry of `id` (parked or being sent) came later in the partition than this one:
+-- an older intent (a redelivery after a crash) never displaces a newer one, it is displaced.
+local function position(entry)
+    local partition, offset = string.match(entry or '', '^(%d+) (%d+) ')
+    return partition, tonumber(offset)
+end
+local partition, offset = position(ARGV[2])
+local function newer(id, entry)
+    if not id or id == ARGV[1] then return false end
+    local p, o = position(entry)
+    return p ~= nil and p == partition and offset ~= nil and o > offset
+end
+local keeper = ARGV[1]
 -- A displaced entry is kept (field `d:<id>`) until the relay acknowledged its `coalesced`
 -- outcome: a lost reply to this park, or a relay dying before publishing, does not lose it.
-if m[1] and m[1] ~= ARGV[1] then redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2]) end
-local expiration = tonumber(ARGV[3])
-due = math.min(due, expiration * 1000 + 1000)
-redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)
-if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
-local keep = math.max(0, expiration * 1000 - now) + 86400000
-if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
-markWaiting(3)
+if newer(m[1], m[2]) or newer(m[3], m[4]) then
+    keeper = newer(m[1], m[2]) and m[1] or m[3]
+    due = tonumber(m[5]) or due
+    redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2])
+else
+    if m[1] and m[1] ~= ARGV[1] then redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2]) end
+    local expiration = tonumber(ARGV[3])
+    due = math.min(due, expiration * 1000 + 1000)
+    redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)
+    if m[3] == ARGV[1] then redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu') end
+    local keep = math.max(0, expiration * 1000 - now) + 86400000
+    if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+    markWaiting(3)
+end
 -- Every displaced entry not yet acknowledged: {id, entry, id, entry, ...}.
 local displaced = {}
 for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -32,4 +51,4 @@ for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
         table.insert(displaced, redis.call('HGET', KEYS[1], field))
     end
 end
-return {due, displaced}
+return {due, displaced, keeper}
