@@ -119,6 +119,9 @@ def intent_seeds():
     write("intent", "missing-fields", '{"id":"","payload":[]}')
     write("intent", "invalid-utf8", b'{"id":"o-4","token":"' + TOKEN.encode() + b'","topic":"a","payload":{"\xc3\x28":1}}')
     write("intent", "not-json", "[1,2,3")
+    # VoIP allows 5 KB: a 4.5 KB payload is valid.
+    write("intent", "voip-large", '{"id":"o-5","token":"' + TOKEN + '","topic":"com.example.app.voip","push_type":"voip",'
+          '"payload":{"aps":{},"blob":"' + "x" * 4500 + '"}}')
 
 
 def resp_seeds():

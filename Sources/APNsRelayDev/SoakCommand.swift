@@ -67,9 +67,10 @@ struct SoakCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         let verdict = await soak.run(seconds: seconds, rate: rate, faultEvery: faultEvery)
-        await soak.stop()
         Terminal.line(verdict.line)
-        if !verdict.passed { throw ExitCode(1) }
+        let stopped = await soak.stop()
+        if !stopped { Terminal.error("a relay did not stop within 30 s of SIGTERM: killed") }
+        if !verdict.passed || !stopped { throw ExitCode(1) }
     }
 }
 
@@ -127,7 +128,16 @@ final class Soak: Sendable {
         configFile = stack.directory.appendingPathComponent("relay.yaml").path
         try configuration.redactedYAML.write(toFile: configFile, atomically: true, encoding: .utf8)
         processes = Mutex(Array(repeating: nil, count: relays))
-        for index in 0..<relays { try startRelay(index) }
+        do {
+            for index in 0..<relays { try startRelay(index) }
+        } catch {
+            for process in processes.withLock({ $0.compactMap { $0 } }) {
+                process.signal(SIGKILL)
+                process.wait()
+            }
+            redis.stop()
+            throw error
+        }
     }
 
     private func startRelay(_ index: Int) throws {
@@ -140,18 +150,35 @@ final class Soak: Sendable {
         processes.withLock { $0[index] = process }
     }
 
-    func stop() async {
+    /// SIGTERM to every relay; one still running 30 s later is killed. False when one was.
+    func stop() async -> Bool {
         let running = processes.withLock { $0.compactMap { $0 } }
         for process in running { process.signal(SIGTERM) }
-        await Task.detached { for process in running { process.wait() } }.value
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ContinuousClock.now < deadline, running.contains(where: \.isRunning) {
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        var stoppedInTime = true
+        for process in running where process.isRunning {
+            stoppedInTime = false
+            process.signal(SIGKILL)
+            process.wait()
+        }
         redis.stop()
         await stack.stop()
+        return stoppedInTime
     }
 
     func run(seconds: Int, rate: Int, faultEvery: Int) async -> Soak.Verdict {
         let started = ContinuousClock.now
         let loadEnds = started + .seconds(seconds)
-        let reading = Task { await readOutcomes() }
+        guard let reader = try? KafkaConsumer(bootstrapServers: stack.configuration.kafka.brokers,
+                                              groupID: "soak-reader-\(UUID().uuidString.prefix(8))",
+                                              topics: [stack.configuration.kafka.outcomesTopic],
+                                              properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]) else {
+            return Verdict(line: "soak: cannot make the outcome reader: FAIL", passed: false)
+        }
+        let reading = Task { await readOutcomes(reader) }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await self.produce(rate: rate, until: loadEnds) }
             group.addTask { await self.injectFaults(every: faultEvery, until: loadEnds) }
@@ -165,7 +192,8 @@ final class Soak: Sendable {
         }
         // Outcomes published twice (a redelivery after a kill) come in the same time.
         try? await Task.sleep(for: .seconds(2))
-        reading.cancel()
+        await reader.close()  // ends its events, and so the reading
+        await reading.value
         return verdict(elapsed: ContinuousClock.now - started)
     }
 
@@ -205,16 +233,8 @@ final class Soak: Sendable {
         }
     }
 
-    private func readOutcomes() async {
-        guard let consumer = try? KafkaConsumer(bootstrapServers: stack.configuration.kafka.brokers,
-                                                groupID: "soak-reader-\(UUID().uuidString.prefix(8))",
-                                                topics: [stack.configuration.kafka.outcomesTopic],
-                                                properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]) else {
-            Terminal.error("cannot make the soak's outcome reader")
-            return
-        }
+    private func readOutcomes(_ consumer: KafkaConsumer) async {
         for await event in consumer.events {
-            if Task.isCancelled { break }
             guard case .messages(let batch) = event else { continue }
             var read: [(String, String)] = []
             for message in batch {
@@ -231,7 +251,6 @@ final class Soak: Sendable {
                 for (id, status) in read { seen.outcomes[id, default: []].append(status) }
             }
         }
-        await consumer.close()
     }
 
     // MARK: Faults
@@ -239,7 +258,9 @@ final class Soak: Sendable {
     private func injectFaults(every interval: Int, until end: ContinuousClock.Instant) async {
         var count = 0
         while true {
-            try? await Task.sleep(for: .seconds(interval))
+            let left = end - ContinuousClock.now
+            guard left > .zero else { return }
+            try? await Task.sleep(for: min(.seconds(interval), left))
             // A fault lasts up to 8 s; none starts that close to the end of the load.
             guard ContinuousClock.now + .seconds(8) < end else { return }
             let fault = Fault.allCases[count % Fault.allCases.count]
@@ -292,7 +313,7 @@ final class Soak: Sendable {
 
     private func report(started: ContinuousClock.Instant, until end: ContinuousClock.Instant) async {
         while ContinuousClock.now < end {
-            try? await Task.sleep(for: .seconds(10))
+            try? await Task.sleep(for: min(.seconds(10), end - ContinuousClock.now))
             let (produced, answered) = seen.withLock { ($0.produced.count, $0.outcomes.count) }
             Self.progress("\(Int((ContinuousClock.now - started).totalSeconds)) s, \(produced) intents produced, \(answered) answered")
         }
@@ -318,13 +339,17 @@ final class Soak: Sendable {
             let wrong = seen.outcomes.values.filter { statuses in
                 !statuses.allSatisfy { $0 == "delivered" || $0 == "duplicate/delivered" }
             }.count
+            // Second outcomes: `duplicate` (a redelivery answered from Redis) or not.
+            let again = seen.outcomes.values.flatMap { $0.dropFirst() }
+            let againDuplicate = again.filter { $0.hasPrefix("duplicate") }.count
             let kills = seen.faults[.killRelay] ?? 0
             let bound = kills * maxInFlight + seen.unanswered
             let faults = Fault.allCases.map { "\(seen.faults[$0] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
             let passed = missing == 0 && wrong == 0 && twice <= bound && !seen.produced.isEmpty
             let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays, faults: \(faults); "
                 + "intents \(seen.produced.count) (\(seen.produceFailures) not produced), outcomes \(seen.outcomeEvents) "
-                + "for \(seen.outcomes.count) intents, missing \(missing), wrong \(wrong), "
+                + "for \(seen.outcomes.count) intents (\(again.count) second ones, \(againDuplicate) of them duplicate), "
+                + "missing \(missing), wrong \(wrong), "
                 + "sent twice \(twice) (bound \(bound): \(kills) kills × \(maxInFlight) in flight + \(seen.unanswered) unanswered in stalls): "
                 + (passed ? "PASS" : "FAIL")
             return Verdict(line: line, passed: passed)

@@ -11,9 +11,10 @@ import Relay
 ///
 /// Each target takes arbitrary bytes, must return (no crash, no hang, no unbounded memory), and
 /// checks what it can about the answer: an outcome is valid JSON, a payload that passes
-/// validation is a JSON object within APNs' size limit. `scripts/fuzz TARGET SECONDS` runs one
-/// under libFuzzer and the address sanitizer; the tests replay every seed and every input that
-/// once failed (`Fuzz/corpus`, `Fuzz/regressions`) through the same functions.
+/// validation is a JSON object within APNs' size limit for its push type.
+/// `scripts/fuzz TARGET SECONDS` runs one under libFuzzer and the address sanitizer; the tests
+/// replay every seed and every input that once failed (`Fuzz/corpus`, `Fuzz/regressions`)
+/// through the same functions.
 public enum FuzzTarget: String, CaseIterable, Sendable {
     /// A Kafka message value: the JSON reader, intent parsing and payload validation, and the
     /// `invalid` outcome a rejected intent gets.
@@ -54,7 +55,7 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         do {
             let intent = try Intent.parse(Array(bytes), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
             let payload = Array(intent.payload.readableBytesView)
-            precondition(payload.count <= 4096, "a payload over 4 KB passed validation")
+            precondition(payload.count <= intent.pushType.maxPayloadBytes, "a payload over its push type's limit passed validation")
             precondition(isJSONObject(payload), "a payload that passed validation is not a JSON object")
             outcome = Outcome(id: intent.id, token: intent.token, topic: intent.topic, status: .delivered,
                               httpStatus: 200, apnsID: Intent.apnsID(for: intent.id).uuidString.lowercased(),
