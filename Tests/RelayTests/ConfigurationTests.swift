@@ -36,6 +36,15 @@ struct ConfigurationTests {
 
     /// config/examples holds one intent per push type; the relay takes each as it is (the JSON
     /// Schema check runs in scripts/test, see scripts/check-schemas).
+    /// YAML the relay cannot read as keys and values — a key that is itself a list or a map, a
+    /// `!!set` — is a configuration error naming where it is, not a crash (found by fuzzing).
+    @Test(arguments: ["? [a, b]\n: 1\n", "kafka:\n  {x: 1}: 2\n", "limits: !!set {a, b}\n", "- {[1]: 2}\n"])
+    func keysThatAreNotPlainValuesAreRefused(_ yaml: String) throws {
+        let error = try #require(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: yaml) }
+        #expect(error.issues.count == 1)
+        #expect(error.issues.first?.allowed.contains("keys must be plain values") == true, "\(error)")
+    }
+
     @Test func theExampleIntentsAreValidForTheRelay() throws {
         let directory = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent().appendingPathComponent("examples")
         for pushType in PushType.allCases {

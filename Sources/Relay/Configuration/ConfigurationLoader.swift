@@ -44,16 +44,48 @@ extension RelayConfiguration {
     /// Parses YAML, applies environment overrides and validates everything; throws one
     /// ``ConfigurationError`` listing every problem (unknown keys included).
     public static func load(yaml: String, environment: [String: String] = [:]) throws -> RelayConfiguration {
-        let root: Any?
+        let node: Node?
         do {
-            root = try Yams.load(yaml: yaml)
+            node = try Yams.compose(yaml: yaml)
         } catch {
             throw ConfigurationError(issues: [ConfigurationIssue(key: "(file)", value: "YAML", allowed: "it does not parse: \(error)")])
         }
+        // Yams stops the process on a key it cannot make a string of: refuse those first.
+        if let node, let path = unreadableKey(in: node, path: "") {
+            throw ConfigurationError(issues: [ConfigurationIssue(
+                key: path.isEmpty ? "(file)" : path, value: "a list, a map or a set as a key",
+                allowed: "keys must be plain values (names)")])
+        }
+        let root = node?.any
         var reader = ConfigurationReader(root: root, environment: environment)
         let configuration = reader.read()
         guard reader.issues.isEmpty else { throw ConfigurationError(issues: reader.issues) }
         return configuration
+    }
+}
+
+extension RelayConfiguration {
+    /// Where the first mapping key that is not a plain scalar (or the first `!!set`) is, as a
+    /// dotted path; nil when there is none.
+    static func unreadableKey(in node: Node, path: String) -> String? {
+        switch node {
+        case .mapping(let mapping):
+            if node.tag.rawValue == Tag.Name.set.rawValue { return path }
+            for (key, value) in mapping {
+                guard case .scalar(let scalar) = key else { return path }
+                if let found = unreadableKey(in: value, path: path.isEmpty ? scalar.string : path + "." + scalar.string) {
+                    return found
+                }
+            }
+            return nil
+        case .sequence(let sequence):
+            for (index, item) in sequence.enumerated() {
+                if let found = unreadableKey(in: item, path: "\(path)[\(index)]") { return found }
+            }
+            return nil
+        case .scalar, .alias:
+            return nil
+        }
     }
 }
 
