@@ -45,6 +45,29 @@ struct ConfigurationTests {
         #expect(error.issues.first?.allowed.contains("keys must be plain values") == true, "\(error)")
     }
 
+    /// Numbers YAML reads in base 60 (`1:30`) overflow in Yams past Int's range and stopped the
+    /// process: they are read as text, and a number key holding one is refused as such.
+    @Test func aBase60NumberTooLargeIsAnErrorNotACrash() throws {
+        let error = try #require(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "limits:\n  max_in_flight: 1:0:0:0:0:0:0:0:0:0:0\nx: 999999999999999999:0\n")
+        }
+        #expect(error.issues.contains { $0.key == "limits.max_in_flight" }, "\(error)")
+    }
+
+    /// Aliases that expand a small file into millions of values, and values nested deeper than
+    /// any configuration needs, are refused before anything is made of them (no hang, no stack
+    /// overflow).
+    @Test func aliasBombsAndDeepNestingAreRefused() throws {
+        var bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+        for level in 1...9 { bomb += "a\(level): &a\(level) [" + Array(repeating: "*a\(level - 1)", count: 10).joined(separator: ", ") + "]\n" }
+        let deep = "x: " + String(repeating: "[", count: 900) + String(repeating: "]", count: 900) + "\n"
+        for yaml in [bomb, deep] {
+            let error = try #require(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: yaml) }
+            #expect(error.issues.count == 1, "\(error)")
+            #expect(error.issues.first?.key == "(file)", "\(error)")
+        }
+    }
+
     @Test func theExampleIntentsAreValidForTheRelay() throws {
         let directory = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent().appendingPathComponent("examples")
         for pushType in PushType.allCases {
