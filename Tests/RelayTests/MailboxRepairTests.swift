@@ -176,6 +176,11 @@ struct MailboxRepairTests {
         try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "stale")
         // A newer one than the one being sent parks behind it as before.
         #expect(try await park("next", offset: 21) == ([], "next"))
+        // The one being sent meets a 429 and parks again: the newer one behind it keeps the
+        // mailbox, and its claim ends (it comes out `coalesced`; nothing is left to send it).
+        #expect(try await park("sending", offset: 20) == (["sending"], "next"))
+        #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "cid"])).integer == 0)
+        #expect(try await client.send(RedisCommand("GET", [RedisKeys.waiting(token: token, topic: "com.example.app")])).string == "4:next")
         await client.shutdown()
     }
 

@@ -49,7 +49,8 @@ struct DevicePolicy: Sendable {
     /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, {id, entry, ...}, keeper}:
     /// every displaced entry whose `coalesced` outcome is not acknowledged yet
     /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included, and the id the
-    /// mailbox keeps (the one parking, or the newer one that displaced it).
+    /// mailbox keeps (the one parking, or the newer one that displaced it: then the due time
+    /// answered is not the one parking's, and a claim the one parking held ends).
     static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.park_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a

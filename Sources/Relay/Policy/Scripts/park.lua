@@ -33,6 +33,11 @@ if newer(m[1], m[2]) or newer(m[3], m[4]) then
     keeper = newer(m[1], m[2]) and m[1] or m[3]
     due = tonumber(m[5]) or due
     redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2])
+    -- The one parking was being sent (a 429, or the retry budget ran out): its claim ends.
+    if m[3] == ARGV[1] then
+        redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
+        markWaiting(3)
+    end
 else
     if m[1] and m[1] ~= ARGV[1] then redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2]) end
     local expiration = tonumber(ARGV[3])
