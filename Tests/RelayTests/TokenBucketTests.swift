@@ -1,0 +1,41 @@
+@testable import Relay
+import Testing
+
+/// The per-device token bucket (`DevicePolicy.Bucket`, a GCRA arrival time) under random
+/// arrivals: it never lets more than `burst` plus one per interval through in any window, and it
+/// never refuses a send it says is due.
+@Suite("Token bucket", .timeLimit(.minutes(3)))
+struct TokenBucketTests {
+    @Test(arguments: 0..<200)
+    func neverMoreThanBurstPlusTheRefillInAnyWindow(seed: Int) {
+        var random = SplitMix(seed: UInt64(seed))
+        let burst = Int(random.next() % 10) + 1
+        let limit = RelayConfiguration.Policy.RateLimit(burst: burst, refillPerSecond: 1000 / Double(random.next() % 2000 + 1))
+        let interval = limit.intervalMilliseconds
+        var stored: Int64?
+        var now: Int64 = 1_700_000_000_000
+        var sends: [Int64] = []
+        for _ in 0..<300 {
+            now += Int64(random.next() % UInt64(interval * 3 / max(Int64(burst), 1) + 1))
+            var bucket = DevicePolicy.Bucket(limit, stored: stored, now: now)
+            if bucket.spend() {
+                sends.append(now)
+                stored = bucket.spent
+            } else {
+                // Refused: the time it names is later, and a send then goes through.
+                #expect(bucket.due > now)
+                var then = DevicePolicy.Bucket(limit, stored: stored, now: bucket.due)
+                let spent = then.spend()
+                #expect(spent, "due \(bucket.due) refused")
+            }
+        }
+        #expect(!sends.isEmpty)
+        // In every window from one send to a later one: at most burst + one per whole interval.
+        for first in sends.indices {
+            for last in first..<sends.count {
+                let allowed = Int64(burst) + (sends[last] - sends[first]) / interval
+                #expect(Int64(last - first + 1) <= allowed, "\(last - first + 1) sends in \(sends[last] - sends[first]) ms, burst \(burst), interval \(interval) ms")
+            }
+        }
+    }
+}
