@@ -11,7 +11,8 @@ public struct JSONReader {
     public enum Failure: Error, Equatable, Sendable {
         case malformed(offset: Int)
         /// A string holds bytes that are not UTF-8 (RFC 3629: no overlong forms, no surrogates,
-        /// nothing past U+10FFFF), first at this offset.
+        /// nothing past U+10FFFF), or a `\u` escape of a surrogate without its pair (no UTF-8
+        /// can hold it; RFC 8259 §8.2 calls such strings unpredictable), first at this offset.
         case invalidUTF8(offset: Int)
         case tooDeep
     }
@@ -179,7 +180,7 @@ public struct JSONReader {
         throw .malformed(offset: index - 1)
     }
 
-    /// Reads a string, decoding escapes (a lone surrogate becomes U+FFFD).
+    /// Reads a string, decoding escapes.
     public mutating func string() throws(Failure) -> String {
         let start = index + 1
         let escaped = try skipString()
@@ -214,11 +215,18 @@ public struct JSONReader {
                      UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     index += 1
                 case UInt8(ascii: "u"):
-                    guard index + 4 < bytes.count else { throw .malformed(offset: index) }
-                    for offset in 1...4 where Self.hexValue(bytes[index + offset]) == nil {
-                        throw .malformed(offset: index + offset)
-                    }
+                    let escape = index - 1
+                    let code = try hex4(at: index + 1)
                     index += 5
+                    if (0xDC00..<0xE000).contains(code) { throw .invalidUTF8(offset: escape) }
+                    if (0xD800..<0xDC00).contains(code) {
+                        // A high surrogate: its low half must follow, escaped.
+                        guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u"),
+                              (0xDC00..<0xE000).contains(try hex4(at: index + 2)) else {
+                            throw .invalidUTF8(offset: escape)
+                        }
+                        index += 6
+                    }
                 default:
                     throw .malformed(offset: index)
                 }
@@ -227,6 +235,17 @@ public struct JSONReader {
             index += 1
         }
         throw .malformed(offset: index)
+    }
+
+    /// The four hex digits of a `\u` escape starting at `start`.
+    private func hex4(at start: Int) throws(Failure) -> UInt32 {
+        guard start + 4 <= bytes.count else { throw .malformed(offset: start) }
+        var code: UInt32 = 0
+        for offset in 0..<4 {
+            guard let digit = Self.hexValue(bytes[start + offset]) else { throw .malformed(offset: start + offset) }
+            code = code << 4 | UInt32(digit)
+        }
+        return code
     }
 
     /// The length of the well-formed UTF-8 sequence of a non-ASCII character starting at
