@@ -77,7 +77,13 @@ package final class RESPDecoder {
         package var description: String
     }
 
+    /// The most elements an array reply may announce. hiredis (0.14, Debian's) allocates an
+    /// array's element pointers as soon as its header arrives, so `*333333331` alone would take
+    /// gigabytes; no reply the relay asks for comes near this.
+    package static let maxElements = 1 << 20
+
     private let reader: UnsafeMutablePointer<redisReader>
+    private var frames = FrameGuard()
 
     package init() {
         reader = redisReaderCreate()
@@ -88,10 +94,84 @@ package final class RESPDecoder {
     }
 
     package func feed(_ buffer: ByteBuffer) throws(ProtocolError) {
-        let status = buffer.withUnsafeReadableBytes { bytes in
-            redisReaderFeed(reader, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
+        let status = try buffer.withUnsafeReadableBytes { bytes throws(ProtocolError) in
+            try frames.check(bytes)
+            return redisReaderFeed(reader, bytes.baseAddress?.assumingMemoryBound(to: CChar.self), bytes.count)
         }
         guard status == REDIS_OK else { throw ProtocolError(description: errorText) }
+    }
+
+    /// Follows the reply stream's framing ahead of hiredis, only to refuse an array header
+    /// past ``maxElements`` before hiredis allocates for it. Lines and bulk strings are stepped
+    /// over, so no bytes inside them are taken for a header; a type byte it does not know is
+    /// left to hiredis to refuse (and the guard stops looking).
+    private struct FrameGuard {
+        private enum State {
+            case type
+            /// In a line (ended by CR LF, as hiredis ends it); `number` collects an array or bulk
+            /// header's digits; `cr`: the last byte was a CR.
+            case line(kind: UInt8, number: Int64, negative: Bool, digits: Int, cr: Bool)
+            case bulk(remaining: Int64)
+            case off
+        }
+
+        private var state = State.type
+
+        mutating func check(_ bytes: UnsafeRawBufferPointer) throws(ProtocolError) {
+            var index = 0
+            while index < bytes.count {
+                let byte = bytes[index]
+                switch state {
+                case .off:
+                    return
+                case .type:
+                    switch byte {
+                    case UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: ":"), UInt8(ascii: "$"), UInt8(ascii: "*"):
+                        state = .line(kind: byte, number: 0, negative: false, digits: 0, cr: false)
+                    default:
+                        state = .off
+                    }
+                    index += 1
+                case .line(let kind, var number, var negative, var digits, let cr):
+                    index += 1
+                    if cr, byte == UInt8(ascii: "\n") {
+                        let value = negative ? -number : number
+                        if kind == UInt8(ascii: "*"), value > Int64(RESPDecoder.maxElements) {
+                            throw ProtocolError(description: "an array reply of \(value) elements (at most \(RESPDecoder.maxElements))")
+                        }
+                        state = kind == UInt8(ascii: "$") && value >= 0 ? .bulk(remaining: value + 2) : .type
+                        continue
+                    }
+                    let isNumber = kind == UInt8(ascii: "*") || kind == UInt8(ascii: "$")
+                    if byte == UInt8(ascii: "\r") {
+                        // hiredis reads a number line up to its CR; a CR inside one is its error.
+                        state = isNumber && cr ? .off : .line(kind: kind, number: number, negative: negative, digits: digits, cr: true)
+                        continue
+                    }
+                    guard isNumber else {
+                        state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: false)
+                        continue
+                    }
+                    if cr {
+                        state = .off  // a CR inside a number: hiredis refuses the line itself
+                    } else if byte == UInt8(ascii: "-"), digits == 0, !negative {
+                        negative = true
+                        state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: false)
+                    } else if (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) {
+                        guard digits < 18 else { throw ProtocolError(description: "a reply length of more than 18 digits") }
+                        number = number * 10 + Int64(byte - UInt8(ascii: "0"))
+                        digits += 1
+                        state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: false)
+                    } else {
+                        state = .off  // not a number hiredis reads: it refuses the line itself
+                    }
+                case .bulk(let remaining):
+                    let step = Int(min(remaining, Int64(bytes.count - index)))
+                    index += step
+                    state = remaining - Int64(step) == 0 ? .type : .bulk(remaining: remaining - Int64(step))
+                }
+            }
+        }
     }
 
     /// The next complete reply, or nil when more bytes are needed.
