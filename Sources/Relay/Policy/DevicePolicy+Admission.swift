@@ -1,0 +1,249 @@
+import Foundation
+import Redis
+
+/// Admission: what Redis holds for a batch's intents (one `MGET` per device and topic), and the
+/// decisions taken from it (``decide``, pure) with the device's token bucket.
+extension DevicePolicy {
+    /// What a device and app's mailbox holds, as an intent being admitted sees it.
+    enum MailboxHolds: Equatable {
+        case nothing
+        /// The intent itself, parked or being sent (it is a redelivery).
+        case thisIntent
+        /// An older intent, parked or being sent: the one being admitted must not overtake it.
+        case anotherIntent
+    }
+
+    /// What the ids of a `waiting` value say about the intent `id`. A value that does not read
+    /// so (Redis holds whatever was written there) names no id.
+    static func mailbox(_ value: [UInt8]?, holdsFor id: String) -> MailboxHolds {
+        guard let value, let colon = value.firstIndex(of: UInt8(ascii: ":")),
+              let length = Int(String(decoding: value[..<colon], as: UTF8.self)),
+              length >= 0, length <= value.count - colon - 1 else { return .nothing }
+        let pid = value[(colon + 1)..<(colon + 1 + length)], cid = value[(colon + 1 + length)...]
+        if (!pid.isEmpty && pid.elementsEqual(id.utf8)) || (!cid.isEmpty && cid.elementsEqual(id.utf8)) { return .thisIntent }
+        return pid.isEmpty && cid.isEmpty ? .nothing : .anotherIntent
+    }
+
+    enum Admission: Equatable {
+        /// A token was taken.
+        case send
+        /// APNs answered it before (what it answered, from the record): outcome `duplicate`.
+        case duplicate(AnswerRecord?)
+        /// It is in its mailbox already (a redelivery): the mailbox will answer it.
+        case inMailbox
+        /// The device may not be sent to now: park it (or, with expiration 0, give up).
+        case wait
+        /// A newer intent of its collapse id (at this position of the group) goes in its place.
+        case coalesced(into: Int)
+    }
+
+    /// One device and topic's intents of a batch.
+    struct Group {
+        let token: String
+        let topic: String
+        let rules: RelayConfiguration.Policy.Rules
+        /// The intents in batch order.
+        private(set) var ids: [String] = []
+        /// For each intent, whether it is now-or-never (expiration 0: it cannot wait).
+        private(set) var nowOrNever: [Bool] = []
+        /// For each intent, the position of the newest intent of its collapse id when that is
+        /// another one (nil for the newest and for intents that do not collapse).
+        var collapsesInto: [Int?] = []
+
+        init(token: String, topic: String, rules: RelayConfiguration.Policy.Rules) {
+            self.token = token
+            self.topic = topic
+            self.rules = rules
+        }
+
+        /// Adds the next intent; answers its position.
+        mutating func append(_ id: String, nowOrNever: Bool) -> Int {
+            ids.append(id)
+            self.nowOrNever.append(nowOrNever)
+            collapsesInto.append(nil)
+            return ids.count - 1
+        }
+    }
+
+    /// One group's decisions, from what Redis holds: its mailbox's ids, the device's backoff and
+    /// bucket, and the dedupe record of the intent at a position (nil: none; a nil record: one
+    /// that does not read).
+    ///
+    /// Intents are decided in batch order, each collapse id once, at its newest intent's place:
+    /// the newest that can still be delivered survives (sent, parked, in the mailbox already,
+    /// or delivered before) and the older ones are `coalesced` into it; a newest that cannot (a
+    /// now-or-never one the device cannot take now, or one APNs refused before) gets its own
+    /// answer and the next older one is tried. An older one that would have to wait while a
+    /// newer intent of the group goes out now is `coalesced` into that one instead: it would
+    /// reach the device after it. Only a sent intent spends a token.
+    static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
+                       record: (Int) -> AnswerRecord??) -> [Admission] {
+        var decisions = Array(repeating: Admission.wait, count: group.ids.count)
+        // The older intents of each collapse id, newest first, by the position of the newest.
+        var older: [Int: [Int]] = [:]
+        for (position, into) in group.collapsesInto.enumerated() {
+            if let into { older[into, default: []].insert(position, at: 0) }
+        }
+        /// Decides one intent; true when it survives its collapse id (it can still be delivered).
+        func decideOne(_ position: Int) -> Bool {
+            let holds = mailbox(waiting, holdsFor: group.ids[position])
+            let decision: Admission
+            if let record = record(position) {
+                decision = .duplicate(record)
+            } else if holds == .thisIntent {
+                decision = .inMailbox
+            } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
+                // Behind an older intent of its mailbox it waits there too (taking the older
+                // one's place when that one is only parked): partition order.
+                decision = .wait
+            } else {
+                decision = .send
+            }
+            decisions[position] = decision
+            return switch decision {
+            case .send, .inMailbox: true
+            case .duplicate(let record): record == nil || record?.status == Outcome.Status.delivered.rawValue
+            case .wait: !group.nowOrNever[position]
+            case .coalesced: false
+            }
+        }
+        /// The newest intent decided so far that goes out now.
+        var lastSent: Int?
+        for position in group.ids.indices where group.collapsesInto[position] == nil {
+            let olderOnes = older[position] ?? []
+            var survivor = decideOne(position) ? position : nil
+            for candidate in olderOnes {
+                if let survivor {
+                    decisions[candidate] = .coalesced(into: survivor)
+                } else if decideOne(candidate) {
+                    // An older intent that must wait while a newer one goes out now would reach
+                    // the device after it: the newer one supersedes it (as in the mailbox).
+                    if decisions[candidate] == .wait, let lastSent, lastSent > candidate {
+                        decisions[candidate] = .coalesced(into: lastSent)
+                        survivor = lastSent
+                    } else {
+                        survivor = candidate
+                    }
+                }
+            }
+            if decisions[position] == .send { lastSent = position }
+            if let survivor, decisions[survivor] == .send { lastSent = max(lastSent ?? survivor, survivor) }
+        }
+        return decisions
+    }
+
+    /// The admission of a batch's groups, asked when ``PendingAdmission/get(now:)`` is called.
+    func admission(_ groups: [Group]) -> PendingAdmission {
+        PendingAdmission(policy: self, groups: groups)
+    }
+
+    /// A batch's admission: one round trip of plain reads for the whole batch (per device and
+    /// topic one `MGET` of the bucket, the backoff, the mailbox's ids and the intents' dedupe
+    /// records), the decisions taken here, and the buckets' new arrival times written after
+    /// them in the same connection's order (not waited for).
+    ///
+    /// Batches are admitted one after another on one connection, so a batch reads what the
+    /// batches before it wrote. What this gives up against one script per device: a mailbox
+    /// take, or another relay admitting the same device, between one batch's read and its write
+    /// is not seen, so one extra send per such overlap can pass the bucket. Intents keyed by
+    /// token are consumed by one relay at a time, so that overlap needs a partition handover.
+    struct PendingAdmission: Sendable {
+        let policy: DevicePolicy
+        let groups: [Group]
+
+        /// The decisions for every group at `now` (epoch ms), and for each the time the device
+        /// may be sent to next. Asked again after a failure, it reads again.
+        func get(now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
+            guard !groups.isEmpty else { return [] }
+            var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
+            for group in groups {
+                let token = group.token, topic = group.topic, ids = group.ids
+                reads.append("MGET") { command in
+                    command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
+                    command.appendArgument { RedisKeys.writeBackoff(&$0, token: token) }
+                    command.appendArgument { RedisKeys.writeWaiting(&$0, token: token, topic: topic) }
+                    for id in ids { command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) } }
+                }
+            }
+            let replies = try await policy.client.submit(reads).get()
+            guard replies.count == groups.count else {
+                throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
+            }
+            var answers: [(decisions: [Admission], due: Int64)] = []
+            answers.reserveCapacity(groups.count)
+            var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
+            for (index, group) in groups.enumerated() {
+                let stored = replies[index]
+                if case .error(let message) = stored { throw .server(message) }
+                guard let values = stored.array, values.count == 3 + group.ids.count else {
+                    throw .protocolError("MGET answered \(stored)")
+                }
+                var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
+                let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
+                let decisions = DevicePolicy.decide(group, waiting: values[2].bytes, backoffUntil: backoffUntil,
+                                                    bucket: &bucket, now: now) { position in
+                    let record = values[3 + position]
+                    return record.isNull ? nil : .some(record.string.flatMap(AnswerRecord.init))
+                }
+                if let arrival = bucket.spent {
+                    let token = group.token
+                    writes.append("SET") { command in
+                        command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
+                        command.append(arrival)
+                        command.append("PX")
+                        command.append(arrival - now + 60_000)
+                    }
+                }
+                answers.append((decisions, max(backoffUntil, bucket.due)))
+            }
+            if !writes.isEmpty {
+                let written = policy.client.submit(writes), failed = policy.bucketWriteFailed
+                Task {
+                    do throws(RedisError) {
+                        for case .error(let message) in try await written.get() { throw .server(message) }
+                    } catch {
+                        failed(error)
+                    }
+                }
+            }
+            return answers
+        }
+    }
+
+    /// A device's token bucket as a GCRA theoretical arrival time (see the key list above).
+    struct Bucket {
+        let burst: Int64
+        let interval: Int64
+        let now: Int64
+        /// The arrival time: `now` or later.
+        private(set) var arrival: Int64
+        /// The new arrival time once a token was spent.
+        private(set) var spent: Int64?
+
+        init(_ limit: RelayConfiguration.Policy.RateLimit, stored: Int64?, now: Int64) {
+            burst = limit.isEnabled ? Int64(limit.burst) : 0
+            interval = limit.intervalMilliseconds
+            self.now = now
+            arrival = max(stored ?? now, now)
+        }
+
+        /// Takes a token if there is one (always, with the limit off).
+        mutating func spend() -> Bool {
+            guard burst > 0 else { return true }
+            guard arrival - now <= (burst - 1) * interval else { return false }
+            arrival += interval
+            spent = arrival
+            return true
+        }
+
+        /// When the next token is there.
+        var due: Int64 { burst > 0 ? max(now, arrival - (burst - 1) * interval) : now }
+
+        /// `<until ms> <level>` as stored.
+        static func backoff(_ stored: String?) -> (until: Int64, level: Int64)? {
+            guard let parts = stored?.split(separator: " "), parts.count == 2,
+                  let until = Int64(parts[0]), let level = Int64(parts[1]) else { return nil }
+            return (until, level)
+        }
+    }
+}
