@@ -129,6 +129,8 @@ extension APNsNotification {
         case .failure(.tooDeep): throw APNsValidationError(.badPayload, "payload nests deeper than \(PayloadScanner.maximumDepth) levels")
         case .failure(.malformed(let offset)): throw APNsValidationError(.badPayload, "payload is not valid JSON (at byte \(offset))")
         case .failure(.invalidUTF8(let offset)): throw APNsValidationError(.badPayload, "payload is not valid UTF-8 (at byte \(offset))")
+        case .failure(.numberOutOfRange(let offset)):
+            throw APNsValidationError(.badPayload, "payload holds a number out of range (at byte \(offset))")
         }
         guard summary.aps == .object else {
             throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")

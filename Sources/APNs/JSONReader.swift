@@ -14,6 +14,9 @@ public struct JSONReader {
         /// nothing past U+10FFFF), or a `\u` escape of a surrogate without its pair (no UTF-8
         /// can hold it; RFC 8259 §8.2 calls such strings unpredictable), first at this offset.
         case invalidUTF8(offset: Int)
+        /// A number no double can hold (its magnitude rounds to infinity, as `1e999` does), at
+        /// this offset: RFC 8259 §6 lets parsers refuse it, and Foundation's does.
+        case numberOutOfRange(offset: Int)
         case tooDeep
     }
 
@@ -348,7 +351,8 @@ public struct JSONReader {
         }
         let string = String(decoding: text, as: UTF8.self)
         if isInteger, let value = Int64(string) { return .integer(value) }
-        return .number(Double(string) ?? .nan)
+        guard let value = Double(string), value.isFinite else { throw .numberOutOfRange(offset: start) }
+        return .number(value)
     }
 
     private mutating func literal(_ word: StaticString) throws(Failure) {

@@ -16,6 +16,7 @@ enum PayloadScanner {
     enum Failure: Error, Equatable {
         case malformed(offset: Int)
         case invalidUTF8(offset: Int)
+        case numberOutOfRange(offset: Int)
         case notAnObject
         case tooDeep
     }
@@ -30,6 +31,7 @@ enum PayloadScanner {
             switch error {
             case .malformed(let offset): throw .malformed(offset: offset)
             case .invalidUTF8(let offset): throw .invalidUTF8(offset: offset)
+            case .numberOutOfRange(let offset): throw .numberOutOfRange(offset: offset)
             case .tooDeep: throw .tooDeep
             }
         }

@@ -98,6 +98,30 @@ struct IntentTests {
         #expect(intent.id == "é€😀")
     }
 
+    /// A number no double can hold (`1e999` is infinite as a double) makes the intent `invalid`,
+    /// in the payload (such a payload is not JSON to Foundation, nor likely to APNs) or in the
+    /// intent itself, naming the byte; numbers at the edges of the range pass.
+    @Test func aNumberOutOfDoubleRangeIsRefusedWithItsOffset() throws {
+        let token = Self.token
+        let cases: [(String, String)] = [
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{},"k":["#, #"5e3903,"x"]}}"#),
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{"alert":"x"},"n":"#, #"-1E309}}"#),
+            (#"{"id":"a","token":"\#(token)","topic":"com.x","expiration":"#, #"1e999,"payload":{"aps":{}}}"#),
+        ]
+        for (before, after) in cases {
+            let message = Array((before + after).utf8)
+            do {
+                _ = try Intent.parse(message, key: nil, now: Self.now, defaultTTL: 86_400)
+                Issue.record("accepted \(before + after)")
+            } catch {
+                #expect(error.message.contains("out of range"), "\(error)")
+                #expect(error.message.contains("at byte \(before.utf8.count)"), "\(error.message)")
+            }
+        }
+        let edges = #"{"id":"a","token":"\#(token)","topic":"com.x","payload":{"aps":{},"k":[1.7976931348623157e308,-1e308,5e-324,1e-999]}}"#
+        _ = try Intent.parse(Array(edges.utf8), key: nil, now: Self.now, defaultTTL: 86_400)
+    }
+
     @Test func apnsIDIsStablePerIntentID() throws {
         let first = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}}"#).get()
         let second = try Self.parse(#"{"id":"same","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"x"}}}"#).get()

@@ -149,6 +149,8 @@ extension Intent {
         case .success(let read): fields = read
         case .failure(.invalidUTF8(let offset)):
             throw invalid("InvalidUTF8", "intent holds a string that is not valid UTF-8 (at byte \(offset))")
+        case .failure(.numberOutOfRange(let offset)):
+            throw invalid("NotJSON", "intent holds a number out of range (at byte \(offset))")
         case .failure:
             throw invalid("NotJSON", "intent is not a JSON object")
         }
