@@ -33,47 +33,58 @@ struct BenchE2ECommand: AsyncParsableCommand {
             Terminal.error("the stack's configuration does not load: \(error)")
             throw ExitCode(1)
         }
-        let figures = try await measure(configuration)
+        var figures = try await measure(configuration, stack: stack)
+        figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
         Terminal.line(figures.line)
         if figures.counts["delivered"] != workload.count { throw ExitCode(1) }
     }
 
-    private func measure(_ configuration: RelayConfiguration) async throws -> (counts: [String: Int], line: String) {
-        let count = workload.count
-        // Latencies (consume to outcome) as the relay publishes its outcomes.
+    private func measure(_ configuration: RelayConfiguration, stack: StackProcess) async throws -> (counts: [String: Int], line: String) {
+        let count = workload.count, warmUp = workload.warmUp
+        // Latencies (consume to outcome) as the relay publishes its outcomes; the warm-up
+        // intents' are left out.
         let latencies = LatencyRecorder(capacity: count)
+        let cpuBefore = ProcessCPU.now()
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
-            latencies.record(outcome.latencyMilliseconds)
+            if outcome.id?.hasPrefix(BenchWorkload.warmUpPrefix) != true { latencies.record(outcome.latencyMilliseconds) }
         })
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         let deadline = ContinuousClock.now + .seconds(600)
+        var offeredAt: ContinuousClock.Instant?
         var finishedAt = ContinuousClock.now
         var lastReport = ContinuousClock.now
         while ContinuousClock.now < deadline {
             let done = pipeline.outcomeCounts.values.reduce(0, +)
-            if done >= count {
+            // --rate: the relay answered the warm-up, so it consumes every partition; the
+            // stack starts offering the workload now.
+            if workload.rate != nil, offeredAt == nil, done >= warmUp {
+                offeredAt = .now
+                stack.go()
+            }
+            if done >= count + warmUp {
                 finishedAt = .now
                 break
             }
             if ContinuousClock.now - lastReport >= .seconds(5) {
                 lastReport = .now
-                FileHandle.standardError.write(Data("bench: \(done) of \(count) outcomes, \(pipeline.inFlight) in flight\n".utf8))
+                FileHandle.standardError.write(Data("bench: \(done - warmUp) of \(count) outcomes, \(pipeline.inFlight) in flight\n".utf8))
             }
             try await Task.sleep(for: .milliseconds(5))
         }
+        let cpu = ProcessCPU.now() - cpuBefore
         let rss = peakResidentMiB()
         let counts = pipeline.outcomeCounts
-        let started = pipeline.firstConsumedAt ?? finishedAt
+        let started = offeredAt ?? pipeline.firstConsumedAt ?? finishedAt
         pipeline.requestStop()
         await running.value
 
-        let elapsed = finishedAt - started
-        let seconds = elapsed.totalSeconds
+        let seconds = (finishedAt - started).totalSeconds
         let milliseconds = latencies.percentiles(0.5, 0.99)
-        return (counts, String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f",
-                               Double(count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], rss ?? 0))
+        return (counts, String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f cpu_us_per_intent: %.1f",
+                               Double(count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], rss ?? 0,
+                               cpu * 1_000_000 / Double(count + warmUp)))
     }
 }
 
@@ -91,18 +102,49 @@ struct BenchWorkload: ParsableArguments {
     @Flag(help: "Per-device policy on (the defaults: dedupe, rate limit burst 10, coalescing): a private redis-server. With the default workload no device reaches its limit.")
     var policy = false
 
+    @Option(help: "Offer the intents at this many per second while the relay runs (latency below saturation), instead of producing them all before it starts.")
+    var rate: Int?
+
     func validate() throws {
         if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
+        if let rate, rate < 1 { throw ValidationError("--rate must be at least 1") }
     }
 
     var arguments: [String] {
-        ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"] + (policy ? ["--policy"] : [])
+        ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
+            + (policy ? ["--policy"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
+    }
+
+    /// With `--rate`, intents produced before the relay starts (one per partition's worth), whose
+    /// outcomes say it consumes: the workload is offered from then on, so the group's join is
+    /// not part of any latency.
+    var warmUp: Int { rate == nil ? 0 : partitions }
+    static let warmUpPrefix = "warm-up-"
+
+    /// The workload's intent number `index` (a warm-up intent's, with `warmUp`).
+    func intent(_ index: Int, warmUp: Bool = false) -> (key: [UInt8], value: [UInt8]) {
+        let token = EmbeddedStack.token(index % devices)
+        let id = warmUp ? "\(Self.warmUpPrefix)\(index)" : "bench-\(index)"
+        let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
+        return (Array(token.utf8), Array(value.utf8))
+    }
+}
+
+/// This process's CPU time so far (user + system), in seconds.
+enum ProcessCPU {
+    static func now() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_SELF.rawValue, &usage)
+        func seconds(_ time: timeval) -> Double { Double(time.tv_sec) + Double(time.tv_usec) / 1_000_000 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
     }
 }
 
 /// `apns-relay bench e2e-stack` (not listed in help): the mock Kafka cluster and the simulator
 /// for `bench e2e`, with the workload produced into the intents topic. Prints
 /// `ready CONFIG_FILE` once everything is produced, then serves until standard input closes.
+/// With `--rate`, only the warm-up is produced before `ready`; the workload is offered at that
+/// rate from the line `go` on standard input.
 struct BenchStackCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "e2e-stack", shouldDisplay: false)
 
@@ -128,28 +170,56 @@ struct BenchStackCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         Terminal.line("ready \(file)")
+        if let rate = workload.rate {
+            // Offer the workload once the parent says go; serve until it closes our input.
+            let said = await Task.detached { readLine(from: STDIN_FILENO) }.value
+            if said == "go" {
+                do {
+                    try await produce(into: stack.configuration, rate: rate)
+                } catch {
+                    Terminal.error("cannot offer the workload: \(error)")
+                }
+            }
+        }
         // Serve until the parent closes our standard input (or dies).
         await Task.detached { _ = FileHandle.standardInput.readDataToEndOfFile() }.value
         redis?.stop()
         await stack.stop()
     }
 
-    private func produce(into configuration: RelayConfiguration) async throws {
+    /// Produces the workload (with `rate`, at that rate) or, with `--rate` and no `rate`
+    /// given here, the warm-up.
+    private func produce(into configuration: RelayConfiguration, rate: Int? = nil) async throws {
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
         let topic = configuration.kafka.intentsTopic
-        let devices = workload.devices
+        let warmUp = workload.rate != nil && rate == nil
+        let total = warmUp ? workload.warmUp : workload.count
+        let started = ContinuousClock.now
         // At most 5,000 awaiting their delivery report at once.
         try await withThrowingTaskGroup(of: Void.self) { group in
-            for index in 0..<workload.count {
+            for index in 0..<total {
                 if index >= 5000 { try await group.next() }
-                let token = EmbeddedStack.token(index % devices)
-                let value = #"{"id":"bench-\#(index)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
-                group.addTask { _ = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8)) }
+                // At a rate: intent i is due i/rate seconds after the first.
+                if let rate, index % max(1, rate / 1000) == 0 {
+                    let due = started + .nanoseconds(Int64(index) * 1_000_000_000 / Int64(rate))
+                    if due > .now { try await Task.sleep(until: due) }
+                }
+                let intent = workload.intent(index, warmUp: warmUp)
+                group.addTask { _ = try await producer.send(topic: topic, key: intent.key, value: intent.value) }
             }
             try await group.waitForAll()
         }
         await producer.close()
     }
+}
+
+/// One line read from a file descriptor byte by byte (nothing past it is consumed), without its
+/// newline; what came before EOF if there is none.
+func readLine(from descriptor: Int32) -> String {
+    var line: [UInt8] = []
+    var byte: UInt8 = 0
+    while read(descriptor, &byte, 1) == 1, byte != 0x0A { line.append(byte) }
+    return String(decoding: line, as: UTF8.self)
 }
 
 /// The `bench e2e-stack` child process.
@@ -170,10 +240,7 @@ struct StackProcess {
         close(output.write)
         // Its first line says where the configuration is; EOF first means it failed (its stderr
         // is ours, so it has said why).
-        var line: [UInt8] = []
-        var byte: UInt8 = 0
-        while read(output.read, &byte, 1) == 1, byte != 0x0A { line.append(byte) }
-        let text = String(decoding: line, as: UTF8.self)
+        let text = readLine(from: output.read)
         guard text.hasPrefix("ready ") else {
             process.signal(SIGTERM)
             process.wait()
@@ -183,6 +250,12 @@ struct StackProcess {
             throw ExitCode(1)
         }
         return StackProcess(process: process, input: input.write, output: output.read, configurationFile: String(text.dropFirst(6)))
+    }
+
+    /// Tells it to offer the workload (`--rate`).
+    func go() {
+        let line: [UInt8] = Array("go\n".utf8)
+        _ = line.withUnsafeBytes { write(input, $0.baseAddress, $0.count) }
     }
 
     /// Closes its standard input and waits for it to exit.

@@ -551,6 +551,28 @@ struct BenchE2EProcessTests {
         let last = try #require(lines.last)
         #expect(last.hasPrefix("intents/s: "))
         #expect(last.contains(" p50_ms: ") && last.contains(" p99_ms: ") && last.contains(" peak_rss_mb: "))
+        let cpu = try #require(Self.figure("cpu_us_per_intent", in: last))
+        #expect(cpu > 0, "\(last)")
+    }
+
+    /// `--rate`: the workload is offered at that rate once the relay answered its warm-up, so the
+    /// relay cannot go faster (without the pacing 300 intents take a fraction of a second).
+    @Test func aRateIsOfferedNotExceeded() async throws {
+        let run = try await RelayBinary.runDev(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50", "--rate", "200"])
+        let text = run.stdout
+        #expect(run.status == 0, "\(text)")
+        let lines = text.split(separator: "\n")
+        #expect(lines.contains("outcomes: delivered=300"), "\(text)")
+        let last = try #require(lines.last)
+        let rate = try #require(Self.figure("intents/s", in: last))
+        #expect(rate > 0 && rate <= 230, "\(last)")
+    }
+
+    /// The number after `name:` in a figures line.
+    static func figure(_ name: String, in line: Substring) -> Double? {
+        let words = line.split(separator: " ")
+        guard let at = words.firstIndex(of: Substring(name + ":")), at + 1 < words.count else { return nil }
+        return Double(words[at + 1])
     }
 }
 
