@@ -2,6 +2,7 @@ public import APNs
 import Foundation
 import Kafka
 public import Logging
+import NIOPosix
 import Redis
 public import ServiceLifecycle
 
@@ -15,6 +16,9 @@ struct RelayClients {
     let consumer: KafkaConsumer
     /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
     let tokenSources: [any ProviderTokenSource]
+    /// Where intents' work runs: the event loops of the APNs connections (see
+    /// ``RelayPipeline/workExecutors``).
+    let workExecutors: [EventLoopTaskExecutor]
 }
 
 /// Everything one configuration runs, built in one place: the clients (Redis, the APNs
@@ -63,13 +67,17 @@ public final class RelayApplication: Service, Sendable {
         }
         let apns = configuration.apns
         let queued = max(configuration.limits.maxInFlight, 1000)
+        // Every APNs client's connections live on NIO's shared event loops (one per core), and
+        // intents' work runs on the same loops: a send reaches its connection, and its answer
+        // resumes the intent, without waking another thread.
+        let loops = MultiThreadedEventLoopGroup.singleton
         let registry = APNsClientRegistry { key in
             var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[key.credential]))
             settings.connections = apns.connections
             settings.insecureSkipVerify = apns.insecureSkipVerify
             settings.requestTimeout = .seconds(Int64(apns.requestTimeoutSeconds))
             settings.maxQueuedNotifications = queued
-            return try APNsClient(configuration: settings, logger: logger)
+            return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
                                          properties: configuration.kafka.properties, logger: logger)
@@ -78,7 +86,8 @@ public final class RelayApplication: Service, Sendable {
                                          topics: [configuration.kafka.intentsTopic],
                                          properties: configuration.kafka.properties,
                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
-        clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources)
+        clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
+                               workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) })
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
     }
