@@ -94,7 +94,10 @@ public final class APNsClient: Service, Sendable {
         } catch {
             throw .credential("cannot set up TLS: \(error)")
         }
-        let loops = Array(group.makeIterator())
+        // Its own group: connection i on loop i. A shared group: each connection on the loop
+        // the group hands out next, so the connections of several clients spread over its loops.
+        let group = self.group, shared = !ownsGroup
+        let loops = shared ? (0..<configuration.connections).map { _ in group.next() } : Array(group.makeIterator())
         self.connections = (0..<configuration.connections).map { index in
             APNsConnection(index: index, eventLoop: loops[index % loops.count], endpoint: configuration.endpoint,
                            sslContext: sslContext, configuration: configuration, logger: logger)

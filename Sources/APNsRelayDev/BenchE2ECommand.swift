@@ -24,6 +24,8 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
     func run() async throws {
         Terminal.logErrorsOnly()
+        // A child that died is seen when reading from it, not as a signal when writing to it.
+        signal(SIGPIPE, SIG_IGN)
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
         let configuration: RelayConfiguration
@@ -115,7 +117,7 @@ struct BenchWorkload: ParsableArguments {
             + (policy ? ["--policy"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
     }
 
-    /// With `--rate`, intents produced before the relay starts (one per partition's worth), whose
+    /// With `--rate`, intents produced before the relay starts (as many as partitions), whose
     /// outcomes say it consumes: the workload is offered from then on, so the group's join is
     /// not part of any latency.
     var warmUp: Int { rate == nil ? 0 : partitions }

@@ -87,16 +87,21 @@ extension RelayPipeline {
                 // starts: a group waits for its turn on a busy event loop, which keeps fewer
                 // intents waiting in flight when the relay is saturated.
                 for chunk in stride(from: 0, to: batch.count, by: Self.workGroupSize) {
+                    // A group lives until its last intent ends: it holds its own messages only,
+                    // not the batch's.
+                    let members = (chunk..<min(chunk + Self.workGroupSize, batch.count)).map {
+                        (message: batch[$0], parsed: parsed[$0], admission: admissions[$0])
+                    }
                     let admitted = AsyncLatch()
                     let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
                     groups &+= 1
                     workers.addTask(executorPreference: executor) {
                         await withDiscardingTaskGroup { intents in
                             defer { admitted.open() }
-                            for index in chunk..<min(chunk + Self.workGroupSize, batch.count) {
+                            for member in members {
                                 await self.waitForCapacity()
                                 if self.stopping.isOpen || Task.isCancelled { return }
-                                if let start = self.admit(batch[index], parsed[index], admissions[index]) {
+                                if let start = self.admit(member.message, member.parsed, member.admission) {
                                     intents.addTask { await self.work(start) }
                                 }
                             }

@@ -35,9 +35,14 @@ public final class RelayPipeline: RelayStatus, Service {
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
     /// Where consumed intents' work runs, a group of consecutive intents on each in turn: the
-    /// event loops the APNs connections live on. On the loop of the connection that sends it,
-    /// an intent's send and answer need no thread hop: against Swift's global executor, the
-    /// relay's CPU per intent in `bench e2e` went from 53.5 to 48.1 µs (docs/performance.md).
+    /// event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
+    /// of the connection that sends it, an intent's send and answer need no thread hop: against
+    /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
+    /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
+    /// at least the number of cores; on a loop without one, a send hops to its connection's
+    /// loop as it did from the global executor. Pausing or resuming a partition (librdkafka
+    /// waits for its own thread) and making an APNs client (its TLS context) happen on these
+    /// loops too; both are rare.
     let workExecutors: [EventLoopTaskExecutor]
     let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
     let state: Mutex<State>
@@ -194,9 +199,10 @@ public final class RelayPipeline: RelayStatus, Service {
     /// consumer commits and leaves the group once this returns, then the producer, the APNs
     /// clients and Redis close.
     ///
-    /// Every intent's work runs in a child task of this one: of the admitting loop's task group
-    /// for consumed intents, of the mailbox poller's for intents taken from mailboxes. So the
-    /// deadline (or cancelling this task) reaches all of it.
+    /// Every intent's work runs in a child task of this one: for consumed intents, in the task
+    /// group of its group of intents (a child of the admitting loop's task group; see
+    /// ``workExecutors``), for intents taken from mailboxes in the mailbox poller's (on Swift's
+    /// global executor). So the deadline (or cancelling this task) reaches all of it.
     ///
     /// The work runs in a task of its own that this one awaits and cancels with itself: one that
     /// inherits no task-local values (the service group's among them). Every intent's child
