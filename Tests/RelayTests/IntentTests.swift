@@ -46,6 +46,8 @@ struct IntentTests {
         #expect(AnswerRecord(delivered.encoded) == delivered)
         #expect(AnswerRecord("delivered") == AnswerRecord(status: "delivered"))
         #expect(AnswerRecord("2 rejected 400 - - a reason with spaces")?.reason == "a reason with spaces")
+        // A field that would split the line is not kept.
+        #expect(AnswerRecord(status: "rejected", httpStatus: 400, apnsID: "a b").encoded == "2 rejected 400 - - -")
         for garbage in ["", "3 x y z w v", "2 - 1 2 3 4", "2 rejected", "a b"] {
             #expect(AnswerRecord(garbage) == nil, "\(garbage)")
         }

@@ -129,6 +129,8 @@ extension RelayPipeline {
     }
 
     func waitForCapacity() async {
+        // Usually there is room: no continuation, no cancellation handler.
+        if state.withLock({ hasRoom($0) }) || Task.isCancelled || stopping.isOpen { return }
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in

@@ -27,8 +27,10 @@ struct AnswerRecord: Sendable, Equatable {
     }
 
     var encoded: String {
+        // Bytes, not `contains(" ")`: that resolves to Foundation's string search, which took
+        // about 1% of the relay's CPU with the policy on.
         func field(_ value: String?) -> String {
-            guard let value, !value.isEmpty, !value.contains(" ") else { return "-" }
+            guard let value, !value.isEmpty, !value.utf8.contains(UInt8(ascii: " ")) else { return "-" }
             return value
         }
         return "2 \(field(status)) \(field(httpStatus.map(String.init))) \(field(unregisteredAt.map(String.init))) "
@@ -39,7 +41,7 @@ struct AnswerRecord: Sendable, Equatable {
     init?(_ text: String) {
         let parts = text.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
         if parts.count == 1 {
-            guard !text.isEmpty, !text.contains(" ") else { return nil }
+            guard !text.isEmpty, !text.utf8.contains(UInt8(ascii: " ")) else { return nil }
             self.init(status: text)
             return
         }
