@@ -158,7 +158,12 @@ struct BenchStackCommand: AsyncParsableCommand {
         let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
         var redis: RedisServerProcess?
         do {
-            try await produce(into: stack.configuration)
+            // With --rate only the warm-up goes in now; the workload follows the parent's go.
+            if workload.rate == nil {
+                try await produce(into: stack.configuration, count: workload.count)
+            } else {
+                try await produce(into: stack.configuration, count: workload.warmUp, warmUp: true)
+            }
             var configuration = stack.configuration
             if workload.policy {
                 let server = try RedisServerProcess()
@@ -177,7 +182,7 @@ struct BenchStackCommand: AsyncParsableCommand {
             let said = await Task.detached { readLine(from: STDIN_FILENO) }.value
             if said == "go" {
                 do {
-                    try await produce(into: stack.configuration, rate: rate)
+                    try await produce(into: stack.configuration, count: workload.count, rate: rate)
                 } catch {
                     Terminal.error("cannot offer the workload: \(error)")
                 }
@@ -189,13 +194,12 @@ struct BenchStackCommand: AsyncParsableCommand {
         await stack.stop()
     }
 
-    /// Produces the workload (with `rate`, at that rate) or, with `--rate` and no `rate`
-    /// given here, the warm-up.
-    private func produce(into configuration: RelayConfiguration, rate: Int? = nil) async throws {
+    /// Produces `count` intents of the workload (the warm-up's when `warmUp`), at `rate`
+    /// intents/s when given, else as fast as the broker takes them.
+    private func produce(into configuration: RelayConfiguration, count total: Int, warmUp: Bool = false,
+                         rate: Int? = nil) async throws {
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
         let topic = configuration.kafka.intentsTopic
-        let warmUp = workload.rate != nil && rate == nil
-        let total = warmUp ? workload.warmUp : workload.count
         let started = ContinuousClock.now
         // At most 5,000 awaiting their delivery report at once.
         try await withThrowingTaskGroup(of: Void.self) { group in

@@ -337,8 +337,9 @@ struct RelayEndToEndTests {
         }
         #expect(second.pipeline.outcomeCounts.values.reduce(0, +) > 0, "the second relay took partitions over")
         let accepted = harness.simulator.accepted.map(\.apnsID)
-        #expect(Set(accepted).count == count)
-        #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice")
+        let outcomes = "outcomes: \(harness.pipeline.outcomeCounts) from the first relay, \(second.pipeline.outcomeCounts) from the second"
+        #expect(Set(accepted).count == count, "\(outcomes)")
+        #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
         second.requestStop()
         await running.value
         await harness.stop()

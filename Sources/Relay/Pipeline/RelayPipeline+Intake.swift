@@ -128,13 +128,18 @@ extension RelayPipeline {
         return waiter
     }
 
+    /// Whether the admitting loop goes on without waiting: there is room, or it is to stop.
+    private func mayGoOn(_ state: State) -> Bool {
+        hasRoom(state) || Task.isCancelled || stopping.isOpen
+    }
+
     func waitForCapacity() async {
         // Usually there is room: no continuation, no cancellation handler.
-        if state.withLock({ hasRoom($0) }) || Task.isCancelled || stopping.isOpen { return }
+        if state.withLock({ mayGoOn($0) }) { return }
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in
-                    if hasRoom(state) || Task.isCancelled || stopping.isOpen { return true }
+                    if mayGoOn(state) { return true }
                     state.capacityWaiter = continuation
                     return false
                 }
