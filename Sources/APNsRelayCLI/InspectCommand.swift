@@ -23,13 +23,19 @@ struct InspectCommand: AsyncParsableCommand {
     @Option(help: "redis://[[user]:password@]host[:port][/db] (instead of --config).")
     var redis: String?
 
+    @Option(name: .customLong("redis-mode"), help: "With --redis: standalone, or cluster (--redis names a seed node).")
+    var redisMode = RedisConfiguration.Mode.standalone.rawValue
+
     func validate() throws {
         if (config == nil) == (redis == nil) { throw ValidationError("give exactly one of --config and --redis") }
+        if RedisConfiguration.Mode(rawValue: redisMode) == nil { throw ValidationError("--redis-mode is standalone or cluster") }
     }
 
     func run() async throws {
         Terminal.logErrorsOnly()
         let url: RedisURL
+        var mode = RedisConfiguration.Mode(rawValue: redisMode) ?? .standalone
+        var seeds: [RedisNodeAddress] = []
         // The rules the bucket is read with: the file's, or the defaults.
         var policy = RelayConfiguration.Policy()
         do {
@@ -42,6 +48,8 @@ struct InspectCommand: AsyncParsableCommand {
                     throw ExitCode(1)
                 }
                 url = try RedisURL(parsing: configuration.redis.url)
+                mode = configuration.redis.mode
+                seeds = configuration.redis.clusterSeeds
                 policy = configuration.policy
             }
         } catch let error as ExitCode {
@@ -50,7 +58,10 @@ struct InspectCommand: AsyncParsableCommand {
             Terminal.error("\(error)")
             throw ExitCode(2)
         }
-        let client = try RedisClient(configuration: RedisConfiguration(url: url))
+        var settings = RedisConfiguration(url: url)
+        settings.mode = mode
+        settings.clusterSeeds = seeds
+        let client = try RedisClient(configuration: settings)
         let read: Result<DeviceRecords, RedisError>
         do {
             read = .success(try await DeviceRecords.read(token: token, topic: topic, from: client))

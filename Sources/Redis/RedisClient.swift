@@ -8,8 +8,23 @@ import NIOSSL
 import Synchronization
 
 public struct RedisConfiguration: Sendable {
+    public enum Mode: String, Sendable, CaseIterable {
+        /// One server (or a primary behind one address).
+        case standalone
+        /// A Redis Cluster: `url` names a seed node (database 0), calls are routed by hash slot.
+        case cluster
+    }
+
     public var url: RedisURL
-    /// Connections in the pool; calls go round robin.
+    public var mode: Mode = .standalone
+    /// Cluster mode: more seed nodes besides `url`'s, asked for the slot map when the known
+    /// masters do not answer. Credentials and TLS are `url`'s for every node.
+    public var clusterSeeds: [RedisNodeAddress] = []
+    /// Cluster mode: redirect rounds (`MOVED`, `ASK`, `TRYAGAIN`...) a call follows at most.
+    public var maxRedirects = 5
+    /// Cluster mode: how often the slot map is read again when nothing said it changed.
+    public var topologyRefreshInterval: Duration = .seconds(30)
+    /// Connections in the pool (per node in cluster mode); calls go round robin.
     public var connections: Int = 2
     /// Deadline for one call (or one pipelined batch), connecting included.
     public var commandTimeout: Duration = .seconds(2)
@@ -24,7 +39,8 @@ public struct RedisConfiguration: Sendable {
     }
 }
 
-/// A small pool of Redis connections driven by SwiftNIO, with hiredis as the RESP engine.
+/// A small pool of Redis connections driven by SwiftNIO, with hiredis as the RESP engine; in
+/// cluster mode a pool per master, calls routed by hash slot (``RedisClusterRouter``).
 ///
 /// Every call has a deadline (``RedisConfiguration/commandTimeout``); a connection whose answer
 /// is late is closed (the replies behind it would be out of step) and made again. A connection
@@ -36,6 +52,7 @@ public struct RedisConfiguration: Sendable {
 public final class RedisClient: Service, Sendable {
     public let configuration: RedisConfiguration
     private let slots: [RedisSlot]
+    private let cluster: RedisClusterRouter?
     private let group: any EventLoopGroup
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
@@ -45,6 +62,9 @@ public final class RedisClient: Service, Sendable {
     public init(configuration: RedisConfiguration, eventLoopGroup: (any EventLoopGroup)? = nil,
                 logger: Logger = Logger(label: "apns-relay.redis")) throws(RedisError) {
         guard configuration.connections >= 1 else { throw .invalidURL("connections must be at least 1") }
+        if configuration.mode == .cluster, configuration.url.database != 0 {
+            throw .invalidURL("a Redis Cluster has database 0 only, got \(configuration.url.database)")
+        }
         self.configuration = configuration
         if let eventLoopGroup {
             group = eventLoopGroup
@@ -66,8 +86,15 @@ public final class RedisClient: Service, Sendable {
         }
         let loops = Array(group.makeIterator())
         let context = sslContext
-        slots = (0..<configuration.connections).map { index in
-            RedisSlot(eventLoop: loops[index % loops.count], configuration: configuration, sslContext: context, logger: logger)
+        switch configuration.mode {
+        case .standalone:
+            cluster = nil
+            slots = (0..<configuration.connections).map { index in
+                RedisSlot(eventLoop: loops[index % loops.count], configuration: configuration, sslContext: context, logger: logger)
+            }
+        case .cluster:
+            cluster = RedisClusterRouter(configuration: configuration, loops: loops, sslContext: context, logger: logger)
+            slots = []
         }
     }
 
@@ -86,23 +113,51 @@ public final class RedisClient: Service, Sendable {
 
     /// Runs encoded commands in one round trip, like ``pipeline(_:)-([RedisCommand])``.
     public func pipeline(_ commands: RedisCommandBuffer) async throws(RedisError) -> [RESPValue] {
-        try await execute(commands, on: slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]).get()
+        try await execute(commands, ordered: false).get()
     }
 
-    /// Writes the commands now, as one pipeline on the client's first connection, and returns
-    /// their pending replies. Calls made one after another run in Redis in that order (one
-    /// connection answers in order), so a caller can have several round trips under way whose
-    /// effects must not be reordered.
+    /// Writes the commands now, as one pipeline on the client's first connection (to each node
+    /// in cluster mode), and returns their pending replies. Calls made one after another run in
+    /// Redis in that order (one connection answers in order), so a caller can have several round
+    /// trips under way whose effects must not be reordered. In cluster mode that holds per
+    /// node, while the slot map stands: a redirected command is sent again after the calls
+    /// behind it.
     public func submit(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
-        execute(commands, on: slots[0])
+        execute(commands, ordered: true)
     }
 
-    private func execute(_ commands: RedisCommandBuffer, on slot: RedisSlot) -> RedisPendingReplies {
-        guard !isShutDown.load(ordering: .relaxed) else {
-            return RedisPendingReplies(future: slot.eventLoop.makeFailedFuture(RedisError.shutdown))
-        }
+    private func execute(_ commands: RedisCommandBuffer, ordered: Bool) -> RedisPendingReplies {
         let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
+        guard !isShutDown.load(ordering: .relaxed) else {
+            return RedisPendingReplies(future: group.any().makeFailedFuture(RedisError.shutdown))
+        }
+        if let cluster {
+            return RedisPendingReplies(future: cluster.execute(commands, deadline: deadline, ordered: ordered))
+        }
+        let slot = ordered ? slots[0] : slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]
         return RedisPendingReplies(future: slot.execute(commands, deadline: deadline))
+    }
+
+    /// Cluster mode: the masters of the slot map (read on first use, then kept up to date);
+    /// standalone: the server of `url`.
+    public var nodes: [RedisNodeAddress] {
+        cluster?.masters ?? [RedisNodeAddress(host: configuration.url.host, port: configuration.url.port)]
+    }
+
+    /// Runs keyless commands (`INFO`, `CONFIG GET`...) on every node (cluster mode: every
+    /// master, the slot map read first), one round trip each, in parallel.
+    public func onEveryNode(_ commands: [RedisCommand]) async throws(RedisError) -> [(node: RedisNodeAddress, replies: [RESPValue])] {
+        guard let cluster else { return [(nodes[0], try await pipeline(commands))] }
+        if cluster.masters.isEmpty, !(await cluster.refresh()) {
+            throw .unavailable("cannot read the Redis Cluster's slot map")
+        }
+        return try await cluster.onEveryMaster(RedisCommandBuffer(commands),
+                                               deadline: .now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds))
+    }
+
+    /// Cluster mode: reads the slot map again now (a test, or an operator's tool, that changed it).
+    public func refreshTopology() async {
+        await cluster?.refresh()
     }
 
     /// Runs a script with EVALSHA, loading it first when Redis does not have it.
@@ -132,13 +187,26 @@ public final class RedisClient: Service, Sendable {
 
     /// Connections that are open now.
     public var connectedCount: Int {
-        slots.reduce(0) { $0 + ($1.isConnected.load(ordering: .relaxed) ? 1 : 0) }
+        cluster?.connectedCount ?? slots.reduce(0) { $0 + ($1.isConnected.load(ordering: .relaxed) ? 1 : 0) }
+    }
+
+    /// Cluster mode: redirects followed and slot-map reads so far.
+    public var clusterCounters: (moved: Int, ask: Int, refreshes: Int) {
+        guard let cluster else { return (0, 0, 0) }
+        return (cluster.movedRedirects.load(ordering: .relaxed), cluster.askRedirects.load(ordering: .relaxed),
+                cluster.refreshes.load(ordering: .relaxed))
     }
 
     /// Waits for a graceful shutdown of the service group (or cancellation, or a direct
     /// ``shutdown()``), then shuts the client down.
     public func run() async {
-        await waitForGracefulShutdown(orUntil: shutDownLatch)
+        await withDiscardingTaskGroup { group in
+            if let cluster {
+                group.addTask { await cluster.refreshPeriodically() }
+            }
+            await waitForGracefulShutdown(orUntil: shutDownLatch)
+            group.cancelAll()
+        }
         await shutdown()
     }
 
@@ -151,6 +219,7 @@ public final class RedisClient: Service, Sendable {
         for slot in slots {
             try? await slot.shutdown().get()
         }
+        await cluster?.shutdown()
         if ownsGroup {
             try? await group.shutdownGracefully()
         }

@@ -90,7 +90,7 @@ public struct RedisCommand: Sendable, Equatable {
 public struct RedisCommandBuffer: Sendable {
     var bytes: ByteBuffer
     /// Commands encoded so far.
-    public private(set) var count = 0
+    public internal(set) var count = 0
     private var scratch = RedisCommand("", reservingBytes: 256, arguments: 16)
 
     public init(reservingBytes: Int = 1024) {

@@ -68,6 +68,8 @@ public final class RedisServerProcess: Sendable {
         return process
     }
 
+    public var isRunning: Bool { process.withLock { $0 }?.isRunning ?? false }
+
     /// Kills it (SIGKILL: without persistence there is nothing to save, and nothing to wait for).
     public func stop() {
         guard let process = process.withLock({ $0 }), process.isRunning else { return }

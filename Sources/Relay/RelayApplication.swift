@@ -55,6 +55,8 @@ public final class RelayApplication: Service, Sendable {
         var redis: RedisClient?
         if !configuration.redis.url.isEmpty {
             var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
+            settings.mode = configuration.redis.mode
+            settings.clusterSeeds = configuration.redis.clusterSeeds
             settings.connections = configuration.redis.connections
             settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
             redis = try RedisClient(configuration: settings, logger: logger)

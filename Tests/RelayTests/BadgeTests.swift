@@ -19,8 +19,9 @@ struct BadgeTests {
                 == #"{"x":{"aps":1},"aps":{"alert":"hi","badge":0,"sound":"a"}}"#)
     }
 
-    @Test func countsChangeInOrderOnceEachAndSurviveARestart() async throws {
-        let redis = try RedisServerProcess()
+    @Test(arguments: RedisKind.allCases)
+    func countsChangeInOrderOnceEachAndSurviveARestart(_ kind: RedisKind) async throws {
+        let redis = try await TestRedis.start(kind)
         let harness = try await DedupeTests.harness(redis)
         let device = hexToken(0xbad9e)
         let changes = [#"{"increment":1}"#, #"{"increment":1}"#, #"{"increment":1}"#, #"{"set":0}"#, #"{"increment":2}"#]
@@ -38,7 +39,7 @@ struct BadgeTests {
 
         // Another relay later (a restart): the count is where it was. (This harness signs with a
         // new key under the same key id, so the fleet's stored token must go.)
-        let cleanup = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let cleanup = try redis.client()
         _ = try await cleanup.send(RedisCommand("DEL", ["apns-relay:jwt:{TEAM123456:ABC123DEFG}"]))
         await cleanup.shutdown()
         let again = try await DedupeTests.harness(redis)
@@ -49,7 +50,8 @@ struct BadgeTests {
         await again.stop()
 
         // `inspect` shows the device's last notification (with the badge sent) and its count.
-        let run = try await RelayBinary.run(["inspect", "--redis", redis.url, "--token", device, "--topic", "com.example.app"])
+        let run = try await RelayBinary.run(["inspect", "--redis", redis.url, "--redis-mode", kind.rawValue,
+                                             "--token", device, "--topic", "com.example.app"])
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         #expect(text.contains(#"last sent: {"id":"badge-later","apns_id":""#), "\(text)")

@@ -1,5 +1,6 @@
 import APNs
 import Foundation
+import Redis
 @testable import Relay
 import Testing
 
@@ -158,6 +159,43 @@ struct ConfigurationTests {
         } catch let error as ConfigurationError {
             #expect(Set(error.issues.map(\.key)) == ["redis.url", "redis.connections", "policy.dedupe_window_seconds", "policy.surprise"])
             #expect(!error.description.contains("pa55word"))
+        }
+    }
+
+    @Test func aRedisClusterIsNamedByASeedAndMoreSeeds() throws {
+        let cluster = try RelayConfiguration.load(yaml: """
+            redis:
+              url: rediss://:pa55word@redis-0.internal:6379
+              mode: cluster
+              cluster_seeds: [redis-1.internal:6379, "[fd00::2]:6380"]
+            """, environment: [:])
+        #expect(cluster.redis.mode == .cluster)
+        #expect(cluster.redis.clusterSeeds == [RedisNodeAddress(host: "redis-1.internal", port: 6379), RedisNodeAddress(host: "fd00::2", port: 6380)])
+        #expect(cluster.redactedYAML.contains("mode: cluster"))
+        #expect(cluster.redactedYAML.contains(#"cluster_seeds: ["redis-1.internal:6379", "[fd00::2]:6380"]"#))
+        #expect(try RelayConfiguration.load(yaml: cluster.redactedYAML.replacingOccurrences(of: "<redacted>", with: "x"),
+                                            environment: [:]).redis.clusterSeeds == cluster.redis.clusterSeeds)
+        // The environment sets both, the seeds as one comma-separated value.
+        let overridden = try RelayConfiguration.load(yaml: "redis: {url: redis://10.0.0.5}", environment: [
+            "APNS_RELAY_REDIS_MODE": "cluster", "APNS_RELAY_REDIS_CLUSTER_SEEDS": "10.0.0.6:6379, 10.0.0.7:6379",
+        ])
+        #expect(overridden.redis.mode == .cluster && overridden.redis.clusterSeeds.map(\.port) == [6379, 6379])
+        #expect(try RelayConfiguration.load(yaml: "", environment: [:]).redis.mode == .standalone)
+        let bad: [(yaml: String, keys: Set<String>)] = [
+            ("redis: {url: redis://cache, mode: sharded}", ["redis.mode"]),
+            ("redis: {url: redis://cache/3, mode: cluster}", ["redis.url"]),
+            ("redis: {mode: cluster}", ["redis.url"]),
+            ("redis: {url: redis://cache, mode: cluster, cluster_seeds: [cache-1, 'cache-2:0', 'a b:1', 7]}", ["redis.cluster_seeds"]),
+            ("redis: {url: redis://cache, mode: cluster, cluster_seeds: {a: 1}}", ["redis.cluster_seeds"]),
+            ("redis: {url: redis://cache, cluster_seeds: [cache-1:6379]}", ["redis.cluster_seeds"]),
+        ]
+        for (yaml, keys) in bad {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                Issue.record("accepted: \(yaml)")
+            } catch let error as ConfigurationError {
+                #expect(Set(error.issues.map(\.key)) == keys, "\(yaml): \(error)")
+            }
         }
     }
 

@@ -13,8 +13,13 @@ import KafkaTesting
 struct DedupeTests {
     static func harness(_ redis: RedisServerProcess, failOpen: Bool = false,
                         simulator: (inout SimulatorConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
+        try await harness(TestRedis(redis), failOpen: failOpen, simulator: simulator)
+    }
+
+    static func harness(_ redis: TestRedis, failOpen: Bool = false,
+                        simulator: (inout SimulatorConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
         try await RelayHarness.start(configure: simulator, configureRelay: {
-            $0.redis.url = redis.url
+            redis.apply(to: &$0)
             $0.redis.timeoutMilliseconds = 300
             $0.redis.failOpen = failOpen
             $0.policy.dedupeWindowSeconds = 3600
@@ -25,8 +30,9 @@ struct DedupeTests {
         Dictionary(grouping: outcomes) { $0["id"] as? String ?? "" }
     }
 
-    @Test func anAnsweredIntentIsADuplicateWhenItComesAgain() async throws {
-        let redis = try RedisServerProcess()
+    @Test(arguments: RedisKind.allCases)
+    func anAnsweredIntentIsADuplicateWhenItComesAgain(_ kind: RedisKind) async throws {
+        let redis = try await TestRedis.start(kind)
         let harness = try await Self.harness(redis)
         try await harness.produce(intent("d-1", token: hexToken(1)), key: hexToken(1))
         let first = try await harness.outcomes(count: 1)
@@ -48,7 +54,7 @@ struct DedupeTests {
         #expect(sentD1.count == 1)
 
         // The record holds the answer, with the window as its TTL.
-        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let client = try redis.client()
         let apnsID = APNsIdentifiers.format(Intent.apnsID(for: "d-1"))
         #expect(try await client.send(RedisCommand("GET", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).string
             == "2 delivered 200 - \(apnsID) -")

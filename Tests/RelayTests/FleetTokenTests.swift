@@ -31,9 +31,13 @@ struct FleetTokenTests {
         return (server, clock, sources)
     }
 
-    @Test func processesShareOneTokenAndOneMintPerRefresh() async throws {
+    @Test(arguments: RedisKind.allCases)
+    func processesShareOneTokenAndOneMintPerRefresh(_ kind: RedisKind) async throws {
         // Two relay processes: their own Redis connections, the same key.
-        let (server, clock, sources) = try Self.fleet(2)
+        let redis = try await TestRedis.start(kind)
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let sources = try (0..<2).map { _ in try RedisProviderTokenSource(signer: signer, redis: try redis.client(), clock: clock.read) }
         let (first, second) = (sources[0], sources[1])
 
         let a = try await first.currentToken()
@@ -49,7 +53,7 @@ struct FleetTokenTests {
         #expect(c != a && c.issuedAt == clock.now.load(ordering: .relaxed))
         #expect(try await first.currentToken() == c)
         #expect(first.mintCount + second.mintCount == 2)
-        withExtendedLifetime(server) {}
+        withExtendedLifetime(redis) {}
     }
 
     @Test func manyCallersAtOnceMintOnce() async throws {

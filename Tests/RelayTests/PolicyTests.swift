@@ -16,8 +16,15 @@ struct PolicyTests {
                         configure: (inout RelayConfiguration) -> Void = { _ in },
                         simulator: (inout SimulatorConfiguration) -> Void = { _ in },
                         preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
+        try await harness(TestRedis(redis), burst: burst, refill: refill, configure: configure, simulator: simulator, preload: preload)
+    }
+
+    static func harness(_ redis: TestRedis, burst: Int, refill: Double,
+                        configure: (inout RelayConfiguration) -> Void = { _ in },
+                        simulator: (inout SimulatorConfiguration) -> Void = { _ in },
+                        preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
         try await RelayHarness.start(configure: simulator, configureRelay: {
-            $0.redis.url = redis.url
+            redis.apply(to: &$0)
             $0.policy.defaults.rateLimit = .init(burst: burst, refillPerSecond: refill)
             $0.policy.mailboxPollMilliseconds = 100
             configure(&$0)
@@ -55,8 +62,9 @@ struct PolicyTests {
         harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: id)) }.count
     }
 
-    @Test func aBurstAtOneDeviceSendsTheBurstThenOnlyTheNewest() async throws {
-        let redis = try RedisServerProcess()
+    @Test(arguments: RedisKind.allCases)
+    func aBurstAtOneDeviceSendsTheBurstThenOnlyTheNewest(_ kind: RedisKind) async throws {
+        let redis = try await TestRedis.start(kind)
         let token = hexToken(0xb0)
         let harness = try await Self.harness(redis, burst: 5, refill: 0.5,
                                              preload: (1...20).map { (intent("burst-\($0)", token: token), token) })
@@ -84,10 +92,10 @@ struct PolicyTests {
         #expect(Self.sent(harness, "burst-20") == 1)
         // Once answered, nothing is left in the mailbox or in the partition's due index.
         try await waitUntil { harness.pipeline.inFlight == 0 }
-        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let client = try redis.client()
         #expect(try await client.send(RedisCommand("HLEN", ["apns-relay:mailbox:{\(token)}:com.example.app"])).integer == 0)
         #expect(try await client.send(RedisCommand("EXISTS", ["apns-relay:waiting:{\(token)}:com.example.app"])).integer == 0)
-        let indexes = try await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])).array ?? []
+        let indexes = try await client.onEveryNode([RedisCommand("KEYS", ["apns-relay:due:*"])]).flatMap { $0.replies[0].array ?? [] }
         for index in indexes {
             #expect(try await client.send(RedisCommand("ZCARD", [index.string ?? ""])).integer == 0, "\(index)")
         }

@@ -208,16 +208,30 @@ struct ConfigurationReader {
                        "retry.initial_backoff_ms", Int64(configuration.retry.initialBackoffMilliseconds))
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
-        checkKnown(redis, prefix: "redis.", known: ["url", "fail_open", "allow_eviction", "connections", "timeout_ms"])
+        checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms"])
         configuration.redis.url = string(redis, "redis.url", default: "")
+        let mode = string(redis, "redis.mode", default: RedisConfiguration.Mode.standalone.rawValue)
+        if let known = RedisConfiguration.Mode(rawValue: mode) {
+            configuration.redis.mode = known
+        } else {
+            issues.append(.init(key: "redis.mode", value: describe(mode), allowed: "standalone or cluster"))
+        }
+        readClusterSeeds(redis["cluster_seeds"], into: &configuration)
         if !configuration.redis.url.isEmpty {
             do {
-                _ = try RedisURL(parsing: configuration.redis.url)
+                let url = try RedisURL(parsing: configuration.redis.url)
+                if configuration.redis.mode == .cluster, url.database != 0 {
+                    issues.append(.init(key: "redis.url", value: url.description,
+                                        allowed: "a Redis Cluster has database 0 only: end the URL with /0 or no database"))
+                }
             } catch {
                 // The value may hold a password: show it redacted.
                 let shown = configuration.redis.url.replacingOccurrences(of: #":[^:@/]*@"#, with: ":<redacted>@", options: .regularExpression)
                 issues.append(.init(key: "redis.url", value: shown, allowed: "\(error); use redis://[[user]:password@]host[:port][/db] or rediss://, or leave it empty for no Redis"))
             }
+        }
+        if configuration.redis.mode == .cluster, configuration.redis.url.isEmpty {
+            issues.append(.init(key: "redis.url", value: "\"\"", allowed: "redis.mode cluster needs a seed node's URL here"))
         }
         configuration.redis.failOpen = bool(redis, "redis.fail_open", default: false)
         configuration.redis.allowEviction = bool(redis, "redis.allow_eviction", default: false)
@@ -328,6 +342,32 @@ struct ConfigurationReader {
         for name in fields.keys.sorted() where !known.contains(name) {
             issues.append(.init(key: prefix + name, value: describe(fields[name]),
                                 allowed: "unknown key; known here: \(known.sorted().joined(separator: ", "))"))
+        }
+    }
+
+    /// `redis.cluster_seeds`: a list of `host:port` (or one string of them separated by commas,
+    /// as `APNS_RELAY_REDIS_CLUSTER_SEEDS` gives them); only with `redis.mode: cluster`.
+    private mutating func readClusterSeeds(_ value: Any?, into configuration: inout RelayConfiguration) {
+        let key = "redis.cluster_seeds"
+        var items: [Any] = []
+        if let overridden = override(key) {
+            items = overridden.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
+        } else if let list = value as? [Any] {
+            items = list
+        } else if let text = value as? String {
+            items = text.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
+        } else if value != nil {
+            issues.append(.init(key: key, value: describe(value), allowed: "a list of host:port"))
+        }
+        for item in items {
+            guard let text = item as? String, let address = try? RedisNodeAddress(parsing: text) else {
+                issues.append(.init(key: key, value: describe(item), allowed: "each seed is host:port (port 1-65535)"))
+                continue
+            }
+            configuration.redis.clusterSeeds.append(address)
+        }
+        if !configuration.redis.clusterSeeds.isEmpty, configuration.redis.mode != .cluster {
+            issues.append(.init(key: key, value: "(a list)", allowed: "seeds are for redis.mode: cluster"))
         }
     }
 

@@ -41,6 +41,10 @@ extension RelayConfiguration {
         lines.append("  credential_fault_cooldown_seconds: \(retry.credentialFaultCooldownSeconds)")
         lines.append("redis:")
         lines.append("  url: \(quote(redis.url.isEmpty ? "" : (try? RedisURL(parsing: redis.url))?.description ?? "<redacted>"))")
+        lines.append("  mode: \(redis.mode.rawValue)")
+        if !redis.clusterSeeds.isEmpty {
+            lines.append("  cluster_seeds: [\(redis.clusterSeeds.map { quote($0.description) }.joined(separator: ", "))]")
+        }
         lines.append("  fail_open: \(redis.failOpen)")
         lines.append("  allow_eviction: \(redis.allowEviction)")
         lines.append("  connections: \(redis.connections)")

@@ -1,5 +1,6 @@
 import Common
 import APNs
+public import Redis
 
 /// Everything `apns-relay run` needs. Loaded from YAML by ``RelayConfiguration/load(yaml:environment:)``;
 /// every key, its default and what it allows is listed in docs/configuration.md.
@@ -98,6 +99,11 @@ public struct RelayConfiguration: Sendable {
         /// `redis://[[user]:password@]host[:port][/db]` or `rediss://…`; empty: no Redis, and
         /// so no per-device policy (every intent is sent as it comes).
         public var url = ""
+        /// `standalone`, or `cluster`: `url` names one seed node of a Redis Cluster (database
+        /// 0), and calls are routed by hash slot to every master.
+        public var mode = RedisConfiguration.Mode.standalone
+        /// Cluster mode: more seed nodes (`host:port`) besides `url`'s.
+        public var clusterSeeds: [RedisNodeAddress] = []
         /// While Redis is unreachable: false (default) stops consuming until it is back; true
         /// sends without policy (no dedupe) meanwhile.
         public var failOpen = false

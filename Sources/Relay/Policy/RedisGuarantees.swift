@@ -11,15 +11,29 @@ struct RedisGuarantees: Sendable, Equatable {
     /// `aof_enabled`.
     var appendOnly: Bool
 
+    /// What every node guarantees (every master of a cluster): the first eviction policy that
+    /// is not `noeviction`, and append-only only when all have it.
     static func read(_ client: RedisClient) async throws(RedisError) -> RedisGuarantees {
-        // Both sections in one round trip.
-        let replies = try await client.pipeline([RedisCommand("INFO", ["memory"]), RedisCommand("INFO", ["persistence"])])
-        for case .error(let message) in replies { throw .server(message) }
-        guard let memory = replies[0].string, let persisted = replies[1].string,
-              let guarantees = parse(info: memory + "\n" + persisted) else {
-            throw .protocolError("INFO answered without maxmemory_policy or aof_enabled")
+        // Both sections in one round trip per node.
+        let answers = try await client.onEveryNode([RedisCommand("INFO", ["memory"]), RedisCommand("INFO", ["persistence"])])
+        var combined: RedisGuarantees?
+        for (node, replies) in answers {
+            for case .error(let message) in replies { throw .server(message) }
+            guard replies.count == 2, let memory = replies[0].string, let persisted = replies[1].string,
+                  var guarantees = parse(info: memory + "\n" + persisted) else {
+                throw .protocolError("INFO answered without maxmemory_policy or aof_enabled (\(node))")
+            }
+            if answers.count > 1, guarantees.evictionPolicy != "noeviction" {
+                guarantees.evictionPolicy += " (at \(node))"
+            }
+            if let earlier = combined {
+                guarantees.evictionPolicy = earlier.evictionPolicy == "noeviction" ? guarantees.evictionPolicy : earlier.evictionPolicy
+                guarantees.appendOnly = guarantees.appendOnly && earlier.appendOnly
+            }
+            combined = guarantees
         }
-        return guarantees
+        guard let combined else { throw .unavailable("no Redis node answered INFO") }
+        return combined
     }
 
     /// From `INFO` text (`field:value` lines).

@@ -1,0 +1,123 @@
+import Foundation
+import Spawn
+
+/// A private Redis Cluster on free loopback ports: `masters` redis-servers in cluster mode
+/// (and `replicasPerMaster` replicas of each), joined with `redis-cli --cluster create`, slots
+/// spread evenly. For the tests and the benchmark. Its servers are killed when released.
+public final class RedisClusterProcess: Sendable {
+    /// Every node; the first `masters` were created as masters.
+    public let servers: [RedisServerProcess]
+    public let masters: Int
+    private let directory: URL
+
+    /// A seed node's URL (the first master).
+    public var url: String { "redis://127.0.0.1:\(servers[0].port)/0" }
+
+    /// - Parameter nodeTimeoutMilliseconds: `cluster-node-timeout`: how long a master may be
+    ///   unreachable before its replica takes over.
+    public init(masters: Int = 3, replicasPerMaster: Int = 0, nodeTimeoutMilliseconds: Int = 2000) throws {
+        precondition(masters >= 3, "redis-cli --cluster create needs at least three masters")
+        self.masters = masters
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-cluster-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        var servers: [RedisServerProcess] = []
+        for index in 0..<(masters * (1 + replicasPerMaster)) {
+            // The cluster bus gets a free port of its own (port + 10000 may be out of range).
+            servers.append(try RedisServerProcess(arguments: [
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes-\(index).conf",
+                "--cluster-node-timeout", "\(nodeTimeoutMilliseconds)", "--cluster-port", "\(try RedisServerProcess.freePort())",
+                // A replica takes over however long ago it last heard from its master.
+                "--cluster-replica-validity-factor", "0",
+                "--dir", directory.path,
+            ]))
+        }
+        self.servers = servers
+        let create = try ChildProcess.capturingOutput(
+            executable: try Self.redisCLI(),
+            arguments: ["--cluster", "create"] + servers.map { "127.0.0.1:\($0.port)" }
+                + ["--cluster-replicas", "\(replicasPerMaster)", "--cluster-yes"])
+        // readToEnd closes the descriptor.
+        let log = String(decoding: ChildProcess.readToEnd(create.output), as: UTF8.self)
+        guard create.process.wait() == 0, log.contains("All 16384 slots covered") else {
+            throw RedisServerProcess.ServerFailed(log: "redis-cli --cluster create failed:\n\(log)")
+        }
+        try waitUntilConsistent()
+    }
+
+    deinit {
+        for server in servers { server.stop() }
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// Waits (20 s at most) until every running node says `cluster_state:ok` and agrees on the
+    /// slot map, and every replica is in sync with its master: after creating the cluster, a
+    /// failover or a reshard.
+    public func waitUntilConsistent() throws {
+        let deadline = Date().addingTimeInterval(20)
+        var last = ""
+        while Date() < deadline {
+            var views: Set<String> = []
+            var ok = true
+            for server in servers where server.isRunning {
+                let info = try cli(port: server.port, ["CLUSTER", "INFO"])
+                if !info.contains("cluster_state:ok") { ok = false }
+                // A replica counts once it finished syncing with its master.
+                let replication = try cli(port: server.port, ["INFO", "replication"])
+                if replication.contains("role:slave"), !replication.contains("master_link_status:up") { ok = false }
+                views.insert(try cli(port: server.port, ["CLUSTER", "SLOTS"]).split(separator: "\n").sorted().joined(separator: ","))
+            }
+            if ok && views.count == 1 { return }
+            last = "states ok: \(ok), distinct slot maps: \(views.count)"
+            // No event to await: the nodes gossip on their own schedule.
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        throw RedisServerProcess.ServerFailed(log: "the Redis Cluster did not settle in 20 s (\(last))")
+    }
+
+    /// Runs `redis-cli -p port args...` and returns its output (raw replies, one per line).
+    @discardableResult
+    public func cli(port: Int, _ arguments: [String]) throws -> String {
+        let run = try ChildProcess.capturingOutput(executable: try Self.redisCLI(),
+                                                   arguments: ["-h", "127.0.0.1", "-p", "\(port)"] + arguments)
+        let output = String(decoding: ChildProcess.readToEnd(run.output), as: UTF8.self)
+        _ = run.process.wait()
+        return output
+    }
+
+    /// Per slot, the port of the master serving it now (0: none), as the first running node
+    /// sees it (`CLUSTER NODES`: `<id> <ip:port@bus> <flags> <master> ... <slot ranges>`).
+    public func masterPorts() throws -> [Int] {
+        var ports = [Int](repeating: 0, count: 16_384)
+        guard let server = servers.first(where: \.isRunning) else { return ports }
+        for line in try cli(port: server.port, ["CLUSTER", "NODES"]).split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 8, fields[2].contains("master"), !fields[2].contains("fail"),
+                  let address = fields[1].split(separator: "@").first, let colon = address.lastIndex(of: ":"),
+                  let port = Int(address[address.index(after: colon)...]) else { continue }
+            for range in fields[8...] where !range.hasPrefix("[") {
+                let bounds = range.split(separator: "-").compactMap { Int($0) }
+                guard let low = bounds.first, let high = bounds.last, low <= high, high < ports.count else { continue }
+                for slot in low...high { ports[slot] = port }
+            }
+        }
+        return ports
+    }
+
+    /// The port of the master serving `slot` now (see ``masterPorts()``).
+    public func masterPort(forSlot slot: Int) throws -> Int? {
+        let port = try masterPorts()[slot]
+        return port == 0 ? nil : port
+    }
+
+    /// A node's cluster id (`CLUSTER MYID`).
+    public func nodeID(port: Int) throws -> String {
+        try cli(port: port, ["CLUSTER", "MYID"]).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    static func redisCLI() throws -> String {
+        for path in ["/usr/bin/redis-cli", "/usr/local/bin/redis-cli"] where FileManager.default.isExecutableFile(atPath: path) {
+            return path
+        }
+        throw RedisServerProcess.ServerFailed(log: "redis-cli is not installed (apt-get install redis-tools; the scripts install it)")
+    }
+}

@@ -1,0 +1,288 @@
+import Common
+import Foundation
+@testable import Redis
+import RedisTesting
+import Testing
+import TestSupport
+
+/// Starts a cluster off the cooperative pool (it waits for processes and polls the nodes).
+func startCluster(masters: Int = 3, replicasPerMaster: Int = 0, nodeTimeoutMilliseconds: Int = 2000) async throws -> RedisClusterProcess {
+    try await onOwnThread {
+        Result { try RedisClusterProcess(masters: masters, replicasPerMaster: replicasPerMaster, nodeTimeoutMilliseconds: nodeTimeoutMilliseconds) }
+    }.get()
+}
+
+/// One three-master cluster for the tests that leave its slots where they are.
+private let sharedCluster = Task { try await startCluster() }
+
+func clusterClient(_ url: String, timeout: Duration = .seconds(2), seeds: [RedisNodeAddress] = []) throws -> RedisClient {
+    var configuration = RedisConfiguration(url: try RedisURL(parsing: url))
+    configuration.mode = .cluster
+    configuration.clusterSeeds = seeds
+    configuration.commandTimeout = timeout
+    configuration.reconnectBackoff = Backoff(base: .milliseconds(20), maximum: .milliseconds(400))
+    return try RedisClient(configuration: configuration)
+}
+
+@Suite("Redis Cluster: slots, slot maps, redirects (no server)", .timeLimit(.minutes(3)))
+struct RedisClusterUnitTests {
+    @Test func hashSlotsAreTheClusterSpecificationsOnes() {
+        // The specification's CRC16 check value, and hash tags: the first {...} that is not empty.
+        #expect(RedisHashSlot.crc16(Array("123456789".utf8)) == 0x31C3)
+        #expect(RedisHashSlot.of("123456789") == 0x31C3 & 0x3FFF)
+        #expect(RedisHashSlot.of("{user1000}.following") == RedisHashSlot.of("{user1000}.followers"))
+        #expect(RedisHashSlot.of("{user1000}.following") == RedisHashSlot.of("user1000"))
+        #expect(RedisHashSlot.of("foo{}{bar}") == RedisHashSlot.of(Array("foo{}{bar}".utf8)))
+        #expect(RedisHashSlot.of("foo{{bar}}zap") == RedisHashSlot.of("{bar"))
+        #expect(RedisHashSlot.of("foo{bar}{zap}") == RedisHashSlot.of("bar"))
+        #expect(RedisHashSlot.of("foo{bar") != RedisHashSlot.of("bar"))
+        #expect(RedisHashSlot.of("") == 0)
+    }
+
+    @Test func commandsAreReadBackWithTheirKeysSlots() throws {
+        let script = RedisScript("return 1")
+        let buffer = RedisCommandBuffer([
+            RedisCommand("GET", ["apns-relay:rate:{abc}"]),
+            RedisCommand.evalsha(script, keys: ["k1{tag}", "k2{tag}"], arguments: ["x"]),
+            RedisCommand.evalsha(script, keys: [], arguments: ["x"]),
+            RedisCommand("SCRIPT", ["LOAD", "return 1"]),
+            RedisCommand("info", ["memory"]),
+            RedisCommand("ZADD", ["apns-relay:due:{apns.intents:3}", 5, "member"]),
+        ])
+        let routed = try buffer.routed()
+        #expect(routed.map(\.slot) == [RedisHashSlot.of("abc"), RedisHashSlot.of("tag"), nil, nil, nil,
+                                       RedisHashSlot.of("apns.intents:3")])
+        // The ranges cover the buffer, one after another, and cut it back into the same commands.
+        #expect(routed.first?.range.lowerBound == 0 && routed.last?.range.upperBound == buffer.bytes.readableBytes)
+        #expect(zip(routed, routed.dropFirst()).allSatisfy { $0.range.upperBound == $1.range.lowerBound })
+        let again = buffer.subset([routed[5], routed[0]], prefix: RedisCommand("ASKING"))
+        #expect(again.count == 4)
+        #expect(try again.routed().map(\.slot) == [nil, RedisHashSlot.of("apns.intents:3"), nil, RedisHashSlot.of("abc")])
+    }
+
+    @Test func aBufferThatIsNotRESPIsRefused() {
+        var buffer = RedisCommandBuffer()
+        buffer.bytes.writeString("*2\r\n$3\r\nGET\r\n$10\r\nshort\r\n")
+        buffer.count = 1
+        #expect(throws: RedisError.self) { try buffer.routed() }
+    }
+
+    @Test func slotMapsFromShardsAndFromSlots() throws {
+        let asked = RedisNodeAddress(host: "10.0.0.9", port: 7000)
+        func node(_ fields: [(String, RESPValue)]) -> RESPValue {
+            .array(fields.flatMap { [RESPValue.bulk(Array($0.0.utf8)), $0.1] })
+        }
+        func text(_ value: String) -> RESPValue { .bulk(Array(value.utf8)) }
+        let shards: RESPValue = .array([
+            node([("slots", .array([.integer(0), .integer(99), .integer(200), .integer(200)])),
+                  ("nodes", .array([
+                      node([("id", text("r")), ("port", .integer(7003)), ("ip", text("10.0.0.4")), ("endpoint", text("10.0.0.4")), ("role", text("replica"))]),
+                      node([("id", text("f")), ("port", .integer(7008)), ("ip", text("10.0.0.8")), ("endpoint", text("10.0.0.8")),
+                            ("role", text("master")), ("health", text("fail"))]),
+                      node([("id", text("m")), ("port", .integer(7001)), ("tls-port", .integer(8001)), ("ip", text("10.0.0.1")),
+                            ("endpoint", text("")), ("role", text("master")), ("health", text("online"))]),
+                  ]))]),
+            node([("slots", .array([.integer(100), .integer(199)])),
+                  ("nodes", .array([node([("port", .integer(7002)), ("ip", text("")), ("endpoint", text("redis-2.internal")), ("role", text("master"))])]))]),
+            // A shard with no slots (a new, empty master) serves nothing.
+            node([("slots", .array([])), ("nodes", .array([node([("port", .integer(7009)), ("endpoint", text("e")), ("role", text("master"))])]))]),
+        ])
+        let fromShards = try #require(RedisClusterTopology(shards: shards, asked: asked, tls: false))
+        #expect(fromShards.masters == [RedisNodeAddress(host: "10.0.0.1", port: 7001), RedisNodeAddress(host: "redis-2.internal", port: 7002)])
+        // Two nodes' answers naming the same masters in another order describe the same map.
+        let reversed: RESPValue = .array((shards.array ?? []).reversed())
+        #expect(RedisClusterTopology(shards: reversed, asked: asked, tls: false) == fromShards)
+        #expect(fromShards.owner(of: 0)?.port == 7001 && fromShards.owner(of: 99)?.port == 7001 && fromShards.owner(of: 200)?.port == 7001)
+        #expect(fromShards.owner(of: 150)?.port == 7002 && fromShards.owner(of: 201) == nil)
+        #expect(fromShards.coveredSlots == 201)
+        #expect(RedisClusterTopology(shards: shards, asked: asked, tls: true)?.masters.first?.port == 8001)
+
+        let slots: RESPValue = .array([
+            .array([.integer(0), .integer(8191), .array([text(""), .integer(7000), text("a")]), .array([text("10.0.0.5"), .integer(7005)])]),
+            .array([.integer(8192), .integer(16383), .array([text("10.0.0.2"), .integer(7002), text("b")])]),
+        ])
+        let fromSlots = try #require(RedisClusterTopology(slots: slots, asked: asked))
+        #expect(fromSlots.masters == [RedisNodeAddress(host: "10.0.0.2", port: 7002), asked])
+        #expect(fromSlots.coveredSlots == RedisHashSlot.count)
+        // Not a slot map: nil, never a trap.
+        for bad: RESPValue in [.integer(1), .array([.array([.integer(5), .integer(2), .array([text("h"), .integer(1)])])]),
+                               .array([.array([.integer(0), .integer(16384), .array([text("h"), .integer(1)])])]),
+                               .array([.array([.integer(0), .integer(1), .array([text("h"), .integer(70000)])])])] {
+            #expect(RedisClusterTopology(slots: bad, asked: asked) == nil)
+            #expect(RedisClusterTopology(shards: bad, asked: asked, tls: false) == nil)
+        }
+    }
+
+    @Test func redirectRepliesAreRead() {
+        let asked = RedisNodeAddress(host: "10.0.0.9", port: 7000)
+        #expect(RedisClusterRedirect("MOVED 3999 127.0.0.1:6381", asked: asked) == .moved(RedisNodeAddress(host: "127.0.0.1", port: 6381)))
+        #expect(RedisClusterRedirect("ASK 3999 [::1]:6381", asked: asked) == .ask(RedisNodeAddress(host: "::1", port: 6381)))
+        #expect(RedisClusterRedirect("MOVED 3999 :6381", asked: asked) == .moved(RedisNodeAddress(host: "10.0.0.9", port: 6381)))
+        #expect(RedisClusterRedirect("TRYAGAIN Multiple keys request during rehashing of slot", asked: asked) == .again)
+        #expect(RedisClusterRedirect("CLUSTERDOWN The cluster is down", asked: asked) == .again)
+        #expect(RedisClusterRedirect("LOADING Redis is loading the dataset in memory", asked: asked) == .again)
+        for other in ["ERR unknown command", "MOVED", "MOVED 1 nowhere", "ASK 1 host:99999", "WRONGTYPE x"] {
+            #expect(RedisClusterRedirect(other, asked: asked) == nil)
+        }
+    }
+}
+
+@Suite("Redis Cluster client against a real cluster", .timeLimit(.minutes(3)))
+struct RedisClusterClientTests {
+    @Test func hashSlotsMatchTheServers() async throws {
+        let cluster = try await sharedCluster.value
+        let client = try clusterClient(cluster.url)
+        let keys = (0..<300).map { index -> String in
+            switch index % 3 {
+            case 0: "apns-relay:rate:{\(String(index, radix: 16))}"
+            case 1: "plain-\(index * 7919)"
+            default: "x{}{\(index)}y{z}"
+            }
+        }
+        let replies = try await client.onEveryNode(keys.map { RedisCommand("CLUSTER", ["KEYSLOT", $0]) })
+        #expect(replies.count == 3)
+        #expect(replies[0].replies.map(\.integer) == keys.map { Int64(RedisHashSlot.of($0)) })
+        await client.shutdown()
+    }
+
+    @Test func aCallsCommandsGoToTheirKeysMastersInOneRoundTripEach() async throws {
+        let cluster = try await sharedCluster.value
+        let client = try clusterClient(cluster.url)
+        let prefix = UUID().uuidString
+        let keys = (0..<600).map { "\(prefix):\($0)" }
+        let set = try await client.pipeline(keys.map { RedisCommand("SET", [$0, $0]) })
+        #expect(set.allSatisfy { $0 == .status("OK") }, "\(set.first { $0 != .status("OK") }.map { "\($0)" } ?? "")")
+        #expect(Set(client.nodes.map(\.port)) == Set(cluster.servers.prefix(3).map(\.port)))
+        let got = try await client.pipeline(keys.map { RedisCommand("GET", [$0]) })
+        #expect(got == keys.map { .bulk(Array($0.utf8)) })
+        // Each key is on the master of its slot (a node answers only for its own slots).
+        let owners = try cluster.masterPorts()
+        for server in cluster.servers.prefix(3) {
+            let node = try RedisClientTests.client(server.url)
+            let owned = keys.filter { owners[RedisHashSlot.of($0)] == server.port }
+            #expect(!owned.isEmpty)
+            let replies = try await node.pipeline(owned.map { RedisCommand("GET", [$0]) })
+            #expect(replies == owned.map { .bulk(Array($0.utf8)) })
+            await node.shutdown()
+        }
+        #expect(client.clusterCounters.moved == 0 && client.clusterCounters.refreshes == 1)
+        await client.shutdown()
+    }
+
+    @Test func scriptsAreLoadedOnEveryNodeThatRunsThem() async throws {
+        let cluster = try await sharedCluster.value
+        let client = try clusterClient(cluster.url)
+        let script = RedisScript("return redis.call('INCRBY', KEYS[1], ARGV[1]) -- \(UUID().uuidString)")
+        let keys = (0..<60).map { "script-\(UUID().uuidString)-\($0)" }
+        let owners = try cluster.masterPorts()
+        #expect(Set(keys.map { owners[RedisHashSlot.of($0)] }).count == 3)
+        let replies = try await client.pipelineLoading([script], keys.map { RedisCommand.evalsha(script, keys: [$0], arguments: [2]) })
+        #expect(replies == keys.map { _ in .integer(2) })
+        #expect(try await client.evaluate(script, keys: [keys[0]], arguments: [3]) == .integer(5))
+        await client.shutdown()
+    }
+
+    @Test func aSeedThatIsDownIsPassedOver() async throws {
+        let cluster = try await sharedCluster.value
+        let client = try clusterClient("redis://127.0.0.1:\(try RedisServerProcess.freePort())/0",
+                                       seeds: [RedisNodeAddress(host: "127.0.0.1", port: cluster.servers[1].port)])
+        #expect(try await client.send(RedisCommand("SET", ["seeded-\(UUID().uuidString)", "v"])) == .status("OK"))
+        await client.shutdown()
+    }
+
+    @Test func aClusterURLWithADatabaseIsRefused() {
+        #expect(throws: RedisError.self) { try clusterClient("redis://127.0.0.1:6379/2") }
+    }
+}
+
+/// Tests that move slots or kill nodes: a cluster each.
+@Suite("Redis Cluster client while the cluster changes", .timeLimit(.minutes(3)))
+struct RedisClusterChangeTests {
+    /// Moves `slot` (and its keys) from its master to `target` by hand, as `redis-cli --cluster
+    /// reshard` does; `finish: false` leaves it half-way (migrating/importing).
+    static func move(_ slot: Int, of cluster: RedisClusterProcess, to target: Int, keys: [String], finish: Bool = true) async throws {
+        try await onOwnThread { Result { try moveBlocking(slot, of: cluster, to: target, keys: keys, finish: finish) } }.get()
+    }
+
+    private static func moveBlocking(_ slot: Int, of cluster: RedisClusterProcess, to target: Int, keys: [String], finish: Bool) throws {
+        struct MoveFailed: Error { var why: String }
+        guard let source = try cluster.masterPort(forSlot: slot) else { throw MoveFailed(why: "slot \(slot) has no master") }
+        let sourceID = try cluster.nodeID(port: source), targetID = try cluster.nodeID(port: target)
+        try cluster.cli(port: target, ["CLUSTER", "SETSLOT", "\(slot)", "IMPORTING", sourceID])
+        try cluster.cli(port: source, ["CLUSTER", "SETSLOT", "\(slot)", "MIGRATING", targetID])
+        for key in keys {
+            let answer = try cluster.cli(port: source, ["MIGRATE", "127.0.0.1", "\(target)", key, "0", "5000"])
+            guard answer.contains("OK") else { throw MoveFailed(why: "MIGRATE \(key): \(answer)") }
+        }
+        guard finish else { return }
+        for server in cluster.servers.prefix(cluster.masters) {
+            try cluster.cli(port: server.port, ["CLUSTER", "SETSLOT", "\(slot)", "NODE", targetID])
+        }
+        try cluster.waitUntilConsistent()
+    }
+
+    static func otherMaster(than port: Int, in cluster: RedisClusterProcess) -> Int {
+        cluster.servers.prefix(cluster.masters).first { $0.port != port }!.port
+    }
+
+    @Test func aMovedSlotIsFollowedAndTheMapRead() async throws {
+        let cluster = try await startCluster()
+        let client = try clusterClient(cluster.url)
+        let key = "moving-\(UUID().uuidString)", slot = RedisHashSlot.of(key)
+        #expect(try await client.send(RedisCommand("SET", [key, "before"])) == .status("OK"))
+        let target = Self.otherMaster(than: try #require(try cluster.masterPort(forSlot: slot)), in: cluster)
+        try await Self.move(slot, of: cluster, to: target, keys: [key])
+        // The client's map still names the old master: MOVED, then the new one answers.
+        #expect(try await client.send(RedisCommand("GET", [key])) == .bulk(Array("before".utf8)))
+        #expect(client.clusterCounters.moved == 1 && client.clusterCounters.refreshes == 2)
+        // The map was read again: no redirect from now on.
+        #expect(try await client.send(RedisCommand("SET", [key, "after"])) == .status("OK"))
+        #expect(client.clusterCounters.moved == 1)
+        await client.shutdown()
+    }
+
+    @Test func aSlotHalfWayIsAskedOfItsNewNodeWithoutChangingTheMap() async throws {
+        let cluster = try await startCluster()
+        let client = try clusterClient(cluster.url)
+        let moved = "{half}-moved", staying = "{half}-staying", slot = RedisHashSlot.of("half")
+        _ = try await client.pipeline([RedisCommand("SET", [moved, "m"]), RedisCommand("SET", [staying, "s"])])
+        let source = try #require(try cluster.masterPort(forSlot: slot))
+        let target = Self.otherMaster(than: source, in: cluster)
+        try await Self.move(slot, of: cluster, to: target, keys: [moved], finish: false)
+        // One key left the migrating node: ASK for it, the other is still answered where it was.
+        let replies = try await client.pipeline([RedisCommand("GET", [moved]), RedisCommand("GET", [staying])])
+        #expect(replies == [.bulk(Array("m".utf8)), .bulk(Array("s".utf8))])
+        #expect(client.clusterCounters.ask == 1 && client.clusterCounters.moved == 0 && client.clusterCounters.refreshes == 1)
+        #expect(client.nodes.count == 3)
+        await client.shutdown()
+    }
+
+    @Test func aFailedMastersSlotsAreServedByItsReplicaWithinTheDeadline() async throws {
+        let cluster = try await startCluster(replicasPerMaster: 1, nodeTimeoutMilliseconds: 1000)
+        let client = try clusterClient(cluster.url, timeout: .seconds(10))
+        let key = "failover-\(UUID().uuidString)", slot = RedisHashSlot.of(key)
+        let written = try await client.pipeline([RedisCommand("SET", [key, "kept"]), RedisCommand("WAIT", [1, 2000])])
+        #expect(written == [.status("OK"), .integer(1)], "the replica has the key before its master dies")
+        let master = try #require(try cluster.masterPort(forSlot: slot))
+        cluster.servers.first { $0.port == master }!.stop()
+        // Refused connections, then CLUSTERDOWN until the replica took over: the call waits.
+        let kept = try await client.send(RedisCommand("GET", [key]))
+        #expect(kept == .bulk(Array("kept".utf8)), "\(kept)")
+        #expect(!client.nodes.contains(RedisNodeAddress(host: "127.0.0.1", port: master)))
+        #expect(client.nodes.count == 3)
+        await client.shutdown()
+    }
+
+    @Test func aClusterThatIsDownFailsCallsByTheirDeadline() async throws {
+        let cluster = try await startCluster(nodeTimeoutMilliseconds: 1000)
+        let client = try clusterClient(cluster.url, timeout: .seconds(3))
+        _ = try await client.send(RedisCommand("SET", ["up", "1"]))
+        for server in cluster.servers.prefix(2) { server.stop() }
+        let started = ContinuousClock.now
+        await #expect(throws: RedisError.self) {
+            _ = try await client.pipeline((0..<30).map { RedisCommand("GET", ["down-\($0)"]) })
+        }
+        #expect(ContinuousClock.now - started < .seconds(6))
+        await client.shutdown()
+    }
+}
