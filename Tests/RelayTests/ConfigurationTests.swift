@@ -69,6 +69,24 @@ struct ConfigurationTests {
         }
     }
 
+    /// Yams hashes mapping keys while composing: an alias as a key stands for its whole value
+    /// (exponential with nested aliases), so such documents are refused from their text.
+    @Test func aliasesAsKeysAreRefusedBeforeYamsSeesThem() throws {
+        let bomb = (1...9).reduce("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n") { text, level in
+            text + "a\(level): &a\(level) [" + Array(repeating: "*a\(level - 1)", count: 10).joined(separator: ", ") + "]\n"
+        }
+        let keyed = ["limits: {max_in_flight: 5}\nk: [?*a]\n", "x: {*a: 1}\n", "x: [*a]: 1\n", "? *a\n: 1\n", "x: [*a, ?y]\n"]
+        for yaml in keyed.map({ "a: &a [1]\n" + $0 }) + [bomb + "a10: [*a9, ?*a9]\n", bomb + "a10: {*a9: x}\n"] {
+            #expect(RelayConfiguration.mayUseAliasAsKey(yaml), "\(yaml)")
+            let error = try #require(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: yaml) }
+            #expect(error.issues.first?.key == "(file)", "\(error)")
+        }
+        // Aliases as values, and colons or question marks inside quotes and comments, are fine.
+        for yaml in ["a: &a 5\nb: *a\n", "a: &a x\nb: [*a, '?: x', \"*a: \\\" ?\"]  # *a: ?\n", "a: 'it''s *a: x'\nb: ?x\n"] {
+            #expect(!RelayConfiguration.mayUseAliasAsKey(yaml), "\(yaml)")
+        }
+    }
+
     @Test func theExampleIntentsAreValidForTheRelay() throws {
         let directory = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent().appendingPathComponent("examples")
         for pushType in PushType.allCases {

@@ -44,6 +44,11 @@ extension RelayConfiguration {
     /// Parses YAML, applies environment overrides and validates everything; throws one
     /// ``ConfigurationError`` listing every problem (unknown keys included).
     public static func load(yaml: String, environment: [String: String] = [:]) throws -> RelayConfiguration {
+        if mayUseAliasAsKey(yaml) {
+            throw ConfigurationError(issues: [ConfigurationIssue(
+                key: "(file)", value: "an alias (*name) used as a key, followed by a `:` on its line, or next to an explicit key (?)",
+                allowed: "aliases only as values, with nothing after them on their line")])
+        }
         let node: Node?
         do {
             node = try Yams.compose(yaml: yaml, .default, yamlConstructor())
@@ -58,61 +63,6 @@ extension RelayConfiguration {
         let configuration = reader.read()
         guard reader.issues.isEmpty else { throw ConfigurationError(issues: reader.issues) }
         return configuration
-    }
-}
-
-extension RelayConfiguration {
-    /// Yams' constructor, except that integers in base 60 (`1:30`) stay text: Yams computes them
-    /// without overflow checks and stops the process past Int's range. No setting is one.
-    static func yamlConstructor() -> Constructor {
-        var scalars = Constructor.defaultScalarMap
-        scalars[.int] = { scalar -> Any? in
-            if scalar.string.contains(":") { return scalar.string }
-            return Int.construct(from: scalar)
-        }
-        return Constructor(scalars)
-    }
-
-    /// Most values (aliases count every time they are used) and the deepest nesting a
-    /// configuration may have: far beyond any real one, short of a hang or a stack overflow.
-    static let maxYAMLValues = 100_000
-    static let maxYAMLDepth = 64
-
-    /// The first thing in the document the relay refuses before making values of it: a mapping
-    /// key that is not a plain scalar or a `!!set` (Yams stops the process on those), more values
-    /// than ``maxYAMLValues`` or nesting deeper than ``maxYAMLDepth``.
-    static func refusal(in root: Node) -> ConfigurationIssue? {
-        var budget = maxYAMLValues
-        func walk(_ node: Node, _ path: String, _ depth: Int) -> ConfigurationIssue? {
-            budget -= 1
-            if budget < 0 {
-                return ConfigurationIssue(key: "(file)", value: "more than \(maxYAMLValues) values (aliases count each time they are used)",
-                                          allowed: "a configuration is far smaller")
-            }
-            if depth > maxYAMLDepth {
-                return ConfigurationIssue(key: "(file)", value: "values nested more than \(maxYAMLDepth) deep (at \(path))",
-                                          allowed: "a configuration is far flatter")
-            }
-            switch node {
-            case .mapping(let mapping):
-                if node.tag.rawValue == Tag.Name.set.rawValue || mapping.contains(where: { $0.key.scalar == nil }) {
-                    return ConfigurationIssue(key: path.isEmpty ? "(file)" : path, value: "a list, a map or a set as a key",
-                                              allowed: "keys must be plain values (names)")
-                }
-                for (key, value) in mapping {
-                    let name = key.scalar?.string ?? ""
-                    if let found = walk(value, path.isEmpty ? name : path + "." + name, depth + 1) { return found }
-                }
-            case .sequence(let sequence):
-                for (index, item) in sequence.enumerated() {
-                    if let found = walk(item, "\(path)[\(index)]", depth + 1) { return found }
-                }
-            case .scalar, .alias:
-                break
-            }
-            return nil
-        }
-        return walk(root, "", 0)
     }
 }
 
