@@ -12,6 +12,8 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     let flow: Mutex<ConsumerFlowControl>
     /// Told of a revocation on the poll thread before its commit (``KafkaConsumer/onRevoking(_:)``).
     let revocationHandler = Mutex<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
+    /// Revocations whose commit failed (``KafkaConsumer/revocationCommitFailures``).
+    let revocationCommitFailures = Atomic<Int>(0)
 
     init(capacity: Int, logger: Logger) {
         queue = AsyncBoundedQueue(capacity: capacity) { event in
@@ -120,6 +122,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
                 committed = rd_kafka_commit(rk, nil, 0)
             }
             if committed != RD_KAFKA_RESP_ERR_NO_ERROR, committed != RD_KAFKA_RESP_ERR__NO_OFFSET {
+                shared.revocationCommitFailures.add(1, ordering: .relaxed)
                 shared.logger.warning("commit on revocation failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(committed)))"])
             }
         }

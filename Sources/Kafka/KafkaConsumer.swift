@@ -158,6 +158,10 @@ public final class KafkaConsumer: Service, Sendable {
         shared.revocationHandler.withLock { $0 = handler }
     }
 
+    /// Revocations whose commit failed so far: the revoked partitions' next owners start from
+    /// an earlier commit, and send again what was finished here since.
+    public var revocationCommitFailures: Int { shared.revocationCommitFailures.load(ordering: .relaxed) }
+
     /// Stops fetching from these partitions until ``resume(_:)``.
     public func pause(_ partitions: [TopicPartition]) {
         shared.flow.withLock { $0.applicationPaused(partitions) }

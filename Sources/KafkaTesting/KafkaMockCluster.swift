@@ -88,4 +88,5 @@ public enum KafkaErrorCode {
     public static let requestTimedOut = RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT.rawValue
     public static let notEnoughReplicas = RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS.rawValue
     public static let coordinatorNotAvailable = RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE.rawValue
+    public static let groupAuthorizationFailed = RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED.rawValue
 }

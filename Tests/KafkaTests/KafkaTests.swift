@@ -202,28 +202,56 @@ struct KafkaTests {
         await producer.close()
     }
 
-    @Test func revokedPartitionsRefuseOffsets() async throws {
-        let cluster = try KafkaMockCluster(brokers: 1)
+    /// A member of a fresh group that consumed all 40 records of a 4-partition topic, then a
+    /// second member that joins: `beforeJoin` runs between the two. Returns both consumers,
+    /// what the first consumed and the partitions revoked from it (once the second has some).
+    static func rebalance(_ cluster: KafkaMockCluster, properties: [String: String],
+                          beforeJoin: (KafkaConsumer, [KafkaMessage]) throws -> Void = { _, _ in })
+        async throws -> (first: KafkaConsumer, second: KafkaConsumer, consumed: [KafkaMessage], revoked: [TopicPartition]) {
         let topic = uniqueName("intents")
         try cluster.createTopic(topic, partitions: 4)
         let group = uniqueName("group")
         let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
         for index in 0..<40 { _ = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: [1]) }
-        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        await producer.close()
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
         let (messages, _) = try await collect(first) { messages, _ in messages.count >= 40 }
-        #expect(messages.count == 40)
-
-        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: fastGroup)
+        try beforeJoin(first, messages)
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
         let secondAssigned = Task { try await collect(second) { _, events in events.contains { if case .assigned(let p) = $0 { return !p.isEmpty }; return false } } }
         let (_, events) = try await collect(first) { _, events in events.contains { if case .revoked(let p) = $0 { return !p.isEmpty }; return false } }
+        _ = try await secondAssigned.value
         let revoked = events.compactMap { if case .revoked(let p) = $0 { return p }; return nil }.flatMap { $0 }
+        return (first, second, messages, revoked)
+    }
+
+    @Test func revokedPartitionsRefuseOffsets() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let (first, second, messages, revoked) = try await Self.rebalance(cluster, properties: fastGroup)
+        #expect(messages.count == 40)
         #expect(!revoked.isEmpty)
         let old = try #require(messages.first { revoked.contains($0.topicPartition) })
         #expect(throws: KafkaError.self) { try first.storeOffset(old.topicPartition, offset: old.offset) }
-        _ = try await secondAssigned.value
         await first.close()
         await second.close()
-        await producer.close()
+    }
+
+    /// A revocation whose commit the coordinator refuses is counted (the partition's next
+    /// owner starts from the last commit: what was finished since is sent again), so that the
+    /// relay can show it.
+    @Test func aRevocationWhoseCommitIsRefusedIsCounted() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let manual = fastGroup.merging(["enable.auto.commit": "false"]) { $1 }
+        let (first, second, _, revoked) = try await Self.rebalance(cluster, properties: manual) { first, messages in
+            for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
+            #expect(first.revocationCommitFailures == 0)
+            cluster.failRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit, errorCode: KafkaErrorCode.groupAuthorizationFailed)
+        }
+        #expect(!revoked.isEmpty)
+        #expect(first.revocationCommitFailures == 1)
+        cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit)
+        await first.close()
+        await second.close()
     }
 
     @Test func sendingAfterCloseFailsAtOnce() async throws {

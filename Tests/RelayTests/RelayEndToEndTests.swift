@@ -337,7 +337,8 @@ struct RelayEndToEndTests {
         }
         #expect(second.pipeline.outcomeCounts.values.reduce(0, +) > 0, "the second relay took partitions over")
         let accepted = harness.simulator.accepted.map(\.apnsID)
-        let outcomes = "outcomes: \(harness.pipeline.outcomeCounts) from the first relay, \(second.pipeline.outcomeCounts) from the second"
+        let outcomes = "outcomes: \(harness.pipeline.outcomeCounts) from the first relay, \(second.pipeline.outcomeCounts) from the second; "
+            + "revocation commits refused: \(harness.pipeline.revocationCommitFailures) and \(second.pipeline.revocationCommitFailures)"
         #expect(Set(accepted).count == count, "\(outcomes)")
         #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
         second.requestStop()

@@ -14,6 +14,9 @@ enum RelayMetrics {
     static let partitionsHeld = Gauge(label: "relay_partitions_held")
     /// Outcomes whose publishing failed once (each is retried until it succeeds).
     static let publishFailures = Counter(label: "relay_outcome_publish_failures_total")
+    /// Revocations whose commit the group coordinator refused: the partitions' next owners
+    /// send again what was finished here since the last commit.
+    static let revocationCommitFailures = Counter(label: "relay_revocation_commit_failures_total")
     /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).
     static let redisLatency = Timer(label: "relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)

@@ -74,7 +74,13 @@ extension RelayPipeline {
                 state.withLock { $0.partitions.assign(partitions) }
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
             case .revoked(let partitions):
-                state.withLock { $0.partitions.revoke(partitions) }
+                let failures = consumer.revocationCommitFailures
+                let uncounted = state.withLock { state in
+                    state.partitions.revoke(partitions)
+                    defer { state.revocationCommitFailuresCounted = failures }
+                    return failures - state.revocationCommitFailuresCounted
+                }
+                if uncounted > 0 { RelayMetrics.revocationCommitFailures.increment(by: uncounted) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .batch(let batch, let parsed, let admitting):
                 guard let admissions = await finishAdmission(parsed, admitting) else { return }

@@ -75,6 +75,8 @@ public final class RelayPipeline: RelayStatus, Service {
         var credentialFaults: CredentialFaultBreaker
         var outcomeCounts: [String: Int] = [:]
         var publishFailures = 0
+        /// The consumer's count of failed revocation commits the metric has seen.
+        var revocationCommitFailuresCounted = 0
         var firstConsumedAt: ContinuousClock.Instant?
         /// Why Redis is failing, while it is.
         var redisTrouble: String?
@@ -133,6 +135,9 @@ public final class RelayPipeline: RelayStatus, Service {
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
     public var publishFailures: Int { state.withLock { $0.publishFailures } }
+    /// Revocations whose commit the coordinator refused (their work may be sent again by the
+    /// partitions' next owners).
+    public var revocationCommitFailures: Int { consumer.revocationCommitFailures }
 
     /// Not alive once the outcome producer hit a fatal error: no outcome can be published again
     /// (their intents stay uncommitted), so the process must be restarted.
