@@ -241,7 +241,8 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
-            dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport"],
+            dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport",
+                           .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",

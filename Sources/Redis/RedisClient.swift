@@ -148,11 +148,12 @@ public final class RedisClient: Service, Sendable {
     /// master, the slot map read first), one round trip each, in parallel.
     public func onEveryNode(_ commands: [RedisCommand]) async throws(RedisError) -> [(node: RedisNodeAddress, replies: [RESPValue])] {
         guard let cluster else { return [(nodes[0], try await pipeline(commands))] }
-        if cluster.masters.isEmpty, !(await cluster.refresh()) {
+        guard !isShutDown.load(ordering: .relaxed) else { throw .shutdown }
+        let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
+        if cluster.masters.isEmpty, !(await cluster.refresh(deadline: deadline)) {
             throw .unavailable("cannot read the Redis Cluster's slot map")
         }
-        return try await cluster.onEveryMaster(RedisCommandBuffer(commands),
-                                               deadline: .now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds))
+        return try await cluster.onEveryMaster(RedisCommandBuffer(commands), deadline: deadline).map { ($0.node.address, $0.replies) }
     }
 
     /// Cluster mode: reads the slot map again now (a test, or an operator's tool, that changed it).

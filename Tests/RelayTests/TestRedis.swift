@@ -36,7 +36,7 @@ final class TestRedis: Sendable {
     /// Started off the cooperative pool (a cluster waits for processes and polls its nodes).
     static func start(_ kind: RedisKind) async throws -> TestRedis {
         switch kind {
-        case .standalone: TestRedis(try RedisServerProcess())
+        case .standalone: TestRedis(try await onOwnThread { Result { try RedisServerProcess() } }.get())
         case .cluster: TestRedis(cluster: try await onOwnThread { Result { try RedisClusterProcess(masters: 3) } }.get())
         }
     }

@@ -29,6 +29,10 @@ final class RedisNode: Sendable {
         ordered ? connections[0] : connections[next.wrappingAdd(1, ordering: .relaxed).oldValue % connections.count]
     }
 
+    var connectedCount: Int {
+        connections.reduce(0) { $0 + ($1.isConnected.load(ordering: .relaxed) ? 1 : 0) }
+    }
+
     func shutdown() async {
         for connection in connections { try? await connection.shutdown().get() }
     }
@@ -36,38 +40,44 @@ final class RedisNode: Sendable {
 
 /// Routes a Redis client's calls over a Redis Cluster: each command goes to the master of its
 /// key's hash slot, and a call's commands are pipelined to every node they need at once (one
-/// round trip per node, in parallel). Commands without a key (`SCRIPT LOAD`, `INFO`) go to
-/// every node the call reaches, or to one master when it reaches none.
+/// round trip per node, in parallel). `SCRIPT`, `INFO`, `WAIT` and the like go to every node
+/// the call reaches (one master when it reaches none); other commands without a key go to one.
 ///
 /// The slot map comes from `CLUSTER SHARDS` (`CLUSTER SLOTS` on older servers), asked of the
-/// known masters, then of the seeds; it is refreshed every
+/// known masters, then of the seeds; it is read on first use, every
 /// ``RedisConfiguration/topologyRefreshInterval``, on a `MOVED` and when a master refuses
-/// connections. Error replies that redirect are followed (``RedisConfiguration/maxRedirects``
-/// rounds at most): `MOVED` resends to the new owner, `ASK` sends
-/// `ASKING` and the command to the named node once, `TRYAGAIN`/`CLUSTERDOWN`/`LOADING` wait
-/// (backoff with jitter) and resend until the call's deadline. A command still redirected
-/// after that keeps its error reply. Commands whose node could not be connected to were never
-/// written: they are sent again once the map was refreshed (a replica taking over), until the
-/// deadline, then the call fails; a connection lost or late after writing fails the call (the
-/// commands may have run), as with one node.
+/// connections (``RedisClusterRouter+Topology``). Error replies that redirect are followed:
+/// `MOVED` resends to the named node, `ASK` sends `ASKING` and the command to it once
+/// (``RedisConfiguration/maxRedirects`` rounds of these at most); `TRYAGAIN`, `CLUSTERDOWN` and
+/// `LOADING` wait (backoff with jitter) and resend. Commands whose node refused the connection
+/// were never written: they are sent again once the map was read again (a replica taking
+/// over). Nothing is sent once the call's deadline is near: a command still redirected keeps
+/// its error reply, an unreachable node fails the call. A connection lost or late after
+/// writing fails the call (the commands may have run), as with one node.
 final class RedisClusterRouter: Sendable {
     let configuration: RedisConfiguration
-    private let seeds: [RedisNodeAddress]
-    private let loops: [any EventLoop]
-    private let sslContext: NIOSSLContext?
-    private let logger: Logger
+    let seeds: [RedisNodeAddress]
+    let loops: [any EventLoop]
+    let sslContext: NIOSSLContext?
+    let logger: Logger
 
-    private struct State {
+    struct State {
         var topology = RedisClusterTopology()
         var nodes: [RedisNodeAddress: RedisNode] = [:]
-        /// Nodes no longer masters: closed at the next refresh (calls may still be using them).
-        var retired: [RedisNode] = []
-        var refreshing: Task<Bool, Never>?
+        /// Nodes the map no longer names, and since when: closed once no call can be using
+        /// them any more (``RedisClusterRouter/retirementGrace``), taken back if named again.
+        var retired: [RedisNodeAddress: (node: RedisNode, since: NIODeadline)] = [:]
+        /// The slot-map read under way; reads are numbered as they start.
+        var reading: SlotMapRead?
+        var readsStarted = 0
+        /// While an ordered call waits for the slot map, later ordered calls are written after
+        /// it: this completes once it was written.
+        var orderedGate: EventLoopFuture<Void>?
         var nextLoop = 0
         var isShutDown = false
     }
 
-    private let state = Mutex(State())
+    let state = Mutex(State())
     /// Counters for metrics and tests.
     let refreshes = Atomic<Int>(0)
     let movedRedirects = Atomic<Int>(0)
@@ -83,19 +93,15 @@ final class RedisClusterRouter: Sendable {
         self.logger = logger
     }
 
-    /// The masters the slot map names now.
-    var masters: [RedisNodeAddress] { state.withLock { $0.topology.masters } }
-
-    var connectedCount: Int {
-        state.withLock { Array($0.nodes.values) }.reduce(0) { count, node in
-            count + node.connections.reduce(0) { $0 + ($1.isConnected.load(ordering: .relaxed) ? 1 : 0) }
-        }
-    }
+    /// No resend is started with less than this left before the call's deadline: it could
+    /// not be answered in time, and a late answer closes its connection under every call
+    /// pipelined on it.
+    var resendMargin: Duration { min(configuration.commandTimeout / 10, .milliseconds(50)) }
 
     // MARK: Calls
 
     /// One group of a call's commands on its way to one node.
-    private struct Send {
+    struct Send {
         let node: RedisNode
         let indices: [Int]
         /// Each command went after an `ASKING` (whose reply is skipped).
@@ -104,8 +110,9 @@ final class RedisClusterRouter: Sendable {
     }
 
     /// Runs the commands; their replies in order. When the slot map knows every slot they need,
-    /// their groups are written before this returns, so that calls made one after another on
-    /// ordered connections run in that order on each node.
+    /// their groups are written before this returns. Ordered calls (``RedisClient/submit(_:)``)
+    /// are written in the order they are made, on each node's first connection: one that must
+    /// wait for the map holds back the ordered calls after it until it was written.
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline, ordered: Bool) -> EventLoopFuture<[RESPValue]> {
         let loop = loops[0]
         let routed: [RedisCommandBuffer.Routed]
@@ -115,81 +122,108 @@ final class RedisClusterRouter: Sendable {
             return loop.makeFailedFuture(error)
         }
         guard !routed.isEmpty else { return loop.makeSucceededFuture([]) }
-        let first = plan(routed, commands, deadline: deadline, ordered: ordered)
+        enum Start {
+            case now([(node: RedisNode, indices: [Int])])
+            case later(after: EventLoopFuture<Void>?, written: EventLoopPromise<Void>?)
+            case shutDown
+        }
+        let start = state.withLock { state -> Start in
+            if state.isShutDown { return .shutDown }
+            if !ordered || state.orderedGate == nil, let groups = Self.group(Array(routed.indices), routed, &state, self) {
+                return .now(groups)
+            }
+            guard ordered else { return .later(after: nil, written: nil) }
+            let written = loop.makePromise(of: Void.self)
+            defer { state.orderedGate = written.futureResult }
+            return .later(after: state.orderedGate, written: written)
+        }
         let promise = loop.makePromise(of: [RESPValue].self)
-        promise.completeWithTask {
-            try await self.complete(commands, routed, first: first, deadline: deadline, ordered: ordered)
+        switch start {
+        case .shutDown:
+            return loop.makeFailedFuture(RedisError.shutdown)
+        case .now(let groups):
+            let sends = groups.map { write($0.node, $0.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered) }
+            promise.completeWithTask {
+                try await self.complete(commands, routed, sends, deadline: deadline, ordered: ordered)
+            }
+        case .later(let after, let written):
+            promise.completeWithTask {
+                let sends = try await self.writeOnceMapped(commands, routed, after: after, written: written,
+                                                           deadline: deadline, ordered: ordered)
+                return try await self.complete(commands, routed, sends, deadline: deadline, ordered: ordered)
+            }
         }
         return promise.futureResult
     }
 
+    /// Writes a call that had to wait: behind the ordered call before it, and for the slot map.
+    private func writeOnceMapped(_ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed],
+                                 after: EventLoopFuture<Void>?, written: EventLoopPromise<Void>?,
+                                 deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [Send] {
+        if let after { try? await after.get() }
+        var groups = state.withLock { Self.group(Array(routed.indices), routed, &$0, self) }
+        if groups == nil {
+            await refresh(deadline: deadline)
+            groups = state.withLock { Self.group(Array(routed.indices), routed, &$0, self) }
+        }
+        let sends = groups?.map { write($0.node, $0.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered) }
+        if let written {
+            state.withLock { if $0.orderedGate === written.futureResult { $0.orderedGate = nil } }
+            written.succeed(())
+        }
+        guard let sends else { throw .unavailable("no Redis Cluster master is known for the call's slots") }
+        return sends
+    }
+
     /// Runs keyless commands on every master, one round trip each, in parallel.
     func onEveryMaster(_ commands: RedisCommandBuffer, deadline: NIODeadline) async throws(RedisError)
-        -> [(node: RedisNodeAddress, replies: [RESPValue])] {
-        let nodes = state.withLock { state in state.topology.masters.map { node($0, &state) } }
-        let calls = nodes.map { ($0.address, RedisPendingReplies(future: $0.connection(ordered: false).execute(commands, deadline: deadline))) }
-        var results: [(node: RedisNodeAddress, replies: [RESPValue])] = []
-        for (address, call) in calls { results.append((address, try await call.get())) }
+        -> [(node: RedisNode, replies: [RESPValue])] {
+        let nodes = state.withLock { state -> [RedisNode]? in
+            state.isShutDown ? nil : state.topology.masters.map { Self.node($0, &state, self) }
+        }
+        guard let nodes else { throw .shutdown }
+        let calls = nodes.map { ($0, RedisPendingReplies(future: $0.connection(ordered: false).execute(commands, deadline: deadline))) }
+        var results: [(node: RedisNode, replies: [RESPValue])] = []
+        for (node, call) in calls { results.append((node, try await call.get())) }
         return results
     }
 
-    /// Writes every command to the master of its slot; nil (nothing written) when the map
-    /// lacks one of them.
-    private func plan(_ routed: [RedisCommandBuffer.Routed], _ commands: RedisCommandBuffer, deadline: NIODeadline,
-                      ordered: Bool) -> [Send]? {
-        guard let groups = group(Array(routed.indices), routed) else { return nil }
-        return groups.map { write($0.node, $0.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered) }
-    }
-
-    /// The commands at `indices` grouped by the master of their slots, keyless ones in every
-    /// group (or with the first master); nil when a slot has no known master.
-    private func group(_ indices: [Int], _ routed: [RedisCommandBuffer.Routed]) -> [(node: RedisNode, indices: [Int])]? {
-        state.withLock { state -> [(node: RedisNode, indices: [Int])]? in
-            guard !state.isShutDown, !state.topology.masters.isEmpty else { return nil }
-            var order: [RedisNodeAddress] = []
-            var groups: [RedisNodeAddress: [Int]] = [:]
-            var keyless: [Int] = []
-            for index in indices {
-                guard let slot = routed[index].slot else {
-                    keyless.append(index)
-                    continue
-                }
-                guard let owner = state.topology.owner(of: slot) else { return nil }
-                if groups[owner] == nil { order.append(owner) }
-                groups[owner, default: []].append(index)
+    /// The commands at `indices` grouped by the master of their slots; commands for every node
+    /// in every group, other keyless ones in the first (a master when no command has a key).
+    /// Nil when a slot has no known master.
+    static func group(_ indices: [Int], _ routed: [RedisCommandBuffer.Routed], _ state: inout State,
+                      _ router: RedisClusterRouter) -> [(node: RedisNode, indices: [Int])]? {
+        guard !state.topology.masters.isEmpty else { return nil }
+        var order: [RedisNodeAddress] = []
+        var groups: [RedisNodeAddress: [Int]] = [:]
+        var everywhere: [Int] = [], once: [Int] = []
+        for index in indices {
+            guard let slot = routed[index].slot else {
+                if routed[index].everyNode { everywhere.append(index) } else { once.append(index) }
+                continue
             }
-            if order.isEmpty { order.append(state.topology.masters[0]) }
-            return order.map { address in
-                // Keyless commands keep their place among the others.
-                let members = keyless.isEmpty ? groups[address, default: []] : (groups[address, default: []] + keyless).sorted()
-                return (node(address, &state), members)
-            }
+            guard let owner = state.topology.owner(of: slot) else { return nil }
+            if groups[owner] == nil { order.append(owner) }
+            groups[owner, default: []].append(index)
+        }
+        if order.isEmpty { order.append(state.topology.masters[0]) }
+        return order.enumerated().map { position, address in
+            // Keyless commands keep their place among the others.
+            var members = groups[address, default: []] + everywhere
+            if position == 0 { members += once }
+            return (node(address, &state, router), everywhere.isEmpty && once.isEmpty ? members : members.sorted())
         }
     }
 
-    /// The node at `address`, made on first use.
-    private func node(_ address: RedisNodeAddress, _ state: inout State) -> RedisNode {
-        if let node = state.nodes[address] { return node }
-        let node = RedisNode(address: address, configuration: configuration, loops: loops, firstLoop: state.nextLoop,
-                             sslContext: sslContext, logger: logger)
-        state.nextLoop &+= 1
-        state.nodes[address] = node
-        return node
-    }
-
-    private func node(_ address: RedisNodeAddress) -> RedisNode? {
-        state.withLock { $0.isShutDown ? nil : node(address, &$0) }
-    }
-
-    private func write(_ node: RedisNode, _ indices: [Int], asking: Bool, _ commands: RedisCommandBuffer,
-                       _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool) -> Send {
+    func write(_ node: RedisNode, _ indices: [Int], asking: Bool, _ commands: RedisCommandBuffer,
+               _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool) -> Send {
         let subset = commands.subset(indices.map { routed[$0] }, prefix: asking ? RedisCommand("ASKING") : nil)
         return Send(node: node, indices: indices, asking: asking,
                     replies: node.connection(ordered: ordered).execute(subset, deadline: deadline))
     }
 
     /// What a command still needs after a round.
-    private enum Pending {
+    enum Pending {
         case redirected(RedisClusterRedirect)
         /// Its node refused the connection: it was never written.
         case unreachable(RedisError)
@@ -204,19 +238,10 @@ final class RedisClusterRouter: Sendable {
         }
     }
 
-    private func complete(_ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed], first: [Send]?,
+    private func complete(_ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed], _ first: [Send],
                           deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [RESPValue] {
         var replies = [RESPValue?](repeating: nil, count: routed.count)
-        var sends: [Send]
-        if let first {
-            sends = first
-        } else {
-            _ = await refresh()
-            guard let again = plan(routed, commands, deadline: deadline, ordered: ordered) else {
-                throw .unavailable("no Redis Cluster master is known for the call's slots")
-            }
-            sends = again
-        }
+        var sends = first
         var round = 0, redirects = 0
         while true {
             var pending: [Int: Pending] = [:]
@@ -240,27 +265,30 @@ final class RedisClusterRouter: Sendable {
                     if case .error(let message) = reply, let redirect = RedisClusterRedirect(message, asked: send.node.address) {
                         pending[index] = .redirected(redirect)
                     }
-                    // A keyless command sent to several nodes: an error anywhere is its reply.
+                    // A command sent to several nodes: an error anywhere is its reply.
                     if replies[index] == nil || reply.isError { replies[index] = reply }
                 }
             }
             if pending.isEmpty { break }
             round += 1
             if pending.values.contains(where: \.isRedirect) { redirects += 1 }
-            if redirects > configuration.maxRedirects || NIODeadline.now() >= deadline {
+            guard redirects <= configuration.maxRedirects,
+                  let next = try await followUp(pending, commands, routed, round: round, deadline: deadline, ordered: ordered) else {
                 for case .unreachable(let error) in pending.values { throw error }
                 break
             }
             for index in pending.keys { replies[index] = nil }
-            sends = try await followUp(pending, commands, routed, round: round, deadline: deadline, ordered: ordered)
+            sends = next
         }
         return replies.map { $0 ?? .null }
     }
 
-    /// Sends the pending commands where their redirects say (after a refresh when one of
-    /// them says the map changed, after a backoff when one asks to try again).
+    /// Sends the pending commands where their redirects say (after reading the map again when
+    /// one of them says it changed, after a backoff when one asks to try again); nil when
+    /// the deadline is too near for another round.
     private func followUp(_ pending: [Int: Pending], _ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed],
-                          round: Int, deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [Send] {
+                          round: Int, deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [Send]? {
+        let readsBefore = state.withLock { $0.readsStarted }
         var asked: [RedisNodeAddress: [Int]] = [:]
         var moved: [RedisNodeAddress: [Int]] = [:]
         var toOwners: [Int] = []
@@ -272,7 +300,7 @@ final class RedisClusterRouter: Sendable {
                 askRedirects.add(1, ordering: .relaxed)
                 asked[address, default: []].append(index)
             case .redirected(.moved(let address)):
-                // The named node is the owner whatever the refreshed map says yet.
+                // The named node is the owner whatever the map read next says yet.
                 movedRedirects.add(1, ordering: .relaxed)
                 mapChanged = true
                 moved[address, default: []].append(index)
@@ -284,128 +312,33 @@ final class RedisClusterRouter: Sendable {
                 toOwners.append(index)
             }
         }
-        if mapChanged { _ = await refresh() }
+        if mapChanged { await refresh(startedAfter: readsBefore, deadline: deadline) }
         if wait || (mapChanged && round > 1) {
             let delay = configuration.reconnectBackoff.delay(attempt: round - 1)
-            let left = deadline - .now()
-            guard left > .zero else { throw .timedOut }
-            try? await Task.sleep(for: min(delay, .nanoseconds(left.nanoseconds)))
-            if Task.isCancelled { throw .timedOut }
-        }
-        var sends: [Send] = []
-        for (address, indices) in asked {
-            guard let node = node(address) else { throw .shutdown }
-            sends.append(write(node, indices.sorted(), asking: true, commands, routed, deadline: deadline, ordered: ordered))
-        }
-        for (address, indices) in moved {
-            guard let node = node(address) else { throw .shutdown }
-            sends.append(write(node, indices.sorted(), asking: false, commands, routed, deadline: deadline, ordered: ordered))
-        }
-        if !toOwners.isEmpty {
-            guard let groups = group(toOwners.sorted(), routed) else {
-                throw .unavailable("no Redis Cluster master is known for the call's slots")
-            }
-            for group in groups {
-                sends.append(write(group.node, group.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered))
-            }
-        }
-        return sends
-    }
-
-    // MARK: Topology
-
-    /// Reads the slot map again (one refresh at a time: callers meanwhile wait for it). False
-    /// when no node answered.
-    @discardableResult
-    func refresh() async -> Bool {
-        let task = state.withLock { state -> Task<Bool, Never> in
-            if let running = state.refreshing { return running }
-            let task = Task { await self.discover() }
-            state.refreshing = task
-            return task
-        }
-        let found = await task.value
-        state.withLock { if $0.refreshing == task { $0.refreshing = nil } }
-        return found
-    }
-
-    private func discover() async -> Bool {
-        refreshes.add(1, ordering: .relaxed)
-        let known = state.withLock { $0.topology.masters }
-        var candidates = known
-        for seed in seeds where !candidates.contains(seed) { candidates.append(seed) }
-        var failures: [String] = []
-        for address in candidates {
-            guard let node = node(address) else { return false }
-            let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
+            guard timeLeft(before: deadline) > delay + resendMargin else { return nil }
             do {
-                let shards = try await node.connection(ordered: false).execute(
-                    RedisCommandBuffer([RedisCommand("CLUSTER", ["SHARDS"])]), deadline: deadline).get()[0]
-                var topology = RedisClusterTopology(shards: shards, asked: address, tls: configuration.url.tls)
-                if topology == nil || shards.isError {
-                    let slots = try await node.connection(ordered: false).execute(
-                        RedisCommandBuffer([RedisCommand("CLUSTER", ["SLOTS"])]), deadline: deadline).get()[0]
-                    if case .error(let message) = slots { throw RedisError.server(message) }
-                    topology = RedisClusterTopology(slots: slots, asked: address)
-                }
-                guard let topology, topology.coveredSlots > 0 else {
-                    failures.append("\(address): no slot map in its answer")
-                    continue
-                }
-                install(topology)
-                return true
+                try await Task.sleep(for: delay)
             } catch {
-                failures.append("\(address): \(error)")
+                throw .timedOut
             }
         }
-        logger.warning("cannot read the Redis Cluster's slot map", metadata: ["redis.errors": "\(failures)"])
-        return false
+        guard timeLeft(before: deadline) > resendMargin else { return nil }
+        var targets: [(node: RedisNode, indices: [Int], asking: Bool)] = []
+        let known = state.withLock { state -> Bool in
+            guard !state.isShutDown else { return false }
+            for (address, indices) in asked { targets.append((Self.node(address, &state, self), indices.sorted(), true)) }
+            for (address, indices) in moved { targets.append((Self.node(address, &state, self), indices.sorted(), false)) }
+            guard !toOwners.isEmpty else { return true }
+            guard let groups = Self.group(toOwners.sorted(), routed, &state, self) else { return false }
+            targets += groups.map { ($0.node, $0.indices, false) }
+            return true
+        }
+        guard known else { throw state.withLock { $0.isShutDown } ? .shutdown : .unavailable("no Redis Cluster master is known for the call's slots") }
+        return targets.map { write($0.node, $0.indices, asking: $0.asking, commands, routed, deadline: deadline, ordered: ordered) }
     }
 
-    private func install(_ topology: RedisClusterTopology) {
-        let closing = state.withLock { state -> [RedisNode] in
-            let changed = state.topology != topology
-            if changed {
-                logger.info("Redis Cluster slot map", metadata: [
-                    "redis.masters": "\(topology.masters)", "redis.slots_served": "\(topology.coveredSlots)",
-                ])
-            }
-            state.topology = topology
-            let closing = state.retired
-            state.retired = []
-            for (address, node) in state.nodes where !topology.masters.contains(address) {
-                state.nodes[address] = nil
-                state.retired.append(node)
-            }
-            return closing
-        }
-        if !closing.isEmpty {
-            Task { for node in closing { await node.shutdown() } }
-        }
-    }
-
-    /// Refreshes every ``RedisConfiguration/topologyRefreshInterval`` until cancelled.
-    func refreshPeriodically() async {
-        while !Task.isCancelled {
-            do {
-                try await Task.sleep(for: configuration.topologyRefreshInterval)
-            } catch {
-                return
-            }
-            await refresh()
-        }
-    }
-
-    func shutdown() async {
-        let nodes = state.withLock { state -> [RedisNode] in
-            state.isShutDown = true
-            defer {
-                state.nodes = [:]
-                state.retired = []
-            }
-            return Array(state.nodes.values) + state.retired
-        }
-        for node in nodes { await node.shutdown() }
+    func timeLeft(before deadline: NIODeadline) -> Duration {
+        .nanoseconds((deadline - .now()).nanoseconds)
     }
 }
 

@@ -31,7 +31,7 @@ struct RedisClusterTopology: Sendable, Equatable {
     /// The masters serving at least one slot, in address order.
     var masters: [RedisNodeAddress] = []
     /// Per slot, the index of its master in `masters`; -1 when none serves it.
-    var owners = [Int16](repeating: -1, count: RedisHashSlot.count)
+    var owners = [Int32](repeating: -1, count: RedisHashSlot.count)
 
     /// No slot served (before the first read).
     init() {}
@@ -43,22 +43,27 @@ struct RedisClusterTopology: Sendable, Equatable {
         return index >= 0 ? masters[Int(index)] : nil
     }
 
-    private mutating func assign(_ range: ClosedRange<Int>, to master: RedisNodeAddress) {
+    /// `known`: each master's place in `masters` so far (a reply may name many).
+    private mutating func assign(_ range: ClosedRange<Int>, to master: RedisNodeAddress, _ known: inout [RedisNodeAddress: Int]) {
         let index: Int
-        if let known = masters.firstIndex(of: master) {
-            index = known
+        if let place = known[master] {
+            index = place
         } else {
             index = masters.count
+            known[master] = index
             masters.append(master)
         }
-        for slot in range { owners[slot] = Int16(index) }
+        for slot in range { owners[slot] = Int32(index) }
     }
 
-    /// Masters in address order, so that two nodes' answers describing the same map are equal.
+    /// Only the masters that serve a slot (ranges named twice leave the first owner none), in
+    /// address order, so that two nodes' answers describing the same map are equal.
     private mutating func normalize() {
-        let sorted = masters.sorted { ($0.host, $0.port) < ($1.host, $1.port) }
-        let index = Dictionary(uniqueKeysWithValues: sorted.enumerated().map { ($1, Int16($0)) })
-        let remap = masters.map { index[$0]! }
+        var serving = [Bool](repeating: false, count: masters.count)
+        for owner in owners where owner >= 0 { serving[Int(owner)] = true }
+        let sorted = masters.indices.filter { serving[$0] }.map { masters[$0] }.sorted { ($0.host, $0.port) < ($1.host, $1.port) }
+        let position = Dictionary(uniqueKeysWithValues: sorted.enumerated().map { ($1, Int32($0)) })
+        let remap = masters.map { position[$0] ?? -1 }
         owners = owners.map { $0 >= 0 ? remap[Int($0)] : -1 }
         masters = sorted
     }
@@ -74,6 +79,7 @@ struct RedisClusterTopology: Sendable, Equatable {
     /// `tls`, a node's `tls-port` is used where it names one. Nil when the reply is not one.
     init?(shards reply: RESPValue, asked: RedisNodeAddress, tls: Bool) {
         guard let shards = reply.array else { return nil }
+        var known: [RedisNodeAddress: Int] = [:]
         for shard in shards {
             guard let fields = Self.fields(shard), let slots = fields["slots"]?.array, let nodes = fields["nodes"]?.array else {
                 return nil
@@ -89,7 +95,7 @@ struct RedisClusterTopology: Sendable, Equatable {
             guard let port, (1...65535).contains(port), host != "?" else { continue }
             for index in stride(from: 0, to: slots.count - 1, by: 2) {
                 guard let range = Self.slotRange(slots[index], slots[index + 1]) else { return nil }
-                assign(range, to: RedisNodeAddress(host: host, port: Int(port)))
+                assign(range, to: RedisNodeAddress(host: host, port: Int(port)), &known)
             }
         }
         normalize()
@@ -98,6 +104,7 @@ struct RedisClusterTopology: Sendable, Equatable {
     /// From a `CLUSTER SLOTS` reply: `[start, end, [host, port, id, ...], replicas...]` per range.
     init?(slots reply: RESPValue, asked: RedisNodeAddress) {
         guard let ranges = reply.array else { return nil }
+        var known: [RedisNodeAddress: Int] = [:]
         for entry in ranges {
             guard let values = entry.array, values.count >= 3, let range = Self.slotRange(values[0], values[1]),
                   let master = values[2].array, master.count >= 2, let port = master[1].integer,
@@ -105,7 +112,7 @@ struct RedisClusterTopology: Sendable, Equatable {
             var host = master[0].string ?? ""
             if host.isEmpty { host = asked.host }
             guard host != "?" else { continue }
-            assign(range, to: RedisNodeAddress(host: host, port: Int(port)))
+            assign(range, to: RedisNodeAddress(host: host, port: Int(port)), &known)
         }
         normalize()
     }

@@ -2,23 +2,28 @@ import NIOCore
 
 extension RedisCommandBuffer {
     /// One encoded command of the buffer: where its bytes are, and the hash slot of its key
-    /// (nil for a command without one, such as `SCRIPT LOAD` or `INFO`).
+    /// (nil for a command without one, such as `SCRIPT LOAD`, `INFO` or `EVAL` without keys).
     struct Routed: Sendable, Equatable {
         var range: Range<Int>
         var slot: Int?
+        /// A keyless command for every node the call reaches (``everyNode``).
+        var everyNode = false
     }
 
-    /// Commands that name no key: in a cluster they go to every node of their call (or to one
-    /// node when the call has no keyed command).
+    /// Keyless commands that go to every node a call reaches (a master when it reaches none):
+    /// a script loaded where the call's scripts run, `WAIT` where its writes went.
+    static let everyNode: Set<String> = ["CONFIG", "DBSIZE", "FLUSHALL", "FLUSHDB", "INFO", "PING", "SCRIPT", "WAIT"]
+
+    /// Commands that name no key besides those: they go to one node (`EVAL` without keys
+    /// too). Others are routed by their first argument.
     static let keyless: Set<String> = [
-        "ASKING", "AUTH", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "DBSIZE", "ECHO", "FLUSHALL", "FLUSHDB",
-        "HELLO", "INFO", "LASTSAVE", "PING", "READONLY", "READWRITE", "ROLE", "SCAN", "SCRIPT", "SELECT",
-        "TIME", "WAIT",
+        "ASKING", "AUTH", "CLIENT", "CLUSTER", "COMMAND", "DISCARD", "ECHO", "EXEC", "FUNCTION", "HELLO", "LASTSAVE",
+        "MULTI", "READONLY", "READWRITE", "ROLE", "SCAN", "SELECT", "TIME",
     ]
 
     /// The buffer's commands, read back from their RESP encoding (`*N` then N bulk strings),
-    /// each with its key's slot: the first key of `EVAL`/`EVALSHA` (after the script and the
-    /// key count), else the first argument.
+    /// each with its key's slot: the first key of `EVAL`/`EVALSHA`/`FCALL` (after the script
+    /// and the key count), none for the keyless commands above, else the first argument.
     func routed() throws(RedisError) -> [Routed] {
         var commands: [Routed] = []
         commands.reserveCapacity(count)
@@ -57,10 +62,11 @@ extension RedisCommandBuffer {
                     if arguments.count >= 4, let keys = Int(String(decoding: raw[arguments[2]], as: UTF8.self)), keys >= 1 {
                         key = arguments[3]
                     }
-                } else if !Self.keyless.contains(name), arguments.count >= 2 {
+                } else if !Self.keyless.contains(name), !Self.everyNode.contains(name), arguments.count >= 2 {
                     key = arguments[1]
                 }
-                commands.append(Routed(range: start..<position, slot: key.map { RedisHashSlot.of(UnsafeRawBufferPointer(rebasing: raw[$0])) }))
+                commands.append(Routed(range: start..<position, slot: key.map { RedisHashSlot.of(UnsafeRawBufferPointer(rebasing: raw[$0])) },
+                                       everyNode: Self.everyNode.contains(name)))
             }
             return true
         }
