@@ -27,8 +27,9 @@ struct RelayClients {
 /// ``run()`` runs them as one `ServiceGroup`, in this order, so that a graceful shutdown (or
 /// ``requestStop()``) stops them in the reverse one:
 ///
-/// 1. the pipeline stops consuming, finishes or abandons its in-flight work by the shutdown
-///    deadline, and flushes its outcomes;
+/// 1. the pipeline stops consuming and the mailbox deliverer (with Redis) stops taking entries;
+///    the pipeline finishes or abandons its in-flight work by the shutdown deadline, and
+///    flushes its outcomes;
 /// 2. the consumer commits the stored offsets and leaves the group;
 /// 3. the producer flushes what is left and closes;
 /// 4. the APNs clients close (requests still open a second later are cut);
@@ -115,6 +116,11 @@ public final class RelayApplication: Service, Sendable {
             // The pipeline ending (asked to stop) shuts the rest down, in reverse order.
             .init(service: pipeline, successTerminationBehavior: .gracefullyShutdownGroup),
         ]
+        // Shut down first: it stops taking from mailboxes as the pipeline stops consuming, and
+        // ends once the pipeline's work drained or was abandoned.
+        if clients.redis != nil {
+            services.append(.init(service: MailboxDeliverer(pipeline: pipeline), successTerminationBehavior: .ignore))
+        }
         let group = ServiceGroup(configuration: .init(services: services, logger: logger))
         await withGracefulShutdownHandler {
             do {

@@ -206,8 +206,9 @@ public final class RelayPipeline: RelayStatus, Service {
     ///
     /// Every intent's work runs in a child task of this one: for consumed intents, in the task
     /// group of its group of intents (a child of the admitting loop's task group; see
-    /// ``workExecutors``), for intents taken from mailboxes in the mailbox poller's (on Swift's
-    /// global executor). So the deadline (or cancelling this task) reaches all of it.
+    /// ``workExecutors``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (on
+    /// Swift's global executor), which cancels them when ``abandoning`` opens. So the deadline
+    /// (or cancelling this task) reaches all of it.
     ///
     /// The work runs in a task of its own that this one awaits and cancels with itself: one that
     /// inherits no task-local values (the service group's among them). Every intent's child
@@ -228,10 +229,14 @@ public final class RelayPipeline: RelayStatus, Service {
 
     private func runUntilStopped() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
-        guard await redisGuaranteesHold() else { return }
+        guard await redisGuaranteesHold() else {
+            // Nothing started: the mailbox deliverer stops too.
+            requestStop()
+            abandoning.open()
+            return
+        }
         let left = await withTaskGroup(of: Void.self) { group -> Int in
             group.addTask { await self.consumeAndWork() }
-            group.addTask { await self.deliverMailboxes() }
             group.addTask { await self.reportLag() }
             group.addTask { await self.watchRedisGuarantees() }
             await stopping.wait()
