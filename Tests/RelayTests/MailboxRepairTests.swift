@@ -118,6 +118,38 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// Review 1.2: a relay takes mailbox entries only for the partitions it owns. Two due
+    /// entries written together, one indexed under an owned partition and one under a
+    /// partition the relay does not own: the poll that delivers the first leaves the second,
+    /// its mailbox and its index member as they were.
+    @Test func aRelayTakesNothingFromPartitionsItDoesNotOwn() async throws {
+        let redis = try RedisServerProcess()
+        let harness = try await Self.pollingRelay(redis)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        var commands: [RedisCommand] = []
+        for (id, token, partition) in [("owned-1", hexToken(0x3a), Int32(0)), ("foreign-1", hexToken(0x3b), Int32(999))] {
+            commands += [
+                RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
+                                      "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
+                RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
+                RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: partition), 0,
+                                      RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
+            ]
+        }
+        _ = try await client.pipeline(commands)
+        let outcomes = try await harness.outcomes(count: 2)
+        #expect(outcomes.compactMap { $0["id"] as? String }.sorted() == ["owned-1", "warm-up"])
+        let foreign = RedisKeys.mailbox(token: hexToken(0x3b), topic: "com.example.app")
+        #expect(try await client.send(RedisCommand("HGET", [foreign, "pid"])).string == "foreign-1")
+        #expect(try await client.send(RedisCommand("HEXISTS", [foreign, "cid"])).integer == 0)
+        #expect(try await client.send(RedisCommand("ZSCORE", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 999),
+                                                               RedisKeys.member(token: hexToken(0x3b), topic: "com.example.app", id: "foreign-1")])).string == "0")
+        #expect(PolicyTests.sent(harness, "foreign-1") == 0)
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Review 2.2: a displaced entry stays in the mailbox until its `coalesced` outcome is
     /// acknowledged: a park whose reply was lost, asked again, still hands it over.
     @Test func aDisplacedEntryIsHandedOverUntilItsOutcomeIsAcknowledged() async throws {
