@@ -72,6 +72,29 @@ struct BadPeerTests {
         await server.stop()
     }
 
+    /// Review 4.1: the client shut down while its connection waits for the server's first
+    /// SETTINGS (TLS done, the client's preface sent, nothing back): the waiting send ends
+    /// with a failure, before its deadline, and nothing traps (`scripts/test
+    /// --sanitize=address` runs it under the address sanitizer).
+    @Test func aShutdownBetweenConnectAndTheServersSettingsEndsCleanly() async throws {
+        let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: [])
+        var configuration = APNsClientConfiguration(
+            endpoint: APNsEndpoint(host: "127.0.0.1", port: server.port),
+            credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
+        configuration.connections = 1
+        configuration.requestTimeout = .seconds(60)
+        configuration.insecureSkipVerify = true
+        let client = try APNsClient(configuration: configuration)
+        let started = ContinuousClock.now
+        let sending = Task { try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic)) }
+        #expect(await server.heardFromAClient.wait(atMost: .seconds(30)))
+        await client.shutdown()
+        let result = try await sending.value
+        #expect(result.failure != nil, "\(Self.failureText(result))")
+        #expect(ContinuousClock.now - started < .seconds(30))
+        await server.stop()
+    }
+
     /// Review 4.2: a server that allows no stream at all (SETTINGS_MAX_CONCURRENT_STREAMS 0)
     /// leaves the connection not ready, and requests waiting for a stream end at their deadline
     /// and leave the queue; the queue is bounded.
