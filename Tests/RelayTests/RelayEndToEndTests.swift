@@ -264,7 +264,7 @@ struct RelayEndToEndTests {
         // The relay joined its group and consumes (the mock cluster's join takes seconds).
         try await harness.produce(intent("warm-up", token: hexToken(0xc)), key: hexToken(0xc))
         try await waitUntil { firstOutcome.withLock { $0["warm-up"] != nil } }
-        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<2000).map {
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<5000).map {
             (Array(hot.utf8), Array(intent("hot-\($0)", token: hot).utf8))
         })
         let produced = ContinuousClock.now
@@ -279,7 +279,7 @@ struct RelayEndToEndTests {
             return (last, seen.filter { $0.key.hasPrefix("hot-") && $0.value <= last }.count)
         }
         // The other device did not wait for the backlog: the hot one (one notification per
-        // 50 ms at best) had answered only a few of its 2,000 by then. (About 1 s after they were
+        // 50 ms at best) had answered only a few of its 5,000 by then. (About 1 s after they were
         // produced on a quiet machine; the bound below leaves room for a loaded one.)
         #expect(hotBefore < 200)
         #expect(last - produced < .seconds(10))
