@@ -171,18 +171,24 @@ public final class RedisClient: Service, Sendable {
     /// Runs the commands in one round trip, like ``pipeline(_:)``; when Redis answers NOSCRIPT
     /// (its script cache is empty: first use, restart, SCRIPT FLUSH) it loads `scripts` and runs
     /// again only the commands that were refused (they did not run), in a second round trip.
-    public func pipelineLoading(_ scripts: [RedisScript], _ commands: [RedisCommand]) async throws(RedisError) -> [RESPValue] {
-        var replies = try await pipeline(commands)
-        let refused = replies.indices.filter { index in
+    ///
+    /// `trailing` commands (a `WAIT` for the writes before it, say) follow the commands in the
+    /// same pipeline, and follow the commands run again too; their replies come last, from
+    /// the last round trip.
+    public func pipelineLoading(_ scripts: [RedisScript], _ commands: [RedisCommand],
+                                then trailing: [RedisCommand] = []) async throws(RedisError) -> [RESPValue] {
+        var replies = try await pipeline(commands + trailing)
+        let refused = commands.indices.filter { index in
             if case .error(let message) = replies[index] { return message.hasPrefix("NOSCRIPT") }
             return false
         }
         guard !refused.isEmpty else { return replies }
-        let again = try await pipeline(scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) } + refused.map { commands[$0] })
+        let again = try await pipeline(scripts.map { RedisCommand("SCRIPT", ["LOAD", $0.source]) } + refused.map { commands[$0] } + trailing)
         for load in again.prefix(scripts.count) {
             if case .error(let message) = load { throw .server(message) }
         }
         for (index, reply) in zip(refused, again.dropFirst(scripts.count)) { replies[index] = reply }
+        replies.replaceSubrange(commands.count..., with: again.suffix(trailing.count))
         return replies
     }
 

@@ -27,6 +27,8 @@ struct ConfigurationTests {
         #expect(configuration.redis.failOpen == defaults.redis.failOpen)
         #expect(configuration.redis.connections == defaults.redis.connections)
         #expect(configuration.redis.timeoutMilliseconds == defaults.redis.timeoutMilliseconds)
+        #expect(configuration.redis.parkMinReplicas == defaults.redis.parkMinReplicas)
+        #expect(configuration.redis.mode == defaults.redis.mode && configuration.redis.clusterSeeds.isEmpty)
         #expect(configuration.policy.dedupeWindowSeconds == defaults.policy.dedupeWindowSeconds)
         #expect(configuration.policy.defaults == defaults.policy.defaults)
         #expect(configuration.policy.topics.isEmpty)

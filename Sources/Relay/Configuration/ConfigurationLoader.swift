@@ -158,7 +158,8 @@ struct ConfigurationReader {
                        "retry.initial_backoff_ms", Int64(configuration.retry.initialBackoffMilliseconds))
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
-        checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms"])
+        checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms",
+                                                          "park_min_replicas"])
         configuration.redis.url = string(redis, "redis.url", default: "")
         let mode = string(redis, "redis.mode", default: RedisConfiguration.Mode.standalone.rawValue)
         if let known = RedisConfiguration.Mode(rawValue: mode) {
@@ -187,6 +188,7 @@ struct ConfigurationReader {
         configuration.redis.allowEviction = bool(redis, "redis.allow_eviction", default: false)
         configuration.redis.connections = integer(redis, "redis.connections", default: 2, range: 1...32)
         configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
+        configuration.redis.parkMinReplicas = integer(redis, "redis.park_min_replicas", default: 0, range: 0...16)
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
         checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",

@@ -49,6 +49,7 @@ extension RelayConfiguration {
         lines.append("  allow_eviction: \(redis.allowEviction)")
         lines.append("  connections: \(redis.connections)")
         lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
+        lines.append("  park_min_replicas: \(redis.parkMinReplicas)")
         lines.append("policy:")
         func rules(_ rules: Policy.Rules, indent: String) {
             lines.append("\(indent)dedupe_window_seconds: \(rules.dedupeWindowSeconds)")

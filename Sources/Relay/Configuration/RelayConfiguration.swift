@@ -113,6 +113,9 @@ public struct RelayConfiguration: Sendable {
         public var connections = 2
         /// Deadline of one Redis call (ms).
         public var timeoutMilliseconds = 1000
+        /// Replicas that must have a park (and its due-index entry) before the intent counts as
+        /// parked and its offset may be committed (`WAIT`); 0: none asked.
+        public var parkMinReplicas = 0
         public init() {}
     }
 

@@ -13,6 +13,11 @@ struct DevicePolicy: Sendable {
     let backoffMaximumMilliseconds: Int64
     /// Hears when the bucket writes after an admission failed (nobody waits for them).
     var bucketWriteFailed: @Sendable (RedisError) -> Void = { _ in }
+    /// `redis.park_min_replicas`, and how long a park waits for them (ms): each park and its
+    /// due-index write are followed by `WAIT` on their connection, and fewer replicas than
+    /// asked fail the park (``RedisError/server(_:)`` `NOREPLICAS`, an outage: it is tried
+    /// again, and the intent's offset stays uncommitted meanwhile).
+    var parkReplicas: (count: Int, timeoutMilliseconds: Int) = (0, 0)
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
@@ -93,8 +98,11 @@ struct DevicePolicy: Sendable {
                                                                 RedisKeys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds])
-        let reply = try await client.pipelineLoading([Self.parkScript], [call])[0]
+        let replicated = parkReplicas.count > 0 ? [RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])] : []
+        let replies = try await client.pipelineLoading([Self.parkScript], [call], then: replicated)
+        let reply = replies[0]
         if case .error(let message) = reply { throw .server(message) }
+        try checkReplicas(replies.dropFirst())
         guard case .array(let values) = reply, values.count == 3, let parkedDue = values[0].integer,
               let keeper = values[2].string else {
             throw .protocolError("park script answered \(reply)")
@@ -104,8 +112,9 @@ struct DevicePolicy: Sendable {
             // crash between the two leaves the intent's offset uncommitted, and its redelivery,
             // which finds it in the mailbox, indexes it (``ensureIndexed``).
             let member = RedisKeys.member(token: token, topic: topic, id: id)
-            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])])
+            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])] + replicated)
             if case .error(let message) = indexed[0] { throw .server(message) }
+            try checkReplicas(indexed.dropFirst())
         }
         var displaced: [(id: String, entry: Entry)] = []
         let pairs = values[1].array ?? []
@@ -114,6 +123,16 @@ struct DevicePolicy: Sendable {
             displaced.append((displacedID, entry))
         }
         return (parkedDue, displaced, keeper)
+    }
+
+    /// Throws when a `WAIT` after a park heard from fewer replicas than `redis.park_min_replicas`.
+    private func checkReplicas(_ replies: ArraySlice<RESPValue>) throws(RedisError) {
+        guard parkReplicas.count > 0, let reply = replies.first else { return }
+        if case .error(let message) = reply { throw .server(message) }
+        let acknowledged = reply.integer ?? 0
+        guard acknowledged >= Int64(parkReplicas.count) else {
+            throw .server("NOREPLICAS the park reached \(acknowledged) of \(parkReplicas.count) replicas within \(parkReplicas.timeoutMilliseconds) ms")
+        }
     }
 
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.

@@ -1,0 +1,60 @@
+import Foundation
+import Redis
+import RedisTesting
+import Relay
+import TestSupport
+import Testing
+
+/// `redis.park_min_replicas` against a redis-server primary and a real replica of it.
+@Suite("Parks acknowledged by replicas", .timeLimit(.minutes(3)))
+struct ParkReplicationTests {
+    /// A primary and one replica of it, in sync.
+    static func primaryWithReplica() async throws -> (primary: RedisServerProcess, replica: RedisServerProcess) {
+        let servers = try await onOwnThread {
+            Result {
+                let primary = try RedisServerProcess()
+                return (primary, try RedisServerProcess(arguments: ["--replicaof", "127.0.0.1", "\(primary.port)"]))
+            }
+        }.get()
+        try await Self.waitUntilInSync(servers.1)
+        return servers
+    }
+
+    static func waitUntilInSync(_ replica: RedisServerProcess) async throws {
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: replica.url)))
+        try await waitUntil(asking: {
+            (try? await client.send(RedisCommand("INFO", ["replication"])))?.string?.contains("master_link_status:up") == true
+        })
+        await client.shutdown()
+    }
+
+    @Test func aParkCountsOnceItsReplicaHasItAndWaitsWhileNoneAnswers() async throws {
+        let (primary, replica) = try await Self.primaryWithReplica()
+        let harness = try await PolicyTests.harness(primary, burst: 1, refill: 1, configure: { $0.redis.parkMinReplicas = 1 })
+        // A second intent at a device with one token parks, its replica acknowledges, it goes out.
+        let first = hexToken(0x5a)
+        try await harness.produce(intent("sent-1", token: first), key: first)
+        try await harness.produce(intent("parked-1", token: first), key: first)
+        let before = PolicyTests.byID(try await harness.outcomes(count: 2))
+        #expect(before["sent-1"]?["status"] as? String == "delivered")
+        #expect(before["parked-1"]?["status"] as? String == "delivered")
+
+        // Without the replica no park counts: the relay says Redis is failing, the intent waits.
+        await onOwnThread { replica.stop() }
+        let second = hexToken(0x5b)
+        try await harness.produce(intent("sent-2", token: second), key: second)
+        try await harness.produce(intent("parked-2", token: second), key: second)
+        try await waitUntil { harness.pipeline.notReadyReason?.contains("NOREPLICAS") == true }
+        try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 3 }
+        #expect(PolicyTests.sent(harness, "parked-2") == 0)
+
+        // The replica back and in sync: the park is asked again, counts, and the intent goes out.
+        try await onOwnThread { Result { try replica.start() } }.get()
+        try await Self.waitUntilInSync(replica)
+        let after = PolicyTests.byID(try await harness.outcomes(count: 4))
+        #expect(after["parked-2"]?["status"] as? String == "delivered")
+        #expect(PolicyTests.sent(harness, "parked-2") == 1)
+        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        await harness.stop()
+    }
+}
