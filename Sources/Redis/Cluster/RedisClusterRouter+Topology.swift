@@ -72,6 +72,7 @@ extension RedisClusterRouter {
     /// Asks the known masters, then the seeds, for the slot map; installs the first one read.
     private func discover() async -> Bool {
         refreshes.add(1, ordering: .relaxed)
+        Self.refreshMetric.increment()
         let known = state.withLock { $0.topology.masters }
         var candidates = known
         for seed in seeds where !candidates.contains(seed) { candidates.append(seed) }
@@ -111,6 +112,7 @@ extension RedisClusterRouter {
                 ])
             }
             state.topology = topology
+            Self.mastersMetric.record(topology.masters.count)
             let now = NIODeadline.now()
             for (address, node) in state.nodes where !topology.masters.contains(address) {
                 state.nodes[address] = nil

@@ -1,5 +1,6 @@
 import Common
 import Logging
+import Metrics
 import NIOCore
 import NIOSSL
 import Synchronization
@@ -9,10 +10,16 @@ final class RedisNode: Sendable {
     let address: RedisNodeAddress
     let connections: [RedisSlot]
     private let next = Atomic<Int>(0)
+    /// Round trips to this node (`relay_redis_node_requests_total{node}`), and those that
+    /// failed or came back with an error reply (`relay_redis_node_errors_total{node}`).
+    let requests: Counter
+    let errors: Counter
 
     init(address: RedisNodeAddress, configuration: RedisConfiguration, loops: [any EventLoop], firstLoop: Int,
          sslContext: NIOSSLContext?, logger: Logger) {
         self.address = address
+        requests = Counter(label: "relay_redis_node_requests_total", dimensions: [("node", address.description)])
+        errors = Counter(label: "relay_redis_node_errors_total", dimensions: [("node", address.description)])
         var nodeConfiguration = configuration
         nodeConfiguration.url.host = address.host
         nodeConfiguration.url.port = address.port
@@ -78,10 +85,15 @@ final class RedisClusterRouter: Sendable {
     }
 
     let state = Mutex(State())
-    /// Counters for metrics and tests.
+    /// Counters for tests; the same go to metrics: `relay_redis_redirects_total{kind}`,
+    /// `relay_redis_topology_refreshes_total`, and `relay_redis_cluster_masters`.
     let refreshes = Atomic<Int>(0)
     let movedRedirects = Atomic<Int>(0)
     let askRedirects = Atomic<Int>(0)
+    static let movedMetric = Counter(label: "relay_redis_redirects_total", dimensions: [("kind", "moved")])
+    static let askMetric = Counter(label: "relay_redis_redirects_total", dimensions: [("kind", "ask")])
+    static let refreshMetric = Counter(label: "relay_redis_topology_refreshes_total")
+    static let mastersMetric = Gauge(label: "relay_redis_cluster_masters")
 
     init(configuration: RedisConfiguration, loops: [any EventLoop], sslContext: NIOSSLContext?, logger: Logger) {
         self.configuration = configuration
@@ -218,6 +230,7 @@ final class RedisClusterRouter: Sendable {
     func write(_ node: RedisNode, _ indices: [Int], asking: Bool, _ commands: RedisCommandBuffer,
                _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool) -> Send {
         let subset = commands.subset(indices.map { routed[$0] }, prefix: asking ? RedisCommand("ASKING") : nil)
+        node.requests.increment()
         return Send(node: node, indices: indices, asking: asking,
                     replies: node.connection(ordered: ordered).execute(subset, deadline: deadline))
     }
@@ -250,6 +263,7 @@ final class RedisClusterRouter: Sendable {
                 do {
                     got = try await send.replies.get()
                 } catch let error as RedisError {
+                    send.node.errors.increment()
                     guard case .unavailable = error else { throw error }
                     for index in send.indices { pending[index] = .unreachable(error) }
                     continue
@@ -260,6 +274,7 @@ final class RedisClusterRouter: Sendable {
                 guard got.count == send.indices.count * stride else {
                     throw .protocolError("\(got.count) replies to \(send.indices.count * stride) commands")
                 }
+                if got.contains(where: \.isError) { send.node.errors.increment() }
                 for (position, index) in send.indices.enumerated() {
                     let reply = got[position * stride + stride - 1]
                     if case .error(let message) = reply, let redirect = RedisClusterRedirect(message, asked: send.node.address) {
@@ -298,10 +313,12 @@ final class RedisClusterRouter: Sendable {
             switch why {
             case .redirected(.ask(let address)):
                 askRedirects.add(1, ordering: .relaxed)
+                Self.askMetric.increment()
                 asked[address, default: []].append(index)
             case .redirected(.moved(let address)):
                 // The named node is the owner whatever the map read next says yet.
                 movedRedirects.add(1, ordering: .relaxed)
+                Self.movedMetric.increment()
                 mapChanged = true
                 moved[address, default: []].append(index)
             case .unreachable:
