@@ -112,8 +112,9 @@ public final class RelayPipeline: RelayStatus, Service {
             var policy = DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
                                       backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
                                       backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
-            // Half the call's deadline, so that the call ends inside it.
-            policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 2, 1))
+            // A quarter of the call's deadline: the call ends inside it, and a WAIT that finds
+            // too few replicas holds the calls pipelined behind it on its connection briefly.
+            policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 4, 1))
             policy.bucketWriteFailed = { [logger] error in
                 RelayMetrics.redisErrors.increment()
                 logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])

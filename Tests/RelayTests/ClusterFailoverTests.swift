@@ -1,0 +1,69 @@
+import APNs
+import Foundation
+import Redis
+import RedisTesting
+import Relay
+import TestSupport
+import Testing
+
+/// The relay on a Redis Cluster whose masters fail while intents flow.
+@Suite("Relay on a Redis Cluster that fails over", .timeLimit(.minutes(3)))
+struct ClusterFailoverTests {
+    /// Three masters with a replica each; a master killed (SIGKILL) mid-stream: its replica
+    /// takes over, and once the old master is back as its replica every intent has its
+    /// outcome, the parked ones (acknowledged by a replica before their offsets were committed)
+    /// included; none reaches APNs twice.
+    @Test func aMasterKilledWhileIntentsFlowLosesNothing() async throws {
+        let cluster = try await onOwnThread {
+            Result { try RedisClusterProcess(masters: 3, replicasPerMaster: 1, nodeTimeoutMilliseconds: 1000) }
+        }.get()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(5) }, configureRelay: {
+            $0.redis.url = cluster.url
+            $0.redis.mode = .cluster
+            $0.redis.parkMinReplicas = 1
+            // Room for a loaded machine: WAITs queue behind each other on a connection.
+            $0.redis.timeoutMilliseconds = 3000
+            // One send per device at once, then one per second: the rest of a device's intents park.
+            $0.policy.defaults.rateLimit = .init(burst: 1, refillPerSecond: 1)
+            $0.policy.defaults.coalesce = false
+            $0.policy.mailboxPollMilliseconds = 100
+        })
+        let devices = (0..<16).map { hexToken(0xc000 + $0) }
+        func produce(_ round: Int) async throws {
+            _ = try await harness.producer.send(topic: harness.intentsTopic, records: devices.enumerated().map { index, token in
+                (Array(token.utf8), Array(intent("f-\(round)-\(index)", token: token).utf8))
+            })
+        }
+        try await produce(0)
+        try await produce(1)
+        try await waitUntil { harness.pipeline.outcomeCounts["delivered", default: 0] >= devices.count }
+        // A master goes while the second round waits in mailboxes and more comes in.
+        let victim = try await onOwnThread { Result { try cluster.masterPort(forSlot: RedisHashSlot.of(devices[0])) } }.get()
+        let server = try #require(cluster.servers.first { $0.port == victim })
+        await onOwnThread { server.stop() }
+        try await produce(2)
+        // Its replica took over, alone: parks wait for a replica again (NOREPLICAS) until the
+        // old master comes back, as a replica of the new one.
+        let slot = RedisHashSlot.of(devices[0])
+        try await waitUntil(timeout: .seconds(30), asking: {
+            let owner = try? await onOwnThread { Result { try cluster.masterPort(forSlot: slot) } }.get()
+            return owner != nil && owner != victim
+        })
+        try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
+        let outcomes = try await harness.outcomes(count: 3 * devices.count)
+        let ids = outcomes.compactMap { $0["id"] as? String }
+        #expect(Set(ids).count == 3 * devices.count, "missing: \(Set((0..<3).flatMap { r in devices.indices.map { "f-\(r)-\($0)" } }).subtracting(ids).sorted().prefix(10))")
+        #expect(ids.count == 3 * devices.count, "second outcomes for \(ids.count - Set(ids).count) intents")
+        // Each device: the first round sent at once, the second parked and then displaced by
+        // the third (its mailbox keeps the newest, `coalesced`) or sent, the third delivered.
+        let status = Dictionary(outcomes.map { ($0["id"] as? String ?? "", $0["status"] as? String ?? "") }) { first, _ in first }
+        for index in devices.indices {
+            #expect(status["f-0-\(index)"] == "delivered" && status["f-2-\(index)"] == "delivered", "device \(index)")
+            #expect(["delivered", "coalesced"].contains(status["f-1-\(index)"]), "device \(index): \(status["f-1-\(index)"] ?? "")")
+        }
+        let sent = harness.simulator.accepted.map(\.apnsID)
+        #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
+        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        await harness.stop()
+    }
+}
