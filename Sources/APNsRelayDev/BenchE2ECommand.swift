@@ -104,17 +104,21 @@ struct BenchWorkload: ParsableArguments {
     @Flag(help: "Per-device policy on (the defaults: dedupe, rate limit burst 10, coalescing): a private redis-server. With the default workload no device reaches its limit.")
     var policy = false
 
+    @Flag(name: .customLong("redis-cluster"), help: "With --policy: a Redis Cluster of three masters (redis.mode cluster) instead of one redis-server.")
+    var redisCluster = false
+
     @Option(help: "Offer the intents at this many per second while the relay runs (latency below saturation), instead of producing them all before it starts.")
     var rate: Int?
 
     func validate() throws {
         if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
         if let rate, rate < 1 { throw ValidationError("--rate must be at least 1") }
+        if redisCluster && !policy { throw ValidationError("--redis-cluster needs --policy") }
     }
 
     var arguments: [String] {
         ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
-            + (policy ? ["--policy"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
+            + (policy ? ["--policy"] : []) + (redisCluster ? ["--redis-cluster"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
     }
 
     /// With `--rate`, intents produced before the relay starts (as many as partitions), whose
@@ -157,6 +161,7 @@ struct BenchStackCommand: AsyncParsableCommand {
         let stack = try await EmbeddedStack.start(partitions: workload.partitions)
         let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
         var redis: RedisServerProcess?
+        var redisCluster: RedisClusterProcess?
         do {
             // With --rate only the warm-up goes in now; the workload follows the parent's go.
             if workload.rate == nil {
@@ -165,7 +170,12 @@ struct BenchStackCommand: AsyncParsableCommand {
                 try await produce(into: stack.configuration, count: workload.warmUp, warmUp: true)
             }
             var configuration = stack.configuration
-            if workload.policy {
+            if workload.policy && workload.redisCluster {
+                let cluster = try RedisClusterProcess(masters: 3)
+                redisCluster = cluster
+                configuration.redis.url = cluster.url
+                configuration.redis.mode = .cluster
+            } else if workload.policy {
                 let server = try RedisServerProcess()
                 redis = server
                 configuration.redis.url = server.url
@@ -191,6 +201,7 @@ struct BenchStackCommand: AsyncParsableCommand {
         // Serve until the parent closes our standard input (or dies).
         await Task.detached { _ = FileHandle.standardInput.readDataToEndOfFile() }.value
         redis?.stop()
+        redisCluster?.stop()
         await stack.stop()
     }
 

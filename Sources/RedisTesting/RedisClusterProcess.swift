@@ -45,8 +45,13 @@ public final class RedisClusterProcess: Sendable {
     }
 
     deinit {
-        for server in servers { server.stop() }
+        stop()
         try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// Kills every node (SIGKILL).
+    public func stop() {
+        for server in servers { server.stop() }
     }
 
     /// Waits (20 s at most) until every running node says `cluster_state:ok` and agrees on the
@@ -107,6 +112,20 @@ public final class RedisClusterProcess: Sendable {
     public func masterPort(forSlot slot: Int) throws -> Int? {
         let port = try masterPorts()[slot]
         return port == 0 ? nil : port
+    }
+
+    /// Moves `slots` slots, and their keys, from one master to another with `redis-cli --cluster
+    /// reshard`, then waits until every node agrees.
+    public func reshard(from source: Int, to target: Int, slots: Int) throws {
+        let run = try ChildProcess.capturingOutput(executable: try Self.redisCLI(), arguments: [
+            "--cluster", "reshard", "127.0.0.1:\(source)", "--cluster-from", try nodeID(port: source),
+            "--cluster-to", try nodeID(port: target), "--cluster-slots", "\(slots)", "--cluster-yes",
+        ])
+        let log = String(decoding: ChildProcess.readToEnd(run.output), as: UTF8.self)
+        guard run.process.wait() == 0 else {
+            throw RedisServerProcess.ServerFailed(log: "redis-cli --cluster reshard failed:\n\(log.suffix(2000))")
+        }
+        try waitUntilConsistent()
     }
 
     /// A node's cluster id (`CLUSTER MYID`).

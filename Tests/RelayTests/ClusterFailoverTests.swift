@@ -1,4 +1,5 @@
 import APNs
+import Common
 import Foundation
 import Redis
 import RedisTesting
@@ -6,8 +7,8 @@ import Relay
 import TestSupport
 import Testing
 
-/// The relay on a Redis Cluster whose masters fail while intents flow.
-@Suite("Relay on a Redis Cluster that fails over", .timeLimit(.minutes(3)))
+/// The relay on a Redis Cluster that changes while intents flow: slots move, masters fail.
+@Suite("Relay on a Redis Cluster that changes", .timeLimit(.minutes(3)))
 struct ClusterFailoverTests {
     /// Three masters with a replica each; a master killed (SIGKILL) mid-stream: its replica
     /// takes over, and once the old master is back as its replica every intent has its
@@ -64,6 +65,44 @@ struct ClusterFailoverTests {
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
         try await waitUntil { harness.pipeline.notReadyReason == nil }
+        await harness.stop()
+    }
+
+    /// 1,000 slots move to another master (`redis-cli --cluster reshard`) while intents flow:
+    /// every intent is answered once, and the relay never sees Redis failing (it follows the
+    /// `ASK`s and `MOVED`s).
+    @Test func aReshardWhileIntentsFlowIsNoOutage() async throws {
+        let cluster = try await onOwnThread { Result { try RedisClusterProcess(masters: 3) } }.get()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(2) }, configureRelay: {
+            $0.redis.url = cluster.url
+            $0.redis.mode = .cluster
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(0xd000)), key: hexToken(0xd000))
+        _ = try await harness.outcomes(count: 1)
+        let (source, target) = (cluster.servers[0].port, cluster.servers[1].port)
+        let reshardDone = AsyncLatch()
+        let resharding = Task {
+            defer { reshardDone.open() }
+            try await onOwnThread { Result { try cluster.reshard(from: source, to: target, slots: 1000) } }.get()
+        }
+        var batches = 0
+        // Batches of 100 intents over 1,000 devices (about 60 of them in moving slots) until the
+        // reshard is done, 10 at least.
+        while batches < 10 || !reshardDone.isOpen {
+            _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<100).map { index in
+                let token = hexToken(0xd100 + (batches * 100 + index) % 1000)
+                return (Array(token.utf8), Array(intent("r-\(batches)-\(index)", token: token).utf8))
+            })
+            batches += 1
+            if batches >= 200 { break }
+        }
+        try await resharding.value
+        let outcomes = try await harness.outcomes(count: 1 + batches * 100)
+        let ids = outcomes.compactMap { $0["id"] as? String }
+        #expect(ids.count == 1 + batches * 100 && Set(ids).count == ids.count)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" },
+                "\(Dictionary(grouping: outcomes) { $0["status"] as? String ?? "" }.mapValues(\.count))")
+        #expect(harness.pipeline.redisOutages == 0)
         await harness.stop()
     }
 }

@@ -80,6 +80,7 @@ public final class RelayPipeline: RelayStatus, Service {
         var firstConsumedAt: ContinuousClock.Instant?
         /// Why Redis is failing, while it is.
         var redisTrouble: String?
+        var redisOutages = 0
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
         /// Why the relay refused to go on (its Redis can evict parked intents).
@@ -138,6 +139,8 @@ public final class RelayPipeline: RelayStatus, Service {
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
     public var publishFailures: Int { state.withLock { $0.publishFailures } }
+    /// Times Redis started failing (each outage counted once, when it begins).
+    public var redisOutages: Int { state.withLock { $0.redisOutages } }
     /// Revocations whose commit the coordinator refused (their work may be sent again by the
     /// partitions' next owners).
     public var revocationCommitFailures: Int { consumer.revocationCommitFailures }

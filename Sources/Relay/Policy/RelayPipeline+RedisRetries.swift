@@ -5,6 +5,7 @@ extension RelayPipeline {
     func redisFailed(_ error: RedisError) {
         let isNew = state.withLock { state in
             defer { state.redisTrouble = "\(error)" }
+            if state.redisTrouble == nil { state.redisOutages += 1 }
             return state.redisTrouble == nil
         }
         RelayMetrics.redisErrors.increment()
