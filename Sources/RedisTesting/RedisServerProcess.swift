@@ -46,8 +46,11 @@ public final class RedisServerProcess: Sendable {
     private static func launch(port: Int, tls: (certificate: String, key: String)?, extraArguments: [String]) throws -> ChildProcess {
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
+        // Its files (a replica's full sync writes an RDB) go to the temporary directory, not
+        // the current one; a --dir among the extra arguments wins.
         let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                  "--daemonize", "no", "--logfile", ""] + extraArguments
+                                  "--daemonize", "no", "--logfile", "", "--dir", FileManager.default.temporaryDirectory.path]
+            + extraArguments
         let (process, output) = try ChildProcess.capturingOutput(executable: try Self.executable(), arguments: arguments)
         // Its log says when it is ready.
         var log: [UInt8] = []
