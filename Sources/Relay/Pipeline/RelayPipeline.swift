@@ -54,6 +54,10 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Opened once in-flight work finished or the shutdown deadline passed: what is still
     /// running is cancelled.
     let abandoning = AsyncLatch()
+    /// Opened once the ``MailboxDeliverer`` ended (at once without Redis): the pipeline's run
+    /// ends after it, so that the service group never sees the pipeline end while it waits
+    /// for the deliverer (that would cancel the group instead of shutting it down in order).
+    let mailboxesEnded = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
@@ -123,6 +127,7 @@ public final class RelayPipeline: RelayStatus, Service {
             return policy
         }
         self.badges = clients.redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        if policy == nil { mailboxesEnded.open() }
         RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
         self.tokenSources = clients.tokenSources
         self.clients = clients.apns
@@ -214,7 +219,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// group of its group of intents (a child of the admitting loop's task group; see
     /// ``workExecutors``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (on
     /// Swift's global executor), which cancels them when ``abandoning`` opens. So the deadline
-    /// (or cancelling this task) reaches all of it.
+    /// reaches all of it; cancelling this task cancels the consumed intents' work, and the
+    /// deliverer's ends with its own service.
     ///
     /// The work runs in a task of its own that this one awaits and cancels with itself: one that
     /// inherits no task-local values (the service group's among them). Every intent's child
@@ -252,6 +258,7 @@ public final class RelayPipeline: RelayStatus, Service {
             let left = inFlight
             abandoning.open()
             await group.waitForAll()
+            await mailboxesEnded.wait()
             return left
         }
         if left > 0 {

@@ -18,6 +18,7 @@ final class MailboxDeliverer: Service {
 
     func run() async {
         let pipeline = pipeline
+        defer { pipeline.mailboxesEnded.open() }
         await withGracefulShutdownHandler {
             let work = Task.detached { await pipeline.deliverMailboxes() }
             await withTaskCancellationHandler {
