@@ -15,6 +15,12 @@ extension RelayPipeline {
                                        consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
                                        expiration: intent.expiration, message: intent.encoded)
         let now = nowMilliseconds()
+        // While the park is under way (asked again after a failure, say, when its replicas did
+        // not acknowledge it in time) this relay's deliverer does not take the entry: a take
+        // between two tries would be undone by the second.
+        let member = RedisKeys.member(token: intent.token, topic: intent.topic, id: intent.id)
+        let guarded = state.withLock { $0.mailboxJobs.insert(member).inserted }
+        defer { if guarded { _ = state.withLock { $0.mailboxJobs.remove(member) } } }
         guard let parked = await withRedisRetries(item, { () throws(RedisError) in
             try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
                                   due: max(due, now), now: now, tooManyRequests: tooManyRequests)
