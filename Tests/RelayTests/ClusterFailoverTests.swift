@@ -50,6 +50,8 @@ struct ClusterFailoverTests {
             let owner = try? await onOwnThread { Result { try cluster.masterPort(forSlot: slot) } }.get()
             return owner != nil && owner != victim
         })
+        // The new master has no replica: the third round's parks there are not acknowledged.
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.contains("NOREPLICAS") == true }
         try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
         let outcomes = try await harness.outcomes(count: 3 * devices.count)
         let ids = outcomes.compactMap { $0["id"] as? String }
@@ -87,14 +89,14 @@ struct ClusterFailoverTests {
         }
         var batches = 0
         // Batches of 100 intents over 1,000 devices (about 60 of them in moving slots) until the
-        // reshard is done, 10 at least.
+        // reshard is done, 10 at least and 100 at most (10 per device: the default burst).
         while batches < 10 || !reshardDone.isOpen {
             _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<100).map { index in
                 let token = hexToken(0xd100 + (batches * 100 + index) % 1000)
                 return (Array(token.utf8), Array(intent("r-\(batches)-\(index)", token: token).utf8))
             })
             batches += 1
-            if batches >= 200 { break }
+            if batches >= 100 { break }
         }
         try await resharding.value
         let outcomes = try await harness.outcomes(count: 1 + batches * 100)
@@ -103,6 +105,39 @@ struct ClusterFailoverTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" },
                 "\(Dictionary(grouping: outcomes) { $0["status"] as? String ?? "" }.mapValues(\.count))")
         #expect(harness.pipeline.redisOutages == 0)
+        await harness.stop()
+    }
+
+    /// A cluster that is down (two of its three masters gone, no replicas): the relay stops
+    /// consuming (`redis.fail_open: false`) and says why; once the masters are back it goes on,
+    /// and every intent, the ones produced meanwhile included, is answered once.
+    @Test func aClusterThatIsDownPausesConsumingUntilItIsBack() async throws {
+        let cluster = try await onOwnThread { Result { try RedisClusterProcess(masters: 3, nodeTimeoutMilliseconds: 1000) } }.get()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(2) }, configureRelay: {
+            $0.redis.url = cluster.url
+            $0.redis.mode = .cluster
+        })
+        func produce(_ prefix: String) async throws {
+            _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<50).map { index in
+                let token = hexToken(0xe000 + index)
+                return (Array(token.utf8), Array(intent("\(prefix)-\(index)", token: token).utf8))
+            })
+        }
+        try await produce("before")
+        _ = try await harness.outcomes(count: 50)
+        let down = Array(cluster.servers.prefix(2))
+        await onOwnThread { for server in down { server.stop() } }
+        try await produce("during")
+        try await waitUntil { harness.pipeline.notReadyReason?.contains("Redis") == true }
+        try await onOwnThread { Result { for server in down { try server.start() }; try cluster.waitUntilConsistent() } }.get()
+        let outcomes = try await harness.outcomes(count: 100)
+        let ids = outcomes.compactMap { $0["id"] as? String }
+        #expect(ids.count == 100 && Set(ids).count == 100)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        let sent = harness.simulator.accepted.map(\.apnsID)
+        #expect(sent.count == 100 && Set(sent).count == 100)
+        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        #expect(harness.pipeline.redisOutages >= 1)
         await harness.stop()
     }
 }
