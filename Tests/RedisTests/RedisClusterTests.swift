@@ -143,6 +143,15 @@ struct RedisClusterUnitTests {
         }
     }
 
+    @Test func repliesFromSeveralNodesMergeToTheWeakest() {
+        #expect(RedisClusterRouter.merged(nil, .integer(2)) == .integer(2))
+        #expect(RedisClusterRouter.merged(.integer(2), .integer(1)) == .integer(1))
+        #expect(RedisClusterRouter.merged(.integer(1), .integer(3)) == .integer(1))
+        #expect(RedisClusterRouter.merged(.integer(1), .error("NOREPLICAS")) == .error("NOREPLICAS"))
+        #expect(RedisClusterRouter.merged(.error("ERR x"), .status("OK")) == .error("ERR x"))
+        #expect(RedisClusterRouter.merged(.status("OK"), .status("OK")) == .status("OK"))
+    }
+
     @Test func redirectRepliesAreRead() {
         let asked = RedisNodeAddress(host: "10.0.0.9", port: 7000)
         #expect(RedisClusterRedirect("MOVED 3999 127.0.0.1:6381", asked: asked) == .moved(RedisNodeAddress(host: "127.0.0.1", port: 6381)))
@@ -305,6 +314,31 @@ struct RedisClusterChangeTests {
             #expect(replies == [.bulk(Array("m".utf8)), .bulk(Array("s".utf8))])
             #expect(client.clusterCounters.ask == 1 && client.clusterCounters.moved == 0 && client.clusterCounters.refreshes == 1)
             #expect(client.nodes.count == 3)
+        }
+    }
+
+    /// A write asked of a slot's new node (`ASK`) takes its call's `WAIT` along: the new node
+    /// runs it after the write (its `cmdstat_wait`), so the replicas it counts are the write's.
+    @Test func aWaitGoesWithItsWriteWhenTheWriteIsRedirected() async throws {
+        let cluster = try await startCluster()
+        let key = "{waited}-key", slot = RedisHashSlot.of("waited")
+        try await withClusterClient(cluster.url) { client in
+            _ = try await client.send(RedisCommand("SET", [key, "1"]))
+            let source = try #require(try await offPool { try cluster.masterPort(forSlot: slot) })
+            let target = Self.otherMaster(than: source, in: cluster)
+            try await Self.move(slot, of: cluster, to: target, keys: [key], finish: false)
+            func waits(on port: Int) async throws -> Int {
+                let node = try RedisClientTests.client("redis://127.0.0.1:\(port)/0")
+                let info = try await node.send(RedisCommand("INFO", ["commandstats"])).string ?? ""
+                await node.shutdown()
+                let line = info.split(whereSeparator: \.isNewline).first { $0.hasPrefix("cmdstat_wait:") } ?? ""
+                return Int(line.split(separator: "=").dropFirst().first?.split(separator: ",").first ?? "0") ?? 0
+            }
+            let before = try await waits(on: target)
+            let replies = try await client.pipeline([RedisCommand("SET", [key, "2"]), RedisCommand("WAIT", [0, 100])])
+            #expect(replies == [.status("OK"), .integer(0)])
+            #expect(client.clusterCounters.ask == 1)
+            #expect(try await waits(on: target) == before + 1)
         }
     }
 

@@ -178,12 +178,17 @@ final class RedisClusterRouter: Sendable {
             await refresh(deadline: deadline)
             groups = state.withLock { Self.group(Array(routed.indices), routed, &$0, self) }
         }
+        // The map read took the call's time: nothing is written (a connection made now would
+        // get no time to connect, and its failure would hold the node's other calls back).
+        if groups != nil, timeLeft(before: deadline) <= resendMargin { groups = nil }
         let sends = groups?.map { write($0.node, $0.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered) }
         if let written {
             state.withLock { if $0.orderedGate === written.futureResult { $0.orderedGate = nil } }
             written.succeed(())
         }
-        guard let sends else { throw .unavailable("no Redis Cluster master is known for the call's slots") }
+        guard let sends else {
+            throw timeLeft(before: deadline) <= resendMargin ? .timedOut : .unavailable("no Redis Cluster master is known for the call's slots")
+        }
         return sends
     }
 
@@ -280,8 +285,7 @@ final class RedisClusterRouter: Sendable {
                     if case .error(let message) = reply, let redirect = RedisClusterRedirect(message, asked: send.node.address) {
                         pending[index] = .redirected(redirect)
                     }
-                    // A command sent to several nodes: an error anywhere is its reply.
-                    if replies[index] == nil || reply.isError { replies[index] = reply }
+                    replies[index] = Self.merged(replies[index], reply)
                 }
             }
             if pending.isEmpty { break }
@@ -340,18 +344,33 @@ final class RedisClusterRouter: Sendable {
             }
         }
         guard timeLeft(before: deadline) > resendMargin else { return nil }
+        // The call's commands for every node (`WAIT` for its writes, `SCRIPT LOAD`) go again
+        // with each resent group, after the commands they followed: a `WAIT` answers for the
+        // writes on its own node only.
+        let everywhere = routed.indices.filter { routed[$0].everyNode && pending[$0] == nil }
         var targets: [(node: RedisNode, indices: [Int], asking: Bool)] = []
         let known = state.withLock { state -> Bool in
             guard !state.isShutDown else { return false }
-            for (address, indices) in asked { targets.append((Self.node(address, &state, self), indices.sorted(), true)) }
-            for (address, indices) in moved { targets.append((Self.node(address, &state, self), indices.sorted(), false)) }
+            for (address, indices) in asked { targets.append((Self.node(address, &state, self), (indices + everywhere).sorted(), true)) }
+            for (address, indices) in moved { targets.append((Self.node(address, &state, self), (indices + everywhere).sorted(), false)) }
             guard !toOwners.isEmpty else { return true }
-            guard let groups = Self.group(toOwners.sorted(), routed, &state, self) else { return false }
+            guard let groups = Self.group((toOwners + everywhere).sorted(), routed, &state, self) else { return false }
             targets += groups.map { ($0.node, $0.indices, false) }
             return true
         }
         guard known else { throw state.withLock { $0.isShutDown } ? .shutdown : .unavailable("no Redis Cluster master is known for the call's slots") }
         return targets.map { write($0.node, $0.indices, asking: $0.asking, commands, routed, deadline: deadline, ordered: ordered) }
+    }
+
+    /// A command's reply, given the one it had (from another node, or an earlier round, for
+    /// the commands that go to every node of a call): an error anywhere is its reply, and of
+    /// two counts (`WAIT`'s replicas) the smaller, which holds for every node's writes.
+    static func merged(_ earlier: RESPValue?, _ reply: RESPValue) -> RESPValue {
+        guard let earlier else { return reply }
+        if earlier.isError { return earlier }
+        if reply.isError { return reply }
+        if case .integer(let first) = earlier, case .integer(let second) = reply { return .integer(min(first, second)) }
+        return earlier
     }
 
     func timeLeft(before deadline: NIODeadline) -> Duration {
