@@ -54,6 +54,9 @@ final class TestRedis: Sendable {
     func client() throws -> RedisClient {
         var configuration = RedisConfiguration(url: try RedisURL(parsing: url))
         configuration.mode = kind == .cluster ? .cluster : .standalone
+        // A test's own calls: room for a loaded machine (a first call in cluster mode reads the
+        // slot map and loads its script first).
+        configuration.commandTimeout = .seconds(10)
         return try RedisClient(configuration: configuration)
     }
 }
