@@ -78,6 +78,9 @@ struct ClusterFailoverTests {
         let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(2) }, configureRelay: {
             $0.redis.url = cluster.url
             $0.redis.mode = .cluster
+            // Calls of up to 3 s: the suite runs many tests on two cores at once, and a call
+            // out of time keeps its last redirect as its answer (an outage).
+            $0.redis.timeoutMilliseconds = 3000
         })
         try await harness.produce(intent("warm-up", token: hexToken(0xd000)), key: hexToken(0xd000))
         _ = try await harness.outcomes(count: 1)

@@ -311,7 +311,7 @@ final class RedisClusterRouter: Sendable {
         var asked: [RedisNodeAddress: [Int]] = [:]
         var moved: [RedisNodeAddress: [Int]] = [:]
         var toOwners: [Int] = []
-        var mapChanged = false
+        var mapChanged = false, unreachable = false
         var wait = false
         for (index, why) in pending {
             switch why {
@@ -327,14 +327,21 @@ final class RedisClusterRouter: Sendable {
                 moved[address, default: []].append(index)
             case .unreachable:
                 mapChanged = true
+                unreachable = true
                 toOwners.append(index)
             case .redirected(.again):
                 wait = true
                 toOwners.append(index)
             }
         }
-        if mapChanged { await refresh(startedAfter: readsBefore, deadline: deadline) }
-        if wait || (mapChanged && round > 1) {
+        if unreachable {
+            // Who serves those slots now (a replica that took over) takes a map read.
+            await refresh(startedAfter: readsBefore, deadline: deadline)
+        } else if mapChanged {
+            // The named nodes are resent to at once; the map is read meanwhile, for later calls.
+            Task { await self.refresh(startedAfter: readsBefore) }
+        }
+        if wait || (unreachable && round > 1) {
             let delay = configuration.reconnectBackoff.delay(attempt: round - 1)
             guard timeLeft(before: deadline) > delay + resendMargin else { return nil }
             do {
