@@ -227,12 +227,19 @@ public final class RelayPipeline: RelayStatus, Service {
     /// task would otherwise link to them, and that link costs about 2.5 KB of task memory per
     /// intent in flight (25 MB at 10,000; heaptrack, docs/architecture.md).
     public func run() async {
+        await runDetached { await self.runUntilStopped() }
+    }
+
+    /// Runs `work` in a detached task (no task-local values inherited, see ``run()``) that is
+    /// cancelled with the calling one; a graceful shutdown of the service group asks the
+    /// pipeline to stop. ``run()`` and the ``MailboxDeliverer`` run so.
+    func runDetached(_ work: @escaping @Sendable () async -> Void) async {
         await withGracefulShutdownHandler {
-            let work = Task.detached { await self.runUntilStopped() }
+            let task = Task.detached { await work() }
             await withTaskCancellationHandler {
-                await work.value
+                await task.value
             } onCancel: {
-                work.cancel()
+                task.cancel()
             }
         } onGracefulShutdown: {
             self.requestStop()

@@ -19,15 +19,6 @@ final class MailboxDeliverer: Service {
     func run() async {
         let pipeline = pipeline
         defer { pipeline.mailboxesEnded.open() }
-        await withGracefulShutdownHandler {
-            let work = Task.detached { await pipeline.deliverMailboxes() }
-            await withTaskCancellationHandler {
-                await work.value
-            } onCancel: {
-                work.cancel()
-            }
-        } onGracefulShutdown: {
-            pipeline.requestStop()
-        }
+        await pipeline.runDetached { await pipeline.deliverMailboxes() }
     }
 }
