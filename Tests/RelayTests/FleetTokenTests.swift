@@ -23,21 +23,23 @@ struct FleetTokenTests {
     /// The server is killed when released: callers keep it until they are done.
     static func fleet(_ count: Int) throws -> (RedisServerProcess, Clock, [RedisProviderTokenSource]) {
         let server = try RedisServerProcess()
+        let (clock, sources) = try fleet(count) { try Self.redisClient(server) }
+        return (server, clock, sources)
+    }
+
+    /// `count` token sources for one key, each with the Redis client `client` makes.
+    static func fleet(_ count: Int, client: () throws -> RedisClient) throws -> (Clock, [RedisProviderTokenSource]) {
         let clock = Clock()
         let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
-        let sources = try (0..<count).map { _ in
-            try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: clock.read)
-        }
-        return (server, clock, sources)
+        let sources = try (0..<count).map { _ in try RedisProviderTokenSource(signer: signer, redis: try client(), clock: clock.read) }
+        return (clock, sources)
     }
 
     @Test(arguments: RedisKind.allCases)
     func processesShareOneTokenAndOneMintPerRefresh(_ kind: RedisKind) async throws {
         // Two relay processes: their own Redis connections, the same key.
         let redis = try await TestRedis.start(kind)
-        let clock = Clock()
-        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
-        let sources = try (0..<2).map { _ in try RedisProviderTokenSource(signer: signer, redis: try redis.client(), clock: clock.read) }
+        let (clock, sources) = try Self.fleet(2) { try redis.client() }
         let (first, second) = (sources[0], sources[1])
 
         let a = try await first.currentToken()
