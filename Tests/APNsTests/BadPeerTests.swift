@@ -7,14 +7,19 @@ import Testing
 /// Bad endpoints give one clear failure naming the cause, within the deadline, and no crash.
 @Suite("Bad peers", .timeLimit(.minutes(3)))
 struct BadPeerTests {
-    static func send(to port: Int, timeout: TimeAmount = .seconds(2)) async throws -> (APNsResult, Duration) {
+    /// A one-connection client of a local bad peer (its certificate not checked).
+    static func client(of port: Int, timeout: TimeAmount) throws -> APNsClient {
         var configuration = APNsClientConfiguration(
             endpoint: APNsEndpoint(host: "127.0.0.1", port: port),
             credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
         configuration.connections = 1
         configuration.requestTimeout = timeout
         configuration.insecureSkipVerify = true
-        let client = try APNsClient(configuration: configuration)
+        return try APNsClient(configuration: configuration)
+    }
+
+    static func send(to port: Int, timeout: TimeAmount = .seconds(2)) async throws -> (APNsResult, Duration) {
+        let client = try client(of: port, timeout: timeout)
         let started = ContinuousClock.now
         let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
         let elapsed = ContinuousClock.now - started
@@ -78,13 +83,7 @@ struct BadPeerTests {
     /// --sanitize=address` runs it under the address sanitizer).
     @Test func aShutdownBetweenConnectAndTheServersSettingsEndsCleanly() async throws {
         let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: [])
-        var configuration = APNsClientConfiguration(
-            endpoint: APNsEndpoint(host: "127.0.0.1", port: server.port),
-            credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
-        configuration.connections = 1
-        configuration.requestTimeout = .seconds(60)
-        configuration.insecureSkipVerify = true
-        let client = try APNsClient(configuration: configuration)
+        let client = try Self.client(of: server.port, timeout: .seconds(60))
         let started = ContinuousClock.now
         let sending = Task { try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic)) }
         #expect(await server.heardFromAClient.wait(atMost: .seconds(30)))
@@ -101,13 +100,7 @@ struct BadPeerTests {
     @Test func aServerThatAllowsNoStreamIsNotReadyAndWaitingRequestsEnd() async throws {
         let noStreams: [UInt8] = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0]
         let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: noStreams)
-        var configuration = APNsClientConfiguration(
-            endpoint: APNsEndpoint(host: "127.0.0.1", port: server.port),
-            credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
-        configuration.connections = 1
-        configuration.requestTimeout = .milliseconds(500)
-        configuration.insecureSkipVerify = true
-        let client = try APNsClient(configuration: configuration)
+        let client = try Self.client(of: server.port, timeout: .milliseconds(500))
         let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
         #expect(result.failure == .timedOut(""))
         #expect(client.readyConnections == 0)
