@@ -132,6 +132,15 @@ struct RedisClusterUnitTests {
         // Many masters named (each once over a range another takes back) never trap.
         let many: RESPValue = .array((0..<40_000).map { .array([.integer(0), .integer(0), .array([text("10.1.\($0 / 256).\($0 % 256)"), .integer(7000)])]) })
         #expect(RedisClusterTopology(slots: many, asked: asked)?.masters.count == 1)
+        // A reply naming the whole slot range over and over is not a slot map (it took the
+        // client's time without bound: 40,000 × 16,384 assignments).
+        let repeated: RESPValue = .array((0..<40_000).map { _ in .array([.integer(0), .integer(16383), .array([text("10.2.0.1"), .integer(7000)])]) })
+        #expect(RedisClusterTopology(slots: repeated, asked: asked) == nil)
+        let repeatedShards: RESPValue = .array((0..<40_000).map { _ in
+            node([("slots", .array([.integer(0), .integer(16383)])),
+                  ("nodes", .array([node([("port", .integer(7000)), ("endpoint", text("10.2.0.1")), ("role", text("master"))])]))])
+        })
+        #expect(RedisClusterTopology(shards: repeatedShards, asked: asked, tls: false) == nil)
         #expect(fromSlots.masters == [RedisNodeAddress(host: "10.0.0.2", port: 7002), asked])
         #expect(fromSlots.coveredSlots == RedisHashSlot.count)
         // Not a slot map: nil, never a trap.

@@ -43,6 +43,11 @@ struct RedisClusterTopology: Sendable, Equatable {
         return index >= 0 ? masters[Int(index)] : nil
     }
 
+    /// Slots a reply may assign in all (each at most four times over): a real map assigns each
+    /// slot once, and a reply naming whole ranges again and again would take the client's
+    /// time without bound.
+    static let maxAssignedSlots = 4 * RedisHashSlot.count
+
     /// `known`: each master's place in `masters` so far (a reply may name many).
     private mutating func assign(_ range: ClosedRange<Int>, to master: RedisNodeAddress, _ known: inout [RedisNodeAddress: Int]) {
         let index: Int
@@ -80,6 +85,7 @@ struct RedisClusterTopology: Sendable, Equatable {
     init?(shards reply: RESPValue, asked: RedisNodeAddress, tls: Bool) {
         guard let shards = reply.array else { return nil }
         var known: [RedisNodeAddress: Int] = [:]
+        var assigned = 0
         for shard in shards {
             guard let fields = Self.fields(shard), let slots = fields["slots"]?.array, let nodes = fields["nodes"]?.array else {
                 return nil
@@ -95,6 +101,8 @@ struct RedisClusterTopology: Sendable, Equatable {
             guard let port, (1...65535).contains(port), host != "?" else { continue }
             for index in stride(from: 0, to: slots.count - 1, by: 2) {
                 guard let range = Self.slotRange(slots[index], slots[index + 1]) else { return nil }
+                assigned += range.count
+                guard assigned <= Self.maxAssignedSlots else { return nil }
                 assign(range, to: RedisNodeAddress(host: host, port: Int(port)), &known)
             }
         }
@@ -105,6 +113,7 @@ struct RedisClusterTopology: Sendable, Equatable {
     init?(slots reply: RESPValue, asked: RedisNodeAddress) {
         guard let ranges = reply.array else { return nil }
         var known: [RedisNodeAddress: Int] = [:]
+        var assigned = 0
         for entry in ranges {
             guard let values = entry.array, values.count >= 3, let range = Self.slotRange(values[0], values[1]),
                   let master = values[2].array, master.count >= 2, let port = master[1].integer,
@@ -112,6 +121,8 @@ struct RedisClusterTopology: Sendable, Equatable {
             var host = master[0].string ?? ""
             if host.isEmpty { host = asked.host }
             guard host != "?" else { continue }
+            assigned += range.count
+            guard assigned <= Self.maxAssignedSlots else { return nil }
             assign(range, to: RedisNodeAddress(host: host, port: Int(port)), &known)
         }
         normalize()
