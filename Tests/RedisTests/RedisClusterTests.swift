@@ -175,7 +175,7 @@ struct RedisClusterUnitTests {
     }
 }
 
-@Suite("Redis Cluster client against a real cluster", .timeLimit(.minutes(3)))
+@Suite("Redis Cluster client against a real cluster", .serialized, .timeLimit(.minutes(3)))
 struct RedisClusterClientTests {
     @Test func hashSlotsMatchTheServers() async throws {
         let cluster = try await startCluster()
@@ -266,7 +266,7 @@ struct RedisClusterClientTests {
 }
 
 /// Tests that move slots or kill nodes: a cluster each.
-@Suite("Redis Cluster client while the cluster changes", .timeLimit(.minutes(3)))
+@Suite("Redis Cluster client while the cluster changes", .serialized, .timeLimit(.minutes(3)))
 struct RedisClusterChangeTests {
     /// Moves `slot` (and its keys) from its master to `target` by hand, as `redis-cli --cluster
     /// reshard` does; `finish: false` leaves it half-way (migrating/importing).

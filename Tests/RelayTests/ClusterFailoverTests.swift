@@ -8,7 +8,7 @@ import TestSupport
 import Testing
 
 /// The relay on a Redis Cluster that changes while intents flow: slots move, masters fail.
-@Suite("Relay on a Redis Cluster that changes", .timeLimit(.minutes(3)))
+@Suite("Relay on a Redis Cluster that changes", .serialized, .timeLimit(.minutes(3)))
 struct ClusterFailoverTests {
     /// Three masters with a replica each; a master killed (SIGKILL) mid-stream: its replica
     /// takes over, and once the old master is back as its replica every intent has its
@@ -24,6 +24,9 @@ struct ClusterFailoverTests {
             $0.redis.parkMinReplicas = 1
             // Room for a loaded machine: WAITs queue behind each other on a connection.
             $0.redis.timeoutMilliseconds = 3000
+            // Parks asked again within 2 s once the old master is back (the default backoff
+            // grows to 30 s while the new master has no replica, past the outcomes' wait).
+            $0.retry.maxBackoffMilliseconds = 2000
             // One send per device at once, then one per second: the rest of a device's intents park.
             $0.policy.defaults.rateLimit = .init(burst: 1, refillPerSecond: 1)
             $0.policy.defaults.coalesce = false
