@@ -117,6 +117,7 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
@@ -147,6 +148,7 @@ let package = Package(
             name: "CommandLineSupport",
             dependencies: [
                 "APNs",
+                "Common",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
@@ -157,6 +159,7 @@ let package = Package(
             name: "APNsRelayCLI",
             dependencies: [
                 "APNs",
+                "Common",
                 "Redis",
                 "Relay",
                 "CommandLineSupport",
@@ -231,6 +234,14 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Spawn"],
             path: "Tests/TestSupport",
+            swiftSettings: strict),
+        .testTarget(
+            name: "CommandLineSupportTests",
+            dependencies: [
+                "CommandLineSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
             swiftSettings: strict),
         .testTarget(
             name: "CommonTests",

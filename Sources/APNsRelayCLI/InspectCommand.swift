@@ -1,4 +1,4 @@
-import ArgumentParser
+public import ArgumentParser
 import Foundation
 import Redis
 import Relay
@@ -24,17 +24,18 @@ struct InspectCommand: AsyncParsableCommand {
     var redis: String?
 
     @Option(name: .customLong("redis-mode"), help: "With --redis: standalone, or cluster (--redis names a seed node).")
-    var redisMode = RedisConfiguration.Mode.standalone.rawValue
+    var redisMode = RedisConfiguration.Mode.standalone
 
     func validate() throws {
         if (config == nil) == (redis == nil) { throw ValidationError("give exactly one of --config and --redis") }
-        if RedisConfiguration.Mode(rawValue: redisMode) == nil { throw ValidationError("--redis-mode is standalone or cluster") }
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        Terminal.logErrorsOnly()
+        try logging.bootstrap(defaultLevel: .error)
         let url: RedisURL
-        var mode = RedisConfiguration.Mode(rawValue: redisMode) ?? .standalone
+        var mode = redisMode
         var seeds: [RedisNodeAddress] = []
         // The rules the bucket is read with: the file's, or the defaults.
         var policy = RelayConfiguration.Policy()
@@ -114,3 +115,5 @@ struct InspectCommand: AsyncParsableCommand {
         }
     }
 }
+
+extension RedisConfiguration.Mode: ExpressibleByArgument {}

@@ -29,14 +29,11 @@ struct RunCommand: AsyncParsableCommand {
     @Option(name: .customLong("reload-check-ms"), help: .hidden)
     var reloadCheckMilliseconds = 10_000
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        let configuration: RelayConfiguration
-        do {
-            configuration = try RelayConfiguration.load(file: config)
-        } catch {
-            Terminal.error("invalid configuration \(config):\n\(error)")
-            throw ExitCode(2)
-        }
+        try logging.bootstrap(defaultLevel: .info)
+        let configuration = try loadUsableConfiguration(config)
         // What the files held when they were loaded: a change from then on is a reload, even one
         // made before the relay is running (the status endpoints answer earlier).
         let loaded = PipelineService.fingerprint(config, configuration)
@@ -176,8 +173,10 @@ struct PipelineService: Service {
             let seen = Self.fingerprint(configFile, configuration)
             guard seen != last else { continue }
             last = seen
-            if let broken = Self.brokenKey(configuration) {
-                logger.error("a changed key file is broken; the running credentials stay", metadata: ["relay.error": "\(broken)"])
+            let problems = configuration.preflightProblems
+            guard problems.isEmpty else {
+                logger.error("the changed configuration or a file it names cannot be used; the running one stays",
+                             metadata: ["relay.error": "\(problems.joined(separator: "; "))"])
                 Self.countReload("invalid")
                 continue
             }
@@ -215,36 +214,58 @@ struct PipelineService: Service {
         }
         return bytes
     }
-
-    /// Why a key file cannot be used, if one cannot.
-    static func brokenKey(_ configuration: RelayConfiguration) -> String? {
-        for credential in configuration.apns.credentials {
-            do {
-                _ = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
-            } catch {
-                return "\(credential.keyFile): \(error)"
-            }
-        }
-        return nil
-    }
 }
 
-/// `apns-relay check-config FILE`: validates and prints the effective configuration.
+/// `apns-relay check-config --config FILE`: validates the file, reads every file it names, and
+/// prints the effective configuration.
 struct CheckConfigCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "check-config",
-        abstract: "Validate a configuration file and print the effective configuration, secrets redacted.")
+        abstract: "Validate a configuration and the files it names; print the effective configuration, secrets redacted.",
+        discussion: """
+            Exit 0: `run` would start with it. Exit 2: a key is unknown or a value invalid, a key \
+            or certificate file does not parse, no credential is listed, or a topic has none \
+            (every problem is listed on standard error).
+            """)
 
-    @Argument(help: "YAML configuration file.")
-    var file: String
+    @Option(help: "YAML configuration file.")
+    var config: String?
+
+    @Argument(help: ArgumentHelp("The file, as an argument (the same as --config).", valueName: "file"))
+    var file: String?
+
+    @OptionGroup var logging: LoggingOptions
+
+    func validate() throws {
+        if (config == nil) == (file == nil) { throw ValidationError("give the file once: --config FILE (or FILE)") }
+    }
 
     func run() throws {
-        do {
-            let configuration = try RelayConfiguration.load(file: file)
-            Terminal.line(configuration.redactedYAML)
-        } catch {
-            Terminal.error("invalid configuration \(file):\n\(error)")
-            throw ExitCode(2)
-        }
+        try logging.bootstrap(defaultLevel: .error)
+        Terminal.line(try loadUsableConfiguration(config ?? file ?? "").redactedYAML)
     }
+}
+
+/// Loads the configuration at `path` and reads every file it names (``RelayConfiguration/preflightProblems``,
+/// the Kafka and Redis client settings): on any problem, lists them all on standard error and
+/// exits 2.
+func loadUsableConfiguration(_ path: String) throws -> RelayConfiguration {
+    let configuration: RelayConfiguration
+    do {
+        configuration = try RelayConfiguration.load(file: path)
+    } catch {
+        Terminal.error("invalid configuration \(path):\n\(error)")
+        throw ExitCode(2)
+    }
+    var problems = configuration.preflightProblems
+    do {
+        try RelayApplication.validateClientSettings(configuration)
+    } catch {
+        problems.append("\(error)")
+    }
+    guard problems.isEmpty else {
+        Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
+        throw ExitCode(2)
+    }
+    return configuration
 }

@@ -1,3 +1,4 @@
+import Common
 import APNs
 import ArgumentParser
 import Foundation
@@ -32,8 +33,8 @@ struct SendCommand: AsyncParsableCommand {
     @Option(help: "File with the whole JSON payload.")
     var payload: String?
 
-    @Option(name: .customLong("push-type"), help: "apns-push-type.")
-    var pushType: String = "alert"
+    @Option(name: .customLong("push-type"), help: "apns-push-type; the topic needs the type's suffix (voip: .voip, ...).")
+    var pushType: PushType = .alert
 
     @Option(help: "apns-priority: 10, 5 or 1 (default: 5 for background, else 10).")
     var priority: Int?
@@ -53,7 +54,10 @@ struct SendCommand: AsyncParsableCommand {
         if timeout < 1 { throw ValidationError("--timeout must be at least 1 second") }
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
+        try logging.bootstrap(defaultLevel: .critical)
         var output = JSONObjectWriter()
         let succeeded: Bool
         do {
@@ -75,10 +79,6 @@ struct SendCommand: AsyncParsableCommand {
     }
 
     private func send(into output: inout JSONObjectWriter) async throws -> Bool {
-        guard let pushType = PushType(rawValue: pushType) else {
-            throw APNsError.invalidNotification(APNsValidationError(
-                .invalidPushType, "push type '\(self.pushType)' is not one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))"))
-        }
         let body: ByteBuffer
         if let alert {
             body = APNsNotification.alert(alert, deviceToken: token, topic: topic).payload
@@ -103,9 +103,9 @@ struct SendCommand: AsyncParsableCommand {
         configuration.connectTimeout = .seconds(Int64(timeout))
         configuration.insecureSkipVerify = insecure
         if insecure { Terminal.error("warning: --insecure: the server's TLS certificate is not verified") }
-        // The answer (or the error) is the output; the client's own logs would only repeat it.
-        var logger = Logger(label: "apns-relay.send")
-        logger.logLevel = .critical
+        // The answer (or the error) is the output; the client's own logs would only repeat it
+        // (so the command logs at critical unless --log-level says otherwise).
+        let logger = Logger(label: "apns-relay.send")
         let client = try APNsClient(configuration: configuration, logger: logger)
         let result: APNsResult
         do {

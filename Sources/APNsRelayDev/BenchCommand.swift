@@ -53,7 +53,10 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         }
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
+        try logging.bootstrap(defaultLevel: .error)
         var simulator: APNsSimulator?
         let credential: APNsCredential
         let target: APNsEndpoint

@@ -22,8 +22,10 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
     @OptionGroup var workload: BenchWorkload
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        Terminal.logErrorsOnly()
+        try logging.bootstrap(defaultLevel: .error)
         // A child that died is seen when reading from it, not as a signal when writing to it.
         signal(SIGPIPE, SIG_IGN)
         let stack = try StackProcess.start(workload)
@@ -156,8 +158,10 @@ struct BenchStackCommand: AsyncParsableCommand {
 
     @OptionGroup var workload: BenchWorkload
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        Terminal.logErrorsOnly()
+        try logging.bootstrap(defaultLevel: .error)
         let stack = try await EmbeddedStack.start(partitions: workload.partitions)
         let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
         var redis: RedisServerProcess?

@@ -44,8 +44,10 @@ struct DemoCommand: AsyncParsableCommand {
         if !(0...0.5).contains(failureRate) { throw ValidationError("--failure-rate must be between 0 and 0.5") }
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        Terminal.logErrorsOnly()
+        try logging.bootstrap(defaultLevel: .error)
         let unregistered = EmbeddedStack.token(0xdead_beef)
         let failureRate = self.failureRate
         Terminal.line("starting: Kafka mock cluster (3 brokers), APNs simulator\(noRedis ? "" : ", redis-server"), relay")

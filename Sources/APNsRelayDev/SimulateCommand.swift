@@ -77,7 +77,10 @@ struct SimulateCommand: AsyncParsableCommand {
         return (host, port)
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
+        try logging.bootstrap(defaultLevel: .info)
         let configuration: SimulatorConfiguration
         do {
             configuration = try makeConfiguration()

@@ -49,8 +49,10 @@ struct SoakCommand: AsyncParsableCommand {
         }
     }
 
+    @OptionGroup var logging: LoggingOptions
+
     func run() async throws {
-        Terminal.logErrorsOnly()
+        try logging.bootstrap(defaultLevel: .error)
         let relayBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
             .deletingLastPathComponent().appendingPathComponent("apns-relay").path
         guard FileManager.default.isExecutableFile(atPath: relayBinary) else {

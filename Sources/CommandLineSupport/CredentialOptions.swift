@@ -48,3 +48,6 @@ public struct CredentialOptions: ParsableArguments {
         throw .credential("no credentials: give --team-id, --key-id and --key-file, or --cert-file")
     }
 }
+
+/// `--push-type` takes the names APNs knows; `--help` lists them.
+extension PushType: ExpressibleByArgument {}

@@ -1,20 +1,10 @@
 import Foundation
-import Logging
 
 /// Output helpers for the commands.
 public enum Terminal {
     /// One line on standard error.
     public static func error(_ message: String) {
         FileHandle.standardError.write(Data("apns-relay: \(message)\n".utf8))
-    }
-
-    /// Logs go to stderr at error level only: for commands whose output is the point.
-    public static func logErrorsOnly() {
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .error
-            return handler
-        }
     }
 
     /// One line on standard output, written at once (other programs wait for it).

@@ -22,8 +22,10 @@ public final class ChildProcess: Sendable {
     }
 
     /// Starts `executable` with `arguments`. A nil descriptor leaves that stream this process's.
+    /// The child's environment is this process's with `environment` set over it.
     public init(executable: String, arguments: [String], standardInput: Int32? = nil,
-                standardOutput: Int32? = nil, standardError: Int32? = nil) throws(SpawnError) {
+                standardOutput: Int32? = nil, standardError: Int32? = nil,
+                environment: [String: String] = [:]) throws(SpawnError) {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -47,11 +49,31 @@ public final class ChildProcess: Sendable {
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for argument in argv { free(argument) } }
         var pid: pid_t = 0
-        let result = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+        let envp = Self.environment(overriding: environment)
+        defer { for variable in envp { free(variable) } }
+        let result = envp.isEmpty
+            ? posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+            : posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
         guard result == 0 else {
             throw SpawnError(description: "cannot start \(executable): \(String(cString: strerror(result)))")
         }
         self.pid = pid
+    }
+
+    /// This process's environment with `overrides` set, as `NAME=value` strings and a final nil;
+    /// empty when there is nothing to override (the child then gets `environ` itself).
+    private static func environment(overriding overrides: [String: String]) -> [UnsafeMutablePointer<CChar>?] {
+        guard !overrides.isEmpty else { return [] }
+        var variables: [String] = []
+        var pointer = environ
+        while let entry = pointer.pointee {
+            let variable = String(cString: entry)
+            let name = variable.split(separator: "=", maxSplits: 1).first.map(String.init) ?? variable
+            if overrides[name] == nil { variables.append(variable) }
+            pointer += 1
+        }
+        variables += overrides.map { "\($0.key)=\($0.value)" }
+        return variables.map { strdup($0) } + [nil]
     }
 
     /// Starts `executable` with its standard output and error into one new pipe: the process

@@ -22,6 +22,18 @@ struct ChildProcessTests {
         #expect(!child.isRunning)
     }
 
+    @Test func theChildGetsThisEnvironmentWithTheOverridesSet() throws {
+        let path = try #require(ProcessInfo.processInfo.environment["PATH"])
+        let out = try ChildProcess.makePipe()
+        let child = try ChildProcess(executable: "/bin/sh", arguments: ["-c", #"echo "$APNS_RELAY_TEST_X|$PATH|$HOME""#],
+                                     standardOutput: out.write,
+                                     environment: ["APNS_RELAY_TEST_X": "a b=c", "HOME": "/nowhere"])
+        close(out.write)
+        let printed = String(decoding: ChildProcess.readToEnd(out.read), as: UTF8.self)
+        #expect(child.wait() == 0)
+        #expect(printed == "a b=c|\(path)|/nowhere\n")
+    }
+
     @Test func theChildStartsWithNoSignalBlockedOrIgnored() throws {
         // Whatever this thread blocks and this process ignores, the child may be stopped.
         var blocked = sigset_t(), previous = sigset_t()

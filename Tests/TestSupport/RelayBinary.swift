@@ -26,8 +26,8 @@ public enum RelayBinary {
 
     /// Runs the binary to completion on a thread of its own (never on the test's cooperative
     /// pool, which has one thread per core: a blocked one stalls every other test).
-    public static func run(_ arguments: [String]) async throws -> Output {
-        try await onOwnThread { Result { try runProgram(url.path, arguments) } }.get()
+    public static func run(_ arguments: [String], environment: [String: String] = [:]) async throws -> Output {
+        try await onOwnThread { Result { try runProgram(url.path, arguments, environment: environment) } }.get()
     }
 
     /// ``run(_:)`` for `apns-relay-dev`.
@@ -38,12 +38,12 @@ public enum RelayBinary {
 
 /// Runs a program to completion, blocking: its exit code (128 + the signal if one ended it) and
 /// what it printed. Both pipes are drained at once, so a chatty stderr cannot block the child.
-public func runProgram(_ executable: String, _ arguments: [String]) throws -> RelayBinary.Output {
+public func runProgram(_ executable: String, _ arguments: [String], environment: [String: String] = [:]) throws -> RelayBinary.Output {
     let out = try ChildProcess.makePipe(), err = try ChildProcess.makePipe()
     let process: ChildProcess
     do {
         process = try ChildProcess(executable: executable, arguments: arguments,
-                                   standardOutput: out.write, standardError: err.write)
+                                   standardOutput: out.write, standardError: err.write, environment: environment)
     } catch {
         for descriptor in [out.read, out.write, err.read, err.write] { close(descriptor) }
         throw error

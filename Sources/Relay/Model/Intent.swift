@@ -1,3 +1,4 @@
+import Common
 public import APNs
 public import Foundation
 public import NIOCore

@@ -1,3 +1,4 @@
+import Common
 /// What became of one intent: one event on the outcomes topic per intent (key = device token).
 /// docs/outcomes.md describes it; docs/outcome.schema.json is its JSON Schema.
 public struct Outcome: Sendable, Equatable {

@@ -1,3 +1,4 @@
+import Logging
 import Common
 import APNs
 import Kafka
@@ -83,7 +84,7 @@ extension RelayPipeline {
     }
 
     func invalidOutcome(_ item: WorkItem, _ invalid: InvalidIntent) -> Outcome {
-        logger.info("invalid intent", metadata: metadata(item, ["intent.reason": "\(invalid.reason)"]))
+        logger.debug("invalid intent", metadata: metadata(item, ["intent.reason": "\(invalid.reason)"]))
         return makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
                            reason: "\(invalid.reason): \(invalid.message)")
     }
@@ -139,12 +140,28 @@ extension RelayPipeline {
         return (outcome.token.map { Array($0.utf8) }, outcome.utf8)
     }
 
-    /// Counts a published outcome.
+    /// Counts a published outcome; at debug level, logs it (one line per outcome: the
+    /// metadata is built only when debug is on).
     @inline(never)
     func published(_ ending: Ending) {
         guard let outcome = ending.outcome else { return }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome)
+        logger.debug("outcome published", metadata: Self.metadata(outcome))
         published?(outcome)
+    }
+
+    /// Log metadata naming an outcome (never its token: a device's token is an identifier).
+    static func metadata(_ outcome: Outcome) -> Logger.Metadata {
+        var metadata: Logger.Metadata = [
+            "intent.id": "\(outcome.id ?? "none")", "outcome.status": "\(outcome.status.rawValue)",
+            "kafka.partition": "\(outcome.partition)", "kafka.offset": "\(outcome.offset)",
+            "outcome.latency_ms": "\(outcome.latencyMilliseconds)",
+        ]
+        if let topic = outcome.topic { metadata["apns.topic"] = "\(topic)" }
+        if let reason = outcome.reason { metadata["outcome.reason"] = "\(reason)" }
+        if let status = outcome.httpStatus { metadata["apns.status"] = "\(status)" }
+        if let apnsID = outcome.apnsID { metadata["apns.id"] = "\(apnsID)" }
+        return metadata
     }
 }

@@ -1,3 +1,4 @@
+import Common
 import APNs
 import NIOCore
 public import Redis

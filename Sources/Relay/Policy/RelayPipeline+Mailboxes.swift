@@ -137,8 +137,10 @@ extension RelayPipeline {
                 }
                 // Not an outage: its index member already moved to the lease's end, so it is
                 // asked again then; the other entries go on.
-                RelayMetrics.redisErrors.increment()
-                logger.error("Redis refuses taking a mailbox entry", metadata: ["relay.member": "\(member)", "redis.error": "\(error)"])
+                RelayMetrics.redisRefused.increment()
+                logger.error("Redis refuses taking a mailbox entry", metadata: [
+                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition)", "redis.error": "\(error)",
+                ])
                 continue
             }
             let generation = generations[partition] ?? 0

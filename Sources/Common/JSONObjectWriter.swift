@@ -1,5 +1,5 @@
-/// Writes one JSON object with its keys in the order given (outcomes and CLI answers are read by
-/// people as well as machines). `null` is written only where asked for. Builds UTF-8 bytes
+/// Writes one JSON object with its keys in the order given (outcomes, CLI answers and JSON log
+/// lines are read by people as well as machines). `null` is written only where asked for. Builds UTF-8 bytes
 /// directly: one outcome per intent goes through it.
 public struct JSONObjectWriter: Sendable {
     private var bytes: [UInt8]
@@ -17,6 +17,25 @@ public struct JSONObjectWriter: Sendable {
         bytes.append(UInt8(ascii: "\""))
         bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
         bytes.append(contentsOf: #"":"#.utf8)
+    }
+
+    /// A key known only at run time (log metadata, say), escaped as JSON needs.
+    private mutating func key(_ name: String) {
+        if !empty { bytes.append(UInt8(ascii: ",")) }
+        empty = false
+        Self.appendQuoted(name, to: &bytes)
+        bytes.append(UInt8(ascii: ":"))
+    }
+
+    public mutating func add(key name: String, _ value: String) {
+        key(name)
+        Self.appendQuoted(value, to: &bytes)
+    }
+
+    /// Adds a value that is already JSON under a key known only at run time.
+    public mutating func addJSON(key name: String, _ json: some Sequence<UInt8>) {
+        key(name)
+        bytes.append(contentsOf: json)
     }
 
     public mutating func add(_ name: StaticString, _ value: String) {
