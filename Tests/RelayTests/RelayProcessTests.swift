@@ -292,16 +292,41 @@ struct RelayProcessTests {
 
     @Test func twoRelaysRebalanceWithoutLosingIntents() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(5))
-        let config = try writeConfig(harness: harness)
-        let first = try RelayProcess.start(config: config)
+        let ports = [try freePort(), try freePort()]
+        func lagPartitions(_ port: Int) async -> Set<String> {
+            guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return [] }
+            return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_consumer_lag{") }
+                .compactMap { $0.firstMatch(of: /partition="(\d+)"/).map { String($0.output.1) } })
+        }
+        let first = try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: ports[0]))
         try await harness.produce(400)
-        let second = try RelayProcess.start(config: config)
+        // The first relay owns every partition (and shows their lag) before the second joins.
+        try await waitUntil(asking: { await lagPartitions(ports[0]).count == 4 })
+        let second = try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: ports[1]))
         try await harness.produce(400, from: 400)
-        let (ids, _) = try await harness.outcomeIDs(atLeast: 800)
-        #expect(ids.count == 800)
+        // Consumer lag is shown only for the partitions each relay owns now: the first relay's
+        // series for the partitions it gave up are gone, so nothing is counted twice. (A relay
+        // knows a partition's lag once it has consumed from it: intents go on arriving in waves.)
+        var produced = 800, seen: [Set<String>] = []
+        func split() async -> Bool {
+            seen = [await lagPartitions(ports[0]), await lagPartitions(ports[1])]
+            return seen.allSatisfy { !$0.isEmpty } && seen[0].isDisjoint(with: seen[1]) && seen[0].union(seen[1]).count == 4
+        }
+        let giveUp = ContinuousClock.now + .seconds(40)
+        while await !split() {
+            guard ContinuousClock.now < giveUp else {
+                Issue.record("lag series by relay: \(seen)")
+                break
+            }
+            try? await waitUntil(timeout: .seconds(1), asking: split)
+            try await harness.produce(20, from: produced)
+            produced += 20
+        }
+        let (ids, _) = try await harness.outcomeIDs(atLeast: produced)
+        #expect(ids.count == produced)
         #expect(await first.terminate() == 0)
         #expect(await second.terminate() == 0)
-        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 800)
+        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == produced)
         await harness.simulator.stop()
     }
 }
@@ -376,7 +401,8 @@ struct SecretsTests {
                                          with: "    heartbeat.interval.ms: 500\n    sasl.username: relay\n    sasl.password: \"\(saslPassword)\"")
         try yaml.write(toFile: config, atomically: true, encoding: .utf8)
 
-        let relay = try RelayProcess.start(config: config)
+        // Everything logged, as JSON lines: secrets stay out of the most the relay says.
+        let relay = try RelayProcess.start(config: config, extraArguments: ["--log-level", "trace", "--log-format", "json"])
         try await harness.produce(20)
         let outcomes = try await harness.outcomes(distinct: 20)
         // Consumer lag is reported every second once partitions are assigned: wait for it.
@@ -408,7 +434,23 @@ struct SecretsTests {
         }
         #expect(checked.stdout.contains("<redacted>"))
         #expect(printed.contains("relay started") && printed.contains("relay stopped"))
+        // Every line is one JSON object with its time, level, message and source; one debug line
+        // per outcome names the intent, its partition, offset and topic.
+        var answered = Set<String>()
+        for line in printed.split(separator: "\n") {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
+            for key in ["time", "level", "message", "source"] { #expect(object[key] is String, "\(key) in \(line)") }
+            guard object["message"] as? String == "outcome published" else { continue }
+            #expect(object["level"] as? String == "debug")
+            #expect(object["apns.topic"] as? String == "com.example.app" && object["outcome.status"] as? String == "delivered")
+            #expect(object["kafka.partition"] is String && object["kafka.offset"] is String, "\(line)")
+            if let id = object["intent.id"] as? String { answered.insert(id) }
+        }
+        #expect(answered.count == 20)
         try Self.dashboardsAndAlertsUseExportedNames(metrics)
+        // Redis answered throughout: no outage and no refusal, and both series exist for the alert.
+        #expect(metrics.contains(#"relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
+        #expect(metrics.contains(#"relay_redis_errors_total{kind="refused"} 0"#))
         #expect(outcomes.count >= 20)
         await harness.simulator.stop()
     }
@@ -519,23 +561,124 @@ struct CredentialReloadTests {
         #expect(status["new-still"] == "delivered")
         #expect(await relay.terminate() == 0)
         let printed = relay.printed
-        #expect(printed.contains("a changed key file is broken"), "\(printed.suffix(2000))")
+        #expect(printed.contains("the changed configuration or a file it names cannot be used") && printed.contains("key_file"), "\(printed.suffix(2000))")
         await harness.simulator.stop()
     }
 }
 
 @Suite("apns-relay check-config", .timeLimit(.minutes(3)))
 struct CheckConfigProcessTests {
-    @Test func theShippedFilePassesAndABrokenOneIsExplained() async throws {
+    @Test func theShippedFileNeedsACredentialAndABrokenOneIsExplained() async throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        let shipped = try await RelayBinary.run(["check-config", root.appendingPathComponent("config/apns-relay.yaml").path])
-        #expect(shipped.status == 0, "\(shipped.stderr)")
-        #expect(shipped.stdout.contains("rate_limit: {burst: 10, refill_per_second: 0.2}"))
+        // The shipped file lists no credential: it is a reference, not a working configuration.
+        let shippedFile = root.appendingPathComponent("config/apns-relay.yaml").path
+        let shipped = try await RelayBinary.run(["check-config", shippedFile])
+        #expect(shipped.status == 2)
+        #expect(shipped.stderr.contains("apns.credentials is empty"), "\(shipped.stderr)")
+        // With one credential it passes, as --config or as the argument.
+        let key = TestFiles.path("AuthKey_\(UUID()).p8").path
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: key, atomically: true, encoding: .utf8)
+        let working = TestFiles.path("working-\(UUID()).yaml").path
+        try String(contentsOfFile: shippedFile, encoding: .utf8)
+            .replacingOccurrences(of: "  credentials: []", with: """
+                  credentials:
+                    - {team_id: TEAM123456, key_id: ABC123DEFG, key_file: "\(key)", topics: [com.example.app]}
+                """)
+            .write(toFile: working, atomically: true, encoding: .utf8)
+        for arguments in [["check-config", "--config", working], ["check-config", working]] {
+            let checked = try await RelayBinary.run(arguments)
+            #expect(checked.status == 0, "\(arguments) \(checked.stderr)")
+            #expect(checked.stdout.contains("rate_limit: {burst: 10, refill_per_second: 0.2}"))
+            #expect(checked.stdout.contains(key))
+        }
+        #expect(try await RelayBinary.run(["check-config"]).status == 64)
+        #expect(try await RelayBinary.run(["check-config", "--config", working, working]).status == 64)
         let broken = TestFiles.path("broken-\(UUID()).yaml").path
         try "limits:\n  max_in_flight: lots\n".write(toFile: broken, atomically: true, encoding: .utf8)
         let refused = try await RelayBinary.run(["check-config", broken])
         #expect(refused.status != 0)
         #expect(refused.stderr.contains("limits.max_in_flight"), "\(refused.stderr)")
+    }
+
+    /// Every file the configuration names is read as `run` reads it, and every topic has a
+    /// credential: all problems are listed at once, and `run` refuses the same file.
+    @Test func everyFileItNamesIsParsedAndEveryTopicHasACredential() async throws {
+        let key = TestFiles.path("AuthKey_\(UUID()).p8").path
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: key, atomically: true, encoding: .utf8)
+        let notAKey = TestFiles.path("AuthKey_\(UUID()).p8").path
+        try "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".write(toFile: notAKey, atomically: true, encoding: .utf8)
+        let notPEM = TestFiles.path("ca-\(UUID()).pem").path
+        try "not a certificate\n".write(toFile: notPEM, atomically: true, encoding: .utf8)
+        func config(credentials: [(key: String, topics: String)], kafka: String = "", policy: String = "") throws -> String {
+            let listed = credentials.map { #"    - {team_id: TEAM123456, key_id: ABC123DEFG, key_file: "\#($0.key)", topics: \#($0.topics)}"# }
+            let yaml = "kafka:\n  brokers: 127.0.0.1:9\n\(kafka)apns:\n  credentials:\n" + listed.joined(separator: "\n") + "\n\(policy)"
+            let path = TestFiles.path("check-\(UUID()).yaml").path
+            try yaml.write(toFile: path, atomically: true, encoding: .utf8)
+            return path
+        }
+        let fine = try config(credentials: [(key, "[com.example.app]")],
+                              policy: "policy:\n  topics:\n    com.example.app.voip: {coalesce: false}\n")
+        let checked = try await RelayBinary.run(["check-config", "--config", fine])
+        #expect(checked.status == 0, "\(checked.stderr)")
+        // Kafka TLS files that librdkafka would take pass: a certificate with its encrypted key, a
+        // CA directory, `probe`; and TLS files are not read when the protocol uses no TLS.
+        let tls = TestFiles.path("tls-\(UUID())")
+        try FileManager.default.createDirectory(at: tls, withIntermediateDirectories: true)
+        let made = try await onOwnThread {
+            Result { try runProgram("/usr/bin/openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                                                         "-keyout", tls.appendingPathComponent("key.pem").path, "-passout", "pass:s3cret",
+                                                         "-out", tls.appendingPathComponent("cert.pem").path, "-subj", "/CN=relay", "-days", "1"]) }
+        }.get()
+        try #require(made.status == 0, "\(made.stderr)")
+        let cert = tls.appendingPathComponent("cert.pem").path, tlsKey = tls.appendingPathComponent("key.pem").path
+        for kafka in ["  config:\n    security.protocol: SASL_SSL\n    ssl.ca.location: \(cert)\n    ssl.certificate.location: \(cert)\n    ssl.key.location: \(tlsKey)\n    ssl.key.password: s3cret\n",
+                      "  config:\n    security.protocol: SSL\n    ssl.ca.location: \(tls.path)\n",
+                      "  config:\n    security.protocol: SSL\n    ssl.ca.location: probe\n",
+                      "  config:\n    security.protocol: SASL_PLAINTEXT\n    ssl.ca.location: \(notPEM)\n"] {
+            let passed = try await RelayBinary.run(["check-config", "--config", try config(credentials: [(key, "[com.example.app]")], kafka: kafka)])
+            #expect(passed.status == 0, "\(kafka): \(passed.stderr)")
+        }
+        // The key's password is needed and checked.
+        let wrongPassword = try config(credentials: [(key, "[com.example.app]")],
+                                       kafka: "  config:\n    security.protocol: SSL\n    ssl.key.location: \(tlsKey)\n    ssl.key.password: wrong\n")
+        #expect(try await RelayBinary.run(["check-config", "--config", wrongPassword]).status == 2)
+
+        let cases: [(file: String, says: [String])] = [
+            (try config(credentials: [(notAKey, "[com.example.app]")]), ["apns.credentials[0].key_file \(notAKey)"]),
+            (try config(credentials: [(key, "[com.example.app]"), (key, "[com.example.other, com.example.app]")]),
+             ["apns.credentials[1].topics: com.example.app is claimed by apns.credentials[0] too"]),
+            (try config(credentials: [(key, "[com.example.app]")], policy: "policy:\n  topics:\n    com.example.game: {coalesce: false}\n"),
+             ["policy.topics.com.example.game: no credential in apns.credentials covers this topic"]),
+            (try config(credentials: [(key, "[com.example.app]")], kafka: "  config:\n    security.protocol: SSL\n    ssl.ca.location: \(notPEM)\n"),
+             ["kafka.config.ssl.ca.location \(notPEM): not PEM certificates"]),
+            (try config(credentials: [(key, "[com.example.app]")], kafka: "  config:\n    security.protocol: SASL_SSL\n    ssl.key.location: \(notPEM)\n    ssl.keystore.location: /nonexistent.p12\n"),
+             ["kafka.config.ssl.key.location \(notPEM): not a PEM private key", "kafka.config.ssl.keystore.location /nonexistent.p12: not a readable file"]),
+            // Several problems: every one is listed.
+            (try config(credentials: [(notAKey, "[com.example.app]")], kafka: "  config:\n    security.protocol: ssl\n    ssl.certificate.location: \(notPEM)\n",
+                        policy: "policy:\n  topics:\n    com.example.game: {coalesce: false}\n"),
+             ["apns.credentials[0].key_file", "policy.topics.com.example.game", "kafka.config.ssl.certificate.location"]),
+        ]
+        for (file, says) in cases {
+            let refused = try await RelayBinary.run(["check-config", "--config", file])
+            #expect(refused.status == 2)
+            for text in says { #expect(refused.stderr.contains(text), "\(text) in \(refused.stderr)") }
+            #expect(refused.stdout.isEmpty)
+        }
+        // `run` refuses it before connecting to anything.
+        let run = try await RelayBinary.run(["run", "--config", cases[2].file])
+        #expect(run.status == 2)
+        #expect(run.stderr.contains("policy.topics.com.example.game"), "\(run.stderr)")
+    }
+
+    @Test func aLogVariableThatNamesNoLevelStopsEveryCommand() async throws {
+        for arguments in [["check-config", "--config", "/nonexistent.yaml"], ["run", "--config", "/nonexistent.yaml"],
+                          ["jwt", "--team-id", "T", "--key-id", "K", "--key-file", "/nonexistent.p8"]] {
+            let run = try await RelayBinary.run(arguments, environment: ["APNS_RELAY_LOG_LEVEL": "loud"])
+            #expect(run.status == 64, "\(arguments)")
+            #expect(run.stderr.contains("APNS_RELAY_LOG_LEVEL=loud is not one of trace, debug, info"), "\(run.stderr)")
+            let valid = try await RelayBinary.run(arguments, environment: ["APNS_RELAY_LOG_LEVEL": "DEBUG", "APNS_RELAY_LOG_FORMAT": "json"])
+            #expect(valid.status != 64, "\(arguments) \(valid.stderr)")
+        }
     }
 }
 

@@ -1,4 +1,5 @@
 import Metrics
+import Redis
 import Synchronization
 
 /// The metrics the relay emits; names live here only (docs/operations.md and dashboards read
@@ -6,7 +7,16 @@ import Synchronization
 enum RelayMetrics {
     static let intentsConsumed = Counter(label: "relay_intents_consumed_total")
     static let retries = Counter(label: "relay_retries_total")
-    static let redisErrors = Counter(label: "relay_redis_errors_total")
+    /// `relay_redis_errors_total{kind}`: `outage` (no answer — connection refused or lost, timed
+    /// out — or an answer saying Redis itself is in trouble: `LOADING`, `OOM`, `READONLY`, …) or
+    /// `refused` (an error for what a key holds, `WRONGTYPE`, a script's `ERR`: asking again
+    /// gives the same). Only an outage means Redis is down; the alert reads that kind.
+    static let redisOutage = Counter(label: "relay_redis_errors_total", dimensions: [("kind", "outage")])
+    static let redisRefused = Counter(label: "relay_redis_errors_total", dimensions: [("kind", "refused")])
+
+    static func redisError(_ error: RedisError) {
+        (error.isRefusal ? redisRefused : redisOutage).increment()
+    }
     /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
     static let parked = Counter(label: "relay_parked_total")
     static let inFlight = Gauge(label: "relay_in_flight")
@@ -42,15 +52,31 @@ enum RelayMetrics {
     static let maxReasonLabels = 100
     private static let reasonLabels = Mutex(Set<String>())
 
-    static func consumerLag(partition: Int32, records: Int64) {
-        Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)
+    /// Partitions whose lag this process shows.
+    private static let lagPartitions = Mutex(Set<Int32>())
+
+    /// `relay_consumer_lag{partition}` for the partitions this relay owns now (`owned`: its
+    /// assignment; `lag` may miss one whose position is not known yet); the series of a
+    /// partition it no longer owns is removed (after a rebalance its new owner reports it, and a
+    /// sum over the fleet counts it once).
+    static func consumerLag(_ lag: [(partition: Int32, records: Int64)], owned: Set<Int32>) {
+        for (partition, records) in lag where owned.contains(partition) {
+            Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)
+        }
+        let gone = lagPartitions.withLock { shown in
+            defer { shown = owned }
+            return shown.subtracting(owned)
+        }
+        for partition in gone {
+            Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).destroy()
+        }
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
     /// appearing with the first event: the counters, every status of `relay_outcomes_total`
     /// and each configured team's credential faults.
     static func register(teamIDs: [String]) {
-        for counter in [intentsConsumed, retries, redisErrors, parked, publishFailures] { counter.increment(by: 0) }
+        for counter in [intentsConsumed, retries, redisOutage, redisRefused, parked, publishFailures] { counter.increment(by: 0) }
         inFlight.record(0)
         for status in Outcome.Status.allCases {
             Counter(label: "relay_outcomes_total", dimensions: [("status", status.rawValue), ("reason", "none")]).increment(by: 0)

@@ -121,7 +121,7 @@ public final class RelayPipeline: RelayStatus, Service {
             // too few replicas holds the calls pipelined behind it on its connection briefly.
             policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 4, 1))
             policy.bucketWriteFailed = { [logger] error in
-                RelayMetrics.redisErrors.increment()
+                RelayMetrics.redisError(error)
                 logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])
             }
             return policy
@@ -280,9 +280,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// second until the relay stops.
     private func reportLag() async {
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
-            for (partition, records) in consumer.lag {
-                RelayMetrics.consumerLag(partition: partition.partition, records: records)
-            }
+            let owned = Set(consumer.assignment.map(\.partition))
+            RelayMetrics.consumerLag(consumer.lag.map { (partition: $0.key.partition, records: $0.value) }, owned: owned)
         }
     }
 
@@ -292,8 +291,12 @@ public final class RelayPipeline: RelayStatus, Service {
             "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(item.offset)",
         ]
         switch item.intent {
-        case .success(let intent): metadata["intent.id"] = "\(intent.id)"
-        case .failure(let invalid): metadata["intent.id"] = "\(invalid.id ?? "none")"
+        case .success(let intent):
+            metadata["intent.id"] = "\(intent.id)"
+            metadata["apns.topic"] = "\(intent.topic)"
+        case .failure(let invalid):
+            metadata["intent.id"] = "\(invalid.id ?? "none")"
+            if let topic = invalid.topic { metadata["apns.topic"] = "\(topic)" }
         }
         return metadata.merging(extra) { $1 }
     }

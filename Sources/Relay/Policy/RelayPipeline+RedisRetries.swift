@@ -8,7 +8,7 @@ extension RelayPipeline {
             if state.redisTrouble == nil { state.redisOutages += 1 }
             return state.redisTrouble == nil
         }
-        RelayMetrics.redisErrors.increment()
+        RelayMetrics.redisError(error)
         if isNew {
             logger.error("Redis is failing", metadata: [
                 "redis.error": "\(error)", "redis.fail_open": "\(configuration.redis.failOpen)",
@@ -87,7 +87,7 @@ extension RelayPipeline {
                 // It goes on as with `redis.fail_open`, alone.
                 refusals += 1
                 if refusals == Self.refusalsBeforeGivingUp {
-                    RelayMetrics.redisErrors.increment()
+                    RelayMetrics.redisRefused.increment()
                     logger.error("Redis refuses this intent's command: it goes on without the policy",
                                  metadata: metadata(item, ["redis.error": "\(error)"]))
                     return .giveUp
