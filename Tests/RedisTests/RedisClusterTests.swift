@@ -14,8 +14,10 @@ func startCluster(masters: Int = 3, replicasPerMaster: Int = 0, nodeTimeoutMilli
     }.get()
 }
 
-/// Runs `body` with a cluster-mode client of `url`, shut down afterwards whatever happens.
-func withClusterClient<T>(_ url: String, timeout: Duration = .seconds(2), seeds: [RedisNodeAddress] = [],
+/// Runs `body` with a cluster-mode client of `url`, shut down afterwards whatever happens. The
+/// commands' deadline is 5 s unless a test is about deadlines: with the suite running beside a
+/// build on two cores, a MOVED's map read and redirect once took over 2 s.
+func withClusterClient<T>(_ url: String, timeout: Duration = .seconds(5), seeds: [RedisNodeAddress] = [],
                           _ body: (RedisClient) async throws -> T) async throws -> T {
     let client = try clusterClient(url, timeout: timeout, seeds: seeds)
     do {
@@ -33,7 +35,7 @@ func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async thro
     try await onOwnThread { Result { try body() } }.get()
 }
 
-func clusterClient(_ url: String, timeout: Duration = .seconds(2), seeds: [RedisNodeAddress] = []) throws -> RedisClient {
+func clusterClient(_ url: String, timeout: Duration = .seconds(5), seeds: [RedisNodeAddress] = []) throws -> RedisClient {
     var configuration = RedisConfiguration(url: try RedisURL(parsing: url))
     configuration.mode = .cluster
     configuration.clusterSeeds = seeds

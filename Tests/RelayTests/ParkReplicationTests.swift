@@ -48,9 +48,13 @@ struct ParkReplicationTests {
         try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 3 }
         #expect(PolicyTests.sent(harness, "parked-2") == 0)
 
-        // The replica back and in sync: the park is asked again, counts, and the intent goes out.
-        try await onOwnThread { Result { try replica.start() } }.get()
-        try await Self.waitUntilInSync(replica)
+        // A replica back and in sync: the park is asked again, counts, and the intent goes out.
+        // (A new one on a port of its own: the old port may be taken meanwhile, and the relay
+        // talks only to the primary.)
+        let back = try await onOwnThread {
+            Result { try RedisServerProcess(arguments: ["--replicaof", "127.0.0.1", "\(primary.port)"]) }
+        }.get()
+        try await Self.waitUntilInSync(back)
         let after = PolicyTests.byID(try await harness.outcomes(count: 4))
         #expect(after["parked-2"]?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "parked-2") == 1)
