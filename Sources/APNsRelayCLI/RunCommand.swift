@@ -104,8 +104,9 @@ final class CurrentApplication: RelayStatus, Sendable {
 /// and the credentials' key files (a Kubernetes Secret update swaps a symlink: the files are
 /// read through their paths) are checked every `reloadInterval`. A changed configuration that
 /// loads, with every key file readable as a key, is applied: the pipeline drains (finished
-/// intents committed, the rest consumed again) and a new one starts with it. A broken change is
-/// logged, once, and the running configuration stays in use.
+/// intents committed, the rest consumed again) and a new one starts with it and with the keys
+/// read when the change was checked (a key file swapped during the drain is checked as a change
+/// of its own). A broken change is logged, once, and the running configuration stays in use.
 struct PipelineService: Service {
     let current: CurrentApplication
     let configFile: String
@@ -126,17 +127,19 @@ struct PipelineService: Service {
                 let watching = Task { [self] in await watch(application, from: start) }
                 await application.run()
                 watching.cancel()
-                guard let (next, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
+                guard let (next, signers, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
                 fingerprint = seen
-                let previous = application.configuration
                 do {
-                    current.application = try RelayApplication(configuration: next, logger: logger)
+                    // The keys validated with the change: a key file swapped during the drain
+                    // is the next watch's change, checked like any other.
+                    current.application = try RelayApplication(configuration: next, signers: signers, logger: logger)
                 } catch {
                     // Validated, yet refused: the drained relay starts again as it was.
                     logger.error("cannot start with the new configuration; the running one stays", metadata: ["relay.error": "\(error)"])
                     Self.countReload("invalid")
                     do {
-                        current.application = try RelayApplication(configuration: previous, logger: logger)
+                        current.application = try RelayApplication(configuration: application.configuration,
+                                                                   signers: application.signers, logger: logger)
                     } catch {
                         logger.critical("cannot start the relay again", metadata: ["relay.error": "\(error)"])
                         return
@@ -152,8 +155,8 @@ struct PipelineService: Service {
     }
 
     /// Until cancelled: on a valid change, asks `pipeline` to stop and returns the new
-    /// configuration with its fingerprint.
-    private func watch(_ application: RelayApplication, from start: [UInt8]) async -> (RelayConfiguration, [UInt8])? {
+    /// configuration, its keys as validated and its fingerprint.
+    private func watch(_ application: RelayApplication, from start: [UInt8]) async -> (RelayConfiguration, [ProviderTokenSigner], [UInt8])? {
         var last = start
         while !Task.isCancelled {
             try? await Task.sleep(for: reloadInterval)
@@ -173,17 +176,15 @@ struct PipelineService: Service {
             let seen = Self.fingerprint(configFile, configuration)
             guard seen != last else { continue }
             last = seen
-            let problems = configuration.preflightProblems
+            var problems = RelayApplication.startProblems(configuration)
+            var signers: [ProviderTokenSigner] = []
+            if problems.isEmpty {
+                // Read again for the new relay: a key swapped since the check is refused here.
+                do { signers = try configuration.loadSigners() } catch { problems.append("\(error)") }
+            }
             guard problems.isEmpty else {
                 logger.error("the changed configuration or a file it names cannot be used; the running one stays",
                              metadata: ["relay.error": "\(problems.joined(separator: "; "))"])
-                Self.countReload("invalid")
-                continue
-            }
-            do {
-                try RelayApplication.validateClientSettings(configuration)
-            } catch {
-                logger.error("the changed configuration is refused; the running one stays", metadata: ["relay.error": "\(error)"])
                 Self.countReload("invalid")
                 continue
             }
@@ -195,7 +196,7 @@ struct PipelineService: Service {
             ])
             Self.countReload("applied")
             application.requestStop()
-            return (configuration, seen)
+            return (configuration, signers, seen)
         }
         return nil
     }
@@ -257,12 +258,7 @@ func loadUsableConfiguration(_ path: String) throws -> RelayConfiguration {
         Terminal.error("invalid configuration \(path):\n\(error)")
         throw ExitCode(2)
     }
-    var problems = configuration.preflightProblems
-    do {
-        try RelayApplication.validateClientSettings(configuration)
-    } catch {
-        problems.append("\(error)")
-    }
+    let problems = RelayApplication.startProblems(configuration)
     guard problems.isEmpty else {
         Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
         throw ExitCode(2)

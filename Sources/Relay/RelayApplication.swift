@@ -39,19 +39,28 @@ struct RelayClients {
 /// old one first): this initialiser is the one place where the relay is built.
 public final class RelayApplication: Service, Sendable {
     public let configuration: RelayConfiguration
+    /// One signing key per `configuration.apns.credentials` entry, as read when this application
+    /// was made (see ``init(configuration:signers:worker:logger:clock:published:)``).
+    public let signers: [ProviderTokenSigner]
     public let pipeline: RelayPipeline
     private let clients: RelayClients
     private let logger: Logger
 
     /// - Parameters:
+    ///   - signers: the credentials' keys, in `configuration.apns.credentials` order; nil reads
+    ///     them from their `key_file`s now. A reload passes the keys it validated, so a key file
+    ///     that changes while the running relay drains does not reach the new one unchecked.
     ///   - worker: names this relay in outcomes and logs (default: host name and process id).
     ///   - clock: epoch seconds (tests inject one).
     ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
-    public init(configuration: RelayConfiguration, worker: String? = nil,
+    public init(configuration: RelayConfiguration, signers: [ProviderTokenSigner]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
                 published: (@Sendable (Outcome) -> Void)? = nil) throws {
+        let signers = try signers ?? configuration.loadSigners()
+        precondition(signers.count == configuration.apns.credentials.count, "one signer per credential")
         self.configuration = configuration
+        self.signers = signers
         self.logger = logger
         var redis: RedisClient?
         if !configuration.redis.url.isEmpty {
@@ -62,8 +71,7 @@ public final class RelayApplication: Service, Sendable {
             settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
             redis = try RedisClient(configuration: settings, logger: logger)
         }
-        let tokenSources = try configuration.apns.credentials.map { [redis] credential -> any ProviderTokenSource in
-            let signer = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+        let tokenSources = try signers.map { [redis] signer -> any ProviderTokenSource in
             signer.registerMetrics()
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
             return try LocalProviderTokenSource(signer: signer, clock: clock)
@@ -101,6 +109,19 @@ public final class RelayApplication: Service, Sendable {
     public static func validateClientSettings(_ configuration: RelayConfiguration) throws {
         if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
         try KafkaSettings.validate(configuration.kafka.properties)
+    }
+
+    /// Everything that keeps `configuration` from starting, all at once: its
+    /// ``RelayConfiguration/preflightProblems`` (the files it names) and what the clients would
+    /// refuse (``validateClientSettings(_:)``). `check-config`, `run` and a reload ask this.
+    public static func startProblems(_ configuration: RelayConfiguration) -> [String] {
+        var problems = configuration.preflightProblems
+        do {
+            try validateClientSettings(configuration)
+        } catch {
+            problems.append("\(error)")
+        }
+        return problems
     }
 
     /// Runs the clients and the pipeline until ``requestStop()``, a graceful shutdown of the

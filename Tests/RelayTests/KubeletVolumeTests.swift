@@ -43,38 +43,71 @@ struct KubeletVolume {
     }
 }
 
+/// A relay process whose configuration and key are mounted as the chart mounts them.
+struct MountedRelay {
+    let harness: ProcessHarness
+    let port: Int
+    /// The configuration as first written.
+    let written: String
+    var config: KubeletVolume
+    var keys: KubeletVolume
+    let relay: RelayProcess
+
+    /// Started, and serving its metrics.
+    static func start(reloadCheckMilliseconds: Int) async throws -> MountedRelay {
+        let harness = try await ProcessHarness.start()
+        let port = try freePort()
+        let key = try String(contentsOfFile: harness.keyFile, encoding: .utf8)
+        let keys = try KubeletVolume(["AuthKey_ABC123DEFG.p8": key])
+        let written = try String(contentsOfFile: try writeConfig(harness: harness, httpPort: port), encoding: .utf8)
+            .replacingOccurrences(of: "key_file: \(harness.keyFile)", with: "key_file: \(keys.path("AuthKey_ABC123DEFG.p8"))")
+        let config = try KubeletVolume(["apns-relay.yaml": written])
+        let relay = try RelayProcess.start(config: config.path("apns-relay.yaml"),
+                                           extraArguments: ["--reload-check-ms", "\(reloadCheckMilliseconds)"])
+        try await CredentialReloadTests.waitForMetric("relay_intents_consumed_total", port: port)
+        return MountedRelay(harness: harness, port: port, written: written, config: config, keys: keys, relay: relay)
+    }
+
+    func send(_ id: String, token: Int) async throws {
+        let value = #"{"id":"\#(id)","token":"\#(hexToken(token))","topic":"com.example.app","payload":{"aps":{"alert":"x"}}}"#
+        _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8), value: Array(value.utf8))
+    }
+
+    func waitForMetric(_ text: String) async throws {
+        try await CredentialReloadTests.waitForMetric(text, port: port)
+    }
+
+    /// The ConfigMap edited: `max_in_flight` halved.
+    mutating func editConfiguration() throws {
+        try config.update(["apns-relay.yaml": written.replacingOccurrences(of: "max_in_flight: 10000", with: "max_in_flight: 5000")])
+    }
+
+    /// The Secret edited: the key replaced by one that does not parse.
+    mutating func breakKey() throws {
+        try keys.update(["AuthKey_ABC123DEFG.p8": "not a key"])
+    }
+}
+
 @Suite("Mounted as Kubernetes mounts them", .timeLimit(.minutes(3)))
 struct KubeletVolumeTests {
     /// The chart mounts the ConfigMap and the keys' Secret as directories: an edit of either is a
     /// `..data` swap, which the relay's reload sees through the file's path.
     @Test func aConfigMapOrSecretSwapReachesTheRunningRelay() async throws {
-        let harness = try await ProcessHarness.start()
-        let port = try freePort()
-        let key = try String(contentsOfFile: harness.keyFile, encoding: .utf8)
-        var keys = try KubeletVolume(["AuthKey_ABC123DEFG.p8": key])
-        let written = try String(contentsOfFile: try writeConfig(harness: harness, httpPort: port), encoding: .utf8)
-            .replacingOccurrences(of: "key_file: \(harness.keyFile)", with: "key_file: \(keys.path("AuthKey_ABC123DEFG.p8"))")
-        var config = try KubeletVolume(["apns-relay.yaml": written])
-        let relay = try RelayProcess.start(config: config.path("apns-relay.yaml"), extraArguments: ["--reload-check-ms", "300"])
-        func send(_ id: String, token: Int) async throws {
-            let value = #"{"id":"\#(id)","token":"\#(hexToken(token))","topic":"com.example.app","payload":{"aps":{"alert":"x"}}}"#
-            _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8), value: Array(value.utf8))
-        }
-        try await CredentialReloadTests.waitForMetric("relay_intents_consumed_total", port: port)
-        try await send("before", token: 1)
+        var mounted = try await MountedRelay.start(reloadCheckMilliseconds: 300)
+        try await mounted.send("before", token: 1)
 
         // The ConfigMap edited: applied.
-        try config.update(["apns-relay.yaml": written.replacingOccurrences(of: "max_in_flight: 10000", with: "max_in_flight: 5000")])
-        try await CredentialReloadTests.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#, port: port)
-        try await send("after-config", token: 2)
+        try mounted.editConfiguration()
+        try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
+        try await mounted.send("after-config", token: 2)
 
         // The Secret edited with a broken key: seen through the swapped link, refused, and the
         // key in use stays.
-        try keys.update(["AuthKey_ABC123DEFG.p8": "not a key"])
-        try await CredentialReloadTests.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#, port: port)
-        try await send("after-key", token: 3)
+        try mounted.breakKey()
+        try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
+        try await mounted.send("after-key", token: 3)
 
-        let outcomes = try await harness.outcomes(distinct: 3)
+        let outcomes = try await mounted.harness.outcomes(distinct: 3)
         var status: [String: String] = [:]
         for text in outcomes {
             guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
@@ -82,8 +115,35 @@ struct KubeletVolumeTests {
             status[id] = object["status"] as? String
         }
         #expect(status == ["before": "delivered", "after-config": "delivered", "after-key": "delivered"])
-        #expect(await relay.terminate() == 0)
-        #expect(relay.printed.contains("AuthKey_ABC123DEFG.p8"), "\(relay.printed.suffix(2000))")
-        await harness.simulator.stop()
+        #expect(await mounted.relay.terminate() == 0)
+        #expect(mounted.relay.printed.contains("AuthKey_ABC123DEFG.p8"), "\(mounted.relay.printed.suffix(2000))")
+        await mounted.harness.simulator.stop()
+    }
+
+    /// A reload drains the running relay before the new one starts. A Secret swapped during
+    /// that drain (a `helm upgrade` changes both at once) must not reach the new relay
+    /// unchecked: it starts with the keys read when the change was validated, and the broken
+    /// key is then refused as a change of its own.
+    @Test func aSecretSwappedWhileAReloadDrainsIsRefusedAndTheRelayGoesOn() async throws {
+        var mounted = try await MountedRelay.start(reloadCheckMilliseconds: 200)
+        // One intent held in flight by APNs for 4 s: the reload's drain waits for it.
+        mounted.harness.simulator.update { $0.latency = .seconds(4) }
+        try await mounted.send("held", token: 1)
+        try await mounted.waitForMetric("relay_in_flight 1")
+        try mounted.editConfiguration()
+        try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
+        // Still draining: the held intent's answer is seconds away.
+        try mounted.breakKey()
+        mounted.harness.simulator.update { $0.latency = .zero }
+        try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
+        try await mounted.send("after", token: 2)
+
+        let (ids, _) = try await mounted.harness.outcomeIDs(atLeast: 2, timeout: .seconds(30))
+        #expect(ids == ["held", "after"])
+        let metrics = try await httpGet(port: mounted.port, path: "/metrics").body
+        #expect(metrics.contains(#"relay_config_reloads_total{result="applied"} 1"#), "\(metrics)")
+        #expect(await mounted.relay.terminate() == 0)
+        #expect(!mounted.relay.printed.contains("cannot start"), "\(mounted.relay.printed.suffix(3000))")
+        await mounted.harness.simulator.stop()
     }
 }

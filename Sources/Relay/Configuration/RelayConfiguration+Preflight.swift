@@ -1,8 +1,13 @@
-import APNs
+public import APNs
 import Foundation
 import NIOSSL
 
 extension RelayConfiguration {
+    /// Every credential's signing key, read from its `key_file` now, in `apns.credentials` order.
+    public func loadSigners() throws -> [ProviderTokenSigner] {
+        try apns.credentials.map { try ProviderTokenSigner(teamID: $0.teamID, keyID: $0.keyID, keyFile: $0.keyFile) }
+    }
+
     /// What keeps a configuration that loaded from working as meant, found by reading every file
     /// it names, before anything connects: no credential at all (every intent would come out
     /// `failed`, `NoCredentials`), a `.p8` key that is not a P-256 key, a topic in `policy.topics` or one claimed
