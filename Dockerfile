@@ -15,10 +15,15 @@ RUN apt-get update \
     && grep -v '^#' /tmp/build-packages.txt | xargs apt-get install -y --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY Package.swift ./
+# The image has no .git: `--build-arg APNS_RELAY_COMMIT=$(git rev-parse --short=12 HEAD)` names
+# the commit that `apns-relay --version` and relay_build_info report (else "unknown").
+ARG APNS_RELAY_COMMIT=unknown
+COPY Package.swift VERSION ./
+COPY Plugins ./Plugins
+COPY scripts/build-info ./scripts/build-info
 COPY Sources ./Sources
 COPY Tests ./Tests
-RUN swift build -c release --product apns-relay --static-swift-stdlib \
+RUN APNS_RELAY_COMMIT="${APNS_RELAY_COMMIT}" swift build -c release --product apns-relay --static-swift-stdlib \
     && install -D -m 0755 "$(swift build -c release --show-bin-path)/apns-relay" /out/apns-relay
 
 FROM ${RUNTIME_IMAGE} AS runtime
@@ -36,7 +41,7 @@ CMD ["run", "--config", "/etc/apns-relay/apns-relay.yaml"]
 
 # Smoke test: the binary starts and its libraries resolve in the runtime image.
 FROM runtime AS smoke
-RUN ["/usr/local/bin/apns-relay", "--help"]
+RUN /usr/local/bin/apns-relay --help > /dev/null && /usr/local/bin/apns-relay --version
 
 # The default target: the runtime image, built only after the smoke test passed.
 FROM runtime

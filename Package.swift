@@ -58,6 +58,10 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict),
+        // What the executables were built from: VERSION and the git commit, written before every
+        // build by the plugin (scripts/build-info).
+        .target(name: "BuildInfo", swiftSettings: strict, plugins: ["BuildInfoPlugin"]),
+        .plugin(name: "BuildInfoPlugin", capability: .buildTool()),
         // HTTP/2 over NIO with nghttp2 as the protocol engine; no C type escapes it.
         .target(
             name: "HTTP2",
@@ -159,6 +163,7 @@ let package = Package(
             name: "APNsRelayCLI",
             dependencies: [
                 "APNs",
+                "BuildInfo",
                 "Common",
                 "Redis",
                 "Relay",
@@ -188,6 +193,7 @@ let package = Package(
         .executableTarget(
             name: "APNsRelayDev",
             dependencies: [
+                "BuildInfo",
                 "Common",
                 "APNs",
                 "APNsSimulator",

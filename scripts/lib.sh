@@ -38,3 +38,16 @@ ensure_python_tools() {
         "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check --ignore-requires-python "${PYTHON_TOOLS[@]}"
     fi
 }
+
+# promtool, from Debian's prometheus package, for the alert rules' tests (scripts/check-alerts).
+# Only the tool is wanted: where systemd started the package's server, it is stopped and disabled.
+ensure_promtool() {
+    command -v promtool >/dev/null && return
+    local -a APT_PACKAGES=(prometheus)
+    ensure_packages
+    if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+}

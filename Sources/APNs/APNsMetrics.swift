@@ -7,6 +7,7 @@ enum APNsMetrics {
     static let readyConnections = "apns_connections_ready"
     static let connectAttempts = "apns_connect_attempts_total"
     static let tokenIssuedAt = "apns_jwt_issued_at_seconds"
+    static let tokenRequests = "apns_requests_total"
 
     /// Labels only known reasons, so a server cannot grow the label set.
     static func goAway(reason: String) {
@@ -24,12 +25,20 @@ enum APNsMetrics {
         Gauge(label: tokenIssuedAt, dimensions: [("team_id", teamID), ("key_id", keyID)]).record(issuedAt)
     }
 
+    /// `apns_requests_total{team_id,key_id}`: sends that carried this key's provider token (one
+    /// per notification, before its first attempt). The token-age alert fires only for keys
+    /// that send: an idle key mints no token and its age only grows.
+    static func tokenRequests(teamID: String, keyID: String) -> Counter {
+        Counter(label: tokenRequests, dimensions: [("team_id", teamID), ("key_id", keyID)])
+    }
+
     static let ready = Meter(label: readyConnections)
     static let attempts = Counter(label: connectAttempts)
 
     /// Makes the connection series and this key's mint counter exist from the start (at 0).
     static func register(teamID: String, keyID: String) {
         Counter(label: tokenMints, dimensions: [("team_id", teamID), ("key_id", keyID)]).increment(by: 0)
+        tokenRequests(teamID: teamID, keyID: keyID).increment(by: 0)
         ready.increment(by: 0)
         attempts.increment(by: 0)
         Counter(label: goAways, dimensions: [("reason", "none")]).increment(by: 0)

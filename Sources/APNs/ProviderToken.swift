@@ -1,6 +1,7 @@
 public import Crypto
 import Foundation
 import Synchronization
+public import Metrics
 
 /// Where connections get the `authorization: bearer` JWT from.
 ///
@@ -40,6 +41,12 @@ extension ProviderTokenSigner {
     /// sources outside this module.
     public func reportInUse(_ token: ProviderToken) {
         APNsMetrics.tokenInUse(teamID: teamID, keyID: keyID, issuedAt: token.issuedAt)
+    }
+
+    /// This key's `apns_requests_total{team_id,key_id}` counter: a token source makes it once and
+    /// counts every token it hands out for a send.
+    public func makeRequestCounter() -> Counter {
+        APNsMetrics.tokenRequests(teamID: teamID, keyID: keyID)
     }
 
     /// Makes this key's series exist at 0 before the first token (so dashboards and alerts see
@@ -104,18 +111,25 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     private let refreshAge: Int64
     private let clock: @Sendable () -> Int64
     private let state = Mutex(State())
+    /// Counts ``currentToken()`` calls (one per send); nil when a source wrapping this one
+    /// counts them.
+    private let requests: Counter?
 
     /// - Parameters:
     ///   - refreshAgeSeconds: mint again once the token is this old; 1200 to 3300.
     ///   - clock: epoch seconds; injected by tests.
+    ///   - countsRequests: count every ``currentToken()`` in `apns_requests_total` (false for
+    ///     a fallback inside a source that counts).
     public init(signer: ProviderTokenSigner, refreshAgeSeconds: Int64 = 50 * 60,
-                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock) throws(APNsError) {
+                clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
+                countsRequests: Bool = true) throws(APNsError) {
         guard Self.allowedRefreshAges.contains(refreshAgeSeconds) else {
             throw .credential("token refresh age \(refreshAgeSeconds)s is outside 1200...3300 (20 to 55 minutes)")
         }
         self.signer = signer
         self.refreshAge = refreshAgeSeconds
         self.clock = clock
+        self.requests = countsRequests ? signer.makeRequestCounter() : nil
     }
 
     /// Epoch seconds from the system clock.
@@ -125,6 +139,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     public var mintCount: Int { state.withLock { $0.mints } }
 
     public func currentToken() throws -> ProviderToken {
+        requests?.increment()
         let now = clock()
         return try state.withLock { state in
             if let token = state.token, now - token.issuedAt < refreshAge { return token }

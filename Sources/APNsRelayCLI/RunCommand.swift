@@ -1,5 +1,6 @@
 import APNs
 import ArgumentParser
+import BuildInfo
 import Foundation
 import Logging
 import Metrics
@@ -40,6 +41,7 @@ struct RunCommand: AsyncParsableCommand {
         let logger = Logger(label: "apns-relay")
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
         let application: RelayApplication
         do {
             application = try RelayApplication(configuration: configuration, logger: logger)
@@ -98,6 +100,7 @@ final class CurrentApplication: RelayStatus, Sendable {
     var notAliveReason: String? { application.pipeline.notAliveReason }
     var notReadyReason: String? { application.pipeline.notReadyReason }
     var warnings: [String] { application.pipeline.warnings }
+    var dependencyProblems: [String] { application.pipeline.dependencyProblems }
 }
 
 /// Runs the pipeline; graceful shutdown asks it to drain. While it runs, the configuration file

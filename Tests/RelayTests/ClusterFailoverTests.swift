@@ -54,7 +54,7 @@ struct ClusterFailoverTests {
             return owner != nil && owner != victim
         })
         // The new master has no replica: the third round's parks there are not acknowledged.
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.contains("NOREPLICAS") == true }
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.dependencyProblems.contains { $0.contains("NOREPLICAS") } }
         try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
         let outcomes = try await harness.outcomes(count: 3 * devices.count)
         let ids = outcomes.compactMap { $0["id"] as? String }
@@ -69,7 +69,7 @@ struct ClusterFailoverTests {
         }
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
-        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
         await harness.stop()
     }
 
@@ -134,7 +134,7 @@ struct ClusterFailoverTests {
         let down = Array(cluster.servers.prefix(2))
         await onOwnThread { for server in down { server.stop() } }
         try await produce("during")
-        try await waitUntil { harness.pipeline.notReadyReason?.contains("Redis") == true }
+        try await waitUntil { harness.pipeline.dependencyProblems.contains { $0.contains("Redis") } }
         try await onOwnThread { Result { for server in down { try server.start() }; try cluster.waitUntilConsistent() } }.get()
         let outcomes = try await harness.outcomes(count: 100)
         let ids = outcomes.compactMap { $0["id"] as? String }
@@ -142,7 +142,7 @@ struct ClusterFailoverTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == 100 && Set(sent).count == 100)
-        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
         #expect(harness.pipeline.redisOutages >= 1)
         await harness.stop()
     }

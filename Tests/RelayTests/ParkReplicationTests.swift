@@ -44,7 +44,7 @@ struct ParkReplicationTests {
         let second = hexToken(0x5b)
         try await harness.produce(intent("sent-2", token: second), key: second)
         try await harness.produce(intent("parked-2", token: second), key: second)
-        try await waitUntil { harness.pipeline.notReadyReason?.contains("NOREPLICAS") == true }
+        try await waitUntil { harness.pipeline.dependencyProblems.contains { $0.contains("NOREPLICAS") } }
         try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 3 }
         #expect(PolicyTests.sent(harness, "parked-2") == 0)
 
@@ -58,7 +58,7 @@ struct ParkReplicationTests {
         let after = PolicyTests.byID(try await harness.outcomes(count: 4))
         #expect(after["parked-2"]?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "parked-2") == 1)
-        try await waitUntil { harness.pipeline.notReadyReason == nil }
+        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
         await harness.stop()
     }
 }

@@ -204,8 +204,12 @@ struct RelayProcessTests {
         let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config)
         try await harness.produce(200)
-        let (ids, _) = try await harness.outcomeIDs(atLeast: 200)
-        #expect(ids.count == 200)
+        // One for an app no credential covers: answered (failed, NoCredentials) and counted
+        // under topic "other", not under its own name.
+        let stray = #"{"id":"stray","token":"\#(hexToken(999))","topic":"com.stray.app","payload":{"aps":{}}}"#
+        _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(999).utf8), value: Array(stray.utf8))
+        let (ids, _) = try await harness.outcomeIDs(atLeast: 201)
+        #expect(ids.count == 201)
 
         // The status endpoints of the running process.
         let health = try await httpGet(port: port, path: "/healthz")
@@ -214,18 +218,26 @@ struct RelayProcessTests {
         #expect(ready.status == 200, "\(ready.body)")
         // The test configuration turns TLS verification off: said at start-up and on /readyz.
         #expect(ready.body.contains("warning: apns.insecure_skip_verify is on"), "\(ready.body)")
+        let verbose = try await httpGet(port: port, path: "/readyz?verbose")
+        #expect(verbose.status == 200 && verbose.body.hasSuffix("dependencies: ok\n"), "\(verbose.body)")
         let metrics = try await httpGet(port: port, path: "/metrics")
         #expect(metrics.status == 200)
-        #expect(metrics.body.contains("relay_intents_consumed_total 200"))
-        #expect(metrics.body.contains(#"relay_outcomes_total{status="delivered",reason="none"} 200"#)
-                || metrics.body.contains(#"relay_outcomes_total{reason="none",status="delivered"} 200"#), "\(metrics.body)")
+        #expect(metrics.body.contains("relay_intents_consumed_total 201"))
+        #expect(metrics.body.contains(#"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
+        #expect(metrics.body.contains(#"relay_outcomes_total{topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
+        #expect(!metrics.body.contains("com.stray.app"))
+        // What it was built from, one series.
+        #expect(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_build_info{") }.count == 1, "\(metrics.body)")
         #expect(metrics.body.contains("apns_jwt_mints_total"))
+        // Every send carried the key's token (the stray one never reached APNs): the token-age
+        // alert reads this to know the key is in use.
+        #expect(metrics.body.contains(#"apns_requests_total{team_id="TEAM123456",key_id="ABC123DEFG"} 200"#), "\(metrics.body)")
         #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
         #expect(try await httpGet(port: port, path: "/nope").status == 404)
         #expect(await relay.terminate() == 0)
         let printed = relay.printed
         let committed = try await harness.committedTotal()
-        #expect(committed == 200, "\(printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
+        #expect(committed == 201, "\(printed.split(separator: "\n").suffix(40).joined(separator: "\n"))")
         #expect(printed.contains("apns.insecure_skip_verify is on"))
         await harness.simulator.stop()
     }

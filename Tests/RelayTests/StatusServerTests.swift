@@ -84,4 +84,33 @@ struct StatusServerTests {
         for channel in held { try? await channel.close() }
         await server.stop()
     }
+
+    /// Readiness is the relay's own state; its dependencies' trouble shows only on
+    /// `/readyz?verbose`, with the same status.
+    @Test func dependencyProblemsShowOnVerboseReadinessOnly() async throws {
+        struct Degraded: RelayStatus {
+            let notReady: String?
+            var notAliveReason: String? { nil }
+            var notReadyReason: String? { notReady }
+            var dependencyProblems: [String] { ["Redis unreachable (not consuming): connection refused", "no ready APNs connection for a"] }
+        }
+        for notReady in [nil, "stopping"] {
+            let server = try await StatusServer.start(host: "127.0.0.1", port: 0, registry: PrometheusCollectorRegistry(),
+                                                      status: Degraded(notReady: notReady), limits: .init())
+            let status = notReady == nil ? 200 : 503
+            let head = notReady.map { "not ready: \($0)\n" } ?? "ready\n"
+            let plain = try await httpGet(port: server.port, path: "/readyz")
+            #expect(plain.status == status && plain.body == head)
+            for path in ["/readyz?verbose", "/readyz?verbose=1", "/readyz?x=1&verbose"] {
+                let verbose = try await httpGet(port: server.port, path: path)
+                #expect(verbose.status == status)
+                #expect(verbose.body == head + "dependency: Redis unreachable (not consuming): connection refused\n"
+                        + "dependency: no ready APNs connection for a\n", "\(path)")
+            }
+            await server.stop()
+        }
+        let fine = try await Self.start(.init())
+        #expect(try await httpGet(port: fine.port, path: "/readyz?verbose").body == "ready\ndependencies: ok\n")
+        await fine.stop()
+    }
 }

@@ -1,5 +1,6 @@
 public import APNs
 import Foundation
+import Metrics
 public import Logging
 public import Redis
 import Synchronization
@@ -32,6 +33,8 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     private let asking = Mutex<Task<ProviderToken, any Error>?>(nil)
     private let redisFailing = Atomic<Bool>(false)
     private let mints = Atomic<Int>(0)
+    /// `apns_requests_total` for this key: every ``currentToken()`` (one per send).
+    private let requests: Counter
 
     public init(signer: ProviderTokenSigner, redis: RedisClient, refreshAgeSeconds: Int64 = 50 * 60,
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
@@ -41,7 +44,9 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
         self.refreshAge = refreshAgeSeconds
         self.clock = clock
         self.logger = logger
-        self.fallback = try LocalProviderTokenSource(signer: signer, refreshAgeSeconds: refreshAgeSeconds, clock: clock)
+        self.fallback = try LocalProviderTokenSource(signer: signer, refreshAgeSeconds: refreshAgeSeconds, clock: clock,
+                                                     countsRequests: false)
+        self.requests = signer.makeRequestCounter()
     }
 
     var key: String { RedisKeys.providerToken(teamID: signer.teamID, keyID: signer.keyID) }
@@ -50,6 +55,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     public var mintCount: Int { mints.load(ordering: .relaxed) + fallback.mintCount }
 
     public func currentToken() async throws -> ProviderToken {
+        requests.increment()
         let now = clock()
         if let token = local.withLock({ $0 }), now - token.issuedAt < refreshAge { return token }
         let task = asking.withLock { asking in

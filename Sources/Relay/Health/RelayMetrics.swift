@@ -31,11 +31,16 @@ enum RelayMetrics {
     static let redisLatency = Timer(label: "relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
     static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 
-    /// Outcomes by status and reason code (the part before any ":" detail). Reasons partly come
-    /// from outside (APNs may answer a reason this version does not know), so at most
-    /// `maxReasonLabels` distinct codes get their own label; later new ones count as `other`.
-    static func outcome(_ outcome: Outcome) {
-        Counter(label: "relay_outcomes_total", dimensions: [("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason))]).increment()
+    /// `relay_outcomes_total{topic,status,reason}`: outcomes by app, status and reason code (the
+    /// part before any ":" detail). `topic` is the intent's topic when a credential covers it
+    /// (the configured bundle ids and their push-type suffixes), else `other`: intents name any
+    /// topic they like, the label set stays the configured one. Reasons partly come from outside
+    /// (APNs may answer a reason this version does not know), so at most `maxReasonLabels`
+    /// distinct codes get their own label; later new ones count as `other`.
+    static func outcome(_ outcome: Outcome, topic: String) {
+        Counter(label: "relay_outcomes_total", dimensions: [
+            ("topic", topic), ("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason)),
+        ]).increment()
     }
 
     /// The `reason` label for an outcome's reason.
@@ -73,13 +78,16 @@ enum RelayMetrics {
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
-    /// appearing with the first event: the counters, every status of `relay_outcomes_total`
-    /// and each configured team's credential faults.
-    static func register(teamIDs: [String]) {
+    /// appearing with the first event: the counters, every status of `relay_outcomes_total` for
+    /// each configured bundle id, and each configured team's credential faults.
+    static func register(teamIDs: [String], topics: [String]) {
         for counter in [intentsConsumed, retries, redisOutage, redisRefused, parked, publishFailures] { counter.increment(by: 0) }
         inFlight.record(0)
-        for status in Outcome.Status.allCases {
-            Counter(label: "relay_outcomes_total", dimensions: [("status", status.rawValue), ("reason", "none")]).increment(by: 0)
+        for topic in Set(topics) {
+            for status in Outcome.Status.allCases {
+                Counter(label: "relay_outcomes_total", dimensions: [("topic", topic), ("status", status.rawValue), ("reason", "none")])
+                    .increment(by: 0)
+            }
         }
         for teamID in Set(teamIDs) {
             Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment(by: 0)

@@ -12,15 +12,20 @@ public protocol RelayStatus: Sendable {
     var notReadyReason: String? { get }
     /// Settings that weaken it, shown by `/readyz` even when ready (TLS verification off).
     var warnings: [String] { get }
+    /// What its dependencies lack now (Redis, APNs), shown by `/readyz?verbose`; readiness
+    /// does not depend on them.
+    var dependencyProblems: [String] { get }
 }
 
 extension RelayStatus {
     public var warnings: [String] { [] }
+    public var dependencyProblems: [String] { [] }
 }
 
 /// The relay's HTTP endpoints on `http.address`:`http.port`: `GET /metrics` (Prometheus text
 /// format), `GET /healthz` (200 while alive, else 503 with the reason), `GET /readyz` (200 when
-/// ready, else 503 with the reason). Anything else is 404. Bodies are ignored.
+/// ready, else 503 with the reason; `/readyz?verbose` adds one line per dependency problem, or
+/// `dependencies: ok`, with the same status). Anything else is 404. Bodies are ignored.
 ///
 /// Bounded: a connection must deliver a whole request head within ``Limits/requestTimeout`` of
 /// its accept or of its previous answer, else it is closed (idle keep-alive connections and
@@ -106,6 +111,8 @@ private final class StatusHandler: ChannelInboundHandler {
     private let status: any RelayStatus
     private let requestTimeout: Duration
     private var path: String?
+    /// The query names `verbose` (`?verbose`, `?verbose=1`).
+    private var verbose = false
     private var keepAlive = false
     /// Closes the connection unless a request head arrives first.
     private var deadline: Scheduled<Void>?
@@ -144,6 +151,8 @@ private final class StatusHandler: ChannelInboundHandler {
             deadline?.cancel()
             deadline = nil
             path = head.method == .GET ? String(head.uri.prefix { $0 != "?" }) : nil
+            let query = head.uri.drop { $0 != "?" }.dropFirst()
+            verbose = query.split(separator: "&").contains { $0 == "verbose" || $0.hasPrefix("verbose=") }
             keepAlive = head.isKeepAlive
         case .body:
             break
@@ -173,11 +182,15 @@ private final class StatusHandler: ChannelInboundHandler {
             }
             return (.ok, "text/plain", ByteBuffer(string: "ok\n"))
         case "/readyz":
-            let warnings = status.warnings.map { "warning: \($0)\n" }.joined()
-            if let reason = status.notReadyReason {
-                return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not ready: \(reason)\n" + warnings))
+            var text = status.warnings.map { "warning: \($0)\n" }.joined()
+            if verbose {
+                let problems = status.dependencyProblems
+                text += problems.isEmpty ? "dependencies: ok\n" : problems.map { "dependency: \($0)\n" }.joined()
             }
-            return (.ok, "text/plain", ByteBuffer(string: "ready\n" + warnings))
+            if let reason = status.notReadyReason {
+                return (.serviceUnavailable, "text/plain", ByteBuffer(string: "not ready: \(reason)\n" + text))
+            }
+            return (.ok, "text/plain", ByteBuffer(string: "ready\n" + text))
         default:
             return (.notFound, "text/plain", ByteBuffer(string: "not found\n"))
         }

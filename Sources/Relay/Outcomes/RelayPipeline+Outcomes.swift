@@ -146,7 +146,7 @@ extension RelayPipeline {
     func published(_ ending: Ending) {
         guard let outcome = ending.outcome else { return }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
-        RelayMetrics.outcome(outcome)
+        RelayMetrics.outcome(outcome, topic: outcome.topic.flatMap { credentials.index(forTopic: $0) != nil ? $0 : nil } ?? "other")
         logger.debug("outcome published", metadata: Self.metadata(outcome))
         published?(outcome)
     }

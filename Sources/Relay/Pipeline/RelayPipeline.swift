@@ -58,6 +58,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// ends after it, so that the service group never sees the pipeline end while it waits
     /// for the deliverer (that would cancel the group instead of shutting it down in order).
     let mailboxesEnded = AsyncLatch()
+    /// Opened once the relay started consuming (its Redis' guarantees checked): ready from then
+    /// until it stops.
+    let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
@@ -128,7 +131,8 @@ public final class RelayPipeline: RelayStatus, Service {
         }
         self.badges = clients.redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         if policy == nil { mailboxesEnded.open() }
-        RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID))
+        RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID),
+                              topics: configuration.apns.credentials.flatMap(\.topics))
         self.tokenSources = clients.tokenSources
         self.clients = clients.apns
         self.workExecutors = clients.workExecutors
@@ -162,18 +166,33 @@ public final class RelayPipeline: RelayStatus, Service {
     /// can evict parked intents (``RedisGuarantees``). `run` exits with an error then.
     public var refusal: String? { state.withLock { $0.refusal } }
 
-    /// Why the relay is not ready to take traffic, or nil when it is: it is running and not
-    /// stopping, it is alive, and every APNs client it has opened has a ready connection.
+    /// Why the relay is not ready, or nil when it is: ready means started and consuming, alive,
+    /// and not stopping. Its dependencies' health is not part of it (see
+    /// ``dependencyProblems``): during a Redis or APNs incident every relay would be unready at
+    /// once, and a PodDisruptionBudget would then keep `kubectl drain` from evicting any of them,
+    /// while nothing is gained (the relays take no traffic from a Service; Kafka hands them
+    /// their work).
     public var notReadyReason: String? {
         if stopping.isOpen { return "stopping" }
         if let dead = notAliveReason { return dead }
+        if !consuming.isOpen { return "starting" }
+        return nil
+    }
+
+    /// What the relay's dependencies lack now, one line each, empty when nothing: Redis failing
+    /// (and what the relay does meanwhile), an APNs client without a ready connection. Shown by
+    /// `/readyz?verbose`; the metrics (`relay_redis_errors_total`, `apns_connections_ready`) and
+    /// their alerts say the same to Prometheus.
+    public var dependencyProblems: [String] {
+        var problems: [String] = []
         if let trouble = state.withLock({ $0.redisTrouble }) {
-            return configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)" : "Redis unreachable (not consuming): \(trouble)"
+            problems.append(configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)"
+                                                         : "Redis unreachable (not consuming): \(trouble)")
         }
         for (key, client) in clients.all where client.readyConnections == 0 {
-            return "no ready APNs connection for \(key.endpoint)"
+            problems.append("no ready APNs connection for \(key.endpoint)")
         }
-        return nil
+        return problems
     }
 
     /// Settings that weaken the relay: shown on `/readyz` (and logged at start-up by `run`).
@@ -254,6 +273,7 @@ public final class RelayPipeline: RelayStatus, Service {
             abandoning.open()
             return
         }
+        consuming.open()
         let left = await withTaskGroup(of: Void.self) { group -> Int in
             group.addTask { await self.consumeAndWork() }
             group.addTask { await self.reportLag() }

@@ -1,0 +1,45 @@
+import Foundation
+import TestSupport
+import Testing
+
+@Suite("What a binary was built from", .timeLimit(.minutes(1)))
+struct BuildInfoTests {
+    /// The package's root, above Tests/RelayTests.
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+
+    /// `VERSION`'s text and the commit as `git` names it now (nil outside a git checkout).
+    static func expected() async throws -> (version: String, commit: String?) {
+        let version = try String(contentsOf: root.appendingPathComponent("VERSION"), encoding: .utf8)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let head = try await onOwnThread {
+            Result { try runProgram("/usr/bin/git", ["-C", root.path, "rev-parse", "--short=12", "HEAD"]) }
+        }.get()
+        return (version, head.status == 0 ? head.stdout.trimmingCharacters(in: .whitespacesAndNewlines) : nil)
+    }
+
+    /// `line` names `version` and the commit (with `-dirty` if the tree changed since).
+    static func names(_ line: String, _ program: String, _ expected: (version: String, commit: String?)) -> Bool {
+        guard let commit = expected.commit else { return line == "\(program) \(expected.version) (commit unknown)" }
+        return line == "\(program) \(expected.version) (commit \(commit))"
+            || line == "\(program) \(expected.version) (commit \(commit)-dirty)"
+    }
+
+    @Test func bothExecutablesPrintTheVersionFileAndTheCommit() async throws {
+        let expected = try await Self.expected()
+        #expect(expected.version.split(separator: ".").count == 3, "\(expected.version)")
+        let relay = try await RelayBinary.run(["--version"])
+        #expect(relay.status == 0)
+        #expect(Self.names(relay.stdout.trimmingCharacters(in: .newlines), "apns-relay", expected), "\(relay.stdout)")
+        let dev = try await RelayBinary.runDev(["--version"])
+        #expect(dev.status == 0)
+        #expect(Self.names(dev.stdout.trimmingCharacters(in: .newlines), "apns-relay-dev", expected), "\(dev.stdout)")
+    }
+
+    /// The chart installs the image of its `appVersion`: the same version the binary reports.
+    @Test func theChartsAppVersionIsTheVersionFile() async throws {
+        let expected = try await Self.expected()
+        let chart = try String(contentsOf: Self.root.appendingPathComponent("charts/apns-relay/Chart.yaml"), encoding: .utf8)
+        #expect(chart.contains("appVersion: \"\(expected.version)\""), "\(chart)")
+    }
+}

@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+
+@Suite("The Grafana dashboard")
+struct DashboardTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent()
+
+    static func dashboard() throws -> [String: Any] {
+        let data = try Data(contentsOf: root.appendingPathComponent("deploy/grafana/apns-relay.json"))
+        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+    }
+
+    /// Every query of every panel, with its panel's title.
+    static func queries(_ dashboard: [String: Any]) throws -> [(panel: String, expr: String)] {
+        let panels = try #require(dashboard["panels"] as? [[String: Any]])
+        return panels.flatMap { panel in
+            ((panel["targets"] as? [[String: Any]]) ?? []).compactMap { target in
+                (target["expr"] as? String).map { (panel["title"] as? String ?? "?", $0) }
+            }
+        }
+    }
+
+    /// `namespace`, `job`, `pod` and `topic` narrow every panel: each metric a query reads is
+    /// selected by the three scope variables, and the outcome counter by the app too.
+    @Test func everyQueryFollowsTheScopeAndAppVariables() throws {
+        let dashboard = try Self.dashboard()
+        let variables = try #require((dashboard["templating"] as? [String: Any])?["list"] as? [[String: Any]])
+        let names = variables.compactMap { $0["name"] as? String }
+        #expect(names == ["datasource", "namespace", "job", "pod", "topic"])
+        for variable in variables where variable["type"] as? String == "query" {
+            // "All" must also match series a scrape labelled without them.
+            #expect(variable["includeAll"] as? Bool == true && variable["allValue"] as? String == ".*", "\(variable)")
+        }
+        let queries = try Self.queries(dashboard)
+        #expect(queries.count >= 20)
+        for (panel, expr) in queries {
+            let references = expr.matches(of: /\b((?:relay|apns)_[a-z0-9_]+)(\{[^}]*\})?/)
+            #expect(!references.isEmpty, "\(panel): \(expr)")
+            for reference in references {
+                let selector = String(reference.output.2 ?? "")
+                for scope in [#"namespace=~"$namespace""#, #"job=~"$job""#, #"pod=~"$pod""#] {
+                    #expect(selector.contains(scope), "\(panel): \(reference.output.1) lacks \(scope) in \(expr)")
+                }
+                if reference.output.1 == "relay_outcomes_total" {
+                    #expect(selector.contains(#"topic=~"$topic""#), "\(panel): \(expr)")
+                }
+            }
+        }
+        // Per-app panels: grouped by topic.
+        #expect(queries.filter { $0.expr.contains("by (topic") }.count >= 3)
+    }
+}
