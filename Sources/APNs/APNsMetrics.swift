@@ -25,9 +25,10 @@ enum APNsMetrics {
         Gauge(label: tokenIssuedAt, dimensions: [("team_id", teamID), ("key_id", keyID)]).record(issuedAt)
     }
 
-    /// `apns_requests_total{team_id,key_id}`: sends that carried this key's provider token (one
-    /// per notification, before its first attempt). The token-age alert fires only for keys
-    /// that send: an idle key mints no token and its age only grows.
+    /// `apns_requests_total{team_id,key_id}`: sends that asked for this key's provider token (one
+    /// per `APNsClient.send`, so a notification retried by the relay counts once per try). The
+    /// token-age alert fires only for keys that send: an idle key mints no token and its age
+    /// only grows.
     static func tokenRequests(teamID: String, keyID: String) -> Counter {
         Counter(label: tokenRequests, dimensions: [("team_id", teamID), ("key_id", keyID)])
     }

@@ -111,8 +111,8 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     private let refreshAge: Int64
     private let clock: @Sendable () -> Int64
     private let state = Mutex(State())
-    /// Counts ``currentToken()`` calls (one per send); nil when a source wrapping this one
-    /// counts them.
+    /// Counts ``currentToken()`` calls (one per `APNsClient.send`); nil when a source wrapping
+    /// this one counts them.
     private let requests: Counter?
 
     /// - Parameters:

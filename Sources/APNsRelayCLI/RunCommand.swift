@@ -81,12 +81,21 @@ struct RunCommand: AsyncParsableCommand {
             Terminal.error("stopped: \(refusal)")
             throw ExitCode(1)
         }
+        if current.restartFailed.load(ordering: .relaxed) {
+            Terminal.error("stopped: after a reload the relay could start with neither the new configuration nor the previous one (the log says why)")
+            throw ExitCode(1)
+        }
     }
 }
 
 /// The relay running now: the status endpoints follow it across reloads.
 final class CurrentApplication: RelayStatus, Sendable {
     private let current: Mutex<RelayApplication>
+    /// From a reload's start until the new relay consumes: its drain ("stopping") and start
+    /// ("starting") are not a reason to be unready (a ConfigMap edit reaches every pod at once).
+    private let reloading = Atomic<Bool>(false)
+    /// Set when a reload could start neither the new configuration nor the previous one.
+    let restartFailed = Atomic<Bool>(false)
 
     init(_ application: RelayApplication) {
         current = Mutex(application)
@@ -98,7 +107,20 @@ final class CurrentApplication: RelayStatus, Sendable {
     }
 
     var notAliveReason: String? { application.pipeline.notAliveReason }
-    var notReadyReason: String? { application.pipeline.notReadyReason }
+    var notReadyReason: String? {
+        let pipeline = application.pipeline
+        guard reloading.load(ordering: .relaxed) else { return pipeline.notReadyReason }
+        if let dead = pipeline.notAliveReason { return dead }
+        // Reloading: ready through the drain and the start, until the new relay consumes.
+        if pipeline.notReadyReason == nil { reloading.store(false, ordering: .relaxed) }
+        return nil
+    }
+
+    /// A reload drains the running relay: it stays ready meanwhile.
+    func reloadBegins() { reloading.store(true, ordering: .relaxed) }
+
+    /// A shutdown: "stopping" is reported from now on.
+    func shutdownBegins() { reloading.store(false, ordering: .relaxed) }
     var warnings: [String] { application.pipeline.warnings }
     var dependencyProblems: [String] { application.pipeline.dependencyProblems }
 }
@@ -145,6 +167,8 @@ struct PipelineService: Service {
                                                                    signers: application.signers, logger: logger)
                     } catch {
                         logger.critical("cannot start the relay again", metadata: ["relay.error": "\(error)"])
+                        current.restartFailed.store(true, ordering: .relaxed)
+                        current.shutdownBegins()
                         return
                     }
                 }
@@ -153,6 +177,7 @@ struct PipelineService: Service {
             }
         } onGracefulShutdown: {
             stopping.store(true, ordering: .relaxed)
+            current.shutdownBegins()
             current.application.requestStop()
         }
     }
@@ -198,6 +223,7 @@ struct PipelineService: Service {
                 "apns.credentials": "\(configuration.apns.credentials.map { "\($0.teamID):\($0.keyID) \($0.topics)" })",
             ])
             Self.countReload("applied")
+            current.reloadBegins()
             application.requestStop()
             return (configuration, signers, seen)
         }

@@ -58,7 +58,9 @@ public final class RelayApplication: Service, Sendable {
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
                 published: (@Sendable (Outcome) -> Void)? = nil) throws {
         let signers = try signers ?? configuration.loadSigners()
-        precondition(signers.count == configuration.apns.credentials.count, "one signer per credential")
+        guard signers.count == configuration.apns.credentials.count else {
+            throw APNsError.credential("\(signers.count) signing keys for \(configuration.apns.credentials.count) credentials")
+        }
         self.configuration = configuration
         self.signers = signers
         self.logger = logger

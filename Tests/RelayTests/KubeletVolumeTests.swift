@@ -132,10 +132,16 @@ struct KubeletVolumeTests {
         try await mounted.waitForMetric("relay_in_flight 1")
         try mounted.editConfiguration()
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
-        // Still draining: the held intent's answer is seconds away.
+        // A reload is not a reason to be unready: every pod reloads at once.
+        let ready = try await httpGet(port: mounted.port, path: "/readyz")
+        #expect(ready.status == 200, "\(ready.body)")
         try mounted.breakKey()
-        mounted.harness.simulator.update { $0.latency = .zero }
+        // The swap landed in the drain: the held intent is still in flight.
+        let during = try await httpGet(port: mounted.port, path: "/metrics").body
+        #expect(during.contains("relay_in_flight 1"), "\(during)")
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
+        // Answers without delay from here on (the held one keeps its 4 s).
+        mounted.harness.simulator.update { $0.latency = .zero }
         try await mounted.send("after", token: 2)
 
         let (ids, _) = try await mounted.harness.outcomeIDs(atLeast: 2, timeout: .seconds(30))

@@ -99,9 +99,11 @@ struct StatusServerTests {
                                                       status: Degraded(notReady: notReady), limits: .init())
             let status = notReady == nil ? 200 : 503
             let head = notReady.map { "not ready: \($0)\n" } ?? "ready\n"
-            let plain = try await httpGet(port: server.port, path: "/readyz")
-            #expect(plain.status == status && plain.body == head)
-            for path in ["/readyz?verbose", "/readyz?verbose=1", "/readyz?x=1&verbose"] {
+            for path in ["/readyz", "/readyz?verbose=0", "/readyz?verbose=false", "/readyz?verbosely"] {
+                let plain = try await httpGet(port: server.port, path: path)
+                #expect(plain.status == status && plain.body == head, "\(path)")
+            }
+            for path in ["/readyz?verbose", "/readyz?verbose=1", "/readyz?verbose=true", "/readyz?x=1&verbose"] {
                 let verbose = try await httpGet(port: server.port, path: path)
                 #expect(verbose.status == status)
                 #expect(verbose.body == head + "dependency: Redis unreachable (not consuming): connection refused\n"

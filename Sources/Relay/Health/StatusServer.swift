@@ -111,7 +111,7 @@ private final class StatusHandler: ChannelInboundHandler {
     private let status: any RelayStatus
     private let requestTimeout: Duration
     private var path: String?
-    /// The query names `verbose` (`?verbose`, `?verbose=1`).
+    /// The query asks for `verbose` (`?verbose`, `?verbose=1`, `?verbose=true`).
     private var verbose = false
     private var keepAlive = false
     /// Closes the connection unless a request head arrives first.
@@ -152,7 +152,7 @@ private final class StatusHandler: ChannelInboundHandler {
             deadline = nil
             path = head.method == .GET ? String(head.uri.prefix { $0 != "?" }) : nil
             let query = head.uri.drop { $0 != "?" }.dropFirst()
-            verbose = query.split(separator: "&").contains { $0 == "verbose" || $0.hasPrefix("verbose=") }
+            verbose = query.split(separator: "&").contains { ["verbose", "verbose=1", "verbose=true"].contains($0) }
             keepAlive = head.isKeepAlive
         case .body:
             break
