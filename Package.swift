@@ -34,6 +34,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
+        .package(url: "https://github.com/swift-otel/swift-w3c-trace-context.git", from: "1.0.0"),
     ],
     targets: [
         // C protocol engines, from Debian's -dev packages.
@@ -127,6 +128,7 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
             ],
             resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {
                 .embedInCode("Policy/Scripts/\($0).lua")

@@ -32,6 +32,23 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
 }
 
 /// One turn of the poll thread: a batch of records (or callbacks), then flow control.
+/// A consumed message's headers, copied (none: librdkafka answers NOENT without parsing).
+func headers(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> [KafkaHeader] {
+    var list: OpaquePointer?
+    guard rd_kafka_message_headers(message, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return [] }
+    var headers: [KafkaHeader] = []
+    var index = 0
+    var name: UnsafePointer<CChar>?
+    var value: UnsafeRawPointer?
+    var size = 0
+    while rd_kafka_header_get_all(list, index, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+        headers.append(KafkaHeader(name: name.map { String(cString: $0) } ?? "",
+                                   value: value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }))
+        index += 1
+    }
+    return headers
+}
+
 func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
     var batch: [KafkaMessage] = []
     handle.withHandle { rk in
@@ -56,7 +73,8 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
             var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
             let timestamp = rd_kafka_message_timestamp(message, &timestampType)
             batch.append(KafkaMessage(topic: topic, partition: record.partition, offset: record.offset, key: key,
-                                      value: value, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp))
+                                      value: value, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp,
+                                      headers: headers(of: message)))
         }
     }
     if !batch.isEmpty { shared.push(.messages(batch)) }

@@ -11,6 +11,17 @@ public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "\(topic)[\(partition)]" }
 }
 
+/// One record header: a name and a value (nil for a null value).
+public struct KafkaHeader: Sendable, Equatable {
+    public var name: String
+    public var value: [UInt8]?
+
+    public init(name: String, value: [UInt8]?) {
+        self.name = name
+        self.value = value
+    }
+}
+
 /// A consumed record, copied out of librdkafka's memory.
 public struct KafkaMessage: Sendable {
     public var topic: String
@@ -20,14 +31,23 @@ public struct KafkaMessage: Sendable {
     public var value: [UInt8]
     /// Milliseconds since the epoch, when the broker or producer set one.
     public var timestamp: Int64?
+    /// The record's headers, in order (a name may repeat).
+    public var headers: [KafkaHeader]
 
-    public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8], timestamp: Int64?) {
+    public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8], timestamp: Int64?,
+                headers: [KafkaHeader] = []) {
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.key = key
         self.value = value
         self.timestamp = timestamp
+        self.headers = headers
+    }
+
+    /// The last header named `name` (W3C trace context and most conventions read the last).
+    public func header(_ name: String) -> KafkaHeader? {
+        headers.last { $0.name == name }
     }
 
     public var topicPartition: TopicPartition { TopicPartition(topic: topic, partition: partition) }

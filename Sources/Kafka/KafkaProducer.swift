@@ -88,9 +88,9 @@ public final class KafkaProducer: Service, Sendable {
     ///
     /// Throws when librdkafka refuses the record at once (its local queue is full:
     /// ``KafkaError/queueFullCode``, retriable) or when the delivery report carries an error.
-    public func send(topic: String, key: [UInt8]?, value: [UInt8]) async throws(KafkaError) -> Delivery {
+    public func send(topic: String, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = []) async throws(KafkaError) -> Delivery {
         let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
-            send(topic: topic, key: key, value: value) { continuation.resume(returning: $0) }
+            send(topic: topic, key: key, value: value, headers: headers) { continuation.resume(returning: $0) }
         }
         return try result.get()
     }
@@ -98,7 +98,7 @@ public final class KafkaProducer: Service, Sendable {
     /// Hands the record over now; `report` hears its delivery report (on librdkafka's poll
     /// thread, or at once when the record is refused). For callers that chain the report into
     /// work of their own instead of waiting for it.
-    public func send(topic: String, key: [UInt8]?, value: [UInt8],
+    public func send(topic: String, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = [],
                      report: @escaping @Sendable (Result<Delivery, KafkaError>) -> Void) {
         guard !closed.load(ordering: .relaxed) else {
             return report(.failure(KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")))
@@ -110,7 +110,7 @@ public final class KafkaProducer: Service, Sendable {
         } catch {
             return report(.failure(error))
         }
-        Self.produce(topicHandle, key: key, value: value, to: DeliveryCallback(report), topic: topic)
+        Self.produce(topicHandle, key: key, value: value, headers: headers, to: DeliveryCallback(report), topic: topic)
     }
 
     /// Appends the records in the order given (records for one partition keep it) and waits for
@@ -133,20 +133,27 @@ public final class KafkaProducer: Service, Sendable {
 
     /// Hands one record to librdkafka; `target` hears its delivery report (at once when
     /// librdkafka refuses the record).
-    private static func produce(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8], to target: DeliveryTarget, topic: String) {
+    private static func produce(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = [],
+                                to target: DeliveryTarget, topic: String) {
         // Retained here, released by the delivery report (or below when produce fails).
         let opaque = Unmanaged.passRetained(target).toOpaque()
-        let produced = value.withUnsafeBytes { valueBytes in
-            withOptionalBytes(key) { keyBytes in
-                rd_kafka_produce(
-                    topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
-                    UnsafeMutableRawPointer(mutating: valueBytes.baseAddress), valueBytes.count,
-                    keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
+        let failure: KafkaError?
+        if headers.isEmpty {
+            let produced = value.withUnsafeBytes { valueBytes in
+                withOptionalBytes(key) { keyBytes in
+                    rd_kafka_produce(
+                        topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
+                        UnsafeMutableRawPointer(mutating: valueBytes.baseAddress), valueBytes.count,
+                        keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
+                }
             }
+            failure = produced == 0 ? nil : KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")
+        } else {
+            failure = produceWithHeaders(topicHandle, key: key, value: value, headers: headers, opaque: opaque, topic: topic)
         }
-        if produced != 0 {
+        if let failure {
             Unmanaged<DeliveryTarget>.fromOpaque(opaque).release()
-            target.report(.failure(KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")))
+            target.report(.failure(failure))
         }
     }
 
@@ -207,7 +214,7 @@ public final class KafkaProducer: Service, Sendable {
 /// Owns an `rd_kafka_topic_t`, and keeps its client alive until the topic is destroyed.
 final class TopicHandle: @unchecked Sendable {
     let pointer: OpaquePointer
-    private let client: KafkaHandle
+    let client: KafkaHandle
     init(_ pointer: OpaquePointer, client: KafkaHandle) {
         self.pointer = pointer
         self.client = client

@@ -72,29 +72,8 @@ struct RelayHarness {
 
     /// Reads outcomes until `count` arrived (or 60 s passed).
     func outcomes(count: Int) async throws -> [[String: Any]] {
-        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "reader-\(UUID())",
-                                         topics: [outcomesTopic],
-                                         properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
-        defer { Task { await consumer.close() } }
-        let values = try await withThrowingTaskGroup(of: [[UInt8]]?.self) { group in
-            group.addTask {
-                var values: [[UInt8]] = []
-                for await event in consumer.events {
-                    if case .messages(let batch) = event { values += batch.map(\.value) }
-                    if values.count >= count { break }
-                }
-                return values
-            }
-            group.addTask {
-                try await Task.sleep(for: .seconds(60))
-                return nil
-            }
-            let first = try await group.next()!
-            group.cancelAll()
-            return first
-        }
-        guard let values else { throw OutcomesTimedOut() }
-        return try values.map { try #require(try JSONSerialization.jsonObject(with: Data($0)) as? [String: Any]) }
+        let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic) { _, total in total >= count }
+        return try messages.map { try #require(try JSONSerialization.jsonObject(with: Data($0.value)) as? [String: Any]) }
     }
 
     func stop() async {
@@ -106,6 +85,35 @@ struct RelayHarness {
 }
 
 struct OutcomesTimedOut: Error {}
+
+/// Reads `topic` from its start, in a consumer group of its own, until `enough` (called with each
+/// new batch and the number read so far) says so; throws ``OutcomesTimedOut`` after `timeout`.
+func readTopic(_ bootstrapServers: String, _ topic: String, timeout: Duration = .seconds(60),
+               until enough: @escaping @Sendable (_ batch: [KafkaMessage], _ total: Int) -> Bool) async throws -> [KafkaMessage] {
+    let consumer = try KafkaConsumer(bootstrapServers: bootstrapServers, groupID: "reader-\(UUID())", topics: [topic],
+                                     properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
+    defer { Task { await consumer.close() } }
+    let deadline = ContinuousClock.now + timeout
+    return try await withThrowingTaskGroup(of: [KafkaMessage]?.self) { group in
+        group.addTask {
+            var messages: [KafkaMessage] = []
+            for await event in consumer.events {
+                guard case .messages(let batch) = event else { continue }
+                messages += batch
+                if enough(batch, messages.count) { break }
+            }
+            return messages
+        }
+        group.addTask {
+            try await Task.sleep(until: deadline)
+            return nil
+        }
+        let first = try await group.next()!
+        group.cancelAll()
+        guard let first else { throw OutcomesTimedOut() }
+        return first
+    }
+}
 
 func hexToken(_ n: Int) -> String {
     let hex = String(n, radix: 16)

@@ -9,6 +9,7 @@ import Relay
 import TestSupport
 import Testing
 import Spawn
+import Synchronization
 import RedisTesting
 import KafkaTesting
 
@@ -155,37 +156,19 @@ struct ProcessHarness {
 
     /// Every outcome event read (as published) until `distinct` intent ids were seen.
     func outcomes(distinct count: Int, timeout: Duration = .seconds(90)) async throws -> [String] {
-        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "reader-\(UUID())",
-                                         topics: [outcomesTopic],
-                                         properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
-        defer { Task { await consumer.close() } }
-        let deadline = ContinuousClock.now + timeout
-        return try await withThrowingTaskGroup(of: [String]?.self) { group in
-            group.addTask {
-                var ids = Set<String>()
-                var values: [String] = []
-                for await event in consumer.events {
-                    guard case .messages(let batch) = event else { continue }
-                    for message in batch {
-                        values.append(String(decoding: message.value, as: UTF8.self))
-                        if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
-                           let id = object["id"] as? String {
-                            ids.insert(id)
-                        }
+        let ids = Mutex(Set<String>())
+        let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic, timeout: timeout) { batch, _ in
+            ids.withLock { ids in
+                for message in batch {
+                    if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
+                       let id = object["id"] as? String {
+                        ids.insert(id)
                     }
-                    if ids.count >= count { break }
                 }
-                return values
+                return ids.count >= count
             }
-            group.addTask {
-                try await Task.sleep(until: deadline)
-                return nil
-            }
-            let first = try await group.next()!
-            group.cancelAll()
-            guard let first else { throw OutcomesTimedOut() }
-            return first
         }
+        return messages.map { String(decoding: $0.value, as: UTF8.self) }
     }
 
     func committedTotal() async throws -> Int64 {

@@ -115,8 +115,9 @@ extension RelayPipeline {
     @inline(never)
     func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
         guard let (key, value) = Self.encoded(ending) else { return false }
+        let headers = item.trace.map(Self.traceHeaders) ?? []
         let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
-            _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value)
+            _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: headers)
         } failed: { error, _ in
             publishFailed(item, error)
             return isCurrent(item) ? .retry : .giveUp

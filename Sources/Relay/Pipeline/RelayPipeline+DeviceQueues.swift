@@ -7,6 +7,7 @@ extension RelayPipeline {
     /// partition is not ours).
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) -> WorkItem? {
         let partition = message.topicPartition
+        let trace = Self.traceContext(message)
         var hold = false
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {
@@ -17,7 +18,7 @@ extension RelayPipeline {
             state.inFlight += 1
             guard case .success(let intent) = parsed else {
                 return (WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                 consumedAt: .now, intent: parsed), state.inFlight)
+                                 consumedAt: .now, intent: parsed, trace: trace), state.inFlight)
             }
             var admission = admission
             var recordsAnswer = false
@@ -31,7 +32,8 @@ extension RelayPipeline {
                 }
             }
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer)
+                                consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
+                                trace: trace)
             return (Self.enqueue(item, &state), state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()

@@ -1,4 +1,5 @@
 import Kafka
+import W3CTraceContext
 
 extension RelayPipeline {
     /// One consumed message (or one intent taken from a mailbox) on its way to an outcome; a
@@ -16,10 +17,13 @@ extension RelayPipeline {
         /// Taken from a mailbox: its due-index member (its offset was committed when it was
         /// parked, so this item stores none).
         let mailboxMember: String?
+        /// The W3C trace context its message carried (`traceparent`, `tracestate` headers), if
+        /// valid: its outcome carries it on.
+        let trace: TraceContext?
 
         init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
-             mailboxMember: String? = nil) {
+             mailboxMember: String? = nil, trace: TraceContext? = nil) {
             self.partition = partition
             self.offset = offset
             self.generation = generation
@@ -28,6 +32,7 @@ extension RelayPipeline {
             self.admission = admission
             self.recordsAnswer = recordsAnswer
             self.mailboxMember = mailboxMember
+            self.trace = trace
         }
 
         /// The device whose queue this item waits in: items that are sent or parked.
