@@ -129,6 +129,7 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ],
             resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {
                 .embedInCode("Policy/Scripts/\($0).lua")
@@ -278,6 +279,7 @@ let package = Package(
                 "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "KafkaTesting", "Redis", "RedisTesting", "Spawn", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],

@@ -19,6 +19,8 @@ struct RelayClients {
     /// Where intents' work runs: the event loops of the APNs connections (see
     /// ``RelayPipeline/workExecutors``).
     let workExecutors: [EventLoopTaskExecutor]
+    /// Spans of traced intents go out through it (nil: `tracing.otlp_endpoint` is empty).
+    var spans: SpanExporter? = nil
 }
 
 /// Everything one configuration runs, built in one place: the clients (Redis, the APNs
@@ -100,7 +102,8 @@ public final class RelayApplication: Service, Sendable {
                                          properties: configuration.kafka.properties,
                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
         clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
-                               workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) })
+                               workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) },
+                               spans: OTLPEndpoint(configuration.tracing.otlpEndpoint).map { SpanExporter(endpoint: $0, logger: logger) })
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
     }
@@ -131,6 +134,8 @@ public final class RelayApplication: Service, Sendable {
     /// order above.
     public func run() async {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        // Stops after the pipeline: the last outcomes' spans go out.
+        if let spans = clients.spans { services.append(.init(service: spans)) }
         if let redis = clients.redis { services.append(.init(service: redis)) }
         services += [
             .init(service: clients.apns),

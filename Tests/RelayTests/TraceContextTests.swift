@@ -1,5 +1,6 @@
 import Foundation
 import Kafka
+import RedisTesting
 import Testing
 
 @Suite("W3C trace context from intent to outcome", .timeLimit(.minutes(2)))
@@ -8,8 +9,10 @@ struct TraceContextTests {
 
     /// An intent's `traceparent` (and `tracestate`) go on with its outcome; an intent without
     /// one, or with one that does not parse, is relayed all the same and its outcome carries none.
-    @Test func theOutcomeCarriesTheIntentsTraceContext() async throws {
-        let harness = try await RelayHarness.start()
+    /// With Redis the outcome goes out from the answer's record (another way out): the same.
+    @Test(arguments: [false, true]) func theOutcomeCarriesTheIntentsTraceContext(withRedis: Bool) async throws {
+        let redis = withRedis ? try RedisServerProcess() : nil
+        let harness = try await RelayHarness.start(configureRelay: { if let redis { $0.redis.url = redis.url } })
         func send(_ id: String, token: Int, headers: [KafkaHeader]) async throws {
             _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8),
                                                 value: Array(intent(id, token: hexToken(token)).utf8), headers: headers)

@@ -80,7 +80,7 @@ struct ConfigurationReader {
     mutating func read() -> RelayConfiguration {
         var configuration = RelayConfiguration()
         let top = mapping(root, key: "(top level)") ?? [:]
-        checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "shutdown_deadline_seconds"])
+        checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "tracing", "shutdown_deadline_seconds"])
 
         let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
         checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config",
@@ -217,6 +217,13 @@ struct ConfigurationReader {
                                                            default: configuration.http.requestTimeoutSeconds, range: 1...300)
         configuration.http.maxConnections = integer(http, "http.max_connections", default: configuration.http.maxConnections,
                                                     range: 1...100_000)
+        let tracing = mapping(top["tracing"], key: "tracing") ?? [:]
+        checkKnown(tracing, prefix: "tracing.", known: ["otlp_endpoint"])
+        configuration.tracing.otlpEndpoint = string(tracing, "tracing.otlp_endpoint", default: configuration.tracing.otlpEndpoint)
+        if !configuration.tracing.otlpEndpoint.isEmpty, OTLPEndpoint(configuration.tracing.otlpEndpoint) == nil {
+            issues.append(.init(key: "tracing.otlp_endpoint", value: configuration.tracing.otlpEndpoint,
+                                allowed: "empty, or http://HOST:PORT or https://HOST:PORT (an OTLP/HTTP collector)"))
+        }
         configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
         return configuration
     }

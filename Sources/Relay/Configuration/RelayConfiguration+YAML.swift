@@ -71,6 +71,8 @@ extension RelayConfiguration {
         lines.append("  port: \(http.port)")
         lines.append("  request_timeout_seconds: \(http.requestTimeoutSeconds)")
         lines.append("  max_connections: \(http.maxConnections)")
+        lines.append("tracing:")
+        lines.append("  otlp_endpoint: \(quote(tracing.otlpEndpoint))")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
         return lines.joined(separator: "\n")
     }

@@ -194,6 +194,14 @@ public struct RelayConfiguration: Sendable {
         public init() {}
     }
 
+    /// Spans of traced intents (see docs/operations.md, "Tracing").
+    public struct Tracing: Sendable {
+        /// The OTLP/HTTP collector, `http(s)://HOST:PORT` (spans go to `/v1/traces` as JSON);
+        /// empty: no spans (trace context is still carried from intent to outcome).
+        public var otlpEndpoint = ""
+        public init() {}
+    }
+
     public var kafka = Kafka()
     public var apns = APNsSettings()
     public var limits = Limits()
@@ -202,6 +210,7 @@ public struct RelayConfiguration: Sendable {
     public var redis = RedisSettings()
     public var policy = Policy()
     public var http = HTTP()
+    public var tracing = Tracing()
     /// Seconds SIGTERM waits for in-flight intents before giving up on them (uncommitted).
     public var shutdownDeadlineSeconds = 20
 

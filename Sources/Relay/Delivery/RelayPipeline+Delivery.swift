@@ -155,12 +155,14 @@ extension RelayPipeline {
     func attempt(_ delivery: Delivery) async -> DeliveryStateMachine.Action {
         guard let client = delivery.client else { return delivery.machine.cancelled() }
         let sentAt = ContinuousClock.now
+        delivery.item.traced?.sendBegins()
         let answer: Result<APNsResult, any Error>
         do {
             answer = .success(try await client.send(delivery.notification))
         } catch {
             answer = .failure(error)
         }
+        delivery.item.traced?.sendEnds()
         return judge(answer, delivery, sentAt: sentAt)
     }
 

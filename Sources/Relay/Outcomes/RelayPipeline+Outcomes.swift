@@ -115,7 +115,8 @@ extension RelayPipeline {
     @inline(never)
     func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
         guard let (key, value) = Self.encoded(ending) else { return false }
-        let headers = item.trace.map(Self.traceHeaders) ?? []
+        let headers = Self.outgoingHeaders(item)
+        item.traced?.publishBegins()
         let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
             _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: headers)
         } failed: { error, _ in
@@ -123,7 +124,7 @@ extension RelayPipeline {
             return isCurrent(item) ? .retry : .giveUp
         }
         guard sent != nil else { return false }
-        published(ending)
+        published(ending, item)
         return true
     }
 
@@ -144,8 +145,11 @@ extension RelayPipeline {
     /// Counts a published outcome; at debug level, logs it (one line per outcome: the
     /// metadata is built only when debug is on).
     @inline(never)
-    func published(_ ending: Ending) {
+    func published(_ ending: Ending, _ item: WorkItem) {
         guard let outcome = ending.outcome else { return }
+        if let traced = item.traced {
+            spans?.submit(traced.spans(outcome, partition: item.partition.partition, offset: item.offset))
+        }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome, topic: outcome.topic.flatMap { credentials.index(forTopic: $0) != nil ? $0 : nil } ?? "other")
         logger.debug("outcome published", metadata: Self.metadata(outcome))

@@ -27,7 +27,7 @@ extension RelayPipeline {
             // Usually one wait for both: the record's round trip, then the outcome's report.
             switch await recordThenPublish(item, ending) {
             case .published:
-                published(ending)
+                published(ending, item)
                 return true
             case .notRecorded:
                 await record(item, ending)
@@ -58,12 +58,14 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
               let (key, value) = Self.encoded(ending) else { return .notRecorded }
         let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
+        let headers = Self.outgoingHeaders(item), traced = item.traced
         let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
             deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
                                 lastSent: ending.lastSent) { recorded in
                 if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
                 RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
-                producer.send(topic: outcomesTopic, key: key, value: value) { delivered in
+                traced?.publishBegins()
+                producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
                     if case .failure(let error) = delivered { return continuation.resume(returning: .success(.notPublished(error))) }
                     continuation.resume(returning: .success(.published))
                 }

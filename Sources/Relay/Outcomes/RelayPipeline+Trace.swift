@@ -13,6 +13,12 @@ extension RelayPipeline {
         return try? TraceContext(traceParentHeaderValue: String(decoding: parent, as: UTF8.self), traceStateHeaderValue: state)
     }
 
+    /// The trace headers of an item's outcome: the relay's span as parent when traced here, else
+    /// the intent's context as it came (none without one).
+    static func outgoingHeaders(_ item: WorkItem) -> [KafkaHeader] {
+        item.traced.map { traceHeaders($0.outgoing) } ?? item.trace.map(traceHeaders) ?? []
+    }
+
     /// The headers that carry `trace` on to an outcome.
     static func traceHeaders(_ trace: TraceContext) -> [KafkaHeader] {
         var headers = [KafkaHeader(name: "traceparent", value: Array(trace.traceParentHeaderValue.utf8))]

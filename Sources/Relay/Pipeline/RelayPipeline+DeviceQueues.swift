@@ -5,9 +5,11 @@ extension RelayPipeline {
     /// Starts the message's offset and puts its item in its device's queue; returns the item
     /// when it can start now (nil when it waits behind its device's earlier ones, or its
     /// partition is not ours).
-    func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission) -> WorkItem? {
+    func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
+               policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
+        let traced = spans != nil ? trace.flatMap { $0.flags.contains(.sampled) ? IntentTrace(parent: $0, policy: policy) : nil } : nil
         var hold = false
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {
@@ -18,7 +20,7 @@ extension RelayPipeline {
             state.inFlight += 1
             guard case .success(let intent) = parsed else {
                 return (WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                 consumedAt: .now, intent: parsed, trace: trace), state.inFlight)
+                                 consumedAt: .now, intent: parsed, trace: trace, traced: traced), state.inFlight)
             }
             var admission = admission
             var recordsAnswer = false
@@ -33,7 +35,7 @@ extension RelayPipeline {
             }
             let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
                                 consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
-                                trace: trace)
+                                trace: trace, traced: traced)
             return (Self.enqueue(item, &state), state.inFlight)
         }
         RelayMetrics.intentsConsumed.increment()

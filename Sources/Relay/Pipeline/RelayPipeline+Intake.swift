@@ -84,6 +84,7 @@ extension RelayPipeline {
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .batch(let batch, let parsed, let admitting):
                 guard let admissions = await finishAdmission(parsed, admitting) else { return }
+                let policy = spans != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
                 // each, in children of `workers`: a finished child task is unlinked by walking
                 // its group's list of children, and intents end out of order (each partition's
@@ -107,7 +108,7 @@ extension RelayPipeline {
                             for member in members {
                                 await self.waitForCapacity()
                                 if self.stopping.isOpen || Task.isCancelled { return }
-                                if let start = self.admit(member.message, member.parsed, member.admission) {
+                                if let start = self.admit(member.message, member.parsed, member.admission, policy: policy) {
                                     intents.addTask { await self.work(start) }
                                 }
                             }

@@ -62,6 +62,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// until it stops.
     let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
+    /// Nil unless `tracing.otlp_endpoint` is set: then sampled intents record spans.
+    let spans: SpanExporter?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
     let deduplicator: Deduplicator?
@@ -136,6 +138,7 @@ public final class RelayPipeline: RelayStatus, Service {
         self.tokenSources = clients.tokenSources
         self.clients = clients.apns
         self.workExecutors = clients.workExecutors
+        self.spans = clients.spans
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = clients.producer
         self.consumer = clients.consumer

@@ -20,10 +20,12 @@ extension RelayPipeline {
         /// The W3C trace context its message carried (`traceparent`, `tracestate` headers), if
         /// valid: its outcome carries it on.
         let trace: TraceContext?
+        /// Its spans' times, when it is traced (``IntentTrace``).
+        let traced: IntentTrace?
 
         init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
-             mailboxMember: String? = nil, trace: TraceContext? = nil) {
+             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil) {
             self.partition = partition
             self.offset = offset
             self.generation = generation
@@ -33,6 +35,7 @@ extension RelayPipeline {
             self.recordsAnswer = recordsAnswer
             self.mailboxMember = mailboxMember
             self.trace = trace
+            self.traced = traced
         }
 
         /// The device whose queue this item waits in: items that are sent or parked.

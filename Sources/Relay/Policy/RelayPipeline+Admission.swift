@@ -9,6 +9,8 @@ extension RelayPipeline {
         /// For each group of the round trip, the batch positions of its intents.
         var members: [[Int]]
         var pending: DevicePolicy.PendingAdmission?
+        /// When its round trip began (epoch ns), while spans are exported.
+        var startedAt: UInt64 = 0
     }
 
     /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
@@ -20,7 +22,10 @@ extension RelayPipeline {
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
         BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), groups: &groups, members: &admitting.members)
-        if !groups.isEmpty { admitting.pending = policy.admission(groups) }
+        if !groups.isEmpty {
+            if spans != nil { admitting.startedAt = wallNanoseconds() }
+            admitting.pending = policy.admission(groups)
+        }
         return admitting
     }
 
