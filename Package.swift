@@ -281,6 +281,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             swiftSettings: strict),

@@ -1,13 +1,15 @@
 import Foundation
 import Kafka
+import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import Relay
+@testable import Relay
 import RedisTesting
 import Synchronization
 import TestSupport
 import Testing
+import W3CTraceContext
 
 /// An OTLP/HTTP collector in this process: every `POST /v1/traces` body, answered 200.
 final class OTLPReceiver: Sendable {
@@ -145,5 +147,35 @@ struct SpanExportTests {
         #expect(unsampled.header("traceparent")?.value == Array("00-\(traceID)-\(parentID)-00".utf8))
         await harness.stop()
         await receiver.stop()
+    }
+
+    static func span(_ name: String) -> FinishedSpan {
+        FinishedSpan(traceID: .random(), spanID: .random(), parentSpanID: nil, name: name, kind: .internal,
+                     start: 1, end: 2, attributes: [])
+    }
+
+    /// A collector that is not there: each batch is tried three times, then dropped and counted;
+    /// the exporter goes on and ends at a graceful shutdown. More than the capacity at once is
+    /// dropped at once.
+    @Test func spansNobodyTakesAreDroppedAndCounted() async throws {
+        let endpoint = try #require(OTLPEndpoint("http://127.0.0.1:\(try freePort())"))
+        let exporter = SpanExporter(endpoint: endpoint, capacity: 4, logger: Logger(label: "test"))
+        exporter.submit([Self.span("a"), Self.span("b"), Self.span("c")])
+        exporter.submit([Self.span("d"), Self.span("e")])
+        #expect(exporter.droppedSpans.load(ordering: .relaxed) == 2)
+        let running = Task { try await exporter.run() }
+        try await waitUntil(timeout: .seconds(20)) { exporter.droppedSpans.load(ordering: .relaxed) == 5 }
+        running.cancel()
+        try await running.value
+    }
+
+    @Test func endpointsParse() {
+        #expect(OTLPEndpoint("http://collector:4318") == OTLPEndpoint(host: "collector", port: 4318, tls: false, path: "/v1/traces"))
+        #expect(OTLPEndpoint("https://otel.example.com/prefix/")?.path == "/prefix/v1/traces")
+        #expect(OTLPEndpoint("https://otel.example.com")?.port == 443)
+        #expect(OTLPEndpoint("http://collector")?.port == 4318)
+        for bad in ["", "collector:4318", "grpc://collector:4317", "http://", "http://c:4318?x=1"] {
+            #expect(OTLPEndpoint(bad) == nil, "\(bad)")
+        }
     }
 }

@@ -18,6 +18,13 @@ struct OTLPEndpoint: Sendable, Equatable {
     var tls: Bool
     var path: String
 
+    init(host: String, port: Int, tls: Bool, path: String) {
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.path = path
+    }
+
     init?(_ text: String) {
         guard let url = URL(string: text), let scheme = url.scheme, ["http", "https"].contains(scheme),
               let host = url.host, !host.isEmpty, url.query == nil else { return nil }
@@ -48,6 +55,8 @@ final class SpanExporter: Service, Sendable {
     private let stopping = AsyncLatch()
     private let logger: Logger
     static let dropped = Counter(label: "relay_trace_spans_dropped_total")
+    /// Spans dropped by this exporter (the counter's share, for tests).
+    let droppedSpans = Atomic<Int>(0)
     static let exported = Counter(label: "relay_trace_spans_exported_total")
 
     init(endpoint: OTLPEndpoint, capacity: Int = 8192, logger: Logger) {
@@ -65,7 +74,7 @@ final class SpanExporter: Service, Sendable {
             waiting += spans
             return true
         }
-        if !taken { Self.dropped.increment(by: spans.count) }
+        if !taken { drop(spans.count) }
     }
 
     /// Exports what waits every second, in batches of ``batchSize``, until a graceful shutdown
@@ -109,7 +118,12 @@ final class SpanExporter: Service, Sendable {
             }
             if attempt < 2 { try? await Task.sleep(for: backoff.delay(attempt: attempt)) }
         }
-        Self.dropped.increment(by: batch.count)
+        drop(batch.count)
+    }
+
+    private func drop(_ count: Int) {
+        Self.dropped.increment(by: count)
+        droppedSpans.add(count, ordering: .relaxed)
     }
 
     /// One `POST` on a connection of its own; the response's status. Deadline 5 s.
@@ -128,7 +142,13 @@ final class SpanExporter: Service, Sendable {
                     try channel.pipeline.syncOperations.addHandler(StatusCatcher(answer))
                 }
             }
-        let channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+        let channel: any Channel
+        do {
+            channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+        } catch {
+            answer.fail(error)
+            throw error
+        }
         let timeout = channel.eventLoop.scheduleTask(in: .seconds(5)) {
             answer.fail(ChannelError.connectTimeout(.seconds(5)))
             channel.close(promise: nil)
