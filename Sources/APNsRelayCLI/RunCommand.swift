@@ -91,9 +91,13 @@ struct RunCommand: AsyncParsableCommand {
 /// The relay running now: the status endpoints follow it across reloads.
 final class CurrentApplication: RelayStatus, Sendable {
     private let current: Mutex<RelayApplication>
-    /// From a reload's start until the new relay consumes: its drain ("stopping") and start
-    /// ("starting") are not a reason to be unready (a ConfigMap edit reaches every pod at once).
-    private let reloading = Atomic<Bool>(false)
+    /// A reload under way: the draining relay's pipeline, and when the next one was installed
+    /// (nil while draining). Its drain ("stopping") and the next one's start ("starting", for
+    /// at most ``reloadGrace``) are not a reason to be unready: a ConfigMap edit reaches every
+    /// pod at once.
+    private let reloading = Mutex<(draining: ObjectIdentifier, installed: ContinuousClock.Instant?)?>(nil)
+    /// How long a relay started by a reload may take to consume before it counts as unready.
+    static let reloadGrace: Duration = .seconds(60)
     /// Set when a reload could start neither the new configuration nor the previous one.
     let restartFailed = Atomic<Bool>(false)
 
@@ -109,18 +113,28 @@ final class CurrentApplication: RelayStatus, Sendable {
     var notAliveReason: String? { application.pipeline.notAliveReason }
     var notReadyReason: String? {
         let pipeline = application.pipeline
-        guard reloading.load(ordering: .relaxed) else { return pipeline.notReadyReason }
+        guard let reload = reloading.withLock({ $0 }) else { return pipeline.notReadyReason }
         if let dead = pipeline.notAliveReason { return dead }
-        // Reloading: ready through the drain and the start, until the new relay consumes.
-        if pipeline.notReadyReason == nil { reloading.store(false, ordering: .relaxed) }
-        return nil
+        // The old relay draining.
+        if ObjectIdentifier(pipeline) == reload.draining { return nil }
+        guard let reason = pipeline.notReadyReason else { return nil }
+        // The next one starting, for a while.
+        if let installed = reload.installed, ContinuousClock.now - installed < Self.reloadGrace { return nil }
+        return reason
     }
 
-    /// A reload drains the running relay: it stays ready meanwhile.
-    func reloadBegins() { reloading.store(true, ordering: .relaxed) }
+    /// A reload drains `application`: it stays ready meanwhile.
+    func reloadBegins(_ application: RelayApplication) {
+        reloading.withLock { $0 = (ObjectIdentifier(application.pipeline), nil) }
+    }
+
+    /// The reload's next relay is installed: ready while it starts, up to ``reloadGrace``.
+    func reloadInstalled() {
+        reloading.withLock { if $0 != nil { $0?.installed = .now } }
+    }
 
     /// A shutdown: "stopping" is reported from now on.
-    func shutdownBegins() { reloading.store(false, ordering: .relaxed) }
+    func shutdownBegins() { reloading.withLock { $0 = nil } }
     var warnings: [String] { application.pipeline.warnings }
     var dependencyProblems: [String] { application.pipeline.dependencyProblems }
 }
@@ -172,6 +186,7 @@ struct PipelineService: Service {
                         return
                     }
                 }
+                current.reloadInstalled()
                 // A SIGTERM while the new one was being made stopped the old one only.
                 if stopping.load(ordering: .relaxed) { current.application.requestStop() }
             }
@@ -223,7 +238,7 @@ struct PipelineService: Service {
                 "apns.credentials": "\(configuration.apns.credentials.map { "\($0.teamID):\($0.keyID) \($0.topics)" })",
             ])
             Self.countReload("applied")
-            current.reloadBegins()
+            current.reloadBegins(application)
             application.requestStop()
             return (configuration, signers, seen)
         }
