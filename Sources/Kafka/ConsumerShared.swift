@@ -31,8 +31,8 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     }
 }
 
-/// One turn of the poll thread: a batch of records (or callbacks), then flow control.
-/// A consumed message's headers, copied (none: librdkafka answers NOENT without parsing).
+/// A consumed message's headers, copied (a record without any: one librdkafka call answering
+/// NOENT).
 func headers(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> [KafkaHeader] {
     var list: OpaquePointer?
     guard rd_kafka_message_headers(message, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return [] }
@@ -49,6 +49,7 @@ func headers(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> [KafkaHead
     return headers
 }
 
+/// One turn of the poll thread: a batch of records (or callbacks), then flow control.
 func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
     var batch: [KafkaMessage] = []
     handle.withHandle { rk in

@@ -103,7 +103,7 @@ public final class RelayApplication: Service, Sendable {
                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
         clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
                                workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) },
-                               spans: OTLPEndpoint(configuration.tracing.otlpEndpoint).map { SpanExporter(endpoint: $0, logger: logger) })
+                               spans: try OTLPEndpoint(configuration.tracing.otlpEndpoint).map { try SpanExporter(endpoint: $0, logger: logger) })
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
     }

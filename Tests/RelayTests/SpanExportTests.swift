@@ -159,7 +159,7 @@ struct SpanExportTests {
     /// dropped at once.
     @Test func spansNobodyTakesAreDroppedAndCounted() async throws {
         let endpoint = try #require(OTLPEndpoint("http://127.0.0.1:\(try freePort())"))
-        let exporter = SpanExporter(endpoint: endpoint, capacity: 4, logger: Logger(label: "test"))
+        let exporter = try SpanExporter(endpoint: endpoint, capacity: 4, logger: Logger(label: "test"))
         exporter.submit([Self.span("a"), Self.span("b"), Self.span("c")])
         exporter.submit([Self.span("d"), Self.span("e")])
         #expect(exporter.droppedSpans.load(ordering: .relaxed) == 2)

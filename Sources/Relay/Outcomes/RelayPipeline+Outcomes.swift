@@ -113,10 +113,13 @@ extension RelayPipeline {
     /// item's partition was revoked meanwhile, or its work is abandoned (past the shutdown
     /// deadline): the outcome may not be out.
     @inline(never)
-    func publish(_ ending: Ending, _ item: WorkItem) async -> Bool {
+    ///
+    /// `carriesTrace`: the outcome is `item`'s (its trace headers and spans); false for an
+    /// outcome published on another intent's behalf.
+    func publish(_ ending: Ending, _ item: WorkItem, carriesTrace: Bool = true) async -> Bool {
         guard let (key, value) = Self.encoded(ending) else { return false }
-        let headers = Self.outgoingHeaders(item)
-        item.traced?.publishBegins()
+        let headers = carriesTrace ? Self.outgoingHeaders(item) : []
+        if carriesTrace { item.traced?.publishBegins() }
         let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
             _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: headers)
         } failed: { error, _ in
@@ -124,7 +127,7 @@ extension RelayPipeline {
             return isCurrent(item) ? .retry : .giveUp
         }
         guard sent != nil else { return false }
-        published(ending, item)
+        published(ending, carriesTrace ? item : nil)
         return true
     }
 
@@ -145,9 +148,9 @@ extension RelayPipeline {
     /// Counts a published outcome; at debug level, logs it (one line per outcome: the
     /// metadata is built only when debug is on).
     @inline(never)
-    func published(_ ending: Ending, _ item: WorkItem) {
+    func published(_ ending: Ending, _ item: WorkItem?) {
         guard let outcome = ending.outcome else { return }
-        if let traced = item.traced {
+        if let item, let traced = item.traced {
             spans?.submit(traced.spans(outcome, partition: item.partition.partition, offset: item.offset))
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }

@@ -4,13 +4,21 @@ import W3CTraceContext
 extension RelayPipeline {
     /// The W3C trace context of a consumed message: its last `traceparent` header (and
     /// `tracestate`), nil when there is none or it does not parse (the intent is relayed all
-    /// the same, without one).
+    /// the same, without one). A `tracestate` that does not parse is dropped alone, as W3C asks.
+    ///
+    /// Only what the format allows reaches the parser: a version-00 `traceparent` (55 bytes of
+    /// lower-case hex and dashes) and a `tracestate` of at most 512 printable ASCII bytes. The
+    /// parser counts some lengths in bytes and walks back in characters, and traps on a name
+    /// of joined Unicode characters past its limit.
     static func traceContext(_ message: KafkaMessage) -> TraceContext? {
-        guard let parent = message.header("traceparent")?.value,
-              // 55 characters for version 00; a later version may append fields (bounded here).
-              parent.count >= 55, parent.count <= 512 else { return nil }
-        let state = message.header("tracestate")?.value.flatMap { $0.count <= 512 ? String(decoding: $0, as: UTF8.self) : nil }
-        return try? TraceContext(traceParentHeaderValue: String(decoding: parent, as: UTF8.self), traceStateHeaderValue: state)
+        guard let parent = message.header("traceparent")?.value, parent.count == 55,
+              parent.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) || $0 == 0x2D }) else { return nil }
+        let text = String(decoding: parent, as: UTF8.self)
+        guard let context = try? TraceContext(traceParentHeaderValue: text) else { return nil }
+        guard let state = message.header("tracestate")?.value, !state.isEmpty, state.count <= 512,
+              state.allSatisfy({ (0x20...0x7E).contains($0) }) else { return context }
+        return (try? TraceContext(traceParentHeaderValue: text, traceStateHeaderValue: String(decoding: state, as: UTF8.self)))
+            ?? context
     }
 
     /// The trace headers of an item's outcome: the relay's span as parent when traced here, else

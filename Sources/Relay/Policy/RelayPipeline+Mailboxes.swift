@@ -47,7 +47,8 @@ extension RelayPipeline {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
         outcome.supersededBy = newer
-        return await publish(Ending(outcome: outcome), item)
+        // Published while `item` (the newer intent) is handled: none of its trace goes with it.
+        return await publish(Ending(outcome: outcome), item, carriesTrace: false)
     }
 
     /// A work item for an intent kept in a mailbox (its offset is not stored again).

@@ -41,8 +41,9 @@ struct OTLPEndpoint: Sendable, Equatable {
 ///
 /// Bounded: at most `capacity` spans wait; more are dropped and counted
 /// (`relay_trace_spans_dropped_total`), so a slow or absent collector costs memory it is allowed
-/// and nothing else. A batch is tried three times (5 s deadline each, backoff with jitter
-/// between), then dropped and counted. On shutdown what waits gets one last try.
+/// and nothing else. A batch is tried three times (2 s to connect and 5 s for the answer each,
+/// backoff with jitter between), then dropped and counted. On shutdown what waits gets one try,
+/// within 2 s in all.
 ///
 /// Hand-written rather than swift-otel's exporter: that brings gRPC, SwiftProtobuf and
 /// AsyncHTTPClient, a first build of about 7 minutes on two cores, where the whole suite has a
@@ -53,14 +54,17 @@ final class SpanExporter: Service, Sendable {
     let capacity: Int
     private let waiting = Mutex<[FinishedSpan]>([])
     private let stopping = AsyncLatch()
+    /// Made once: loading the trust store on each connection would block an event loop.
+    private let tls: NIOSSLContext?
     private let logger: Logger
     static let dropped = Counter(label: "relay_trace_spans_dropped_total")
     /// Spans dropped by this exporter (the counter's share, for tests).
     let droppedSpans = Atomic<Int>(0)
     static let exported = Counter(label: "relay_trace_spans_exported_total")
 
-    init(endpoint: OTLPEndpoint, capacity: Int = 8192, logger: Logger) {
+    init(endpoint: OTLPEndpoint, capacity: Int = 8192, logger: Logger) throws {
         self.endpoint = endpoint
+        self.tls = endpoint.tls ? try NIOSSLContext(configuration: .makeClientConfiguration()) : nil
         self.capacity = capacity
         self.logger = logger
         Self.dropped.increment(by: 0)
@@ -84,8 +88,17 @@ final class SpanExporter: Service, Sendable {
             let backoff = Backoff(base: .milliseconds(200), maximum: .seconds(2))
             while true {
                 let stop = await stopping.wait(atMost: .seconds(1))
-                while !Task.isCancelled, let batch = nextBatch() { await export(batch, backoff: backoff) }
-                if stop || Task.isCancelled { return }
+                if stop || Task.isCancelled { break }
+                while !Task.isCancelled, !stopping.isOpen, let batch = nextBatch() { await export(batch, tries: 3, backoff: backoff) }
+            }
+            // Stopping: what waits gets one try, within 2 s in all; the rest is dropped.
+            let deadline = ContinuousClock.now + .seconds(2)
+            while let batch = nextBatch() {
+                if Task.isCancelled || ContinuousClock.now >= deadline {
+                    drop(batch.count)
+                } else {
+                    await export(batch, tries: 1, backoff: backoff)
+                }
             }
         } onGracefulShutdown: {
             self.stopping.open()
@@ -101,9 +114,9 @@ final class SpanExporter: Service, Sendable {
         }
     }
 
-    private func export(_ batch: [FinishedSpan], backoff: Backoff) async {
+    private func export(_ batch: [FinishedSpan], tries: Int, backoff: Backoff) async {
         let body = Self.encode(batch)
-        for attempt in 0..<3 {
+        for attempt in 0..<tries {
             do {
                 let status = try await post(body)
                 if (200..<300).contains(status) {
@@ -116,7 +129,8 @@ final class SpanExporter: Service, Sendable {
             } catch {
                 logger.warning("cannot export spans", metadata: ["tracing.error": "\(error)"])
             }
-            if attempt < 2 { try? await Task.sleep(for: backoff.delay(attempt: attempt)) }
+            // A shutdown does not wait for retries.
+            if attempt < tries - 1, !stopping.isOpen { try? await Task.sleep(for: backoff.delay(attempt: attempt)) } else { break }
         }
         drop(batch.count)
     }
@@ -126,17 +140,19 @@ final class SpanExporter: Service, Sendable {
         droppedSpans.add(count, ordering: .relaxed)
     }
 
-    /// One `POST` on a connection of its own; the response's status. Deadline 5 s.
+    /// One `POST` on a connection of its own; the response's status. Deadlines: 2 s to connect,
+    /// then 5 s for the answer.
     private func post(_ body: [UInt8]) async throws -> Int {
-        let endpoint = self.endpoint
+        let endpoint = self.endpoint, tls = self.tls
+        // No SNI for an address (NIOSSL refuses one).
+        let hostname = (try? SocketAddress(ipAddress: endpoint.host, port: 0)) == nil ? endpoint.host : nil
         let answer = MultiThreadedEventLoopGroup.singleton.next().makePromise(of: Int.self)
         let bootstrap = ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .connectTimeout(.seconds(5))
+            .connectTimeout(.seconds(2))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    if endpoint.tls {
-                        let context = try NIOSSLContext(configuration: .makeClientConfiguration())
-                        try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: context, serverHostname: endpoint.host))
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: hostname))
                     }
                     try channel.pipeline.syncOperations.addHTTPClientHandlers()
                     try channel.pipeline.syncOperations.addHandler(StatusCatcher(answer))
