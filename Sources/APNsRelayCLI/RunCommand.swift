@@ -34,7 +34,7 @@ struct RunCommand: AsyncParsableCommand {
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .info)
-        let configuration = try loadUsableConfiguration(config)
+        let (configuration, signers) = try loadUsableConfiguration(config)
         // What the files held when they were loaded: a change from then on is a reload, even one
         // made before the relay is running (the status endpoints answer earlier).
         let loaded = PipelineService.fingerprint(config, configuration)
@@ -44,7 +44,7 @@ struct RunCommand: AsyncParsableCommand {
         Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
         let application: RelayApplication
         do {
-            application = try RelayApplication(configuration: configuration, logger: logger)
+            application = try RelayApplication(configuration: configuration, signers: signers, logger: logger)
         } catch {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
@@ -219,12 +219,8 @@ struct PipelineService: Service {
             let seen = Self.fingerprint(configFile, configuration)
             guard seen != last else { continue }
             last = seen
-            var problems = RelayApplication.startProblems(configuration)
-            var signers: [ProviderTokenSigner] = []
-            if problems.isEmpty {
-                // Read again for the new relay: a key swapped since the check is refused here.
-                do { signers = try configuration.loadSigners() } catch { problems.append("\(error)") }
-            }
+            // The new relay starts with the keys this check read.
+            let (problems, signers) = RelayApplication.startProblems(configuration)
             guard problems.isEmpty else {
                 logger.error("the changed configuration or a file it names cannot be used; the running one stays",
                              metadata: ["relay.error": "\(problems.joined(separator: "; "))"])
@@ -287,14 +283,14 @@ struct CheckConfigCommand: ParsableCommand {
 
     func run() throws {
         try logging.bootstrap(defaultLevel: .error)
-        Terminal.line(try loadUsableConfiguration(config ?? file ?? "").redactedYAML)
+        Terminal.line(try loadUsableConfiguration(config ?? file ?? "").0.redactedYAML)
     }
 }
 
 /// Loads the configuration at `path` and reads every file it names (``RelayConfiguration/preflightProblems``,
 /// the Kafka and Redis client settings): on any problem, lists them all on standard error and
-/// exits 2.
-func loadUsableConfiguration(_ path: String) throws -> RelayConfiguration {
+/// exits 2. Returns the configuration with the signing keys that check read.
+func loadUsableConfiguration(_ path: String) throws -> (RelayConfiguration, [ProviderTokenSigner]) {
     let configuration: RelayConfiguration
     do {
         configuration = try RelayConfiguration.load(file: path)
@@ -302,10 +298,10 @@ func loadUsableConfiguration(_ path: String) throws -> RelayConfiguration {
         Terminal.error("invalid configuration \(path):\n\(error)")
         throw ExitCode(2)
     }
-    let problems = RelayApplication.startProblems(configuration)
+    let (problems, signers) = RelayApplication.startProblems(configuration)
     guard problems.isEmpty else {
         Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
         throw ExitCode(2)
     }
-    return configuration
+    return (configuration, signers)
 }

@@ -119,14 +119,16 @@ public final class RelayApplication: Service, Sendable {
     /// Everything that keeps `configuration` from starting, all at once: its
     /// ``RelayConfiguration/preflightProblems`` (the files it names) and what the clients would
     /// refuse (``validateClientSettings(_:)``). `check-config`, `run` and a reload ask this.
-    public static func startProblems(_ configuration: RelayConfiguration) -> [String] {
-        var problems = configuration.preflightProblems
+    /// With the signing keys the check read, for ``init(configuration:signers:worker:logger:clock:published:)``
+    /// when there is no problem.
+    public static func startProblems(_ configuration: RelayConfiguration) -> (problems: [String], signers: [ProviderTokenSigner]) {
+        var (problems, signers) = configuration.preflight()
         do {
             try validateClientSettings(configuration)
         } catch {
             problems.append("\(error)")
         }
-        return problems
+        return (problems, signers)
     }
 
     /// Runs the clients and the pipeline until ``requestStop()``, a graceful shutdown of the

@@ -15,15 +15,20 @@ extension RelayConfiguration {
     /// `ssl.key.location`, with `ssl.key.password`) that do not parse; `ssl.keystore.location`
     /// and `sasl.kerberos.keytab` must be readable. `check-config` fails on any of these, `run`
     /// does not start, and a reload that has one is refused.
-    public var preflightProblems: [String] {
+    public var preflightProblems: [String] { preflight().problems }
+
+    /// ``preflightProblems``, and the credentials' signing keys as that check read them (one per
+    /// credential when every key parsed): a caller that goes on uses these, not another read.
+    public func preflight() -> (problems: [String], signers: [ProviderTokenSigner]) {
         var problems: [String] = []
+        var signers: [ProviderTokenSigner] = []
         if apns.credentials.isEmpty {
             problems.append("apns.credentials is empty: every intent would come out failed (NoCredentials); list at least one {team_id, key_id, key_file, topics}")
         }
         var claimedBy: [String: Int] = [:]
         for (index, credential) in apns.credentials.enumerated() {
             do {
-                _ = try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile)
+                signers.append(try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile))
             } catch {
                 problems.append("apns.credentials[\(index)].key_file \(credential.keyFile): \(error)")
             }
@@ -40,7 +45,7 @@ extension RelayConfiguration {
             problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
         }
         problems += Self.kafkaFileProblems(kafka.properties)
-        return problems
+        return (problems, signers)
     }
 
     /// The Kafka client's TLS files (when `security.protocol` is `SSL` or `SASL_SSL`: librdkafka
