@@ -1,4 +1,4 @@
-// swift-tools-version:6.0
+// swift-tools-version:6.1
 import PackageDescription
 
 // No unsafe flags: the library products can be depended on by version. The dynamic exclusivity
@@ -35,6 +35,10 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/jpsim/Yams.git", from: "6.2.2"),
         .package(url: "https://github.com/swift-otel/swift-w3c-trace-context.git", from: "1.0.0"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
+        // OTLP/HTTP only: the gRPC exporter's packages add about 76 s more to a first build on
+        // two cores, over the 107 s these take (docs/operations.md, "Tracing").
+        .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
     ],
     targets: [
         // C protocol engines, from Debian's -dev packages.
@@ -115,6 +119,7 @@ let package = Package(
         .target(
             name: "Relay",
             dependencies: [
+                "BuildInfo",
                 "Common",
                 "APNs",
                 "Redis",
@@ -129,6 +134,8 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "OTel", package: "swift-otel"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {
@@ -210,6 +217,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -221,9 +229,11 @@ let package = Package(
         .target(
             name: "Fuzzing",
             dependencies: [
-                "APNs", "APNsSimulator", "HTTP2", "Redis", "Relay",
+                "APNs", "APNsSimulator", "HTTP2", "Kafka", "Redis", "Relay",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: strict),
 

@@ -19,8 +19,8 @@ struct RelayClients {
     /// Where intents' work runs: the event loops of the APNs connections (see
     /// ``RelayPipeline/workExecutors``).
     let workExecutors: [EventLoopTaskExecutor]
-    /// Spans of traced intents go out through it (nil: `tracing.otlp_endpoint` is empty).
-    var spans: SpanExporter? = nil
+    /// Spans of traced intents start from its tracer (nil: `tracing.otlp_endpoint` is empty).
+    var tracing: RelayTracing? = nil
 }
 
 /// Everything one configuration runs, built in one place: the clients (Redis, the APNs
@@ -103,7 +103,9 @@ public final class RelayApplication: Service, Sendable {
                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
         clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
                                workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) },
-                               spans: try OTLPEndpoint(configuration.tracing.otlpEndpoint).map { try SpanExporter(endpoint: $0, logger: logger) })
+                               tracing: configuration.tracing.otlpEndpoint.isEmpty ? nil
+                                   : try RelayTracing(endpoint: configuration.tracing.otlpEndpoint,
+                                                      protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
     }
@@ -137,7 +139,7 @@ public final class RelayApplication: Service, Sendable {
     public func run() async {
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         // Stops after the pipeline: the last outcomes' spans go out.
-        if let spans = clients.spans { services.append(.init(service: spans)) }
+        if let tracing = clients.tracing { services.append(.init(service: tracing.service)) }
         if let redis = clients.redis { services.append(.init(service: redis)) }
         services += [
             .init(service: clients.apns),

@@ -11,16 +11,22 @@ import TestSupport
 import Testing
 import W3CTraceContext
 
-/// An OTLP/HTTP collector in this process: every `POST /v1/traces` body, answered 200.
+/// An OTLP/HTTP collector in this process: every `POST /v1/traces`, answered 200 in the
+/// request's encoding.
 final class OTLPReceiver: Sendable {
+    struct Request: Sendable {
+        var contentType: String
+        var body: [UInt8]
+    }
+
     /// What the connections' handlers share.
     final class Store: Sendable {
-        /// The bodies, as received (parsed when read).
-        let received = Mutex<[[UInt8]]>([])
+        /// The requests, as received (parsed when read).
+        let received = Mutex<[Request]>([])
 
-        func take(_ path: String, _ body: [UInt8]) -> Int {
+        func take(_ path: String, _ request: Request) -> Int {
             guard path == "/v1/traces" else { return 404 }
-            received.withLock { $0.append(body) }
+            received.withLock { $0.append(request) }
             return 200
         }
     }
@@ -30,14 +36,25 @@ final class OTLPReceiver: Sendable {
 
     var url: String { "http://127.0.0.1:\(channel.localAddress!.port!)" }
 
-    /// Every span received so far.
+    var requests: [Request] { store.received.withLock { $0 } }
+
+    /// Every span received so far in JSON, its ids in hex (swift-protobuf writes bytes in
+    /// base64).
     var spans: [[String: Any]] {
-        store.received.withLock { $0 }.flatMap { body -> [[String: Any]] in
-                let request = (try? JSONSerialization.jsonObject(with: Data(body))) as? [String: Any] ?? [:]
-                let resources = request["resourceSpans"] as? [[String: Any]] ?? []
-                return resources.flatMap { resource in
-                    (resource["scopeSpans"] as? [[String: Any]] ?? []).flatMap { $0["spans"] as? [[String: Any]] ?? [] }
+        requests.filter { $0.contentType == "application/json" }.flatMap { request -> [[String: Any]] in
+            let object = (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any] ?? [:]
+            let resources = object["resourceSpans"] as? [[String: Any]] ?? []
+            return resources.flatMap { resource in
+                (resource["scopeSpans"] as? [[String: Any]] ?? []).flatMap { $0["spans"] as? [[String: Any]] ?? [] }
+            }.map { span in
+                var span = span
+                for key in ["traceId", "spanId", "parentSpanId"] {
+                    if let text = span[key] as? String, let bytes = Data(base64Encoded: text) {
+                        span[key] = bytes.map { String(format: "%02x", $0) }.joined()
+                    }
                 }
+                return span
+            }
         }
     }
 
@@ -60,6 +77,7 @@ final class OTLPReceiver: Sendable {
         typealias OutboundOut = HTTPServerResponsePart
         let store: Store
         var path = ""
+        var contentType = ""
         var body: [UInt8] = []
 
         init(_ store: Store) { self.store = store }
@@ -68,16 +86,20 @@ final class OTLPReceiver: Sendable {
             switch unwrapInboundIn(data) {
             case .head(let head):
                 path = head.uri
+                contentType = head.headers.first(name: "content-type") ?? ""
                 body = []
             case .body(var buffer):
                 body += buffer.readBytes(length: buffer.readableBytes) ?? []
             case .end:
-                let status = store.take(path, body)
+                let status = store.take(path, Request(contentType: contentType, body: body))
+                // An empty ExportTraceServiceResponse, in the request's encoding.
+                let json = contentType == "application/json"
                 var headers = HTTPHeaders()
-                headers.add(name: "content-length", value: "2")
+                headers.add(name: "content-type", value: json ? "application/json" : "application/x-protobuf")
+                headers.add(name: "content-length", value: json ? "2" : "0")
                 context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status),
                                                                      headers: headers))), promise: nil)
-                context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "{}")))), promise: nil)
+                if json { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "{}")))), promise: nil) }
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
             }
         }
@@ -105,6 +127,7 @@ struct SpanExportTests {
         let harness = try await RelayHarness.start(configureRelay: {
             $0.redis.url = redis.url
             $0.tracing.otlpEndpoint = receiver.url
+            $0.tracing.otlpProtocol = .httpJSON
         })
         let traceID = "4bf92f3577b34da6a3ce929d0e0e4736", parentID = "00f067aa0ba902b7"
         func send(_ id: String, token: Int, traceparent: String?) async throws {
@@ -149,33 +172,76 @@ struct SpanExportTests {
         await receiver.stop()
     }
 
-    static func span(_ name: String) -> FinishedSpan {
-        FinishedSpan(traceID: .random(), spanID: .random(), parentSpanID: nil, name: name, kind: .internal,
-                     start: 1, end: 2, attributes: [])
+    /// By default spans go out as OTLP's protobuf: one traced intent's request carries its
+    /// trace id, span names and intent id.
+    @Test func spansGoOutAsProtobufByDefault() async throws {
+        let receiver = try await OTLPReceiver()
+        let harness = try await RelayHarness.start(configureRelay: { $0.tracing.otlpEndpoint = receiver.url })
+        #expect(harness.configuration.tracing.otlpProtocol == .httpProtobuf)
+        let traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+        _ = try await harness.producer.send(
+            topic: harness.intentsTopic, key: Array(hexToken(1).utf8), value: Array(intent("proto-traced", token: hexToken(1)).utf8),
+            headers: [KafkaHeader(name: "traceparent", value: Array("00-\(traceID)-00f067aa0ba902b7-01".utf8))])
+        _ = try await readTopic(harness.cluster.bootstrapServers, harness.outcomesTopic) { _, total in total >= 1 }
+        try await waitUntil(timeout: .seconds(20)) { !receiver.requests.isEmpty }
+        let request = try #require(receiver.requests.first)
+        #expect(request.contentType == "application/x-protobuf")
+        let traceBytes = stride(from: 0, to: traceID.count, by: 2).map {
+            UInt8(traceID.dropFirst($0).prefix(2), radix: 16)!
+        }
+        for needle in [traceBytes, Array("apns-relay intent".utf8), Array("apns send".utf8), Array("proto-traced".utf8)] {
+            #expect(Self.contains(request.body, needle), "\(needle)")
+        }
+        #expect(!Self.contains(request.body, Array(hexToken(1).utf8)), "the device token must not reach a span")
+        await harness.stop()
+        await receiver.stop()
     }
 
-    /// A collector that is not there: each batch is tried three times, then dropped and counted;
-    /// the exporter goes on and ends at a graceful shutdown. More than the capacity at once is
-    /// dropped at once.
-    @Test func spansNobodyTakesAreDroppedAndCounted() async throws {
-        let endpoint = try #require(OTLPEndpoint("http://127.0.0.1:\(try freePort())"))
-        let exporter = try SpanExporter(endpoint: endpoint, capacity: 4, logger: Logger(label: "test"))
-        exporter.submit([Self.span("a"), Self.span("b"), Self.span("c")])
-        exporter.submit([Self.span("d"), Self.span("e")])
-        #expect(exporter.droppedSpans.load(ordering: .relaxed) == 2)
-        let running = Task { try await exporter.run() }
-        try await waitUntil(timeout: .seconds(20)) { exporter.droppedSpans.load(ordering: .relaxed) == 5 }
-        running.cancel()
-        try await running.value
+    static func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+        guard needle.count <= haystack.count else { return false }
+        return (0...(haystack.count - needle.count)).contains { haystack[$0..<($0 + needle.count)].elementsEqual(needle) }
+    }
+
+    /// A collector that is not there costs the relay nothing it must not lose: the traced
+    /// intent's outcome goes out, and the relay stops within the export's 5 s deadline.
+    @Test func anAbsentCollectorNeitherStopsNorHoldsTheRelay() async throws {
+        let harness = try await RelayHarness.start(configureRelay: { $0.tracing.otlpEndpoint = "http://127.0.0.1:\(try! freePort())" })
+        _ = try await harness.producer.send(
+            topic: harness.intentsTopic, key: Array(hexToken(1).utf8), value: Array(intent("lost-spans", token: hexToken(1)).utf8),
+            headers: [KafkaHeader(name: "traceparent", value: Array("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".utf8))])
+        let outcomes = try await readTopic(harness.cluster.bootstrapServers, harness.outcomesTopic) { _, total in total >= 1 }
+        #expect(outcomes.count == 1)
+        let stopping = ContinuousClock.now
+        await harness.stop()
+        let took = ContinuousClock.now - stopping
+        #expect(took < .seconds(15), "stopping took \(took)")
     }
 
     @Test func endpointsParse() {
-        #expect(OTLPEndpoint("http://collector:4318") == OTLPEndpoint(host: "collector", port: 4318, tls: false, path: "/v1/traces"))
-        #expect(OTLPEndpoint("https://otel.example.com/prefix/")?.path == "/prefix/v1/traces")
+        #expect(OTLPEndpoint("http://collector:4318")?.url == "http://collector:4318/v1/traces")
+        #expect(OTLPEndpoint("https://otel.example.com/prefix/")?.url == "https://otel.example.com/prefix/v1/traces")
         #expect(OTLPEndpoint("https://otel.example.com")?.port == 443)
         #expect(OTLPEndpoint("http://collector")?.port == 4318)
-        for bad in ["", "collector:4318", "grpc://collector:4317", "http://", "http://c:4318?x=1"] {
+        for bad in ["", "collector:4318", "grpc://collector:4317", "http://", "http://c:4318?x=1", "http://c:4318#f"] {
             #expect(OTLPEndpoint(bad) == nil, "\(bad)")
         }
+    }
+}
+
+@Suite("Tracing configuration")
+struct TracingConfigurationTests {
+    /// Both keys read, written back by the redacted YAML, and their bad values refused by name.
+    @Test func theTracingKeysAreReadAndChecked() throws {
+        let configuration = try RelayConfiguration.load(
+            yaml: "tracing:\n  otlp_endpoint: http://collector:4318\n  otlp_protocol: http/json\n", environment: [:])
+        #expect(configuration.tracing.otlpEndpoint == "http://collector:4318")
+        #expect(configuration.tracing.otlpProtocol == .httpJSON)
+        let again = try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:])
+        #expect(again.tracing.otlpProtocol == .httpJSON)
+        #expect(try RelayConfiguration.load(yaml: "tracing: {}\n", environment: [:]).tracing.otlpProtocol == .httpProtobuf)
+        let error = try #require(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "tracing:\n  otlp_endpoint: grpc://collector:4317\n  otlp_protocol: grpc\n", environment: [:])
+        }
+        #expect(Set(error.issues.map(\.key)) == ["tracing.otlp_endpoint", "tracing.otlp_protocol"], "\(error)")
     }
 }

@@ -218,11 +218,18 @@ struct ConfigurationReader {
         configuration.http.maxConnections = integer(http, "http.max_connections", default: configuration.http.maxConnections,
                                                     range: 1...100_000)
         let tracing = mapping(top["tracing"], key: "tracing") ?? [:]
-        checkKnown(tracing, prefix: "tracing.", known: ["otlp_endpoint"])
+        checkKnown(tracing, prefix: "tracing.", known: ["otlp_endpoint", "otlp_protocol"])
         configuration.tracing.otlpEndpoint = string(tracing, "tracing.otlp_endpoint", default: configuration.tracing.otlpEndpoint)
         if !configuration.tracing.otlpEndpoint.isEmpty, OTLPEndpoint(configuration.tracing.otlpEndpoint) == nil {
             issues.append(.init(key: "tracing.otlp_endpoint", value: configuration.tracing.otlpEndpoint,
                                 allowed: "empty, or http://HOST:PORT or https://HOST:PORT (an OTLP/HTTP collector)"))
+        }
+        let encoding = string(tracing, "tracing.otlp_protocol", default: configuration.tracing.otlpProtocol.rawValue)
+        if let known = OTLPProtocol(rawValue: encoding) {
+            configuration.tracing.otlpProtocol = known
+        } else {
+            issues.append(.init(key: "tracing.otlp_protocol", value: encoding,
+                                allowed: OTLPProtocol.allCases.map(\.rawValue).joined(separator: " or ")))
         }
         configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
         return configuration

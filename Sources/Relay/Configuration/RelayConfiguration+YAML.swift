@@ -73,6 +73,7 @@ extension RelayConfiguration {
         lines.append("  max_connections: \(http.maxConnections)")
         lines.append("tracing:")
         lines.append("  otlp_endpoint: \(quote(tracing.otlpEndpoint))")
+        lines.append("  otlp_protocol: \(quote(tracing.otlpProtocol.rawValue))")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
         return lines.joined(separator: "\n")
     }

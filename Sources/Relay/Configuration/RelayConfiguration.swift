@@ -196,9 +196,12 @@ public struct RelayConfiguration: Sendable {
 
     /// Spans of traced intents (see docs/operations.md, "Tracing").
     public struct Tracing: Sendable {
-        /// The OTLP/HTTP collector, `http(s)://HOST:PORT` (spans go to `/v1/traces` as JSON);
-        /// empty: no spans (trace context is still carried from intent to outcome).
+        /// The OTLP/HTTP collector, `http(s)://HOST:PORT[/PREFIX]` (spans go to
+        /// `PREFIX/v1/traces`); empty: no spans (trace context is still carried from intent to
+        /// outcome).
         public var otlpEndpoint = ""
+        /// How spans are encoded: `http/protobuf` (OTLP's default) or `http/json`.
+        public var otlpProtocol = OTLPProtocol.httpProtobuf
         public init() {}
     }
 

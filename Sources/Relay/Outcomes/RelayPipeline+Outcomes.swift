@@ -151,7 +151,7 @@ extension RelayPipeline {
     func published(_ ending: Ending, _ item: WorkItem?) {
         guard let outcome = ending.outcome else { return }
         if let item, let traced = item.traced {
-            spans?.submit(traced.spans(outcome, partition: item.partition.partition, offset: item.offset))
+            traced.finish(outcome, partition: item.partition.partition, offset: item.offset)
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         RelayMetrics.outcome(outcome, topic: outcome.topic.flatMap { credentials.index(forTopic: $0) != nil ? $0 : nil } ?? "other")

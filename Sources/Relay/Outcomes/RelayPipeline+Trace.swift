@@ -1,4 +1,5 @@
-import Kafka
+package import Kafka
+package import Tracing
 import W3CTraceContext
 
 extension RelayPipeline {
@@ -21,10 +22,27 @@ extension RelayPipeline {
             ?? context
     }
 
+    /// The spans of an intent with `trace`: none unless it is sampled and spans are exported
+    /// (`tracer`).
+    static func intentTrace(_ trace: TraceContext?, tracer: (any Tracer)?,
+                            policy: (start: UInt64, end: UInt64)?) -> IntentTrace? {
+        guard let tracer, let trace, trace.flags.contains(.sampled) else { return nil }
+        return IntentTrace(tracer: tracer, parent: trace, policy: policy)
+    }
+
+    /// The trace headers an outcome of `message` carries, through `tracer` as when spans are
+    /// exported (the spans it starts are ended at once): what the fuzz target `trace` drives.
+    package static func outcomeTraceHeaders(_ message: KafkaMessage, tracer: (any Tracer)?) -> [KafkaHeader] {
+        let trace = traceContext(message)
+        guard let traced = intentTrace(trace, tracer: tracer, policy: nil) else { return trace.map(traceHeaders) ?? [] }
+        defer { traced.span.end() }
+        return traced.outgoingHeaders
+    }
+
     /// The trace headers of an item's outcome: the relay's span as parent when traced here, else
     /// the intent's context as it came (none without one).
     static func outgoingHeaders(_ item: WorkItem) -> [KafkaHeader] {
-        item.traced.map { traceHeaders($0.outgoing) } ?? item.trace.map(traceHeaders) ?? []
+        item.traced?.outgoingHeaders ?? item.trace.map(traceHeaders) ?? []
     }
 
     /// The headers that carry `trace` on to an outcome.

@@ -9,7 +9,7 @@ extension RelayPipeline {
                policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
-        let traced = spans != nil ? trace.flatMap { $0.flags.contains(.sampled) ? IntentTrace(parent: $0, policy: policy) : nil } : nil
+        let traced = Self.intentTrace(trace, tracer: tracer, policy: policy)
         var hold = false
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {

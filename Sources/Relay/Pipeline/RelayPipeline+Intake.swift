@@ -84,7 +84,7 @@ extension RelayPipeline {
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .batch(let batch, let parsed, let admitting):
                 guard let admissions = await finishAdmission(parsed, admitting) else { return }
-                let policy = spans != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
+                let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
                 // each, in children of `workers`: a finished child task is unlinked by walking
                 // its group's list of children, and intents end out of order (each partition's

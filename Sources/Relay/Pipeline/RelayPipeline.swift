@@ -7,6 +7,7 @@ import NIOCore
 import Redis
 public import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
 /// to Kafka, offsets committed only behind delivered outcomes (at-least-once).
@@ -63,7 +64,7 @@ public final class RelayPipeline: RelayStatus, Service {
     let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
     /// Nil unless `tracing.otlp_endpoint` is set: then sampled intents record spans.
-    let spans: SpanExporter?
+    let tracer: (any Tracer)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
     let redis: RedisClient?
     let deduplicator: Deduplicator?
@@ -138,7 +139,7 @@ public final class RelayPipeline: RelayStatus, Service {
         self.tokenSources = clients.tokenSources
         self.clients = clients.apns
         self.workExecutors = clients.workExecutors
-        self.spans = clients.spans
+        self.tracer = clients.tracing?.tracer
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.producer = clients.producer
         self.consumer = clients.consumer

@@ -23,7 +23,7 @@ extension RelayPipeline {
         var groups: [DevicePolicy.Group] = []
         BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), groups: &groups, members: &admitting.members)
         if !groups.isEmpty {
-            if spans != nil { admitting.startedAt = wallNanoseconds() }
+            if tracer != nil { admitting.startedAt = wallNanoseconds() }
             admitting.pending = policy.admission(groups)
         }
         return admitting

@@ -1,6 +1,8 @@
 import Crypto
 import Foundation
+import Kafka
 import Synchronization
+import Tracing
 import W3CTraceContext
 
 /// Epoch nanoseconds from the system clock (span times are wall-clock times).
@@ -10,40 +12,18 @@ func wallNanoseconds() -> UInt64 {
     return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
 }
 
-/// One finished span, as OTLP takes it.
-struct FinishedSpan: Sendable {
-    /// OTLP's `SpanKind`.
-    enum Kind: Int, Sendable {
-        case `internal` = 1, client = 3, producer = 4, consumer = 5
-    }
-
-    enum Attribute: Sendable {
-        case string(String)
-        case int(Int64)
-    }
-
-    var traceID: TraceID
-    var spanID: SpanID
-    var parentSpanID: SpanID?
-    var name: String
-    var kind: Kind
-    var start: UInt64
-    var end: UInt64
-    var attributes: [(String, Attribute)]
-    var failed = false
-}
-
-/// The times of one traced intent on its way, kept until its outcome is published; then its
-/// spans: `apns-relay intent` (a child of the intent's `traceparent`: from admission to the
-/// outcome's delivery report) with `redis policy` (the batch's admission round trip, with Redis),
-/// `apns send` (the first try to the last answer) and `kafka publish outcome`.
+/// One traced intent's spans: `apns-relay intent` (a child of the intent's `traceparent`,
+/// started at admission, ended at the outcome's delivery report) and, under it, `redis policy`
+/// (the batch's admission round trip, with Redis), `apns send` (the first try to the last
+/// answer) and `kafka publish outcome`. The children are started and ended, at the times
+/// recorded here, when the outcome is out: an intent costs its tracer one span until then.
 ///
 /// Made only for intents whose trace context is sampled, and only when spans are exported: the
 /// relay continues traces, it does not start them.
 final class IntentTrace: Sendable {
-    let parent: TraceContext
-    let spanID: SpanID
-    let start: UInt64
+    let tracer: any Tracer
+    /// `apns-relay intent`.
+    let span: any Span
     let policy: (start: UInt64, end: UInt64)?
     private let marks = Mutex(Marks())
 
@@ -54,16 +34,20 @@ final class IntentTrace: Sendable {
         var publishStart: UInt64?
     }
 
-    init(parent: TraceContext, policy: (start: UInt64, end: UInt64)?) {
-        self.parent = parent
-        self.spanID = SpanID.random()
-        self.start = policy?.start ?? wallNanoseconds()
+    init(tracer: any Tracer, parent: TraceContext, policy: (start: UInt64, end: UInt64)?) {
+        self.tracer = tracer
+        var context = ServiceContext.topLevel
+        tracer.extract(parent, into: &context, using: TraceContextExtractor())
+        span = tracer.startSpan("apns-relay intent", context: context, ofKind: .consumer,
+                                at: WallInstant(policy?.start ?? wallNanoseconds()))
         self.policy = policy
     }
 
-    /// The trace context the outcome carries: the same trace, with the relay's span as parent.
-    var outgoing: TraceContext {
-        TraceContext(traceID: parent.traceID, spanID: spanID, flags: parent.flags, state: parent.state)
+    /// The trace headers the outcome carries: the same trace, with the relay's span as parent.
+    var outgoingHeaders: [KafkaHeader] {
+        var headers: [KafkaHeader] = []
+        tracer.inject(span.context, into: &headers, using: KafkaHeaderInjector())
+        return headers
     }
 
     func sendBegins() {
@@ -84,40 +68,40 @@ final class IntentTrace: Sendable {
         marks.withLock { if $0.publishStart == nil { $0.publishStart = now } }
     }
 
-    /// The spans, the outcome published now. Never the device token: its SHA-256, 16 hex digits.
-    func spans(_ outcome: Outcome, partition: Int32, offset: Int64) -> [FinishedSpan] {
+    /// Ends the spans, the outcome published now. Never the device token: its SHA-256, 16 hex
+    /// digits.
+    func finish(_ outcome: Outcome, partition: Int32, offset: Int64) {
         let end = wallNanoseconds()
         let marks = marks.withLock { $0 }
-        let trace = parent.traceID
-        var attributes: [(String, FinishedSpan.Attribute)] = [
-            ("apns_relay.intent.id", .string(outcome.id ?? "")),
-            ("apns_relay.outcome.status", .string(outcome.status.rawValue)),
-            ("messaging.kafka.partition", .int(Int64(partition))),
-            ("messaging.kafka.offset", .int(offset)),
-        ]
-        if let topic = outcome.topic { attributes.append(("apns.topic", .string(topic))) }
-        if let token = outcome.token { attributes.append(("apns_relay.token.sha256", .string(Self.tokenHash(token)))) }
-        if let reason = outcome.reason { attributes.append(("apns_relay.outcome.reason", .string(reason))) }
-        var spans = [FinishedSpan(traceID: trace, spanID: spanID, parentSpanID: parent.spanID, name: "apns-relay intent",
-                                  kind: .consumer, start: start, end: end, attributes: attributes,
-                                  failed: outcome.status == .failed)]
-        if let policy {
-            spans.append(FinishedSpan(traceID: trace, spanID: .random(), parentSpanID: spanID, name: "redis policy",
-                                      kind: .client, start: policy.start, end: policy.end, attributes: []))
+        span.updateAttributes { attributes in
+            attributes["apns_relay.intent.id"] = outcome.id ?? ""
+            attributes["apns_relay.outcome.status"] = outcome.status.rawValue
+            attributes["messaging.kafka.partition"] = Int64(partition)
+            attributes["messaging.kafka.offset"] = offset
+            if let topic = outcome.topic { attributes["apns.topic"] = topic }
+            if let token = outcome.token { attributes["apns_relay.token.sha256"] = Self.tokenHash(token) }
+            if let reason = outcome.reason { attributes["apns_relay.outcome.reason"] = reason }
         }
+        if outcome.status == .failed { span.setStatus(SpanStatus(code: .error, message: outcome.reason)) }
+        if let policy { child("redis policy", .client, from: policy.start, to: policy.end) }
         if let sendStart = marks.sendStart {
-            var send: [(String, FinishedSpan.Attribute)] = [("apns_relay.tries", .int(Int64(marks.tries)))]
-            if let status = outcome.httpStatus { send.append(("apns.status", .int(Int64(status)))) }
-            if let apnsID = outcome.apnsID { send.append(("apns.id", .string(apnsID))) }
-            spans.append(FinishedSpan(traceID: trace, spanID: .random(), parentSpanID: spanID, name: "apns send",
-                                      kind: .client, start: sendStart, end: marks.sendEnd ?? end, attributes: send,
-                                      failed: (outcome.httpStatus ?? 200) >= 500))
+            let status = outcome.httpStatus
+            child("apns send", .client, from: sendStart, to: marks.sendEnd ?? end, failed: (status ?? 200) >= 500) { attributes in
+                attributes["apns_relay.tries"] = Int64(marks.tries)
+                if let status { attributes["apns.status"] = Int64(status) }
+                if let apnsID = outcome.apnsID { attributes["apns.id"] = apnsID }
+            }
         }
-        if let publishStart = marks.publishStart {
-            spans.append(FinishedSpan(traceID: trace, spanID: .random(), parentSpanID: spanID, name: "kafka publish outcome",
-                                      kind: .producer, start: publishStart, end: end, attributes: []))
-        }
-        return spans
+        if let publishStart = marks.publishStart { child("kafka publish outcome", .producer, from: publishStart, to: end) }
+        span.end(at: WallInstant(end))
+    }
+
+    private func child(_ name: String, _ kind: SpanKind, from start: UInt64, to end: UInt64, failed: Bool = false,
+                       _ attributes: (inout SpanAttributes) -> Void = { _ in }) {
+        let child = tracer.startSpan(name, context: span.context, ofKind: kind, at: WallInstant(start))
+        child.updateAttributes(attributes)
+        if failed { child.setStatus(SpanStatus(code: .error)) }
+        child.end(at: WallInstant(end))
     }
 
     static func tokenHash(_ token: String) -> String {
