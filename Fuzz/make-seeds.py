@@ -140,11 +140,21 @@ def configuration_seeds():
           "limits:\n  max_in_flight: -1\n")
 
 
+def trace_seeds():
+    parent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    write("trace", "sampled", parent)
+    write("trace", "sampled-with-state", parent + CUT + b"vendor=abc,other=t61rcWkgMzE")
+    write("trace", "unsampled", parent[:-2] + b"00" + CUT + b"vendor=abc")
+    write("trace", "state-of-joined-characters", parent + CUT + ("a\u200d" * 67 + "=x").encode())
+    write("trace", "not-hex", b"00-zz-00f067aa0ba902b7-01")
+
+
 if __name__ == "__main__":
     server_seeds()
     client_seeds()
     intent_seeds()
     resp_seeds()
     configuration_seeds()
+    trace_seeds()
     for target in sorted(os.listdir(ROOT)):
         print(target, len(os.listdir(ROOT / target)), "seeds")

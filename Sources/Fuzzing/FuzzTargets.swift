@@ -2,10 +2,13 @@ import APNs
 import APNsSimulator
 import Foundation
 import HTTP2
+import Kafka
+import Logging
 import NIOCore
 import NIOEmbedded
 import Redis
 import Relay
+import Tracing
 
 /// The entry points the fuzzer drives, one per place the relay reads bytes it does not control.
 ///
@@ -28,6 +31,10 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
     case simulator
     /// A configuration file: YAML, the keys the relay knows, their validation.
     case configuration
+    /// An intent's `traceparent` and `tracestate` headers (cut apart where the input holds
+    /// `\xFF\xFEcut`): their reading, and the headers its outcome carries through the tracer
+    /// that exports spans.
+    case trace
 
     /// Runs one input and says how far it got: intents accepted, replies decoded, responses
     /// completed, bytes the simulator answered, configurations accepted. Violations of what the
@@ -40,6 +47,7 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         case .http2Client: Self.http2Client(bytes)
         case .simulator: Self.simulator(bytes)
         case .configuration: Self.configuration(bytes)
+        case .trace: Self.trace(bytes)
         }
     }
 
@@ -128,6 +136,36 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
 
     private static func configuration(_ bytes: UnsafeRawBufferPointer) -> Int {
         (try? RelayConfiguration.load(yaml: String(decoding: bytes, as: UTF8.self))) == nil ? 0 : 1
+    }
+
+    /// swift-otel's tracer, as the relay makes it; its export never runs (the spans it keeps
+    /// are bounded by its queue).
+    private static let tracer: any Tracer = {
+        do {
+            return try RelayTracing(endpoint: "http://127.0.0.1:9", protocol: .httpProtobuf, logger: Logger(label: "fuzz")).tracer
+        } catch {
+            fatalError("the tracer cannot be made: \(error)")
+        }
+    }()
+
+    private static func trace(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let parts = chunks(bytes)
+        var headers = [KafkaHeader(name: "traceparent", value: parts.first.map { Array($0) } ?? [])]
+        if parts.count > 1 { headers.append(KafkaHeader(name: "tracestate", value: Array(parts[1]))) }
+        let message = KafkaMessage(topic: "apns.intents", partition: 0, offset: 0, key: nil, value: [], timestamp: nil,
+                                   headers: headers)
+        let outgoing = RelayPipeline.outcomeTraceHeaders(message, tracer: tracer)
+        guard let parent = outgoing.first(where: { $0.name == "traceparent" }) else {
+            precondition(outgoing.isEmpty, "trace headers without a traceparent: \(outgoing)")
+            return 0
+        }
+        // The outcome stays in the intent's trace, with headers W3C allows.
+        let value = parent.value ?? [], incoming = headers[0].value ?? []
+        precondition(value.count == 55 && value.prefix(36) == incoming.prefix(36), "the outcome's traceparent left the intent's trace")
+        for header in outgoing {
+            precondition(header.value?.allSatisfy { (0x20...0x7E).contains($0) } == true, "a trace header that is not printable ASCII")
+        }
+        return 1
     }
 
     // MARK: - Helpers
