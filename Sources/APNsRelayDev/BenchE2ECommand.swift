@@ -112,6 +112,9 @@ struct BenchWorkload: ParsableArguments {
     @Option(help: "Offer the intents at this many per second while the relay runs (latency below saturation), instead of producing them all before it starts.")
     var rate: Int?
 
+    @Flag(help: "Every intent carries a sampled traceparent, and the relay exports its spans (tracing.otlp_endpoint) to a collector in the stack's process that takes them all.")
+    var trace = false
+
     func validate() throws {
         if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
         if let rate, rate < 1 { throw ValidationError("--rate must be at least 1") }
@@ -121,6 +124,7 @@ struct BenchWorkload: ParsableArguments {
     var arguments: [String] {
         ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
             + (policy ? ["--policy"] : []) + (redisCluster ? ["--redis-cluster"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
+            + (trace ? ["--trace"] : [])
     }
 
     /// With `--rate`, intents produced before the relay starts (as many as partitions), whose
@@ -129,12 +133,16 @@ struct BenchWorkload: ParsableArguments {
     var warmUp: Int { rate == nil ? 0 : partitions }
     static let warmUpPrefix = "warm-up-"
 
-    /// The workload's intent number `index` (a warm-up intent's, with `warmUp`).
-    func intent(_ index: Int, warmUp: Bool = false) -> (key: [UInt8], value: [UInt8]) {
+    /// The workload's intent number `index` (a warm-up intent's, with `warmUp`); with `--trace`,
+    /// the `traceparent` of a sampled trace of its own.
+    func intent(_ index: Int, warmUp: Bool = false) -> (key: [UInt8], value: [UInt8], headers: [KafkaHeader]) {
         let token = EmbeddedStack.token(index % devices)
         let id = warmUp ? "\(Self.warmUpPrefix)\(index)" : "bench-\(index)"
         let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
-        return (Array(token.utf8), Array(value.utf8))
+        guard trace else { return (Array(token.utf8), Array(value.utf8), []) }
+        let traceID = String(format: "%016llx%016llx", UInt64(warmUp ? 1 : 2), UInt64(index + 1))
+        let parent = "00-\(traceID)-\(String(format: "%016llx", UInt64(index + 1)))-01"
+        return (Array(token.utf8), Array(value.utf8), [KafkaHeader(name: "traceparent", value: Array(parent.utf8))])
     }
 }
 
@@ -166,6 +174,7 @@ struct BenchStackCommand: AsyncParsableCommand {
         let file = stack.directory.appendingPathComponent("apns-relay.yaml").path
         var redis: RedisServerProcess?
         var redisCluster: RedisClusterProcess?
+        var collector: SpanSink?
         do {
             // With --rate only the warm-up goes in now; the workload follows the parent's go.
             if workload.rate == nil {
@@ -183,6 +192,11 @@ struct BenchStackCommand: AsyncParsableCommand {
                 let server = try RedisServerProcess()
                 redis = server
                 configuration.redis.url = server.url
+            }
+            if workload.trace {
+                let sink = try await SpanSink.start()
+                collector = sink
+                configuration.tracing.otlpEndpoint = sink.url
             }
             try configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
         } catch {
@@ -206,6 +220,7 @@ struct BenchStackCommand: AsyncParsableCommand {
         await Task.detached { _ = FileHandle.standardInput.readDataToEndOfFile() }.value
         redis?.stop()
         redisCluster?.stop()
+        await collector?.stop()
         await stack.stop()
     }
 
@@ -226,7 +241,9 @@ struct BenchStackCommand: AsyncParsableCommand {
                     if due > .now { try await Task.sleep(until: due) }
                 }
                 let intent = workload.intent(index, warmUp: warmUp)
-                group.addTask { _ = try await producer.send(topic: topic, key: intent.key, value: intent.value) }
+                group.addTask {
+                    _ = try await producer.send(topic: topic, key: intent.key, value: intent.value, headers: intent.headers)
+                }
             }
             try await group.waitForAll()
         }
