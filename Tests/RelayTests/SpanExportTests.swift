@@ -38,6 +38,16 @@ final class OTLPReceiver: Sendable {
 
     var requests: [Request] { store.received.withLock { $0 } }
 
+    /// A JSON span's attributes, their values as text.
+    static func attributes(_ span: [String: Any]) -> [String: String] {
+        var result: [String: String] = [:]
+        for attribute in span["attributes"] as? [[String: Any]] ?? [] {
+            guard let key = attribute["key"] as? String, let value = attribute["value"] as? [String: Any] else { continue }
+            result[key] = (value["stringValue"] as? String) ?? (value["intValue"] as? String)
+        }
+        return result
+    }
+
     /// Every span received so far in JSON, its ids in hex (swift-protobuf writes bytes in
     /// base64).
     var spans: [[String: Any]] {
@@ -108,14 +118,7 @@ final class OTLPReceiver: Sendable {
 
 @Suite("Spans to an OTLP/HTTP collector", .timeLimit(.minutes(2)))
 struct SpanExportTests {
-    static func attributes(_ span: [String: Any]) -> [String: String] {
-        var result: [String: String] = [:]
-        for attribute in span["attributes"] as? [[String: Any]] ?? [] {
-            guard let key = attribute["key"] as? String, let value = attribute["value"] as? [String: Any] else { continue }
-            result[key] = (value["stringValue"] as? String) ?? (value["intValue"] as? String)
-        }
-        return result
-    }
+    static func attributes(_ span: [String: Any]) -> [String: String] { OTLPReceiver.attributes(span) }
 
     /// A sampled intent with a `traceparent` gives one span tree under it: the intent's span with
     /// its id, token hash (never the token), topic, status; the Redis policy, the APNs send (its
@@ -215,6 +218,12 @@ struct SpanExportTests {
         await harness.stop()
         let took = ContinuousClock.now - stopping
         #expect(took < .seconds(15), "stopping took \(took)")
+    }
+
+    /// The token's hash is the first 8 bytes of its SHA-256, in hex.
+    @Test func theTokenHashIsSHA256sFirstEightBytes() {
+        #expect(IntentTrace.tokenHash("abc") == "ba7816bf8f01cfea")
+        #expect(IntentTrace.tokenHash("") == "e3b0c44298fc1c14")
     }
 
     @Test func endpointsParse() {

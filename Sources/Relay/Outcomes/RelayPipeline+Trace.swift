@@ -12,14 +12,34 @@ extension RelayPipeline {
     /// parser counts some lengths in bytes and walks back in characters, and traps on a name
     /// of joined Unicode characters past its limit.
     static func traceContext(_ message: KafkaMessage) -> TraceContext? {
-        guard let parent = message.header("traceparent")?.value, parent.count == 55,
+        traceContext(parent: message.header("traceparent")?.value, state: message.header("tracestate")?.value)
+    }
+
+    /// ``traceContext(_:)`` of a `traceparent` and a `tracestate` value.
+    static func traceContext(parent: [UInt8]?, state: [UInt8]?) -> TraceContext? {
+        guard let parent, parent.count == 55,
               parent.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) || $0 == 0x2D }) else { return nil }
         let text = String(decoding: parent, as: UTF8.self)
         guard let context = try? TraceContext(traceParentHeaderValue: text) else { return nil }
-        guard let state = message.header("tracestate")?.value, !state.isEmpty, state.count <= 512,
+        guard let state, !state.isEmpty, state.count <= 512,
               state.allSatisfy({ (0x20...0x7E).contains($0) }) else { return context }
         return (try? TraceContext(traceParentHeaderValue: text, traceStateHeaderValue: String(decoding: state, as: UTF8.self)))
             ?? context
+    }
+
+    /// A trace context as a mailbox keeps it beside its entry: `traceparent`, then a newline and
+    /// `tracestate` when there is one.
+    static func storedTrace(_ trace: TraceContext) -> [UInt8] {
+        var stored = Array(trace.traceParentHeaderValue.utf8)
+        if let state = trace.traceStateHeaderValue, !state.isEmpty { stored += [0x0A] + Array(state.utf8) }
+        return stored
+    }
+
+    /// The trace context a mailbox kept (``storedTrace(_:)``), read as carefully as a header: nil
+    /// when it does not parse.
+    static func traceContext(stored: [UInt8]) -> TraceContext? {
+        guard let newline = stored.firstIndex(of: 0x0A) else { return traceContext(parent: stored, state: nil) }
+        return traceContext(parent: Array(stored[..<newline]), state: Array(stored[(newline + 1)...]))
     }
 
     /// The spans of an intent with `trace`: none unless it is sampled and spans are exported

@@ -62,6 +62,9 @@ struct DevicePolicy: Sendable {
         var consumedAt: Int64
         var expiration: Int64
         var message: [UInt8]
+        /// Its intent's trace context (``RelayPipeline/storedTrace(_:)``), kept beside the
+        /// entry (field `t:<id>`), not in it.
+        var trace: [UInt8]? = nil
 
         var encoded: [UInt8] { Array("\(partition) \(offset) \(consumedAt) \(expiration)\n".utf8) + message }
 
@@ -97,7 +100,7 @@ struct DevicePolicy: Sendable {
         let call = RedisCommand.evalsha(Self.parkScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.backoff(token: token),
                                                                 RedisKeys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
-                                                    backoffBaseMilliseconds, backoffMaximumMilliseconds])
+                                                    backoffBaseMilliseconds, backoffMaximumMilliseconds, entry.trace ?? []])
         let replicated = parkReplicas.count > 0 ? [RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])] : []
         let replies = try await client.pipelineLoading([Self.parkScript], [call], then: replicated)
         let reply = replies[0]
@@ -137,7 +140,7 @@ struct DevicePolicy: Sendable {
 
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.
     func acknowledgeDisplaced(token: String, topic: String, id: String) async throws(RedisError) {
-        _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id]))
+        _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))
     }
 
     /// Mailbox members of these partitions due by `now`, at most `limit` per partition.
@@ -184,14 +187,15 @@ struct DevicePolicy: Sendable {
             throw .protocolError("take script answered \(replies[1])")
         }
         func entry() throws(RedisError) -> Entry {
-            guard values.count >= 2, let bytes = values[1].bytes, let entry = Entry(bytes) else {
+            guard values.count >= 2, let bytes = values[1].bytes, var entry = Entry(bytes) else {
                 throw .protocolError("take script answered an unreadable entry")
             }
+            entry.trace = values.count > 2 ? values[2].bytes : nil
             return entry
         }
         switch code {
         case 0: return .stale
-        case 1: return .answered(try entry(), values.count > 2 ? values[2].string.flatMap(AnswerRecord.init) : nil)
+        case 1: return .answered(try entry(), values.count > 3 ? values[3].string.flatMap(AnswerRecord.init) : nil)
         case 2:
             guard values.count == 2, let due = values[1].integer else { throw .protocolError("take script answered \(replies[1])") }
             return .notYet(due: due)

@@ -11,9 +11,10 @@ extension RelayPipeline {
     @inline(never)
     func park(_ item: WorkItem, due: Int64, tooManyRequests: Bool = false) async -> Bool {
         guard let policy, case .success(let intent) = item.intent, isActive(item) else { return false }
-        let entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
+        var entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
                                        consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
                                        expiration: intent.expiration, message: intent.encoded)
+        entry.trace = item.trace.map(Self.storedTrace)
         let now = nowMilliseconds()
         // While the park is under way (asked again after a failure, say, when its replicas did
         // not acknowledge it in time) this relay's deliverer does not take the entry: a take
@@ -51,7 +52,8 @@ extension RelayPipeline {
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
     }
 
-    /// A work item for an intent kept in a mailbox (its offset is not stored again).
+    /// A work item for an intent kept in a mailbox (its offset is not stored again), with the
+    /// trace context kept beside it: traced from now on when spans are exported.
     func mailboxItem(_ entry: DevicePolicy.Entry, token: String?, member: String?, generation: Int,
                              admission: Admission = .send) -> WorkItem {
         let now = APNsIdentifiers.epochMilliseconds()
@@ -65,9 +67,11 @@ extension RelayPipeline {
         let partition = TopicPartition(topic: configuration.kafka.intentsTopic, partition: entry.partition)
         var recordsAnswer = false
         if case .success = intent, case .send = admission { recordsAnswer = true }
+        let trace = entry.trace.flatMap(Self.traceContext(stored:))
         return WorkItem(partition: partition, offset: entry.offset, generation: generation,
                         consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
-                        intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member)
+                        intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member,
+                        trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil))
     }
 
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease

@@ -33,13 +33,20 @@ if newer(m[1], m[2]) or newer(m[3], m[4]) then
     keeper = newer(m[1], m[2]) and m[1] or m[3]
     due = tonumber(m[5]) or due
     redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2])
+    redis.call('HDEL', KEYS[1], 't:' .. ARGV[1])
     -- The one parking was being sent (a 429, or the retry budget ran out): its claim ends.
     if m[3] == ARGV[1] then
         redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
         markWaiting(3)
     end
 else
-    if m[1] and m[1] ~= ARGV[1] then redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2]) end
+    if m[1] and m[1] ~= ARGV[1] then
+        redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2])
+        redis.call('HDEL', KEYS[1], 't:' .. m[1])
+    end
+    -- Its trace context (`t:<id>`: traceparent, a newline, tracestate), for its outcome.
+    if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 't:' .. ARGV[1], ARGV[9])
+    else redis.call('HDEL', KEYS[1], 't:' .. ARGV[1]) end
     local expiration = tonumber(ARGV[3])
     due = math.min(due, expiration * 1000 + 1000)
     redis.call('HSET', KEYS[1], 'pid', ARGV[1], 'p', ARGV[2], 'pe', ARGV[3], 'pd', due)

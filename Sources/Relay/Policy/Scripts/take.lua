@@ -24,9 +24,11 @@ local function claim()
     redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
     markWaiting(5)
 end
+-- The entry's trace context, if it had one (false: none).
+local trace = redis.call('HGET', KEYS[1], 't:' .. id)
 local seen = redis.call('GET', KEYS[3])
-if seen then claim(); return {1, entry, seen} end
-if expiration * 1000 < now then claim(); return {4, entry} end
+if seen then claim(); return {1, entry, trace, seen} end
+if expiration * 1000 < now then claim(); return {4, entry, trace} end
 local tat = tonumber(redis.call('GET', KEYS[2]) or '') or now
 if tat < now then tat = now end
 local bu = tonumber(string.match(redis.call('GET', KEYS[4]) or '', '^(%d+)') or '') or 0
@@ -41,4 +43,4 @@ if now < bu or (burst > 0 and tat - now > ahead) then
 end
 if burst > 0 then redis.call('SET', KEYS[2], tat + interval, 'PX', tat + interval - now + 60000) end
 claim()
-return {3, entry}
+return {3, entry, trace}
