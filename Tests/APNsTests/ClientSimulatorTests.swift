@@ -237,19 +237,43 @@ struct ClientSimulatorTests {
         await harness.stop()
     }
 
+    /// While APNs is gone the client tries again after 100, 200, 400, 400 ms (doubling to its
+    /// cap; jitter off so the waits are exact).
     @Test func reconnectsWithBackoffAfterASimulatorRestart() async throws {
         let made = try APNsSimulator.makeSelfSignedIdentity()
         let identity = (chain: made.chain, key: made.key)
-        let harness = try await Harness.start { $0.tlsIdentity = identity }
+        let harness = try await Harness.start(configure: { $0.tlsIdentity = identity }, configureClient: {
+            $0.reconnectBackoff = Backoff(base: .milliseconds(100), maximum: .milliseconds(400), jitter: false)
+        })
         #expect(try await harness.client.send(.alert("a", deviceToken: sampleToken, topic: sampleTopic)).classification == .delivered)
         let port = harness.simulator.port
+        // No event marks a connection attempt: its counter is read every 5 ms, from before the
+        // simulator stops (its stop takes a while: attempts start meanwhile).
+        let client = harness.client
+        let watching = Task {
+            var attempts: [ContinuousClock.Instant] = []
+            var seen = client.connectAttempts
+            let giveUp = ContinuousClock.now + .seconds(15)
+            while attempts.count < 5, ContinuousClock.now < giveUp {
+                try await Task.sleep(for: .milliseconds(5))
+                let now = client.connectAttempts
+                if now > seen {
+                    attempts.append(.now)
+                    seen = now
+                }
+            }
+            return attempts
+        }
         await harness.simulator.stop()
-        let attemptsBefore = harness.client.connectAttempts
-        try await Task.sleep(for: .seconds(2))  // the outage itself, not synchronisation
-        let attemptsDuringOutage = harness.client.connectAttempts - attemptsBefore
-        // Backoff, not a tight loop: 250 ms doubling with jitter allows a handful of tries.
-        #expect(attemptsDuringOutage >= 1)
-        #expect(attemptsDuringOutage <= 6)
+        let attempts = try await watching.value
+        #expect(attempts.count == 5, "\(attempts)")
+        // Which attempt is seen first depends on when the watching task first ran; each is
+        // seen up to a poll late (more when the suite runs many tests at once on two cores).
+        // Waits of 200 ms and more (never a tight loop), none past the 400 ms cap by much, and
+        // grown to the cap.
+        let gaps = zip(attempts.dropFirst(), attempts).map { $0 - $1 }
+        #expect(gaps.allSatisfy { $0 >= .milliseconds(140) && $0 < .milliseconds(650) }, "gaps \(gaps)")
+        #expect(gaps.contains { $0 >= .milliseconds(340) }, "gaps \(gaps)")
 
         var configuration = SimulatorConfiguration()
         configuration.port = port
@@ -272,7 +296,8 @@ struct ClientSimulatorTests {
         #expect(result.failure == .timedOut(""))
         // The simulator never answers: only the 500 ms deadline ends the send (a generous bound,
         // the suite loads both cores).
-        #expect(elapsed < .seconds(10))
+        // Not before its deadline either.
+        #expect(elapsed >= .milliseconds(500) && elapsed < .seconds(10), "\(elapsed)")
         await harness.stop()
     }
 
@@ -285,11 +310,16 @@ struct ClientSimulatorTests {
         await harness.stop()
     }
 
+    /// One stream and five waiting places: of 30 sent at once (while none can finish), 6 are
+    /// taken and delivered, the other 24 are refused at once.
     @Test func fullWaitQueueIsAnError() async throws {
-        let harness = try await Harness.start(requestTimeout: .seconds(5), configure: { configuration in
+        let harness = try await Harness.start(requestTimeout: .seconds(10), configure: { configuration in
             configuration.maxConcurrentStreams = 1
-            configuration.behaviour.latency = .milliseconds(200)
+            configuration.behaviour.latency = .milliseconds(1000)
         }, configureClient: { $0.maxQueuedNotifications = 5 })
+        // Ready first: before the server's SETTINGS the connection counts no stream.
+        harness.client.start()
+        try await waitUntil { harness.client.readyConnections == 1 }
         let outcomes = await withTaskGroup(of: Result<APNsResult, any Error>.self) { group in
             for index in 0..<30 {
                 group.addTask {
@@ -302,8 +332,10 @@ struct ClientSimulatorTests {
             return all
         }
         let full = outcomes.filter { if case .failure(let error) = $0 { return error as? APNsError == .queueFull(limit: 5) }; return false }
-        #expect(!full.isEmpty)
-        #expect(outcomes.allSatisfy { if case .success(let result) = $0 { return result.classification == .delivered }; return true })
+        #expect(full.count == 24)
+        let delivered = outcomes.filter { if case .success(let result) = $0 { return result.classification == .delivered }; return false }
+        #expect(delivered.count == 6)
+        #expect(harness.simulator.accepted.count == 6)
         await harness.stop()
     }
 

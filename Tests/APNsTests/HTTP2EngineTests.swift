@@ -5,6 +5,7 @@ import NIOCore
 import NIOEmbedded
 import NIOPosix
 import NIOSSL
+import Synchronization
 import Testing
 
 /// The nghttp2 engine on its own: limits that protect both sides from odd peers.
@@ -100,8 +101,48 @@ struct HTTP2EngineTests {
             headers: ["apns-topic": sampleTopic], body: ByteBuffer(repeating: 0x7B, count: 300_000)))
         #expect(response.status == 413)
         #expect(reason(of: response) == "PayloadTooLarge")
+        #expect(simulator.accepted.isEmpty)
+        #expect(simulator.answers["413 PayloadTooLarge"] == 1, "\(simulator.answers)")
         await raw.close()
         await simulator.stop()
+    }
+
+    /// Records the size of every request body it is handed.
+    final class BodySizes: HTTP2ServerDelegate, Sendable {
+        let sizes = Mutex<[Int]>([])
+        func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
+            sizes.withLock { $0.append(request.body?.readableBytes ?? 0) }
+            connection.respond(streamID: streamID, HTTP2Response(status: 413))
+        }
+        func connectionClosed(_ connection: HTTP2ServerHandler) {}
+    }
+
+    /// What the server handler keeps of a body past its limit: one byte more than the limit,
+    /// whatever the client sends.
+    @Test func aRequestBodyPastTheLimitIsKeptToTheLimitPlusOneByte() async throws {
+        let identity = try APNsSimulator.makeSelfSignedIdentity()
+        var tls = TLSConfiguration.makeServerConfiguration(
+            certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
+        tls.applicationProtocols = ["h2"]
+        let context = try NIOSSLContext(configuration: tls)
+        let delegate = BodySizes()
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers([
+                        NIOSSLServerHandler(context: context),
+                        HTTP2ServerHandler(maxConcurrentStreams: 100, delegate: delegate),
+                    ])
+                }
+            }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let raw = try await RawHTTP2Client.connect(port: server.localAddress!.port!)
+        let response = try await raw.execute(HTTP2Request(authority: "localhost", path: "/",
+                                                          body: ByteBuffer(repeating: 0x7B, count: 300_000)))
+        #expect(response.status == 413)
+        #expect(delegate.sizes.withLock { $0 } == [64 * 1024 + 1])
+        await raw.close()
+        try await server.close()
     }
 
     @Test func simulatorAnswersBadRequestsInAPNsOrder() async throws {

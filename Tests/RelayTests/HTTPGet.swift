@@ -38,3 +38,10 @@ func httpGet(port: Int, path: String) async throws -> (status: Int, body: String
     let body = response.components(separatedBy: "\r\n\r\n").dropFirst().joined(separator: "\r\n\r\n")
     return (status, body)
 }
+
+/// Whether Prometheus text holds `line` as a whole line when it names a value
+/// (`name{labels} value`: a value of 2 does not match a series at 20); without a value (a name,
+/// a label), whether any line holds it.
+func hasMetricLine(_ body: String, _ line: String) -> Bool {
+    body.split(separator: "\n").contains { line.contains(" ") ? $0 == line : $0.contains(line) }
+}

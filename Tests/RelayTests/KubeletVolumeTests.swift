@@ -129,7 +129,7 @@ struct KubeletVolumeTests {
         // One intent held in flight by APNs for 4 s: the reload's drain waits for it.
         mounted.harness.simulator.update { $0.latency = .seconds(4) }
         try await mounted.send("held", token: 1)
-        try await mounted.waitForMetric("relay_in_flight 1")
+        try await mounted.waitForMetric("relay_in_flight 1.0")
         try mounted.editConfiguration()
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
         // A reload is not a reason to be unready: every pod reloads at once.
@@ -138,7 +138,7 @@ struct KubeletVolumeTests {
         try mounted.breakKey()
         // The swap landed in the drain: the held intent is still in flight.
         let during = try await httpGet(port: mounted.port, path: "/metrics").body
-        #expect(during.contains("relay_in_flight 1"), "\(during)")
+        #expect(hasMetricLine(during, "relay_in_flight 1.0"), "\(during)")
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
         // Answers without delay from here on (the held one keeps its 4 s).
         mounted.harness.simulator.update { $0.latency = .zero }

