@@ -12,7 +12,7 @@ import Testing
 @Suite("HTTP/2 engine", .timeLimit(.minutes(3)))
 struct HTTP2EngineTests {
     /// Answers every request with a body of `size` bytes.
-    final class BigBodyServer: HTTP2ServerDelegate {
+    final class BigBodyServer: HTTP2ServerDelegate, Sendable {
         let size: Int
         init(size: Int) { self.size = size }
         func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
@@ -42,22 +42,27 @@ struct HTTP2EngineTests {
         #expect(freed == nil)
     }
 
-    @Test func oversizedResponseBodyIsCancelledNotBuffered() async throws {
+    /// An HTTP/2 server over TLS on loopback whose connections `delegate` answers.
+    static func server(_ delegate: some HTTP2ServerDelegate & Sendable) async throws -> any Channel {
         let identity = try APNsSimulator.makeSelfSignedIdentity()
         var tls = TLSConfiguration.makeServerConfiguration(
             certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
         tls.applicationProtocols = ["h2"]
         let context = try NIOSSLContext(configuration: tls)
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        return try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandlers([
                         NIOSSLServerHandler(context: context),
-                        HTTP2ServerHandler(maxConcurrentStreams: 100, delegate: BigBodyServer(size: 200_000)),
+                        HTTP2ServerHandler(maxConcurrentStreams: 100, delegate: delegate),
                     ])
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
+    }
+
+    @Test func oversizedResponseBodyIsCancelledNotBuffered() async throws {
+        let server = try await Self.server(BigBodyServer(size: 200_000))
         let raw = try await RawHTTP2Client.connect(port: server.localAddress!.port!)
         await #expect(throws: HTTP2StreamError.responseTooLarge(limit: 64 * 1024)) {
             _ = try await raw.execute(HTTP2Request(authority: "localhost", path: "/"))
@@ -120,22 +125,8 @@ struct HTTP2EngineTests {
     /// What the server handler keeps of a body past its limit: one byte more than the limit,
     /// whatever the client sends.
     @Test func aRequestBodyPastTheLimitIsKeptToTheLimitPlusOneByte() async throws {
-        let identity = try APNsSimulator.makeSelfSignedIdentity()
-        var tls = TLSConfiguration.makeServerConfiguration(
-            certificateChain: identity.chain.map { .certificate($0) }, privateKey: .privateKey(identity.key))
-        tls.applicationProtocols = ["h2"]
-        let context = try NIOSSLContext(configuration: tls)
         let delegate = BodySizes()
-        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandlers([
-                        NIOSSLServerHandler(context: context),
-                        HTTP2ServerHandler(maxConcurrentStreams: 100, delegate: delegate),
-                    ])
-                }
-            }
-            .bind(host: "127.0.0.1", port: 0).get()
+        let server = try await Self.server(delegate)
         let raw = try await RawHTTP2Client.connect(port: server.localAddress!.port!)
         let response = try await raw.execute(HTTP2Request(authority: "localhost", path: "/",
                                                           body: ByteBuffer(repeating: 0x7B, count: 300_000)))
