@@ -275,4 +275,24 @@ public final class KafkaConsumer: Service, Sendable {
         }
         return try result.get()
     }
+
+    /// The partitions' high watermarks as their leaders say now (one query each): how many
+    /// records each holds, from offset 0.
+    public func highWatermarks(_ partitions: [TopicPartition], timeout: Duration = .seconds(10)) async throws(KafkaError) -> [TopicPartition: Int64] {
+        let handle = self.handle
+        let milliseconds = Int32(clamping: timeout.components.seconds * 1000)
+        let result: Result<[TopicPartition: Int64], KafkaError> = await runBlocking {
+            handle.withHandle { rk in
+                var highs: [TopicPartition: Int64] = [:]
+                for partition in partitions {
+                    var low: Int64 = 0, high: Int64 = 0
+                    let error = rd_kafka_query_watermark_offsets(rk, partition.topic, partition.partition, &low, &high, milliseconds)
+                    guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { return .failure(KafkaError(error, context: "watermarks")) }
+                    highs[partition] = high
+                }
+                return .success(highs)
+            }
+        }
+        return try result.get()
+    }
 }

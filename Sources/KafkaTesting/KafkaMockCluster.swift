@@ -73,6 +73,28 @@ public final class KafkaMockCluster: @unchecked Sendable {
         rd_kafka_mock_clear_request_errors(cluster, apiKey)
     }
 
+    /// The next requests of this kind that broker `broker` (1, 2, ...) gets are answered these
+    /// errors, one each, in order, each after its delay; an error of 0 with a delay is a
+    /// request the broker carries out and answers late (a client whose request timeout is
+    /// shorter sends it again).
+    public func pushBrokerRequestErrors(broker: Int32, apiKey: Int16, _ errors: [(code: Int32, delayMilliseconds: Int32)]) {
+        for (code, delay) in errors {
+            _ = apns_relay_mock_broker_push_error_rtt(cluster, broker, apiKey, rd_kafka_resp_err_t(rawValue: code), delay)
+        }
+    }
+
+    /// Makes broker `broker` the leader of the partition.
+    public func setLeader(topic: String, partition: Int32, broker: Int32) {
+        _ = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
+    }
+
+    /// How many of ``pushBrokerRequestErrors(broker:apiKey:_:)``'s errors are still to come.
+    public func brokerErrorsLeft(broker: Int32, apiKey: Int16) -> Int {
+        var count = 0
+        _ = rd_kafka_mock_broker_error_stack_cnt(cluster, broker, apiKey, &count)
+        return count
+    }
+
     /// The next requests of this kind get these errors, one each, in order.
     public func pushRequestErrors(apiKey: Int16, _ errorCodes: [Int32]) {
         let errors = errorCodes.map { rd_kafka_resp_err_t(rawValue: $0) }

@@ -178,15 +178,22 @@ struct KafkaTests {
         await producer.close()
     }
 
+    /// An outage (every produce refused), then on every broker three refusals and a produce
+    /// the broker appends but answers after the producer's 1 s socket timeout, so the producer
+    /// sends it again: every record is delivered, every injected answer was used, and the log,
+    /// read to its high watermarks, holds every record.
     @Test func deliveriesSurviveAnOutageAndInjectedErrors() async throws {
         let cluster = try KafkaMockCluster(brokers: 3)
         let topic = uniqueName("outcomes")
         try cluster.createTopic(topic, partitions: 3)
-        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, properties: ["retry.backoff.ms": "50"])
+        // Each broker leads one partition: each gets produce requests, and so its injections.
+        for partition in Int32(0)..<3 { cluster.setLeader(topic: topic, partition: partition, broker: partition + 1) }
+        let partitions = (0..<3).map { TopicPartition(topic: topic, partition: $0) }
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers,
+                                         properties: ["retry.backoff.ms": "50", "socket.timeout.ms": "1000"])
         _ = try await producer.send(topic: topic, key: nil, value: Array("warm-up".utf8))
-        cluster.pushRequestErrors(apiKey: KafkaMockCluster.APIKey.produce, [
-            KafkaErrorCode.notLeaderForPartition, KafkaErrorCode.requestTimedOut, KafkaErrorCode.notEnoughReplicas,
-        ])
+        let reader = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [],
+                                       properties: fastGroup)
         cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
         let sends = Task {
             try await withThrowingTaskGroup(of: KafkaProducer.Delivery.self) { group in
@@ -198,18 +205,36 @@ struct KafkaTests {
                 return all
             }
         }
-        // Every record is handed over and none can be delivered while the brokers refuse them.
+        // Every record is handed over, and none reached a log while the brokers refuse them.
         try await waitUntil { producer.outstanding == 300 }
+        #expect(try await reader.highWatermarks(partitions).values.reduce(0, +) == 1)
+        let injected: [(code: Int32, delayMilliseconds: Int32)] = [
+            (KafkaErrorCode.notLeaderForPartition, 0), (KafkaErrorCode.requestTimedOut, 0), (KafkaErrorCode.notEnoughReplicas, 0),
+            (0, 2000),
+        ]
+        for broker in Int32(1)...3 { cluster.pushBrokerRequestErrors(broker: broker, apiKey: KafkaMockCluster.APIKey.produce, injected) }
         cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
         let deliveries = try await sends.value
         #expect(deliveries.count == 300)
+        for broker in Int32(1)...3 {
+            #expect(cluster.brokerErrorsLeft(broker: broker, apiKey: KafkaMockCluster.APIKey.produce) == 0, "broker \(broker)")
+        }
 
-        // Idempotence: every record is in the log exactly once.
+        // Idempotence would keep each record once, the late-answered batches included. The mock
+        // broker of librdkafka 2.0.2 (Debian's) does not check producer sequence numbers: it
+        // appends a resent batch again, so the log holds those records twice — a property of the
+        // test broker, pinned here so that a librdkafka whose mock checks them shows up. Every
+        // record is there at least once either way.
+        let highs = try await reader.highWatermarks(partitions)
+        withKnownIssue("librdkafka 2.0.2's mock broker appends a resent idempotent batch again") {
+            #expect(highs.values.reduce(0, +) == 301, "\(highs)")
+        }
+        await reader.close()
         let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic], properties: fastGroup)
-        let (messages, _) = try await collect(consumer) { messages, _ in messages.count >= 301 }
-        let values = messages.map { String(decoding: $0.value, as: UTF8.self) }
-        #expect(values.count == 301)
-        #expect(Set(values).count == 301)
+        let total = Int(highs.values.reduce(0, +))
+        let (messages, _) = try await collect(consumer) { messages, _ in messages.count >= total }
+        #expect(messages.count == total)
+        #expect(Set(messages.map { String(decoding: $0.value, as: UTF8.self) }) == Set(["warm-up"] + (0..<300).map { "v\($0)" }))
         await consumer.close()
         await producer.close()
     }
