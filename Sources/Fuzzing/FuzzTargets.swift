@@ -138,11 +138,16 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
         (try? RelayConfiguration.load(yaml: String(decoding: bytes, as: UTF8.self))) == nil ? 0 : 1
     }
 
-    /// swift-otel's tracer, as the relay makes it; its export never runs (the spans it keeps
-    /// are bounded by its queue).
+    /// swift-otel's tracer, as the relay makes it, its service running (it takes the ended
+    /// spans; their export to a closed port fails quietly).
     private static let tracer: any Tracer = {
+        var logger = Logger(label: "fuzz")
+        logger.logLevel = .critical
         do {
-            return try RelayTracing(endpoint: "http://127.0.0.1:9", protocol: .httpProtobuf, logger: Logger(label: "fuzz")).tracer
+            let tracing = try RelayTracing(endpoint: "http://127.0.0.1:9", protocol: .httpProtobuf, logger: logger, environment: [:])
+            let service = tracing.service
+            Task.detached { try? await service.run() }
+            return tracing.tracer
         } catch {
             fatalError("the tracer cannot be made: \(error)")
         }

@@ -125,6 +125,9 @@ public final class RelayApplication: Service, Sendable {
     /// when there is no problem.
     public static func startProblems(_ configuration: RelayConfiguration) -> (problems: [String], signers: [ProviderTokenSigner]) {
         var (problems, signers) = configuration.preflight()
+        if !configuration.tracing.otlpEndpoint.isEmpty {
+            problems += RelayTracing.environmentProblems(ProcessInfo.processInfo.environment)
+        }
         do {
             try validateClientSettings(configuration)
         } catch {

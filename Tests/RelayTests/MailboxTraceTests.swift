@@ -12,14 +12,14 @@ import Testing
 struct MailboxTraceTests {
     static let traceID = "0af7651916cd43dd8448eb211c80319c", parentID = "b7ad6b7169203331"
 
-    /// Burst 1, two tokens a second: the second intent for the device waits in its mailbox about
-    /// half a second. Its outcome carries its `traceparent` and `tracestate`; with spans exported,
+    /// Burst 1, a token every 2 s: the second intent for the device waits in its mailbox about
+    /// 2 s. Its outcome carries its `traceparent` and `tracestate`; with spans exported,
     /// under the relay's span for it (a child of the intent's parent, with its id). Its trace
     /// leaves the mailbox with it.
     @Test(arguments: [false, true]) func aParkedIntentsOutcomeCarriesItsTrace(exported: Bool) async throws {
         let redis = try RedisServerProcess()
         let receiver = try await OTLPReceiver()
-        let harness = try await PolicyTests.harness(redis, burst: 1, refill: 2, configure: {
+        let harness = try await PolicyTests.harness(redis, burst: 1, refill: 0.5, configure: {
             if exported {
                 $0.tracing.otlpEndpoint = receiver.url
                 $0.tracing.otlpProtocol = .httpJSON
@@ -37,14 +37,20 @@ struct MailboxTraceTests {
         let waited = try #require(messages.first { String(decoding: $0.value, as: UTF8.self).contains(#""id":"waits""#) })
         let outcome = try #require(try JSONSerialization.jsonObject(with: Data(waited.value)) as? [String: Any])
         #expect(outcome["status"] as? String == "delivered")
-        // It went out of the mailbox: its token came about half a second after the first's.
-        #expect((outcome["latency_ms"] as? Int ?? 0) >= 300, "\(outcome)")
+        // It went out of the mailbox: its token came about 2 s after the first's.
+        #expect((outcome["latency_ms"] as? Int ?? 0) >= 1000, "\(outcome)")
         #expect(waited.header("tracestate")?.value == Array("vendor=abc".utf8))
         if exported {
-            try await waitUntil(timeout: .seconds(20)) {
-                receiver.spans.contains { OTLPReceiver.attributes($0)["apns_relay.intent.id"] == "waits" }
+            // Two spans for it: consumed to parked, then taken from the mailbox to its outcome.
+            func spans(_ status: String) -> [[String: Any]] {
+                receiver.spans.filter {
+                    let attributes = OTLPReceiver.attributes($0)
+                    return attributes["apns_relay.intent.id"] == "waits" && attributes["apns_relay.outcome.status"] == status
+                }
             }
-            let span = try #require(receiver.spans.first { OTLPReceiver.attributes($0)["apns_relay.intent.id"] == "waits" })
+            try await waitUntil(timeout: .seconds(20)) { !spans("parked").isEmpty && !spans("delivered").isEmpty }
+            #expect(spans("parked").first?["parentSpanId"] as? String == Self.parentID)
+            let span = try #require(spans("delivered").first)
             #expect(span["traceId"] as? String == Self.traceID)
             #expect(span["parentSpanId"] as? String == Self.parentID)
             let spanID = try #require(span["spanId"] as? String)

@@ -186,9 +186,10 @@ struct SpanExportTests {
             topic: harness.intentsTopic, key: Array(hexToken(1).utf8), value: Array(intent("proto-traced", token: hexToken(1)).utf8),
             headers: [KafkaHeader(name: "traceparent", value: Array("00-\(traceID)-00f067aa0ba902b7-01".utf8))])
         _ = try await readTopic(harness.cluster.bootstrapServers, harness.outcomesTopic) { _, total in total >= 1 }
-        try await waitUntil(timeout: .seconds(20)) { !receiver.requests.isEmpty }
-        let request = try #require(receiver.requests.first)
-        #expect(request.contentType == "application/x-protobuf")
+        // Its spans may come in more than one request.
+        try await waitUntil(timeout: .seconds(20)) { Self.contains(receiver.requests.flatMap(\.body), Array("kafka publish outcome".utf8)) }
+        #expect(receiver.requests.allSatisfy { $0.contentType == "application/x-protobuf" })
+        let request = OTLPReceiver.Request(contentType: "application/x-protobuf", body: receiver.requests.flatMap(\.body))
         let traceBytes = stride(from: 0, to: traceID.count, by: 2).map {
             UInt8(traceID.dropFirst($0).prefix(2), radix: 16)!
         }
@@ -252,5 +253,25 @@ struct TracingConfigurationTests {
             try RelayConfiguration.load(yaml: "tracing:\n  otlp_endpoint: grpc://collector:4317\n  otlp_protocol: grpc\n", environment: [:])
         }
         #expect(Set(error.issues.map(\.key)) == ["tracing.otlp_endpoint", "tracing.otlp_protocol"], "\(error)")
+    }
+
+    /// OpenTelemetry variables that would break a promise, or that swift-otel cannot honour here
+    /// (it stops the process on a baggage propagator or gRPC), are refused by name; the safe
+    /// ones, and their harmless values, are not.
+    @Test func environmentVariablesThatWouldBreakTracingAreRefused() {
+        let refused = ["OTEL_PROPAGATORS": "tracecontext,baggage", "OTEL_TRACES_SAMPLER": "always_on",
+                       "OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"]
+        let problems = RelayTracing.environmentProblems(refused)
+        #expect(problems.count == refused.count, "\(problems)")
+        for name in refused.keys { #expect(problems.contains { $0.hasPrefix(name + "=") }, "\(name)") }
+        let fine = ["OTEL_PROPAGATORS": "tracecontext", "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_TRACES_EXPORTER": "otlp",
+                    "OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+                    "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer x", "OTEL_SERVICE_NAME": "relay-eu"]
+        #expect(RelayTracing.environmentProblems(fine).isEmpty)
+        #expect(throws: (any Error).self) {
+            _ = try RelayTracing(endpoint: "http://127.0.0.1:4318", protocol: .httpProtobuf, logger: Logger(label: "test"),
+                                 environment: ["OTEL_PROPAGATORS": "baggage"])
+        }
     }
 }

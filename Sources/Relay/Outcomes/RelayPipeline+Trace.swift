@@ -45,16 +45,16 @@ extension RelayPipeline {
     /// The spans of an intent with `trace`: none unless it is sampled and spans are exported
     /// (`tracer`).
     static func intentTrace(_ trace: TraceContext?, tracer: (any Tracer)?,
-                            policy: (start: UInt64, end: UInt64)?) -> IntentTrace? {
+                            policy: (start: UInt64, end: UInt64)?, id: String?) -> IntentTrace? {
         guard let tracer, let trace, trace.flags.contains(.sampled) else { return nil }
-        return IntentTrace(tracer: tracer, parent: trace, policy: policy)
+        return IntentTrace(tracer: tracer, parent: trace, policy: policy, id: id)
     }
 
     /// The trace headers an outcome of `message` carries, through `tracer` as when spans are
     /// exported (the spans it starts are ended at once): what the fuzz target `trace` drives.
     package static func outcomeTraceHeaders(_ message: KafkaMessage, tracer: (any Tracer)?) -> [KafkaHeader] {
         let trace = traceContext(message)
-        guard let traced = intentTrace(trace, tracer: tracer, policy: nil) else { return trace.map(traceHeaders) ?? [] }
+        guard let traced = intentTrace(trace, tracer: tracer, policy: nil, id: nil) else { return trace.map(traceHeaders) ?? [] }
         defer { traced.span.end() }
         return traced.outgoingHeaders
     }

@@ -9,10 +9,11 @@ extension RelayPipeline {
                policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
-        let traced = Self.intentTrace(trace, tracer: tracer, policy: policy)
-        var hold = false
+        let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
+        var hold = false, ours = true
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
             guard let generation = state.partitions.start(partition, offset: message.offset) else {
+                ours = false
                 return (nil, state.inFlight)
             }
             hold = state.partitions.holdIfFull(partition)
@@ -38,6 +39,8 @@ extension RelayPipeline {
                                 trace: trace, traced: traced)
             return (Self.enqueue(item, &state), state.inFlight)
         }
+        // Not ours (revoked meanwhile): no work, so its span ends now.
+        if !ours { traced?.end(without: "unfinished") }
         RelayMetrics.intentsConsumed.increment()
         RelayMetrics.inFlight.record(inFlight)
         if hold { held(partition) }

@@ -11,6 +11,8 @@ extension RelayPipeline {
     /// `sent`: the item was counted among its partition's work at APNs; a revocation waiting
     /// for that work goes on once the last of it ended.
     func finish(_ item: WorkItem, stored: Bool, sent: Bool) {
+        // Its spans end here if no outcome ended them (parked: stored without one).
+        item.traced?.end(without: stored ? "parked" : "unfinished")
         var release = false
         var revokeWaiter: DispatchSemaphore?
         let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in

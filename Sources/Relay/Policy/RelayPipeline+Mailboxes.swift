@@ -71,7 +71,7 @@ extension RelayPipeline {
         return WorkItem(partition: partition, offset: entry.offset, generation: generation,
                         consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
                         intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member,
-                        trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil))
+                        trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil, id: try? intent.get().id))
     }
 
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease

@@ -17,6 +17,9 @@ func wallNanoseconds() -> UInt64 {
 /// (the batch's admission round trip, with Redis), `apns send` (the first try to the last
 /// answer) and `kafka publish outcome`. The children are started and ended, at the times
 /// recorded here, when the outcome is out: an intent costs its tracer one span until then.
+/// An intent whose work ends without an outcome (parked in its mailbox, its partition revoked,
+/// abandoned at shutdown) ends its span then (``end(without:)``): the tracer keeps every open
+/// span.
 ///
 /// Made only for intents whose trace context is sampled, and only when spans are exported: the
 /// relay continues traces, it does not start them.
@@ -26,6 +29,9 @@ final class IntentTrace: Sendable {
     let span: any Span
     let policy: (start: UInt64, end: UInt64)?
     private let marks = Mutex(Marks())
+    /// Set once the intent span ended (by whichever of ``finish(_:partition:offset:)`` and
+    /// ``end(without:)`` came first).
+    private let ended = Atomic<Bool>(false)
 
     private struct Marks {
         var sendStart: UInt64?
@@ -34,12 +40,14 @@ final class IntentTrace: Sendable {
         var publishStart: UInt64?
     }
 
-    init(tracer: any Tracer, parent: TraceContext, policy: (start: UInt64, end: UInt64)?) {
+    /// `id`: the intent's, when it parsed (an attribute from the start).
+    init(tracer: any Tracer, parent: TraceContext, policy: (start: UInt64, end: UInt64)?, id: String? = nil) {
         self.tracer = tracer
         var context = ServiceContext.topLevel
         tracer.extract(parent, into: &context, using: TraceContextExtractor())
         span = tracer.startSpan("apns-relay intent", context: context, ofKind: .consumer,
                                 at: WallInstant(policy?.start ?? wallNanoseconds()))
+        if let id { span.attributes["apns_relay.intent.id"] = id }
         self.policy = policy
     }
 
@@ -71,6 +79,7 @@ final class IntentTrace: Sendable {
     /// Ends the spans, the outcome published now. Never the device token: its SHA-256, 16 hex
     /// digits.
     func finish(_ outcome: Outcome, partition: Int32, offset: Int64) {
+        guard !ended.exchange(true, ordering: .relaxed) else { return }
         let end = wallNanoseconds()
         let marks = marks.withLock { $0 }
         span.updateAttributes { attributes in
@@ -96,6 +105,20 @@ final class IntentTrace: Sendable {
         span.end(at: WallInstant(end))
     }
 
+    /// Ends the spans of an intent whose work ended without an outcome from this relay:
+    /// `state` (`parked`, `unfinished`) stands for its status. Nothing when they ended already.
+    func end(without state: String) {
+        guard !ended.exchange(true, ordering: .relaxed) else { return }
+        let end = wallNanoseconds()
+        let marks = marks.withLock { $0 }
+        span.updateAttributes { $0["apns_relay.outcome.status"] = state }
+        if let policy { child("redis policy", .client, from: policy.start, to: policy.end) }
+        if let sendStart = marks.sendStart {
+            child("apns send", .client, from: sendStart, to: marks.sendEnd ?? end) { $0["apns_relay.tries"] = Int64(marks.tries) }
+        }
+        span.end(at: WallInstant(end))
+    }
+
     private func child(_ name: String, _ kind: SpanKind, from start: UInt64, to end: UInt64, failed: Bool = false,
                        _ attributes: (inout SpanAttributes) -> Void = { _ in }) {
         let child = tracer.startSpan(name, context: span.context, ofKind: kind, at: WallInstant(start))
@@ -104,8 +127,8 @@ final class IntentTrace: Sendable {
         child.end(at: WallInstant(end))
     }
 
-    /// 16 hex digits of the token's SHA-256 (written out digit by digit: `String(format:)` per
-    /// byte was a tenth of a fully traced relay's CPU).
+    /// 16 hex digits of the token's SHA-256, written out digit by digit (no per-byte
+    /// formatting: this runs for every traced intent).
     static func tokenHash(_ token: String) -> String {
         let digits: [UInt8] = Array("0123456789abcdef".utf8)
         var hex: [UInt8] = []

@@ -41,15 +41,22 @@ public enum OTLPProtocol: String, Sendable, CaseIterable {
 /// Bounded as swift-otel's batch processor is: at most 8,192 spans wait (more are dropped), a
 /// batch of at most 512 goes out every second, and an export (a shutdown's flush included) has
 /// 5 s. The standard `OTEL_*` environment variables (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
-/// `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_RESOURCE_ATTRIBUTES`...) override these settings.
+/// `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_RESOURCE_ATTRIBUTES`...) override these settings, except
+/// those that would change what the relay promises or that swift-otel cannot honour here
+/// (``environmentProblems(_:)``): those are refused.
 public struct RelayTracing: Sendable {
     public let tracer: any Tracer
     /// Runs the export; stops after the pipeline, so the last outcomes' spans go out.
     public let service: any Service
 
-    public init(endpoint: String, protocol encoding: OTLPProtocol, logger: Logger) throws {
+    /// `environment`: the process's when nil (swift-otel reads the process's all the same).
+    public init(endpoint: String, protocol encoding: OTLPProtocol, logger: Logger,
+                environment: [String: String]? = nil) throws {
         guard let endpoint = OTLPEndpoint(endpoint) else {
             throw RelayTracingError.badEndpoint(endpoint)
+        }
+        if let problem = Self.environmentProblems(environment ?? ProcessInfo.processInfo.environment).first {
+            throw RelayTracingError.environment(problem)
         }
         var configuration = OTel.Configuration.default
         configuration.serviceName = "apns-relay"
@@ -75,12 +82,46 @@ public struct RelayTracing: Sendable {
     }
 }
 
+extension RelayTracing {
+    /// `OTEL_*` variables swift-otel would apply that the relay cannot take, each with why:
+    /// another propagator (the outcome carries W3C trace context; swift-otel stops the process
+    /// on `baggage`), a sampler that is not parent-based (the relay continues traces, it never
+    /// starts one), another exporter or the SDK off (spans were asked for), gRPC (not built in).
+    /// Checked by `check-config`, `run` and a reload when `tracing.otlp_endpoint` is set.
+    public static func environmentProblems(_ environment: [String: String]) -> [String] {
+        func value(_ name: String) -> String? {
+            environment[name].map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.flatMap { $0.isEmpty ? nil : $0 }
+        }
+        var problems: [String] = []
+        if let propagators = value("OTEL_PROPAGATORS"), propagators != "tracecontext" {
+            problems.append("OTEL_PROPAGATORS=\(propagators): the relay carries W3C trace context only; leave it unset or set tracecontext")
+        }
+        if let sampler = value("OTEL_TRACES_SAMPLER"), !sampler.hasPrefix("parentbased_") {
+            problems.append("OTEL_TRACES_SAMPLER=\(sampler): the relay continues traces and never starts one; leave it unset or use a parentbased_ sampler")
+        }
+        if let exporter = value("OTEL_TRACES_EXPORTER"), exporter != "otlp" {
+            problems.append("OTEL_TRACES_EXPORTER=\(exporter): tracing.otlp_endpoint asks for OTLP; leave it unset or set otlp")
+        }
+        if let disabled = value("OTEL_SDK_DISABLED"), disabled != "false" {
+            problems.append("OTEL_SDK_DISABLED=\(disabled): tracing.otlp_endpoint asks for spans; empty it to turn them off")
+        }
+        for name in ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] {
+            if let encoding = value(name), OTLPProtocol(rawValue: encoding) == nil {
+                problems.append("\(name)=\(encoding): only http/protobuf and http/json are built in")
+            }
+        }
+        return problems
+    }
+}
+
 enum RelayTracingError: Error, CustomStringConvertible {
     case badEndpoint(String)
+    case environment(String)
 
     var description: String {
         switch self {
         case .badEndpoint(let text): "tracing.otlp_endpoint \(text) is not http(s)://HOST:PORT[/PREFIX]"
+        case .environment(let problem): problem
         }
     }
 }
