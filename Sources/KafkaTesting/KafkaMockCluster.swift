@@ -79,19 +79,22 @@ public final class KafkaMockCluster: @unchecked Sendable {
     /// shorter sends it again).
     public func pushBrokerRequestErrors(broker: Int32, apiKey: Int16, _ errors: [(code: Int32, delayMilliseconds: Int32)]) {
         for (code, delay) in errors {
-            _ = apns_relay_mock_broker_push_error_rtt(cluster, broker, apiKey, rd_kafka_resp_err_t(rawValue: code), delay)
+            let result = apns_relay_mock_broker_push_error_rtt(cluster, broker, apiKey, rd_kafka_resp_err_t(rawValue: code), delay)
+            precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused the injection: \(result)")
         }
     }
 
     /// Makes broker `broker` the leader of the partition.
     public func setLeader(topic: String, partition: Int32, broker: Int32) {
-        _ = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
+        let result = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
+        precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused the leader: \(result)")
     }
 
     /// How many of ``pushBrokerRequestErrors(broker:apiKey:_:)``'s errors are still to come.
     public func brokerErrorsLeft(broker: Int32, apiKey: Int16) -> Int {
         var count = 0
-        _ = rd_kafka_mock_broker_error_stack_cnt(cluster, broker, apiKey, &count)
+        let result = rd_kafka_mock_broker_error_stack_cnt(cluster, broker, apiKey, &count)
+        precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster cannot count broker \(broker)'s errors: \(result)")
         return count
     }
 

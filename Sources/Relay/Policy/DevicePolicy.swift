@@ -31,7 +31,9 @@ struct DevicePolicy: Sendable {
     /// lengthens the device's backoff first (doubling while 429s repeat, kept until its end plus
     /// the maximum, so that the level is remembered).
     /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
-    /// for a 429, backoff base ms, backoff maximum ms. Answers {due ms, {id, entry, ...}, keeper}:
+    /// for a 429, backoff base ms, backoff maximum ms, the intent's stored trace context (empty:
+    /// none; kept as `t:<id>` while it is parked or claimed). Answers
+    /// {due ms, {id, entry, ...}, keeper}:
     /// every displaced entry whose `coalesced` outcome is not acknowledged yet
     /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included, and the id the
     /// mailbox keeps (the one parking, or the newer one that displaced it: then the due time
@@ -41,9 +43,10 @@ struct DevicePolicy: Sendable {
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
-    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry, record} answered before,
-    /// {2, due} not yet (or claimed under a lease that runs until `due`: a claim never loses its
-    /// index member while its lease runs), {3, entry} claimed, {4, entry} expired. Answered,
+    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry, trace, record}
+    /// answered before, {2, due} not yet (or claimed under a lease that runs until `due`: a claim
+    /// never loses its index member while its lease runs), {3, entry, trace} claimed,
+    /// {4, entry, trace} expired; `trace` is the entry's stored trace context, or nil. Answered,
     /// expired and claimed entries all become the take's claim, removed by the release once
     /// their outcome is out.
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))

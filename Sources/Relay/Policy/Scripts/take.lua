@@ -20,6 +20,8 @@ end
 -- The entry becomes this take's claim: it stays in the mailbox, under a lease, until its
 -- outcome is out (release); a relay that dies first leaves it to be taken again.
 local function claim()
+    -- A claim of another id whose lease ran out is replaced: its trace goes with it.
+    if m[4] and m[4] ~= id then redis.call('HDEL', KEYS[1], 't:' .. m[4]) end
     clear()
     redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
     markWaiting(5)
