@@ -70,9 +70,9 @@ struct RelayHarness {
         _ = try await producer.send(topic: intentsTopic, key: key.map { Array($0.utf8) }, value: Array(json.utf8))
     }
 
-    /// Reads outcomes until `count` arrived (or 60 s passed).
-    func outcomes(count: Int) async throws -> [[String: Any]] {
-        let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic) { _, total in total >= count }
+    /// Reads outcomes until `count` arrived (or `timeout` passed).
+    func outcomes(count: Int, timeout: Duration = .seconds(60)) async throws -> [[String: Any]] {
+        let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic, timeout: timeout) { _, total in total >= count }
         return try messages.map { try #require(try JSONSerialization.jsonObject(with: Data($0.value)) as? [String: Any]) }
     }
 

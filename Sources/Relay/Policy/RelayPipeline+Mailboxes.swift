@@ -117,9 +117,6 @@ extension RelayPipeline {
             redisFailed(error)
             return
         }
-        // Redis answers: an outage ends here too, not only with the next intent (an idle relay,
-        // or one sending without policy, would report it over until then).
-        redisRecovered()
         let topic = configuration.kafka.intentsTopic
         for (partition, member) in due where !stopping.isOpen && !Task.isCancelled {
             // Only for partitions still ours: a rebalance may have taken one since the query.
