@@ -189,20 +189,22 @@ struct PolicyTests {
 
     @Test func theBackoffGrowsWhile429sRepeat() async throws {
         let redis = try RedisServerProcess()
-        // One notification per device per 3 s: the second one meets 429s until then.
-        let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(3), backoffMax: 8)
+        // One notification per device per 5 s: the second one meets 429s until then.
+        let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(5), backoffMax: 8)
         let token = hexToken(0x4291)
         try await harness.produce(intent("first", token: token), key: token)
         try await harness.produce(intent("second", token: token), key: token)
         let byID = Self.byID(try await harness.outcomes(count: 2))
-        // 429, 1 s backoff; 429 again, 2 s; then the window has passed: 3 s after the first.
+        // 429, 1 s backoff; 429 again, 2 s; 429 again, 4 s; then the window has passed, 5 s after
+        // the first. (A mailbox poll that comes late on a loaded machine can skip a 429, never
+        // the first repeat, which comes 1 s into a 5 s window.)
         let second = try #require(byID["second"])
         #expect(second["status"] as? String == "delivered")
-        #expect((second["latency_ms"] as? Int ?? 0) >= 2900)
+        #expect((second["latency_ms"] as? Int ?? 0) >= 4900, "\(second)")
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        // `<until> <level>`: the backoff doubled once.
+        // `<until> <level>`: the backoff doubled, once or twice.
         let backoff = try await client.send(RedisCommand("GET", ["apns-relay:backoff:{\(token)}"])).string ?? ""
-        #expect(backoff.split(separator: " ").last == "1", "\(backoff)")
+        #expect(["1", "2"].contains(backoff.split(separator: " ").last ?? ""), "\(backoff)")
         await client.shutdown()
         #expect(Self.sent(harness, "second") == 1)
         #expect(harness.simulator.accepted.count == 2)
