@@ -258,7 +258,7 @@ public final class KafkaConsumer: Service, Sendable {
     /// Committed offsets (the next offset to read) for these partitions, from the broker.
     public func committed(_ partitions: [TopicPartition], timeout: Duration = .seconds(10)) async throws(KafkaError) -> [TopicPartition: Int64] {
         let handle = self.handle
-        let milliseconds = Int32(clamping: timeout.components.seconds * 1000)
+        let milliseconds = Int32(clamping: timeout.totalMilliseconds)
         let result: Result<[TopicPartition: Int64], KafkaError> = await runBlocking {
             handle.withHandle { rk in
                 withPartitionList(partitions) { list in
@@ -280,7 +280,7 @@ public final class KafkaConsumer: Service, Sendable {
     /// records each holds, from offset 0.
     public func highWatermarks(_ partitions: [TopicPartition], timeout: Duration = .seconds(10)) async throws(KafkaError) -> [TopicPartition: Int64] {
         let handle = self.handle
-        let milliseconds = Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        let milliseconds = Int32(clamping: timeout.totalMilliseconds)
         let result: Result<[TopicPartition: Int64], KafkaError> = await runBlocking {
             handle.withHandle { rk in
                 var highs: [TopicPartition: Int64] = [:]

@@ -160,7 +160,7 @@ public final class KafkaProducer: Service, Sendable {
     /// Waits until every record handed over has its delivery report, or the timeout passes.
     /// Returns false on timeout. Runs on its own thread.
     public func flush(timeout: Duration) async -> Bool {
-        let milliseconds = Int32(clamping: timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)
+        let milliseconds = Int32(clamping: timeout.totalMilliseconds)
         let handle = self.handle
         return await runBlocking {
             handle.withHandle { rd_kafka_flush($0, milliseconds) } == RD_KAFKA_RESP_ERR_NO_ERROR

@@ -162,6 +162,10 @@ struct KafkaTests {
         try await first.commit()
         let committed = try await first.committed([TopicPartition(topic: topic, partition: 0), TopicPartition(topic: topic, partition: 1)])
         for (partition, offset) in highest { #expect(committed[TopicPartition(topic: topic, partition: partition)] == offset + 1) }
+        // A deadline under a second is kept as it is (not cut to 0 ms).
+        let again = try await first.committed([TopicPartition(topic: topic, partition: 0), TopicPartition(topic: topic, partition: 1)],
+                                              timeout: .milliseconds(900))
+        #expect(again == committed)
         await first.close()
 
         // A partition's messages arrive in order, so the 60 processed are each partition's first
