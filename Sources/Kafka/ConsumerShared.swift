@@ -49,6 +49,21 @@ func headers(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> [KafkaHead
     return headers
 }
 
+extension KafkaMessage {
+    /// A copy of a record librdkafka handed out (one without an error).
+    init(copying message: UnsafeMutablePointer<rd_kafka_message_t>) {
+        let record = message.pointee
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let timestamp = rd_kafka_message_timestamp(message, &timestampType)
+        self.init(topic: record.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "",
+                  partition: record.partition, offset: record.offset,
+                  key: record.key.map { Array(UnsafeRawBufferPointer(start: $0, count: record.key_len)) },
+                  value: record.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: record.len)) } ?? [],
+                  timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp,
+                  headers: Kafka.headers(of: message))
+    }
+}
+
 /// One turn of the poll thread: a batch of records (or callbacks), then flow control.
 func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
     var batch: [KafkaMessage] = []
@@ -68,14 +83,7 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
                 })))
                 continue
             }
-            let topic = record.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? ""
-            let value = record.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: record.len)) } ?? []
-            let key = record.key.map { Array(UnsafeRawBufferPointer(start: $0, count: record.key_len)) }
-            var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
-            let timestamp = rd_kafka_message_timestamp(message, &timestampType)
-            batch.append(KafkaMessage(topic: topic, partition: record.partition, offset: record.offset, key: key,
-                                      value: value, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp,
-                                      headers: headers(of: message)))
+            batch.append(KafkaMessage(copying: message))
         }
     }
     if !batch.isEmpty { shared.push(.messages(batch)) }

@@ -28,6 +28,8 @@ public struct KafkaError: Error, Sendable, Equatable, CustomStringConvertible {
 
     /// The code of librdkafka's local queue-full error.
     public static let queueFullCode = RD_KAFKA_RESP_ERR__QUEUE_FULL.rawValue
+    /// The code of librdkafka's local timed-out error (a call's deadline passed).
+    public static let timedOutCode = RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue
 
     private static let retriableCodes: Set<Int32> = [
         RD_KAFKA_RESP_ERR__QUEUE_FULL.rawValue, RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,

@@ -107,7 +107,7 @@ final class KafkaHandle: @unchecked Sendable {
         rd_kafka_topic_new(handle, name, nil).map { TopicHandle($0, client: self) }
     }
 
-    func withHandle<R>(_ body: (OpaquePointer) throws -> R) rethrows -> R {
+    func withHandle<R, E: Error>(_ body: (OpaquePointer) throws(E) -> R) throws(E) -> R {
         try body(handle)
     }
 }

@@ -101,32 +101,19 @@ struct RelayHarness {
 
 struct OutcomesTimedOut: Error {}
 
-/// Reads `topic` from its start, in a consumer group of its own, until `enough` (called with each
-/// new batch and the number read so far) says so; throws ``OutcomesTimedOut`` after `timeout`.
+/// Reads `topic` from its start (partitions assigned by hand: no group join) until `enough`
+/// (called with each new batch and the number read so far) says so; throws ``OutcomesTimedOut``
+/// after `timeout`.
 func readTopic(_ bootstrapServers: String, _ topic: String, timeout: Duration = .seconds(60),
                until enough: @escaping @Sendable (_ batch: [KafkaMessage], _ total: Int) -> Bool) async throws -> [KafkaMessage] {
-    let consumer = try KafkaConsumer(bootstrapServers: bootstrapServers, groupID: "reader-\(UUID())", topics: [topic],
-                                     properties: ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"])
-    defer { Task { await consumer.close() } }
-    let deadline = ContinuousClock.now + timeout
-    return try await withThrowingTaskGroup(of: [KafkaMessage]?.self) { group in
-        group.addTask {
-            var messages: [KafkaMessage] = []
-            for await event in consumer.events {
-                guard case .messages(let batch) = event else { continue }
-                messages += batch
-                if enough(batch, messages.count) { break }
-            }
-            return messages
-        }
-        group.addTask {
-            try await Task.sleep(until: deadline)
-            return nil
-        }
-        let first = try await group.next()!
-        group.cancelAll()
-        guard let first else { throw OutcomesTimedOut() }
-        return first
+    let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic)
+    do {
+        let messages = try await reader.read(timeout: timeout, until: enough)
+        await reader.close()
+        return messages
+    } catch {
+        await reader.close()
+        throw error.code == KafkaError.timedOutCode ? OutcomesTimedOut() : error
     }
 }
 

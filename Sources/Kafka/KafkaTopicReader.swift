@@ -1,0 +1,177 @@
+import Common
+import CRdKafka
+import Foundation
+public import Logging
+import Synchronization
+
+/// Reads one topic from its start without joining a consumer group: every partition is assigned
+/// by hand, so there is no group join (the few seconds a subscription waits for its first
+/// assignment), no rebalance and no commit. For reading what a topic holds — up to its end as it
+/// is now, or until enough arrived — not for consuming it as a worker does.
+///
+/// Reads continue where the previous one stopped. Each read polls on a thread of its own, never
+/// on the caller's executor, and gives up at its deadline.
+public final class KafkaTopicReader: Sendable {
+    public let topic: String
+    private let handle: KafkaHandle
+    /// The partitions (from the topic's metadata) and the next offset of each, once assigned.
+    private let state = Mutex<State?>(nil)
+
+    private struct State {
+        var next: [Int32: Int64]
+    }
+
+    /// Only configures the client; the first read asks for the topic's partitions.
+    /// - Parameter properties: passed to librdkafka as they are, after the defaults (so they win).
+    public init(bootstrapServers: String, topic: String, properties: [String: String] = [:],
+                logger: Logger = Logger(label: "apns-relay.kafka.reader")) throws(KafkaError) {
+        var settings: [String: String] = [
+            "bootstrap.servers": bootstrapServers,
+            // librdkafka's consumer needs a group id even when it never joins the group.
+            "group.id": "apns-relay-reader-\(UUID().uuidString)",
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+            "enable.partition.eof": "false",
+        ]
+        settings.merge(properties) { _, given in given }
+        let builder = try KafkaConfigBuilder(settings)
+        let context = KafkaCallbackContext(logger: logger)
+        context.install(on: builder)
+        handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder, context: context)
+        handle.withHandle { _ = rd_kafka_poll_set_consumer($0) }
+        self.topic = topic
+    }
+
+    /// Reads until `enough` (called with each new batch and the number of records this read
+    /// returned so far) says so. Throws a timed-out ``KafkaError`` after `timeout`.
+    public func read(timeout: Duration,
+                     until enough: @escaping @Sendable (_ batch: [KafkaMessage], _ total: Int) -> Bool) async throws(KafkaError) -> [KafkaMessage] {
+        let deadline = ContinuousClock.now + timeout
+        return try await runBlocking { [self] in
+            Result { () throws(KafkaError) -> [KafkaMessage] in
+                try assignIfNeeded(deadline: deadline)
+                var messages: [KafkaMessage] = []
+                while true {
+                    let batch = try poll(deadline: deadline)
+                    messages += batch
+                    if !batch.isEmpty, enough(batch, messages.count) { return messages }
+                    if ContinuousClock.now >= deadline {
+                        throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
+                                         message: "read \(topic): \(messages.count) records in \(timeout), not enough", isRetriable: true)
+                    }
+                }
+            }
+        }.get()
+    }
+
+    /// Reads up to the end of every partition as it is when the call starts (its high
+    /// watermarks). Throws a timed-out ``KafkaError`` if that takes longer than `timeout`.
+    public func readToEnd(timeout: Duration) async throws(KafkaError) -> [KafkaMessage] {
+        let deadline = ContinuousClock.now + timeout
+        return try await runBlocking { [self] in
+            Result { () throws(KafkaError) -> [KafkaMessage] in
+                try assignIfNeeded(deadline: deadline)
+                let partitions = state.withLock { $0?.next.keys.sorted() ?? [] }
+                var ends: [Int32: Int64] = [:]
+                try handle.withHandle { rk throws(KafkaError) in
+                    for partition in partitions {
+                        var low: Int64 = 0, high: Int64 = 0
+                        let error = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, remainingMilliseconds(deadline))
+                        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "watermarks of \(topic) [\(partition)]") }
+                        ends[partition] = high
+                    }
+                }
+                var messages: [KafkaMessage] = []
+                while !reached(ends) {
+                    guard ContinuousClock.now < deadline else {
+                        throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
+                                         message: "read \(topic) to its end: \(messages.count) records in \(timeout), short of \(ends)",
+                                         isRetriable: true)
+                    }
+                    messages += try poll(deadline: deadline)
+                }
+                return messages
+            }
+        }.get()
+    }
+
+    /// Whether every partition's next offset (or librdkafka's position, which also moves past
+    /// records a reader never sees, such as transaction markers) reached its end.
+    private func reached(_ ends: [Int32: Int64]) -> Bool {
+        let partitions = ends.keys.sorted()
+        let positions: [Int64] = handle.withHandle { rk in
+            withPartitionList(partitions.map { TopicPartition(topic: topic, partition: $0) }) { list in
+                _ = rd_kafka_position(rk, list)
+                return (0..<Int(list.pointee.cnt)).map { list.pointee.elems[$0].offset }
+            }
+        }
+        let next = state.withLock { $0?.next ?? [:] }
+        return zip(partitions, positions).allSatisfy { partition, position in
+            max(next[partition] ?? 0, position) >= ends[partition]!
+        }
+    }
+
+    /// Asks for the topic's partitions and assigns all of them from their start, once.
+    private func assignIfNeeded(deadline: ContinuousClock.Instant) throws(KafkaError) {
+        guard state.withLock({ $0 == nil }) else { return }
+        let count = try partitionCount(deadline: deadline)
+        let partitions = (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+        let error = handle.withHandle { rk in
+            withPartitionList(partitions, offsets: partitions.map { _ in Int64(RD_KAFKA_OFFSET_BEGINNING) }) { rd_kafka_assign(rk, $0) }
+        }
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "assign \(topic)") }
+        state.withLock { $0 = State(next: Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, 0) })) }
+    }
+
+    private func partitionCount(deadline: ContinuousClock.Instant) throws(KafkaError) -> Int {
+        try handle.withHandle { rk throws(KafkaError) in
+            guard let topicHandle = rd_kafka_topic_new(rk, topic, nil) else {
+                throw KafkaError(rd_kafka_last_error(), context: "topic \(topic)")
+            }
+            defer { rd_kafka_topic_destroy(topicHandle) }
+            while true {
+                var metadata: UnsafePointer<rd_kafka_metadata>?
+                let error = rd_kafka_metadata(rk, 0, topicHandle, &metadata, remainingMilliseconds(deadline))
+                guard error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else { throw KafkaError(error, context: "metadata of \(topic)") }
+                defer { rd_kafka_metadata_destroy(metadata) }
+                let described = metadata.pointee.topic_cnt > 0 ? metadata.pointee.topics[0] : nil
+                if let described, described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 {
+                    return Int(described.partition_cnt)
+                }
+                guard ContinuousClock.now < deadline else {
+                    throw KafkaError(described?.err ?? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC, context: "metadata of \(topic)")
+                }
+                usleep(50_000)  // A topic being created: its leaders are not known yet.
+            }
+        }
+    }
+
+    /// One poll (up to 100 ms, or less before the deadline), then whatever else is ready.
+    private func poll(deadline: ContinuousClock.Instant) throws(KafkaError) -> [KafkaMessage] {
+        var batch: [KafkaMessage] = []
+        handle.withHandle { rk in
+            var timeout = min(100, remainingMilliseconds(deadline))
+            while batch.count < 500, let message = rd_kafka_consumer_poll(rk, timeout) {
+                timeout = 0
+                defer { rd_kafka_message_destroy(message) }
+                // Errors here are librdkafka's reports of what it retries on its own.
+                guard message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else { continue }
+                batch.append(KafkaMessage(copying: message))
+            }
+        }
+        state.withLock { state in
+            for message in batch { state?.next[message.partition] = message.offset + 1 }
+        }
+        return batch
+    }
+
+    /// Leaves nothing behind (no group was joined, nothing to commit).
+    public func close() async {
+        let handle = self.handle
+        await runBlocking { _ = handle.withHandle { rd_kafka_consumer_close($0) } }
+    }
+}
+
+private func remainingMilliseconds(_ deadline: ContinuousClock.Instant) -> Int32 {
+    Int32(clamping: max((deadline - .now).totalMilliseconds, 0))
+}
