@@ -35,7 +35,7 @@ struct BadgeTests {
             ((try? JSONSerialization.jsonObject(with: Data(payload.payload))) as? [String: Any])?["aps"] as? [String: Any]
         }.compactMap { $0?["badge"] as? Int }
         #expect(sent == [1, 2, 3, 0, 2])
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
 
         // Another relay later (a restart): the count is where it was. (This harness signs with a
         // new key under the same key id, so the fleet's stored token must go.)
@@ -85,6 +85,6 @@ struct BadgeTests {
         #expect(outcome["status"] as? String == "failed")
         #expect(outcome["reason"] as? String == "BadgeNeedsRedis")
         #expect(harness.simulator.accepted.isEmpty)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -71,7 +71,7 @@ struct ClusterFailoverTests {
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
         try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// 1,000 slots move to another master (`redis-cli --cluster reshard`) while intents flow:
@@ -112,7 +112,7 @@ struct ClusterFailoverTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" },
                 "\(Dictionary(grouping: outcomes) { $0["status"] as? String ?? "" }.mapValues(\.count))")
         #expect(harness.pipeline.redisOutages == 0)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// A cluster that is down (two of its three masters gone, no replicas): the relay stops
@@ -145,6 +145,6 @@ struct ClusterFailoverTests {
         #expect(sent.count == 100 && Set(sent).count == 100)
         try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
         #expect(harness.pipeline.redisOutages >= 1)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -63,7 +63,7 @@ struct DedupeTests {
         let ttl = try #require(try await client.send(RedisCommand("TTL", ["apns-relay:seen:{\(hexToken(1))}:com.example.app:d-1"])).integer)
         #expect(ttl > 3500 && ttl <= 3600)
         await client.shutdown()
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// Three copies consumed in one batch, while the first is with APNs (300 ms): the other two
@@ -79,7 +79,7 @@ struct DedupeTests {
             #expect(copy["original_status"] is NSNull && copy["http_status"] is NSNull, "\(copy)")
         }
         #expect(harness.simulator.accepted.count == 1)
-        #expect(await harness.stopCountingOutcomes() == 3)
+        #expect(try await harness.stopExpectingOneOutcomeEach().count == 3)
     }
 
     @Test func failedIntentsAreNotRecorded() async throws {
@@ -92,7 +92,7 @@ struct DedupeTests {
         try await harness.produce(other, key: hexToken(8))
         let statuses = try await harness.outcomes(count: 2).compactMap { $0["status"] as? String }
         #expect(statuses == ["failed", "failed"])
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func redisDownStopsConsumingAndNothingIsLostOrSentTwice() async throws {
@@ -116,7 +116,7 @@ struct DedupeTests {
         #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 51)
         #expect(harness.simulator.accepted.count == 51)
         try await waitUntil(timeout: .seconds(10)) { harness.pipeline.dependencyProblems.isEmpty }
-        #expect(await harness.stopCountingOutcomes() == 51)
+        #expect(try await harness.stopExpectingOneOutcomeEach().count == 51)
     }
 
     @Test func aRedisRestartMidStreamLosesNothingAndSendsNothingTwice() async throws {
@@ -141,7 +141,7 @@ struct DedupeTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         #expect(harness.simulator.accepted.count == total)
         #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == total)
-        #expect(await harness.stopCountingOutcomes() == total)
+        #expect(try await harness.stopExpectingOneOutcomeEach().count == total)
     }
 
     @Test func failOpenSendsWithoutPolicyWhileRedisIsDown() async throws {
@@ -155,7 +155,7 @@ struct DedupeTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         #expect(harness.pipeline.dependencyProblems.contains { $0.contains("sending without policy") })
         #expect(harness.pipeline.redisOutages == 1)
-        #expect(await harness.stopCountingOutcomes() == 10)
+        #expect(try await harness.stopExpectingOneOutcomeEach().count == 10)
     }
 
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {
@@ -177,7 +177,7 @@ struct DedupeTests {
         #expect(harness.simulator.accepted.count == 20)
         try await waitUntil { harness.pipeline.inFlight == 0 }
         #expect(harness.pipeline.outcomeCounts["delivered"] == 20)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// Review 2.3: a redelivered intent whose answer is recorded comes out `duplicate` with what

@@ -47,7 +47,7 @@ struct MailboxRepairTests {
         #expect(outcomes.map { $0["id"] as? String } == ["stranded-1"])
         #expect(outcomes.first?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "stranded-1") == 1)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         await client.shutdown()
     }
 
@@ -114,7 +114,7 @@ struct MailboxRepairTests {
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "cid"])).string == "claimed-1")
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "parked-2")
         #expect(PolicyTests.sent(harness, "parked-2") == 0)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         await client.shutdown()
     }
 
@@ -241,7 +241,7 @@ struct MailboxRepairTests {
             return score?.string.flatMap { Int64($0) } == leaseEnd
         })
         #expect(PolicyTests.sent(harness, "claimed-1") == 0)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         await client.shutdown()
     }
 }

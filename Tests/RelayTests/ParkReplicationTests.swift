@@ -62,6 +62,6 @@ struct ParkReplicationTests {
         #expect(after["parked-2"]?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "parked-2") == 1)
         try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -102,7 +102,7 @@ struct PolicyTests {
             #expect(try await client.send(RedisCommand("ZCARD", [index.string ?? ""])).integer == 0, "\(index)")
         }
         await client.shutdown()
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func anIntentExpiringWhileParkedComesOutExpired() async throws {
@@ -137,7 +137,7 @@ struct PolicyTests {
         #expect(nowOrNever["status"] as? String == "expired")
         #expect(nowOrNever["reason"] as? String == "RateLimited")
         #expect(harness.simulator.accepted.count == 1)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func intentsParkedAcrossARestartAreDeliveredOnceAfterIt() async throws {
@@ -184,7 +184,7 @@ struct PolicyTests {
         #expect((third["latency_ms"] as? Int ?? 0) >= 950, "\(third)")
         #expect(Self.sent(harness, "fast-3") == 1)
         #expect(harness.simulator.accepted.count == 3)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func theBackoffGrowsWhile429sRepeat() async throws {
@@ -208,7 +208,7 @@ struct PolicyTests {
         await client.shutdown()
         #expect(Self.sent(harness, "second") == 1)
         #expect(harness.simulator.accepted.count == 2)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func anIntentOutlastingTheRetryBudgetWaitsInItsMailboxInsteadOfFailing() async throws {
@@ -225,7 +225,7 @@ struct PolicyTests {
         #expect(outcome["status"] as? String == "delivered")
         #expect((outcome["latency_ms"] as? Int ?? 0) >= 1000)
         #expect(Self.sent(harness, "patient") == 1)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func oneBatchCollapsesToTheNewestPerCollapseIDUnlessTheTopicSaysNo() async throws {
@@ -254,7 +254,7 @@ struct PolicyTests {
                 }
             }
             #expect(harness.simulator.accepted.count == (coalesce ? 2 : 4))
-            await harness.stop()
+            try await harness.stopExpectingOneOutcomeEach()
         }
     }
 
@@ -276,7 +276,7 @@ struct PolicyTests {
         #expect(byID["fleeting"]?["reason"] as? String == "RateLimited")
         #expect(byID["lasting"]?["status"] as? String == "delivered")
         #expect(Self.sent(harness, "lasting") == 1)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func expirationsPastWhatTheRelayCanHoldAreAnsweredNotParkedForever() async throws {
@@ -295,7 +295,7 @@ struct PolicyTests {
             #expect(byID[id]?["status"] as? String == "invalid", "\(id): \(byID[id] ?? [:])")
             #expect((byID[id]?["reason"] as? String)?.hasPrefix("BadExpirationDate") == true, "\(id)")
         }
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func keysOfAnotherTypeRefuseOneIntentsPolicyAndItGoesOnWithoutIt() async throws {
@@ -328,7 +328,7 @@ struct PolicyTests {
         })
         #expect(harness.pipeline.dependencyProblems.isEmpty)
         await again.shutdown()
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
@@ -349,7 +349,7 @@ struct PolicyTests {
         let outcomes = try await harness.outcomes(count: waiting.count)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" }, "\(outcomes)")
         #expect(harness.simulator.accepted.count == waiting.count)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func anUnreadableMailboxEntryIsLeftAloneAndTheRestGoesOn() async throws {
@@ -371,7 +371,7 @@ struct PolicyTests {
         #expect(outcomes.first?["id"] as? String == "after")
         #expect(outcomes.first?["status"] as? String == "delivered")
         await client.shutdown()
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
@@ -396,7 +396,8 @@ struct PolicyTests {
         try await waitUntil { harness.pipeline.inFlight == 0 }
         #expect(Self.sent(harness, "two") == 1)
         #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
-        await harness.stop()
+        // The copy has no outcome of its own: its id's one came when the parked intent was sent.
+        try await harness.stopExpectingOneOutcomeEach(unanswered: 1)
     }
 
     /// Review 2.4: an intent consumed while an older one waits in its device's mailbox does not
@@ -419,7 +420,7 @@ struct PolicyTests {
         let order = harness.simulator.accepted.map(\.apnsID)
         #expect(order == ["first", "newer"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
         await client.shutdown()
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// An intent that comes while an older one is being sent from the mailbox waits behind that
@@ -441,6 +442,6 @@ struct PolicyTests {
         #expect((byID["newer"]?["latency_ms"] as? Int ?? .max) < 30_000)
         let order = harness.simulator.accepted.map(\.apnsID)
         #expect(order == ["first", "older", "newer"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

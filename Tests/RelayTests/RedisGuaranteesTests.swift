@@ -42,6 +42,6 @@ struct RedisGuaranteesTests {
         let outcomes = try await harness.outcomes(count: 1)
         #expect(outcomes.first?["status"] as? String == "delivered")
         #expect(harness.pipeline.refusal == nil)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -183,7 +183,7 @@ struct RelayEndToEndTests {
         #expect(outcome("badtoken-1")?["reason"] as? String == "BadDeviceToken: device token must be 64 to 200 hex characters of even length, got 3")
         #expect((outcome("big-1")?["reason"] as? String)?.hasPrefix("PayloadTooLarge") == true)
         #expect(harness.simulator.accepted.count == 1)
-        #expect(await harness.stopCountingOutcomes() == 9)
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func retriesAfter503sThenDelivers() async throws {
@@ -193,7 +193,7 @@ struct RelayEndToEndTests {
         #expect(outcomes.first?["status"] as? String == "delivered")
         #expect(outcomes.first?["attempts"] as? Int == 3)
         #expect(harness.simulator.answers["503 ServiceUnavailable"] == 2)
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func oneDeviceKeepsItsOrder() async throws {
@@ -209,14 +209,14 @@ struct RelayEndToEndTests {
         let sequence = harness.simulator.accepted.filter { $0.deviceToken == device }
             .map { String(decoding: $0.payload, as: UTF8.self) }
         #expect(sequence == (0..<50).map { #"{"aps":{"alert":"\#($0)"}}"# })
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     @Test func committedOffsetsFollowOutcomes() async throws {
         let harness = try await RelayHarness.start()
         for index in 0..<40 { try await harness.produce(intent("c-\(index)", token: hexToken(index)), key: hexToken(index)) }
         _ = try await harness.outcomes(count: 40)
-        await harness.stop()  // commits on the way out
+        try await harness.stopExpectingOneOutcomeEach()  // commits on the way out
         let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
                                        groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
         let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
@@ -325,7 +325,7 @@ struct RelayEndToEndTests {
         #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == others + 2)
         #expect(outcomes.first { $0["id"] as? String == "stuck-1" }?["status"] as? String != "delivered")
         try await waitUntil { harness.pipeline.heldPartitions.isEmpty }
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 
     /// Review 2.1: a relay that loses partitions in a rebalance under load starts none of their

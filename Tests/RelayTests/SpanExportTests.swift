@@ -171,7 +171,7 @@ struct SpanExportTests {
         #expect(traced.header("traceparent")?.value == Array("00-\(traceID)-\(intentSpanID)-01".utf8))
         let unsampled = try #require(outcomes.first { String(decoding: $0.value, as: UTF8.self).contains(#""id":"unsampled""#) })
         #expect(unsampled.header("traceparent")?.value == Array("00-\(traceID)-\(parentID)-00".utf8))
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         await receiver.stop()
     }
 
@@ -197,7 +197,7 @@ struct SpanExportTests {
             #expect(Self.contains(request.body, needle), "\(needle)")
         }
         #expect(!Self.contains(request.body, Array(hexToken(1).utf8)), "the device token must not reach a span")
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         await receiver.stop()
     }
 
@@ -216,7 +216,7 @@ struct SpanExportTests {
         let outcomes = try await readTopic(harness.cluster.bootstrapServers, harness.outcomesTopic) { _, total in total >= 1 }
         #expect(outcomes.count == 1)
         let stopping = ContinuousClock.now
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
         let took = ContinuousClock.now - stopping
         #expect(took < .seconds(15), "stopping took \(took)")
     }

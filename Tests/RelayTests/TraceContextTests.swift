@@ -43,6 +43,6 @@ struct TraceContextTests {
         for id in ["untraced", "bad-trace", "zero-trace"] {
             #expect(byID[id]?.headers == [], "\(id)")
         }
-        await harness.stop()
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -1,0 +1,90 @@
+import Foundation
+import Kafka
+import Testing
+import TestSupport
+
+/// Every outcome an outcomes topic holds, read to its end (its high watermarks) once a run
+/// settled — no early stop at a count — each checked against `docs/outcome.schema.json`.
+struct OutcomeLog {
+    /// The outcomes as published, in the order read (per partition, in order).
+    let outcomes: [[String: Any]]
+    /// Outcomes per intent, keyed by the intent's partition and offset on the intents topic.
+    let byIntent: [IntentPosition: Int]
+
+    struct IntentPosition: Hashable, CustomStringConvertible {
+        let partition: Int
+        let offset: Int
+        var description: String { "[\(partition)]@\(offset)" }
+    }
+
+    private static let schema = Result { try JSONSchemaCheck(docs: "outcome.schema.json") }
+
+    /// Reads the topic to its end; records an issue for every outcome the schema refuses.
+    static func read(_ bootstrapServers: String, _ topic: String, timeout: Duration = .seconds(60),
+                     sourceLocation: SourceLocation = #_sourceLocation) async throws -> OutcomeLog {
+        let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic)
+        let messages: [KafkaMessage]
+        do {
+            messages = try await reader.readToEnd(timeout: timeout)
+            await reader.close()
+        } catch {
+            await reader.close()
+            throw error
+        }
+        let schema = try schema.get()
+        var outcomes: [[String: Any]] = []
+        var byIntent: [IntentPosition: Int] = [:]
+        for message in messages {
+            let text = String(decoding: message.value, as: UTF8.self)
+            let problems = (try? schema.problems(JSONValue(parsing: message.value))) ?? ["not JSON"]
+            #expect(problems.isEmpty, "outcome \(text): \(problems.joined(separator: "; "))", sourceLocation: sourceLocation)
+            let outcome = try #require(try JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
+                                       sourceLocation: sourceLocation)
+            outcomes.append(outcome)
+            if let partition = outcome["partition"] as? Int, let offset = outcome["offset"] as? Int {
+                byIntent[IntentPosition(partition: partition, offset: offset), default: 0] += 1
+            }
+        }
+        return OutcomeLog(outcomes: outcomes, byIntent: byIntent)
+    }
+
+    /// Outcomes beyond the first for any intent (a replay after a crash repeats some).
+    var repeats: Int { byIntent.values.reduce(0) { $0 + $1 - 1 } }
+
+    /// Expects exactly one outcome for every intent in `intents` (partition → how many records
+    /// the intents topic holds), none for anything else, and no intent answered twice —
+    /// `unanswered` of them may have none (parked, or cut off by a shutdown).
+    func expectOneEach(of intents: [Int: Int], unanswered: Int = 0, sourceLocation: SourceLocation = #_sourceLocation) {
+        let twice = byIntent.filter { $0.value > 1 }.keys.sorted { ($0.partition, $0.offset) < ($1.partition, $1.offset) }
+        #expect(twice.isEmpty, "intents answered more than once: \(twice)", sourceLocation: sourceLocation)
+        let expected = Set(intents.flatMap { partition, count in (0..<count).map { IntentPosition(partition: partition, offset: $0) } })
+        let stray = Set(byIntent.keys).subtracting(expected)
+        #expect(stray.isEmpty, "outcomes for no intent on the topic: \(stray)", sourceLocation: sourceLocation)
+        let missing = expected.subtracting(byIntent.keys).count
+        #expect(missing == unanswered, "\(missing) intents without an outcome, expected \(unanswered)", sourceLocation: sourceLocation)
+    }
+}
+
+extension RelayHarness {
+    /// How many records each partition of the intents topic holds (its high watermarks).
+    func intentsPerPartition() async throws -> [Int: Int] {
+        let reader = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "watermarks-\(UUID())", topics: [])
+        defer { Task { await reader.close() } }
+        let highs = try await reader.highWatermarks((0..<4).map { TopicPartition(topic: intentsTopic, partition: $0) })
+        return Dictionary(uniqueKeysWithValues: highs.map { (Int($0.key.partition), Int($0.value)) })
+    }
+
+    /// Stops the relay, then reads the outcomes topic to its end and expects exactly one outcome,
+    /// valid by the schema, for every intent on the intents topic (`unanswered` of them may have
+    /// none), and as many outcomes as the relay counted as published. Returns them.
+    @discardableResult
+    func stopExpectingOneOutcomeEach(unanswered: Int = 0,
+                                     sourceLocation: SourceLocation = #_sourceLocation) async throws -> [[String: Any]] {
+        let published = await stopCountingOutcomes()
+        let log = try await OutcomeLog.read(cluster.bootstrapServers, outcomesTopic, sourceLocation: sourceLocation)
+        log.expectOneEach(of: try await intentsPerPartition(), unanswered: unanswered, sourceLocation: sourceLocation)
+        #expect(log.outcomes.count == published, "the topic holds \(log.outcomes.count) outcomes, the relay published \(published)",
+                sourceLocation: sourceLocation)
+        return log.outcomes
+    }
+}
