@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-@Suite("The Grafana dashboard")
+@Suite("The Grafana dashboard", .timeLimit(.minutes(1)))
 struct DashboardTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()

@@ -1,0 +1,19 @@
+import Foundation
+import Testing
+
+@Suite("Relay processes of failed tests", .timeLimit(.minutes(1)))
+struct RelayProcessTeardownTests {
+    /// A test that throws before it stopped its relay process releases it: the process is
+    /// killed and reaped, not left running after the tests.
+    @Test func aReleasedRelayProcessIsKilled() async throws {
+        let harness = try await ProcessHarness.start()
+        var relay: RelayProcess? = try RelayProcess.start(config: try writeConfig(harness: harness))
+        let pid = try #require(relay?.process.pid)
+        #expect(kill(pid, 0) == 0)
+        relay = nil
+        // Reaped: the pid names no process (not even a zombie) any more.
+        #expect(kill(pid, 0) == -1 && errno == ESRCH)
+        _ = relay
+        await harness.simulator.stop()
+    }
+}
