@@ -65,13 +65,30 @@ struct OutcomeLog {
     }
 }
 
-extension RelayHarness {
-    /// How many records each partition of the intents topic holds (its high watermarks).
+/// How many records each partition of a four-partition topic holds (its high watermarks).
+func recordsPerPartition(_ bootstrapServers: String, _ topic: String) async throws -> [Int: Int] {
+    let reader = try KafkaConsumer(bootstrapServers: bootstrapServers, groupID: "watermarks-\(UUID())", topics: [])
+    defer { Task { await reader.close() } }
+    let highs = try await reader.highWatermarks((0..<4).map { TopicPartition(topic: topic, partition: $0) })
+    return Dictionary(uniqueKeysWithValues: highs.map { (Int($0.key.partition), Int($0.value)) })
+}
+
+extension ProcessHarness {
+    /// Every outcome on the outcomes topic, read to its end, each checked against the schema.
+    func outcomeLog(sourceLocation: SourceLocation = #_sourceLocation) async throws -> OutcomeLog {
+        try await OutcomeLog.read(cluster.bootstrapServers, outcomesTopic, sourceLocation: sourceLocation)
+    }
+
+    /// How many intents each partition of the intents topic holds.
     func intentsPerPartition() async throws -> [Int: Int] {
-        let reader = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "watermarks-\(UUID())", topics: [])
-        defer { Task { await reader.close() } }
-        let highs = try await reader.highWatermarks((0..<4).map { TopicPartition(topic: intentsTopic, partition: $0) })
-        return Dictionary(uniqueKeysWithValues: highs.map { (Int($0.key.partition), Int($0.value)) })
+        try await recordsPerPartition(cluster.bootstrapServers, intentsTopic)
+    }
+}
+
+extension RelayHarness {
+    /// How many intents each partition of the intents topic holds.
+    func intentsPerPartition() async throws -> [Int: Int] {
+        try await recordsPerPartition(cluster.bootstrapServers, intentsTopic)
     }
 
     /// Stops the relay, then reads the outcomes topic to its end and expects exactly one outcome,
