@@ -39,6 +39,8 @@ let package = Package(
         // OTLP/HTTP only: the gRPC exporter's packages add about 76 s more to a first build on
         // two cores, over the 107 s these take (docs/operations.md, "Tracing").
         .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
+        // Tests only: property-based checks with shrinking and reproducible seeds.
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         // C protocol engines, from Debian's -dev packages.
@@ -246,6 +248,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict),
         // Helpers the test targets share.
@@ -294,6 +297,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: strict),
     ],

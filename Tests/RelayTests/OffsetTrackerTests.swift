@@ -1,4 +1,5 @@
 import Kafka
+import PropertyBased
 @testable import Relay
 import Testing
 
@@ -20,54 +21,40 @@ struct OffsetTrackerTests {
     }
 
     /// Whatever order offsets finish in, the committable position never passes an unfinished
-    /// offset, and it reaches the last one once all finished.
-    @Test(arguments: 0..<200)
-    func neverPassesAnUnfinishedOffsetWhateverTheFinishOrder(seed: Int) {
-        var random = SplitMix(seed: UInt64(seed))
-        let count = Int(random.next() % 50) + 1
-        var offsets: [Int64] = []
-        var next = Int64(random.next() % 1000)
-        for _ in 0..<count {
-            offsets.append(next)
-            next += Int64(random.next() % 3) + 1   // gaps, as compacted or transactional topics have
-        }
-        var tracker = OffsetTracker()
-        for offset in offsets { tracker.started(offset) }
-        var order = offsets
-        for index in order.indices.reversed() {
-            order.swapAt(index, Int(random.next() % UInt64(index + 1)))
-        }
-        var finished = Set<Int64>()
-        var last: Int64?
-        for offset in order {
-            finished.insert(offset)
-            if let moved = tracker.finish(offset) {
-                #expect(last.map { moved > $0 } ?? true)
-                last = moved
+    /// offset, and it reaches the last one once all finished. Offsets start anywhere and have
+    /// gaps (as compacted or transactional topics have); the finish order comes from a random
+    /// rank per offset.
+    @Test func neverPassesAnUnfinishedOffsetWhateverTheFinishOrder() async {
+        await propertyCheck(count: 300, input: Gen.int64(in: 0...999), Gen.int64(in: 1...3).array(of: 1...50),
+                            Gen.int(in: 0...1000).array(of: 50...50)) { first, gaps, ranks in
+            var offsets: [Int64] = []
+            var next = first
+            for gap in gaps {
+                offsets.append(next)
+                next += gap
             }
-            if let committable = tracker.committable {
-                #expect(offsets.filter { $0 <= committable }.allSatisfy(finished.contains))
-                // And it is as far as it may go: the next offset is unfinished.
-                if let following = offsets.first(where: { $0 > committable }) { #expect(!finished.contains(following)) }
-            } else {
-                #expect(!finished.contains(offsets[0]))
+            var tracker = OffsetTracker()
+            for offset in offsets { tracker.started(offset) }
+            let order = offsets.indices.sorted { (ranks[$0], $0) < (ranks[$1], $1) }.map { offsets[$0] }
+            var finished = Set<Int64>()
+            var last: Int64?
+            for offset in order {
+                finished.insert(offset)
+                if let moved = tracker.finish(offset) {
+                    #expect(last.map { moved > $0 } ?? true)
+                    last = moved
+                }
+                if let committable = tracker.committable {
+                    #expect(offsets.filter { $0 <= committable }.allSatisfy(finished.contains))
+                    // And it is as far as it may go: the next offset is unfinished.
+                    if let following = offsets.first(where: { $0 > committable }) { #expect(!finished.contains(following)) }
+                } else {
+                    #expect(!finished.contains(offsets[0]))
+                }
             }
+            #expect(tracker.committable == offsets.last)
+            #expect(tracker.inFlight == 0)
         }
-        #expect(tracker.committable == offsets.last)
-        #expect(tracker.inFlight == 0)
-    }
-}
-
-/// A small deterministic generator for the property tests (SplitMix64).
-struct SplitMix {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 

@@ -1,4 +1,5 @@
 @testable import Relay
+import PropertyBased
 import Testing
 
 /// The per-device token bucket (`DevicePolicy.Bucket`, a GCRA arrival time) under random
@@ -6,17 +7,22 @@ import Testing
 /// never refuses a send it says is due.
 @Suite("Token bucket", .timeLimit(.minutes(3)))
 struct TokenBucketTests {
-    @Test(arguments: 0..<200)
-    func neverMoreThanBurstPlusTheRefillInAnyWindow(seed: Int) {
-        var random = SplitMix(seed: UInt64(seed))
-        let burst = Int(random.next() % 10) + 1
-        let limit = RelayConfiguration.Policy.RateLimit(burst: burst, refillPerSecond: 1000 / Double(random.next() % 2000 + 1))
+    @Test func neverMoreThanBurstPlusTheRefillInAnyWindow() async {
+        // Burst, refill interval (ms) and the gaps between arrivals, in eighths of the time a
+        // burst takes to refill (0: at once).
+        await propertyCheck(count: 200, input: Gen.int(in: 1...10), Gen.int(in: 1...2000), Gen.int(in: 0...8).array(of: 300...300)) { burst, every, gaps in
+            let limit = RelayConfiguration.Policy.RateLimit(burst: burst, refillPerSecond: 1000 / Double(every))
+            Self.check(limit, burst: burst, gaps: gaps)
+        }
+    }
+
+    static func check(_ limit: RelayConfiguration.Policy.RateLimit, burst: Int, gaps: [Int]) {
         let interval = limit.intervalMilliseconds
         var stored: Int64?
         var now: Int64 = 1_700_000_000_000
         var sends: [Int64] = []
-        for _ in 0..<300 {
-            now += Int64(random.next() % UInt64(interval * 3 / max(Int64(burst), 1) + 1))
+        for gap in gaps {
+            now += Int64(gap) * interval * 3 / max(Int64(burst), 1) / 8
             var bucket = DevicePolicy.Bucket(limit, stored: stored, now: now)
             if bucket.spend() {
                 sends.append(now)
