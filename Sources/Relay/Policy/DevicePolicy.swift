@@ -167,6 +167,10 @@ struct DevicePolicy: Sendable {
         case notYet(due: Int64)
         case claimed(Entry)
         case expired(Entry)
+        /// A parked entry behind the claim of another intent whose lease ran out (its relay
+        /// died, or the answer to its take was lost): that intent is older and unanswered, and
+        /// is taken first.
+        case behindAbandonedClaim(id: String)
     }
 
     /// Tries to take a due entry for sending; its index member first moves to the end of the
@@ -204,6 +208,9 @@ struct DevicePolicy: Sendable {
             return .notYet(due: due)
         case 3: return .claimed(try entry())
         case 4: return .expired(try entry())
+        case 5:
+            guard values.count == 2, let other = values[1].string else { throw .protocolError("take script answered \(replies[1])") }
+            return .behindAbandonedClaim(id: other)
         default: throw .protocolError("take script answered \(replies[1])")
         }
     }
@@ -224,13 +231,19 @@ struct DevicePolicy: Sendable {
                                                         RedisKeys.member(token: token, topic: topic, id: id)]))
     }
 
-    /// Ends a claim after its outcome was published, and drops its due-index member.
-    func release(partition: Int32, token: String, topic: String, id: String) async throws(RedisError) {
+    /// Ends a claim after its outcome was published, and drops its due-index member. An entry
+    /// parked behind the claim waited for it (its member stands at the claim's lease end): its
+    /// member moves up to its own due time, or now.
+    func release(partition: Int32, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
         let replies = try await client.pipelineLoading([Self.releaseScript], [
             RedisCommand.evalsha(Self.releaseScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.waiting(token: token, topic: topic)],
                                  arguments: [id]),
             RedisCommand("ZREM", [dueKey(partition: partition), RedisKeys.member(token: token, topic: topic, id: id)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
+        guard case .array(let parked) = replies[0], parked.count == 2, let next = parked[0].string, let due = parked[1].integer else { return }
+        // LT: only ever earlier (a member already due sooner stays); added when missing.
+        _ = try await client.send(RedisCommand("ZADD", [dueKey(partition: partition), "LT", max(due, now),
+                                                        RedisKeys.member(token: token, topic: topic, id: next)]))
     }
 }

@@ -79,7 +79,8 @@ extension RelayPipeline {
     func release(_ member: String, _ item: WorkItem) async {
         guard let policy, let parts = RedisKeys.parseMember(member) else { return }
         do throws(RedisError) {
-            try await policy.release(partition: item.partition.partition, token: parts.token, topic: parts.topic, id: parts.id)
+            try await policy.release(partition: item.partition.partition, token: parts.token, topic: parts.topic, id: parts.id,
+                                     now: nowMilliseconds())
         } catch {
             redisFailed(error)
         }
@@ -155,6 +156,14 @@ extension RelayPipeline {
                 // Not yet: the member moves to its new due time; stale: it goes.
                 let next: Int64? = if case .notYet(let next) = taken { next } else { nil }
                 _ = try? await policy.reindex(partition: partition, member: member, due: next)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            case .behindAbandonedClaim(let other):
+                // The abandoned claim's member (back in the index if it went missing) comes
+                // first; this one is asked again just after it, and moves up when its release
+                // ends that claim.
+                _ = try? await policy.ensureIndexed(partition: partition, token: parts.token, topic: parts.topic, id: other, now: now)
+                _ = try? await policy.reindex(partition: partition, member: member, due: now + 1)
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .answered(let entry, let record):

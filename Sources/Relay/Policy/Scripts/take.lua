@@ -2,9 +2,14 @@ local id, now, burst, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), 
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'pe', 'cid', 'c', 'ce', 'cu')
 local entry, expiration, parked
 if m[1] == id then
-    -- Another intent's claim still runs: one notification at a time per device and app.
-    local cu = tonumber(m[7]) or 0
-    if m[4] and m[4] ~= id and cu > now then return {2, cu} end
+    if m[4] and m[4] ~= id then
+        -- Another intent's claim still runs: one notification at a time per device and app.
+        local cu = tonumber(m[7]) or 0
+        if cu > now then return {2, cu} end
+        -- Its lease ran out (its relay died, or the answer to its take was lost): that intent
+        -- is older and unanswered. It goes first: the relay takes it, then this one.
+        return {5, m[4]}
+    end
     entry, expiration, parked = m[2], tonumber(m[3]) or 0, true
 elseif m[4] == id then
     -- A claim whose lease runs is another relay's (or an earlier take's): ask again at its end.
@@ -20,8 +25,6 @@ end
 -- The entry becomes this take's claim: it stays in the mailbox, under a lease, until its
 -- outcome is out (release); a relay that dies first leaves it to be taken again.
 local function claim()
-    -- A claim of another id whose lease ran out is replaced: its trace goes with it.
-    if m[4] and m[4] ~= id then redis.call('HDEL', KEYS[1], 't:' .. m[4]) end
     clear()
     redis.call('HSET', KEYS[1], 'cid', id, 'c', entry, 'ce', expiration, 'cu', now + tonumber(ARGV[5]))
     markWaiting(5)
