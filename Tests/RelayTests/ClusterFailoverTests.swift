@@ -57,10 +57,9 @@ struct ClusterFailoverTests {
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.dependencyProblems.contains { $0.contains("NOREPLICAS") } }
         try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
         // Alone it takes about 25 s; with the whole suite running on two cores, more than 60.
-        let outcomes = try await harness.outcomes(count: 3 * devices.count, timeout: .seconds(150))
+        let outcomes = try await harness.outcomes(distinct: 3 * devices.count, timeout: .seconds(150))
         let ids = outcomes.compactMap { $0["id"] as? String }
         #expect(Set(ids).count == 3 * devices.count, "missing: \(Set((0..<3).flatMap { r in devices.indices.map { "f-\(r)-\($0)" } }).subtracting(ids).sorted().prefix(10))")
-        #expect(ids.count == 3 * devices.count, "second outcomes for \(ids.count - Set(ids).count) intents")
         // Each device: the first round sent at once, the second parked and then displaced by
         // the third (its mailbox keeps the newest, `coalesced`) or sent, the third delivered.
         let status = Dictionary(outcomes.map { ($0["id"] as? String ?? "", $0["status"] as? String ?? "") }) { first, _ in first }
@@ -71,7 +70,13 @@ struct ClusterFailoverTests {
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
         try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
-        try await harness.stopExpectingOneOutcomeEach()
+        // Every intent answered. Redis replicates asynchronously: a write the killed master
+        // acknowledged but never passed on (a claim's release, say) is lost, and the intent is
+        // taken from its mailbox again, found answered and answered again — `duplicate`, never
+        // sent twice (docs/redis.md, "Standalone or Redis Cluster"). Those repeats are the only ones allowed.
+        await harness.stop()
+        let log = try await OutcomeLog.read(harness.cluster.bootstrapServers, harness.outcomesTopic)
+        log.expectOneEach(of: try await harness.intentsPerPartition(), repeatedOnlyAs: "duplicate")
     }
 
     /// 1,000 slots move to another master (`redis-cli --cluster reshard`) while intents flow:

@@ -58,5 +58,12 @@ struct OutcomeSchemaCheckTests {
         withKnownIssue("unanswered") { log([(0, 0, 1), (1, 0, 1)]).expectOneEach(of: intents) }
         withKnownIssue("for no intent") { log([(0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]).expectOneEach(of: intents) }
         #expect(log([(0, 0, 3), (1, 0, 1)]).repeats == 2)
+        // Repeats allowed only with a given status.
+        func answers(_ statuses: [String]) -> OutcomeLog {
+            OutcomeLog(outcomes: statuses.map { ["partition": 0, "offset": 0, "status": $0] },
+                       byIntent: [OutcomeLog.IntentPosition(partition: 0, offset: 0): statuses.count])
+        }
+        answers(["delivered", "duplicate"]).expectOneEach(of: [0: 1], repeatedOnlyAs: "duplicate")
+        withKnownIssue("repeated as delivered") { answers(["delivered", "delivered"]).expectOneEach(of: [0: 1], repeatedOnlyAs: "duplicate") }
     }
 }
