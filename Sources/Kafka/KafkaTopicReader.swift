@@ -19,6 +19,16 @@ public final class KafkaTopicReader: Sendable {
 
     private struct State {
         var next: [Int32: Int64]
+        var lastError: String?
+    }
+
+    /// What a timed-out read says about where it stood.
+    private var progress: String {
+        state.withLock { state in
+            guard let state else { return "no partitions assigned" }
+            let positions = state.next.sorted { $0.key < $1.key }.map { "[\($0.key)]@\($0.value)" }.joined(separator: " ")
+            return "next offsets \(positions)" + (state.lastError.map { ", last error: \($0)" } ?? "")
+        }
     }
 
     /// Only configures the client; the first read asks for the topic's partitions.
@@ -57,7 +67,7 @@ public final class KafkaTopicReader: Sendable {
                     if !batch.isEmpty, enough(batch, messages.count) { return messages }
                     if ContinuousClock.now >= deadline {
                         throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
-                                         message: "read \(topic): \(messages.count) records in \(timeout), not enough", isRetriable: true)
+                                         message: "read \(topic): \(messages.count) records in \(timeout), not enough; \(progress)", isRetriable: true)
                     }
                 }
             }
@@ -85,7 +95,7 @@ public final class KafkaTopicReader: Sendable {
                 while !reached(ends) {
                     guard ContinuousClock.now < deadline else {
                         throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
-                                         message: "read \(topic) to its end: \(messages.count) records in \(timeout), short of \(ends)",
+                                         message: "read \(topic) to its end: \(messages.count) records in \(timeout), short of \(ends); \(progress)",
                                          isRetriable: true)
                     }
                     messages += try poll(deadline: deadline)
@@ -120,7 +130,7 @@ public final class KafkaTopicReader: Sendable {
             withPartitionList(partitions, offsets: partitions.map { _ in Int64(RD_KAFKA_OFFSET_BEGINNING) }) { rd_kafka_assign(rk, $0) }
         }
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "assign \(topic)") }
-        state.withLock { $0 = State(next: Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, 0) })) }
+        state.withLock { $0 = State(next: Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, 0) }), lastError: nil) }
     }
 
     private func partitionCount(deadline: ContinuousClock.Instant) throws(KafkaError) -> Int {
@@ -154,8 +164,13 @@ public final class KafkaTopicReader: Sendable {
             while batch.count < 500, let message = rd_kafka_consumer_poll(rk, timeout) {
                 timeout = 0
                 defer { rd_kafka_message_destroy(message) }
-                // Errors here are librdkafka's reports of what it retries on its own.
-                guard message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else { continue }
+                // Errors here are librdkafka's reports of what it retries on its own; the last
+                // one is named if the read times out.
+                guard message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                    let error = KafkaError(message.pointee.err)
+                    state.withLock { $0?.lastError = error.message }
+                    continue
+                }
                 batch.append(KafkaMessage(copying: message))
             }
         }

@@ -99,7 +99,10 @@ struct RelayHarness {
     }
 }
 
-struct OutcomesTimedOut: Error {}
+/// Not enough outcomes within a read's deadline; says what the read got.
+struct OutcomesTimedOut: Error, CustomStringConvertible {
+    var description: String
+}
 
 /// Reads `topic` from its start (partitions assigned by hand: no group join) until `enough`
 /// (called with each new batch and the number read so far) says so; throws ``OutcomesTimedOut``
@@ -113,7 +116,7 @@ func readTopic(_ bootstrapServers: String, _ topic: String, timeout: Duration = 
         return messages
     } catch {
         await reader.close()
-        throw error.code == KafkaError.timedOutCode ? OutcomesTimedOut() : error
+        throw error.code == KafkaError.timedOutCode ? OutcomesTimedOut(description: error.message) : error
     }
 }
 

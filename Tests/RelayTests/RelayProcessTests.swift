@@ -170,19 +170,8 @@ struct ProcessHarness {
 
     /// Every outcome event read (as published) until `distinct` intent ids were seen.
     func outcomes(distinct count: Int, timeout: Duration = .seconds(90)) async throws -> [String] {
-        let ids = Mutex(Set<String>())
-        let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic, timeout: timeout) { batch, _ in
-            ids.withLock { ids in
-                for message in batch {
-                    if let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
-                       let id = object["id"] as? String {
-                        ids.insert(id)
-                    }
-                }
-                return ids.count >= count
-            }
-        }
-        return messages.map { String(decoding: $0.value, as: UTF8.self) }
+        try await readOutcomes(cluster.bootstrapServers, outcomesTopic, distinct: count, timeout: timeout)
+            .map { String(decoding: $0.value, as: UTF8.self) }
     }
 
     func committedTotal() async throws -> Int64 {
@@ -508,8 +497,12 @@ struct CredentialReloadTests {
     static func waitForMetric(_ line: String, port: Int) async throws {
         let deadline = ContinuousClock.now + .seconds(60)
         // Not listening yet counts as not there yet.
-        while !((try? await httpGet(port: port, path: "/metrics")).map { hasMetricLine($0.body, line) } ?? false) {
-            guard ContinuousClock.now < deadline else { throw OutcomesTimedOut() }
+        var body = ""
+        while !((try? await httpGet(port: port, path: "/metrics")).map { body = $0.body; return hasMetricLine(body, line) } ?? false) {
+            guard ContinuousClock.now < deadline else {
+                let related = body.split(separator: "\n").filter { $0.hasPrefix(line.prefix { $0 != "{" && $0 != " " }) }
+                throw OutcomesTimedOut(description: "no metric line \(line) within 60 s; last seen: \(related)")
+            }
             try await Task.sleep(for: .milliseconds(200))
         }
     }
