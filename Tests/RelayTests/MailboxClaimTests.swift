@@ -30,7 +30,7 @@ struct MailboxClaimTests {
                                   "ce", expiration, "cu", now - 1,
                                   "pid", parked, "p", MailboxRepairTests.entry(intent(parked, token: token), expiration: expiration),
                                   "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: topic), "\(parked.utf8.count):\(parked)"]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: topic), "\(parked.utf8.count):\(parked)\(claimed)"]),
             RedisCommand("ZADD", [due, 0, RedisKeys.member(token: token, topic: topic, id: claimed),
                                   0, RedisKeys.member(token: token, topic: topic, id: parked)]),
         ])

@@ -171,6 +171,9 @@ struct DevicePolicy: Sendable {
         /// died, or the answer to its take was lost): that intent is older and unanswered, and
         /// is taken first.
         case behindAbandonedClaim(id: String)
+        /// A parked entry behind another intent's claim that still runs, until `until` (the end
+        /// of that claim's lease) at the latest: the claim's release moves it up.
+        case behindClaim(until: Int64)
     }
 
     /// Tries to take a due entry for sending; its index member first moves to the end of the
@@ -211,13 +214,17 @@ struct DevicePolicy: Sendable {
         case 5:
             guard values.count == 2, let other = values[1].string else { throw .protocolError("take script answered \(replies[1])") }
             return .behindAbandonedClaim(id: other)
+        case 6:
+            guard values.count == 2, let until = values[1].integer else { throw .protocolError("take script answered \(replies[1])") }
+            return .behindClaim(until: until)
         default: throw .protocolError("take script answered \(replies[1])")
         }
     }
 
-    /// Moves a member to a new due time, or removes it (nil).
-    func reindex(partition: Int32, member: String, due: Int64?) async throws(RedisError) {
-        let command = due.map { RedisCommand("ZADD", [dueKey(partition: partition), $0, member]) }
+    /// Moves a member to a new due time, or removes it (nil); with `onlyEarlier`, only if that
+    /// is earlier than where it stands (`ZADD LT`: a move up made meanwhile stays).
+    func reindex(partition: Int32, member: String, due: Int64?, onlyEarlier: Bool = false) async throws(RedisError) {
+        let command = due.map { RedisCommand("ZADD", [dueKey(partition: partition)] + (onlyEarlier ? ["LT"] : []) + [$0, member]) }
             ?? RedisCommand("ZREM", [dueKey(partition: partition), member])
         _ = try await client.send(command)
     }

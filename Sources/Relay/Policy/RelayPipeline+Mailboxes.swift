@@ -159,11 +159,17 @@ extension RelayPipeline {
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .behindAbandonedClaim(let other):
-                // The abandoned claim's member (back in the index if it went missing) comes
-                // first; this one is asked again just after it, and moves up when its release
-                // ends that claim.
+                // The abandoned claim's member (back in the index if it went missing) is taken
+                // first. This one stays where the take put it, at the lease's end: the claim's
+                // release moves it up (a plain reindex here could undo that move, had the
+                // release come first).
                 _ = try? await policy.ensureIndexed(partition: partition, token: parts.token, topic: parts.topic, id: other, now: now)
-                _ = try? await policy.reindex(partition: partition, member: member, due: now + 1)
+                state.withLock { _ = $0.mailboxJobs.remove(member) }
+                continue
+            case .behindClaim(let until):
+                // At the claim's lease end at the latest (the take moved it a little later), and
+                // earlier once the claim's release moved it up — which may have come first.
+                _ = try? await policy.reindex(partition: partition, member: member, due: until, onlyEarlier: true)
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .answered(let entry, let record):

@@ -4,8 +4,10 @@ local entry, expiration, parked
 if m[1] == id then
     if m[4] and m[4] ~= id then
         -- Another intent's claim still runs: one notification at a time per device and app.
+        -- This entry waits for its release (which moves the entry's index member up), at the
+        -- latest for its lease's end.
         local cu = tonumber(m[7]) or 0
-        if cu > now then return {2, cu} end
+        if cu > now then return {6, cu} end
         -- Its lease ran out (its relay died, or the answer to its take was lost): that intent
         -- is older and unanswered. It goes first: the relay takes it, then this one.
         return {5, m[4]}
