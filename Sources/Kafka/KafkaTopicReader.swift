@@ -9,13 +9,16 @@ import Synchronization
 /// assignment), no rebalance and no commit. For reading what a topic holds — up to its end as it
 /// is now, or until enough arrived — not for consuming it as a worker does.
 ///
-/// Reads continue where the previous one stopped. Each read polls on a thread of its own, never
-/// on the caller's executor, and gives up at its deadline.
+/// Reads continue where the previous one stopped, one at a time (a second waits for the first).
+/// Each read polls on a thread of its own, never on the caller's executor, and gives up at its
+/// deadline.
 public final class KafkaTopicReader: Sendable {
     public let topic: String
     private let handle: KafkaHandle
     /// The partitions (from the topic's metadata) and the next offset of each, once assigned.
     private let state = Mutex<State?>(nil)
+    /// Held for a whole read: reads share the assignment and the positions.
+    private let reading = Mutex(())
 
     private struct State {
         var next: [Int32: Int64]
@@ -42,6 +45,9 @@ public final class KafkaTopicReader: Sendable {
             "enable.auto.commit": "false",
             "enable.auto.offset.store": "false",
             "enable.partition.eof": "false",
+            // An offset the topic no longer has (retention, compaction) reads on from the
+            // oldest it has, never silently from its end.
+            "auto.offset.reset": "earliest",
         ]
         settings.merge(properties) { _, given in given }
         let builder = try KafkaConfigBuilder(settings)
@@ -58,7 +64,7 @@ public final class KafkaTopicReader: Sendable {
                      until enough: @escaping @Sendable (_ batch: [KafkaMessage], _ total: Int) -> Bool) async throws(KafkaError) -> [KafkaMessage] {
         let deadline = ContinuousClock.now + timeout
         return try await runBlocking { [self] in
-            Result { () throws(KafkaError) -> [KafkaMessage] in
+            Result { () throws(KafkaError) -> [KafkaMessage] in try reading.withLock { _ throws(KafkaError) in
                 try assignIfNeeded(deadline: deadline)
                 var messages: [KafkaMessage] = []
                 while true {
@@ -70,7 +76,7 @@ public final class KafkaTopicReader: Sendable {
                                          message: "read \(topic): \(messages.count) records in \(timeout), not enough; \(progress)", isRetriable: true)
                     }
                 }
-            }
+            } }
         }.get()
     }
 
@@ -79,7 +85,7 @@ public final class KafkaTopicReader: Sendable {
     public func readToEnd(timeout: Duration) async throws(KafkaError) -> [KafkaMessage] {
         let deadline = ContinuousClock.now + timeout
         return try await runBlocking { [self] in
-            Result { () throws(KafkaError) -> [KafkaMessage] in
+            Result { () throws(KafkaError) -> [KafkaMessage] in try reading.withLock { _ throws(KafkaError) in
                 try assignIfNeeded(deadline: deadline)
                 let partitions = state.withLock { $0?.next.keys.sorted() ?? [] }
                 var ends: [Int32: Int64] = [:]
@@ -101,7 +107,7 @@ public final class KafkaTopicReader: Sendable {
                     messages += try poll(deadline: deadline)
                 }
                 return messages
-            }
+            } }
         }.get()
     }
 
@@ -141,17 +147,19 @@ public final class KafkaTopicReader: Sendable {
             defer { rd_kafka_topic_destroy(topicHandle) }
             while true {
                 var metadata: UnsafePointer<rd_kafka_metadata>?
-                let error = rd_kafka_metadata(rk, 0, topicHandle, &metadata, remainingMilliseconds(deadline))
-                guard error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else { throw KafkaError(error, context: "metadata of \(topic)") }
-                defer { rd_kafka_metadata_destroy(metadata) }
-                let described = metadata.pointee.topic_cnt > 0 ? metadata.pointee.topics[0] : nil
-                if let described, described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 {
-                    return Int(described.partition_cnt)
+                var error = rd_kafka_metadata(rk, 0, topicHandle, &metadata, remainingMilliseconds(deadline))
+                if error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata {
+                    defer { rd_kafka_metadata_destroy(metadata) }
+                    let described = metadata.pointee.topic_cnt > 0 ? metadata.pointee.topics[0] : nil
+                    if let described, described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 {
+                        return Int(described.partition_cnt)
+                    }
+                    error = described?.err ?? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC
                 }
-                guard ContinuousClock.now < deadline else {
-                    throw KafkaError(described?.err ?? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC, context: "metadata of \(topic)")
-                }
-                usleep(50_000)  // A topic being created: its leaders are not known yet.
+                // Asked again until the deadline: a topic being created (its leaders not known
+                // yet), a broker not reachable yet.
+                guard ContinuousClock.now < deadline else { throw KafkaError(error, context: "metadata of \(topic)") }
+                usleep(50_000)
             }
         }
     }

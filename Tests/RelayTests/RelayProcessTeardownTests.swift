@@ -12,7 +12,8 @@ struct RelayProcessTeardownTests {
         #expect(kill(pid, 0) == 0)
         relay = nil
         // Reaped: the pid names no process (not even a zombie) any more.
-        #expect(kill(pid, 0) == -1 && errno == ESRCH)
+        let signalled = kill(pid, 0), error = errno
+        #expect(signalled == -1 && error == ESRCH)
         _ = relay
         await harness.simulator.stop()
     }
