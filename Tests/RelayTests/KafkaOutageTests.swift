@@ -11,13 +11,15 @@ struct KafkaOutageTests {
     /// stay in flight and uncommitted, none is sent to APNs again, and once Kafka takes
     /// outcomes again each gets its one outcome and everything is committed.
     @Test func kafkaOutageLosesNothing() async throws {
-        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(1000) },
+        // APNs takes 3 s: all 100 of the second round are in flight at once even when consuming
+        // and sending them takes a loaded machine a second or two.
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(3000) },
                                                    configureRelay: { $0.kafka.properties["message.timeout.ms"] = "1000" })
         for index in 0..<100 { try await harness.produce(intent("before-\(index)", token: hexToken(index)), key: hexToken(index)) }
         _ = try await harness.outcomes(count: 100)
         try await waitUntil(timeout: .seconds(20), asking: { ((try? await harness.committedTotal()) ?? 0) == 100 })
 
-        // 100 more, all with APNs (a second each) when the outage starts.
+        // 100 more, all with APNs (3 s each) when the outage starts.
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<100).map {
             (Array(hexToken(500 + $0).utf8), Array(intent("during-\($0)", token: hexToken(500 + $0)).utf8))
         })

@@ -112,13 +112,19 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
     return path
 }
 
-/// A TCP port nothing listens on right now.
+/// A TCP port nothing listens on right now, and never handed out before in this test process:
+/// tests running at once could otherwise get the same one (the kernel may give a just-closed
+/// port out again), and one test's relay would answer the other's /metrics.
 func freePort() throws -> Int {
-    let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
-    let port = socket.localAddress!.port!
-    try socket.close().wait()
-    return port
+    while true {
+        let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+        let port = socket.localAddress!.port!
+        try socket.close().wait()
+        if handedOutPorts.withLock({ $0.insert(port).inserted }) { return port }
+    }
 }
+
+private let handedOutPorts = Mutex(Set<Int>())
 
 struct ProcessHarness {
     let cluster: KafkaMockCluster
