@@ -86,17 +86,7 @@ public final class KafkaTopicReader: Sendable {
         let deadline = ContinuousClock.now + timeout
         return try await runBlocking { [self] in
             Result { () throws(KafkaError) -> [KafkaMessage] in try reading.withLock { _ throws(KafkaError) in
-                try assignIfNeeded(deadline: deadline)
-                let partitions = state.withLock { $0?.next.keys.sorted() ?? [] }
-                var ends: [Int32: Int64] = [:]
-                try handle.withHandle { rk throws(KafkaError) in
-                    for partition in partitions {
-                        var low: Int64 = 0, high: Int64 = 0
-                        let error = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, remainingMilliseconds(deadline))
-                        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "watermarks of \(topic) [\(partition)]") }
-                        ends[partition] = high
-                    }
-                }
+                let ends = try endOffsets(deadline: deadline)
                 var messages: [KafkaMessage] = []
                 while !reached(ends) {
                     guard ContinuousClock.now < deadline else {
@@ -109,6 +99,32 @@ public final class KafkaTopicReader: Sendable {
                 return messages
             } }
         }.get()
+    }
+
+    /// Where every partition of the topic ends now (its high watermark: the offset the next
+    /// record will get, so the number of records it ever held).
+    public func ends(timeout: Duration) async throws(KafkaError) -> [Int32: Int64] {
+        let deadline = ContinuousClock.now + timeout
+        return try await runBlocking { [self] in
+            Result { () throws(KafkaError) -> [Int32: Int64] in try reading.withLock { _ throws(KafkaError) in
+                try endOffsets(deadline: deadline)
+            } }
+        }.get()
+    }
+
+    private func endOffsets(deadline: ContinuousClock.Instant) throws(KafkaError) -> [Int32: Int64] {
+        try assignIfNeeded(deadline: deadline)
+        let partitions = state.withLock { $0?.next.keys.sorted() ?? [] }
+        var ends: [Int32: Int64] = [:]
+        try handle.withHandle { rk throws(KafkaError) in
+            for partition in partitions {
+                var low: Int64 = 0, high: Int64 = 0
+                let error = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, remainingMilliseconds(deadline))
+                guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "watermarks of \(topic) [\(partition)]") }
+                ends[partition] = high
+            }
+        }
+        return ends
     }
 
     /// Whether every partition's next offset (or librdkafka's position, which also moves past

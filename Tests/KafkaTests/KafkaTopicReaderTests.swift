@@ -18,6 +18,10 @@ struct KafkaTopicReaderTests {
         #expect(first.count == 30)
         #expect(Set(first.map { String(decoding: $0.value, as: UTF8.self) }) == Set((0..<30).map { "v\($0)" }))
         #expect(Set(first.map(\.partition)).count > 1)
+        // Its ends: one offset per record, per partition.
+        let ends = try await reader.ends(timeout: .seconds(20))
+        #expect(ends.count == 3 && ends.values.reduce(0, +) == 30)
+        #expect(ends.allSatisfy { partition, end in Int64(first.filter { $0.partition == partition }.count) == end })
         // At the end already: nothing more, at once.
         #expect(try await reader.readToEnd(timeout: .seconds(20)).isEmpty)
 

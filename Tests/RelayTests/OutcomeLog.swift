@@ -105,12 +105,19 @@ extension RelayHarness {
     }
 }
 
-/// How many records each partition of a four-partition topic holds (its high watermarks).
+/// How many records each partition of a topic holds (its end offsets; the topics here are
+/// written without transactions, so every offset is a record).
 func recordsPerPartition(_ bootstrapServers: String, _ topic: String) async throws -> [Int: Int] {
-    let reader = try KafkaConsumer(bootstrapServers: bootstrapServers, groupID: "watermarks-\(UUID())", topics: [])
-    defer { Task { await reader.close() } }
-    let highs = try await reader.highWatermarks((0..<4).map { TopicPartition(topic: topic, partition: $0) })
-    return Dictionary(uniqueKeysWithValues: highs.map { (Int($0.key.partition), Int($0.value)) })
+    let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic)
+    let ends: [Int32: Int64]
+    do {
+        ends = try await reader.ends(timeout: .seconds(20))
+        await reader.close()
+    } catch {
+        await reader.close()
+        throw error
+    }
+    return Dictionary(uniqueKeysWithValues: ends.map { (Int($0.key), Int($0.value)) })
 }
 
 extension ProcessHarness {
