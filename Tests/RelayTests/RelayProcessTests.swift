@@ -499,18 +499,23 @@ struct SecretsTests {
 
 @Suite("Credentials change without a restart", .timeLimit(.minutes(3)))
 struct CredentialReloadTests {
-    /// Polls /metrics until it holds `line` as a whole line (``hasMetricLine(_:_:)``).
+    /// Polls /metrics until it holds `line` as a whole line (``hasMetricLine(_:_:)``); not
+    /// listening yet counts as not there yet. Times out after 60 s naming what it saw instead.
     static func waitForMetric(_ line: String, port: Int) async throws {
-        let deadline = ContinuousClock.now + .seconds(60)
-        // Not listening yet counts as not there yet.
         var body = ""
-        while !((try? await httpGet(port: port, path: "/metrics")).map { body = $0.body; return hasMetricLine(body, line) } ?? false) {
-            guard ContinuousClock.now < deadline else {
-                let related = body.split(separator: "\n").filter { $0.hasPrefix(line.prefix { $0 != "{" && $0 != " " }) }
-                throw OutcomesTimedOut(description: "no metric line \(line) within 60 s; last seen: \(related)")
-            }
-            try await Task.sleep(for: .milliseconds(200))
+        do {
+            try await waitUntil(timeout: .seconds(60), asking: {
+                body = (try? await httpGet(port: port, path: "/metrics"))?.body ?? ""
+                return hasMetricLine(body, line)
+            })
+        } catch {
+            let related = body.split(separator: "\n").filter { $0.hasPrefix(line.prefix { $0 != "{" && $0 != " " }) }
+            throw MetricNotSeen(description: "no metric line \(line) within 60 s; last seen: \(related)")
         }
+    }
+
+    struct MetricNotSeen: Error, CustomStringConvertible {
+        var description: String
     }
 
     /// A change that loads but that librdkafka or the Redis URL parser refuses leaves the
