@@ -30,7 +30,9 @@ struct ParkReplicationTests {
 
     @Test func aParkCountsOnceItsReplicaHasItAndWaitsWhileNoneAnswers() async throws {
         let (primary, replica) = try await Self.primaryWithReplica()
-        let harness = try await PolicyTests.harness(primary, burst: 1, refill: 1, configure: { $0.redis.parkMinReplicas = 1 })
+        // One token per 5 s: the second intent at a device parks even when the relay takes its
+        // time between the two (with one per second, a loaded machine let it go out directly).
+        let harness = try await PolicyTests.harness(primary, burst: 1, refill: 0.2, configure: { $0.redis.parkMinReplicas = 1 })
         // A second intent at a device with one token parks, its replica acknowledges, it goes out.
         let first = hexToken(0x5a)
         try await harness.produce(intent("sent-1", token: first), key: first)
