@@ -61,6 +61,7 @@ extension KafkaMessage {
                   value: record.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: record.len)) } ?? [],
                   timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp,
                   headers: Kafka.headers(of: message))
+        hasNullValue = record.payload == nil
     }
 }
 

@@ -28,7 +28,10 @@ public struct KafkaMessage: Sendable {
     public var partition: Int32
     public var offset: Int64
     public var key: [UInt8]?
+    /// Empty for a null value too (``hasNullValue`` tells them apart).
     public var value: [UInt8]
+    /// The record's value is null: a tombstone, on a compacted topic.
+    public var hasNullValue = false
     /// Milliseconds since the epoch, when the broker or producer set one.
     public var timestamp: Int64?
     /// The record's headers, in order (a name may repeat).

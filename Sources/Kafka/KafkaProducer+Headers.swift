@@ -4,7 +4,7 @@ extension KafkaProducer {
     /// Hands one record with headers to librdkafka (`rd_kafka_produceva`: `rd_kafka_produce`
     /// takes none). Value, key and headers are copied by librdkafka before this returns. Nil
     /// when it took the record; the error otherwise (the caller releases `opaque`).
-    static func produceWithHeaders(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader],
+    static func produceWithHeaders(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader],
                                    opaque: UnsafeMutableRawPointer, topic: String) -> KafkaError? {
         // Every header's name (NUL-terminated) and value in one buffer, so that one pointer
         // stays valid for the whole call.
@@ -19,7 +19,7 @@ extension KafkaProducer {
             layout.append((name, value, header.value?.count ?? -1))
         }
         return storage.withUnsafeBytes { store in
-            value.withUnsafeBytes { valueBytes in
+            withOptionalBytes(value) { valueBytes in
                 withOptionalBytes(key) { keyBytes in
                     var fields = [rd_kafka_vu_t](repeating: rd_kafka_vu_t(), count: 6 + headers.count)
                     fields[0].vtype = RD_KAFKA_VTYPE_RKT
@@ -27,8 +27,8 @@ extension KafkaProducer {
                     fields[1].vtype = RD_KAFKA_VTYPE_PARTITION
                     fields[1].u.i32 = RD_KAFKA_PARTITION_UA
                     fields[2].vtype = RD_KAFKA_VTYPE_VALUE
-                    fields[2].u.mem.ptr = UnsafeMutableRawPointer(mutating: valueBytes.baseAddress)
-                    fields[2].u.mem.size = valueBytes.count
+                    fields[2].u.mem.ptr = valueBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }
+                    fields[2].u.mem.size = valueBytes?.count ?? 0
                     fields[3].vtype = RD_KAFKA_VTYPE_KEY
                     fields[3].u.mem.ptr = keyBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }
                     fields[3].u.mem.size = keyBytes?.count ?? 0

@@ -83,20 +83,30 @@ public final class KafkaTopicReader: Sendable {
     /// Reads up to the end of every partition as it is when the call starts (its high
     /// watermarks). Throws a timed-out ``KafkaError`` if that takes longer than `timeout`.
     public func readToEnd(timeout: Duration) async throws(KafkaError) -> [KafkaMessage] {
+        let collected = Mutex<[KafkaMessage]>([])
+        try await readToEnd(timeout: timeout) { batch in collected.withLock { $0 += batch } }
+        return collected.withLock { $0 }
+    }
+
+    /// ``readToEnd(timeout:)`` one batch at a time: `each` gets every batch as it is read (on the
+    /// reading thread), and nothing is kept here, so a topic of any size is read in bounded
+    /// memory.
+    public func readToEnd(timeout: Duration, each: @escaping @Sendable (_ batch: [KafkaMessage]) -> Void) async throws(KafkaError) {
         let deadline = ContinuousClock.now + timeout
-        return try await runBlocking { [self] in
-            Result { () throws(KafkaError) -> [KafkaMessage] in try reading.withLock { _ throws(KafkaError) in
+        try await runBlocking { [self] in
+            Result { () throws(KafkaError) in try reading.withLock { _ throws(KafkaError) in
                 let ends = try endOffsets(deadline: deadline)
-                var messages: [KafkaMessage] = []
+                var count = 0
                 while !reached(ends) {
                     guard ContinuousClock.now < deadline else {
                         throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
-                                         message: "read \(topic) to its end: \(messages.count) records in \(timeout), short of \(ends); \(progress)",
+                                         message: "read \(topic) to its end: \(count) records in \(timeout), short of \(ends); \(progress)",
                                          isRetriable: true)
                     }
-                    messages += try poll(deadline: deadline)
+                    let batch = try poll(deadline: deadline)
+                    count += batch.count
+                    if !batch.isEmpty { each(batch) }
                 }
-                return messages
             } }
         }.get()
     }
