@@ -11,5 +11,6 @@ struct APNsRelayCommand: AsyncParsableCommand {
         abstract: "Delivers Apple push notifications over HTTP/2.",
         discussion: "Demo, simulator and benchmarks: apns-relay-dev.",
         version: "apns-relay \(BuildInfo.description)",
-        subcommands: [RunCommand.self, CheckConfigCommand.self, SendCommand.self, JWTCommand.self, InspectCommand.self])
+        subcommands: [RunCommand.self, CheckConfigCommand.self, SendCommand.self, JWTCommand.self, InspectCommand.self,
+                      InvalidationsCommand.self])
 }

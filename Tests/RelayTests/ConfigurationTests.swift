@@ -18,6 +18,7 @@ struct ConfigurationTests {
         #expect(configuration.kafka.groupID == "apns-relay")
         #expect(configuration.kafka.intentsTopic == "apns.intents")
         #expect(configuration.kafka.outcomesTopic == "apns.outcomes")
+        #expect(configuration.kafka.invalidationsTopic == "")
         #expect(configuration.apns.endpoint == "production")
         #expect(configuration.apns.connections == 2)
         #expect(configuration.limits.maxInFlight == 10_000)
@@ -279,6 +280,23 @@ struct ConfigurationTests {
         }
         #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: "kafka: [unclosed", environment: [:]) }
         #expect(throws: ConfigurationError.self) { try RelayConfiguration.load(file: "/nonexistent.yaml", environment: [:]) }
+    }
+
+    /// The three topics are three: an outcome or an invalidation record written to the intents
+    /// topic would come back as an intent. The invalidations topic is off unless named.
+    @Test func eachTopicIsATopicOfItsOwn() throws {
+        for (yaml, key) in [("kafka: {intents_topic: a, outcomes_topic: a}", "kafka.outcomes_topic"),
+                            ("kafka: {intents_topic: a, outcomes_topic: b, invalidations_topic: a}", "kafka.invalidations_topic"),
+                            ("kafka: {intents_topic: a, outcomes_topic: b, invalidations_topic: b}", "kafka.invalidations_topic")] {
+            let error = try #require(throws: ConfigurationError.self) { try RelayConfiguration.load(yaml: yaml, environment: [:]) }
+            #expect(error.issues.map(\.key) == [key], "\(yaml)")
+        }
+        let on = try RelayConfiguration.load(yaml: "kafka: {invalidations_topic: apns.invalidations}", environment: [:])
+        #expect(on.kafka.invalidationsTopic == "apns.invalidations")
+        #expect(on.redactedYAML.contains(#"invalidations_topic: "apns.invalidations""#))
+        let overridden = try RelayConfiguration.load(yaml: "kafka: {invalidations_topic: apns.invalidations}",
+                                                     environment: ["APNS_RELAY_KAFKA_INVALIDATIONS_TOPIC": ""])
+        #expect(overridden.kafka.invalidationsTopic == "")
     }
 
     /// librdkafka settings that would break at-least-once are refused, with what is allowed,

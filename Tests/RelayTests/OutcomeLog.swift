@@ -23,15 +23,7 @@ struct OutcomeLog {
     /// Reads the topic to its end; records an issue for every outcome the schema refuses.
     static func read(_ bootstrapServers: String, _ topic: String, timeout: Duration = .seconds(60),
                      sourceLocation: SourceLocation = #_sourceLocation) async throws -> OutcomeLog {
-        let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic)
-        let messages: [KafkaMessage]
-        do {
-            messages = try await reader.readToEnd(timeout: timeout)
-            await reader.close()
-        } catch {
-            await reader.close()
-            throw error
-        }
+        let messages = try await withTopicReader(bootstrapServers, topic) { try await $0.readToEnd(timeout: timeout) }
         let schema = try schema.get()
         var outcomes: [[String: Any]] = []
         var byIntent: [IntentPosition: Int] = [:]
@@ -108,16 +100,22 @@ extension RelayHarness {
 /// How many records each partition of a topic holds (its end offsets; the topics here are
 /// written without transactions, so every offset is a record).
 func recordsPerPartition(_ bootstrapServers: String, _ topic: String) async throws -> [Int: Int] {
+    let ends = try await withTopicReader(bootstrapServers, topic) { try await $0.ends(timeout: .seconds(20)) }
+    return Dictionary(uniqueKeysWithValues: ends.map { (Int($0.key), Int($0.value)) })
+}
+
+/// A reader of `topic` for `body`, closed after it whether it threw or not.
+func withTopicReader<T>(_ bootstrapServers: String, _ topic: String,
+                        _ body: (KafkaTopicReader) async throws -> T) async throws -> T {
     let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic)
-    let ends: [Int32: Int64]
     do {
-        ends = try await reader.ends(timeout: .seconds(20))
+        let result = try await body(reader)
         await reader.close()
+        return result
     } catch {
         await reader.close()
         throw error
     }
-    return Dictionary(uniqueKeysWithValues: ends.map { (Int($0.key), Int($0.value)) })
 }
 
 extension ProcessHarness {

@@ -55,6 +55,9 @@ struct RelayHarness {
         configuration.retry.initialBackoffMilliseconds = 20
         configuration.retry.maxBackoffMilliseconds = 200
         configureRelay(&configuration)
+        if !configuration.kafka.invalidationsTopic.isEmpty {
+            try cluster.createTopic(configuration.kafka.invalidationsTopic, partitions: 4)
+        }
         let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
         // All at once, in order: the producer puts them in one record batch (the mock cluster
         // answers a fetch with one record batch per partition).

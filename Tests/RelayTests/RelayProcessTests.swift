@@ -78,13 +78,14 @@ final class PrintedOutput: @unchecked Sendable {
 
 /// Writes a configuration for the relay processes.
 func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0, redisURL: String = "",
-                 maxInFlight: Int = 10_000) throws -> String {
+                 maxInFlight: Int = 10_000, invalidationsTopic: String = "") throws -> String {
     let yaml = """
         kafka:
           brokers: "\(harness.cluster.bootstrapServers)"
           group_id: \(harness.group)
           intents_topic: \(harness.intentsTopic)
           outcomes_topic: \(harness.outcomesTopic)
+          invalidations_topic: "\(invalidationsTopic)"
           config:
             session.timeout.ms: 6000
             heartbeat.interval.ms: 500
@@ -136,9 +137,11 @@ struct ProcessHarness {
     let outcomesTopic: String
 
     /// - Parameter extraKeys: more provider keys the simulator accepts.
-    static func start(latency: Duration = .zero, extraKeys: [SimulatorConfiguration.SigningKey] = []) async throws -> ProcessHarness {
+    /// - Parameter brokers: the mock cluster's brokers (its topics' partitions are spread over them).
+    static func start(latency: Duration = .zero, extraKeys: [SimulatorConfiguration.SigningKey] = [],
+                      brokers: Int = 1, configure: (inout SimulatorConfiguration) -> Void = { _ in }) async throws -> ProcessHarness {
         let suffix = UUID().uuidString.prefix(8)
-        let cluster = try KafkaMockCluster(brokers: 1)
+        let cluster = try KafkaMockCluster(brokers: brokers)
         try cluster.createTopic("intents-\(suffix)", partitions: 4)
         try cluster.createTopic("outcomes-\(suffix)", partitions: 4)
         let key = P256.Signing.PrivateKey()
@@ -147,6 +150,7 @@ struct ProcessHarness {
         var configuration = SimulatorConfiguration()
         configuration.signingKeys = [.init(teamID: "TEAM123456", keyID: "ABC123DEFG", publicKey: key.publicKey)] + extraKeys
         configuration.behaviour.latency = .nanoseconds(latency.components.attoseconds / 1_000_000_000 + latency.components.seconds * 1_000_000_000)
+        configure(&configuration)
         let simulator = try await APNsSimulator.start(configuration)
         return ProcessHarness(cluster: cluster, simulator: simulator,
                               producer: try KafkaProducer(bootstrapServers: cluster.bootstrapServers),

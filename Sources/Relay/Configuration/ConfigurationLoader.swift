@@ -83,12 +83,21 @@ struct ConfigurationReader {
         checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "tracing", "shutdown_deadline_seconds"])
 
         let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
-        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "config",
+        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "invalidations_topic", "config",
                                                     "allow_unsafe_config"])
         configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
         configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
         configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
         configuration.kafka.outcomesTopic = string(kafka, "kafka.outcomes_topic", default: configuration.kafka.outcomesTopic, nonEmpty: true)
+        configuration.kafka.invalidationsTopic = string(kafka, "kafka.invalidations_topic", default: "")
+        if configuration.kafka.outcomesTopic == configuration.kafka.intentsTopic {
+            issues.append(.init(key: "kafka.outcomes_topic", value: configuration.kafka.outcomesTopic,
+                                allowed: "a topic other than kafka.intents_topic"))
+        }
+        if [configuration.kafka.intentsTopic, configuration.kafka.outcomesTopic].contains(configuration.kafka.invalidationsTopic) {
+            issues.append(.init(key: "kafka.invalidations_topic", value: configuration.kafka.invalidationsTopic,
+                                allowed: "empty (off), or a topic of its own (not kafka.intents_topic or kafka.outcomes_topic)"))
+        }
         if let properties = mapping(kafka["config"], key: "kafka.config") {
             for (name, value) in properties {
                 guard let text = scalarText(value) else {

@@ -12,6 +12,7 @@ extension RelayConfiguration {
         lines.append("  group_id: \(quote(kafka.groupID))")
         lines.append("  intents_topic: \(quote(kafka.intentsTopic))")
         lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
+        lines.append("  invalidations_topic: \(quote(kafka.invalidationsTopic))")
         lines.append(kafka.properties.isEmpty ? "  config: {}" : "  config:")
         for (key, value) in kafka.properties.sorted(by: { $0.key < $1.key }) {
             lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")

@@ -10,6 +10,9 @@ public struct RelayConfiguration: Sendable {
         public var groupID = "apns-relay"
         public var intentsTopic = "apns.intents"
         public var outcomesTopic = "apns.outcomes"
+        /// Empty: off. Else a compacted topic that gets one record per `unregistered` outcome
+        /// and a tombstone per `delivered` one, keyed `<topic>/<token>` (``Invalidation``).
+        public var invalidationsTopic = ""
         /// Passed to librdkafka as they are (security.protocol, sasl.*, ...).
         public var properties: [String: String] = [:]
         /// Accept librdkafka settings that break at-least-once (see ``guaranteeBreaking(_:_:)``).

@@ -22,8 +22,13 @@ enum RelayMetrics {
     static let inFlight = Gauge(label: "relay_in_flight")
     /// Partitions paused because too many of their offsets wait behind an unfinished one.
     static let partitionsHeld = Gauge(label: "relay_partitions_held")
-    /// Outcomes whose publishing failed once (each is retried until it succeeds).
+    /// Outcomes (and invalidation records) whose publishing failed once (each is retried until
+    /// it succeeds).
     static let publishFailures = Counter(label: "relay_outcome_publish_failures_total")
+    /// `relay_invalidations_published_total{kind}`: records on `kafka.invalidations_topic`,
+    /// `unregistered` (a pair is dead) or `tombstone` (delivered to: alive).
+    static let invalidationsPublished = Counter(label: "relay_invalidations_published_total", dimensions: [("kind", "unregistered")])
+    static let tombstonesPublished = Counter(label: "relay_invalidations_published_total", dimensions: [("kind", "tombstone")])
     /// Revocations whose commit the group coordinator refused: the partitions' next owners
     /// send again what was finished here since the last commit.
     static let revocationCommitFailures = Counter(label: "relay_revocation_commit_failures_total")
@@ -81,7 +86,7 @@ enum RelayMetrics {
     /// appearing with the first event: the counters, every status of `relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
-        for counter in [intentsConsumed, retries, redisOutage, redisRefused, parked, publishFailures] { counter.increment(by: 0) }
+        for counter in [intentsConsumed, retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
         inFlight.record(0)
         for topic in Set(topics) {
             for status in Outcome.Status.allCases {

@@ -3,7 +3,8 @@ import Kafka
 import Redis
 
 extension RelayPipeline {
-    /// Records what needs recording, publishes the outcome and ends the item.
+    /// Records what needs recording, publishes the outcome (and its invalidation record, if
+    /// any) and ends the item.
     @inline(never)
     func conclude(_ item: WorkItem, _ ending: Ending) async {
         // The outcome stays in `ending` (this frame, held by every intent in flight, stays small).
@@ -11,7 +12,13 @@ extension RelayPipeline {
             finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return
         }
+        // Any invalidation record goes out beside the outcome; the offset is stored once both are.
+        let invalidation = startInvalidation(ending)
         guard await recordAndPublish(item, ending, records: item.recordsAnswer && Self.isAnswered(status)) else {
+            finish(item, stored: false, sent: ending.countedAtAPNs)
+            return
+        }
+        if let invalidation, await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }

@@ -1,0 +1,73 @@
+import Foundation
+import Kafka
+import KafkaTesting
+import RedisTesting
+import Relay
+import TestSupport
+import Testing
+
+/// The invalidations topic with `apns-relay run` as a process: at least once across a kill -9,
+/// and `apns-relay invalidations` reading what it holds.
+@Suite("Invalidation records across a crash", .timeLimit(.minutes(3)))
+struct InvalidationProcessTests {
+    /// A relay killed after a 410's outcome is out and before its invalidation record is: the
+    /// intent's offset was not committed, so the next relay answers it again (`duplicate`, from
+    /// the dedupe record) and publishes the record. Then `apns-relay invalidations` prints it.
+    @Test func theRecordOutlivesAKillBetweenTheOutcomeAndIt() async throws {
+        let gone = hexToken(0x410), unregisteredAt: Int64 = 1_432_819_882_000
+        // Three brokers: the intents and outcomes live on the first two, the invalidations on
+        // the third, whose produce requests can be held without holding the outcomes.
+        let harness = try await ProcessHarness.start(brokers: 3, configure: { $0.behaviour.unregistered = [gone: unregisteredAt] })
+        let invalidations = "invalidations-\(UUID().uuidString.prefix(8))"
+        try harness.cluster.createTopic(invalidations, partitions: 4)
+        for partition in Int32(0)..<4 {
+            harness.cluster.setLeader(topic: harness.intentsTopic, partition: partition, broker: 1 + partition % 2)
+            harness.cluster.setLeader(topic: harness.outcomesTopic, partition: partition, broker: 1 + partition % 2)
+            harness.cluster.setLeader(topic: invalidations, partition: partition, broker: 3)
+        }
+        // The first produce request broker 3 gets is refused, 25 s later: the record is held
+        // while the outcome goes out.
+        harness.cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce,
+                                                [(KafkaErrorCode.notEnoughReplicas, 25_000)])
+        let redis = try RedisServerProcess()
+        let config = try writeConfig(harness: harness, redisURL: redis.url, invalidationsTopic: invalidations)
+        let first = try RelayProcess.start(config: config)
+        _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))
+        let answered = try await harness.outcomes(distinct: 1)
+        #expect(answered.count == 1 && answered[0].contains(#""status":"unregistered""#), "\(answered)")
+        // The record's request reached broker 3 (the error was taken) and is held there.
+        try await waitUntil { harness.cluster.brokerErrorsLeft(broker: 3, apiKey: KafkaMockCluster.APIKey.produce) == 0 }
+        #expect(try await recordsPerPartition(harness.cluster.bootstrapServers, invalidations).values.reduce(0, +) == 0)
+        first.kill9()
+        #expect(try await harness.committedTotal() == 0, "the intent's offset waited for its record")
+
+        // The next relay (once the dead one's session ran out) answers the intent again.
+        let second = try RelayProcess.start(config: config)
+        let records = try await readTopic(harness.cluster.bootstrapServers, invalidations, timeout: .seconds(60)) { _, total in total >= 1 }
+        #expect(records.count == 1)
+        let record = try #require(records.first)
+        #expect(String(decoding: record.key ?? [], as: UTF8.self) == "com.example.app/\(gone)")
+        let value = try #require(try JSONSerialization.jsonObject(with: Data(record.value)) as? [String: Any])
+        #expect(value["unregistered_at"] as? Int == Int(unregisteredAt))
+        #expect(value["intent_id"] as? String == "gone-1")
+        #expect(try JSONSchemaCheck(docs: "invalidation.schema.json").problems(JSONValue(parsing: record.value)).isEmpty)
+        try await waitUntil(timeout: .seconds(30), asking: { (try? await harness.committedTotal()) == 1 })
+        #expect(await second.terminate() == 0)
+        let log = try await harness.outcomeLog()
+        let statuses = log.outcomes.map { "\($0["status"] as? String ?? "?")/\($0["original_status"] as? String ?? "-")" }
+        #expect(statuses == ["unregistered/-", "duplicate/unregistered"])
+        #expect(harness.simulator.answers == ["410 Unregistered": 1], "APNs asked once")
+
+        // What the topic holds now, as the command prints it.
+        let printed = try await RelayBinary.run(["invalidations", "--config", config, "--since", "1h"])
+        #expect(printed.status == 0)
+        let lines = printed.stdout.split(separator: "\n")
+        #expect(lines.count == 1 && lines.first?.contains(#""token":"\#(gone)""#) == true, "\(printed.stdout)")
+        let none = try await RelayBinary.run(["invalidations", "--config", config, "--since", "1h", "--timeout", "30s"],
+                                             environment: ["APNS_RELAY_KAFKA_INVALIDATIONS_TOPIC": ""])
+        #expect(none.status == 2, "no topic configured: \(none.stdout)")
+        let bad = try await RelayBinary.run(["invalidations", "--config", config, "--since", "yesterday"])
+        #expect(bad.status == 64, "a --since that is not a duration")
+        await harness.simulator.stop()
+    }
+}
