@@ -108,6 +108,9 @@ struct InspectCommand: AsyncParsableCommand {
             Terminal.line(String(format: "bucket: %.2f of %d tokens (refill %g/s%@)", tokens, limit.burst, limit.refillPerSecond,
                                  config == nil ? ", the default rules: pass --config for the file's" : ""))
         }
+        if let unregisteredAt = records.unregisteredAt {
+            Terminal.line("410 remembered: APNs said the token is dead since \(when(unregisteredAt)); intents without a newer token_registered_at are answered KnownUnregistered")
+        }
         if let until = records.backoffUntil, until > now {
             Terminal.line("429 backoff: until \(when(until)) (doubled \(records.backoffLevel ?? 0) times)")
         } else {

@@ -299,6 +299,17 @@ struct ConfigurationTests {
         #expect(overridden.kafka.invalidationsTopic == "")
     }
 
+    /// Remembering 410s needs Redis; the TTL has bounds.
+    @Test func skippingKnownUnregisteredTokensNeedsRedis() throws {
+        let error = try #require(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "policy: {skip_known_unregistered: true, known_unregistered_ttl_seconds: 5}", environment: [:])
+        }
+        #expect(Set(error.issues.map(\.key)) == ["policy.skip_known_unregistered", "policy.known_unregistered_ttl_seconds"])
+        let on = try RelayConfiguration.load(yaml: "redis: {url: redis://127.0.0.1:6379}\npolicy: {skip_known_unregistered: true}",
+                                             environment: [:])
+        #expect(on.policy.skipKnownUnregistered && on.policy.knownUnregisteredTTLSeconds == 2_592_000)
+    }
+
     /// librdkafka settings that would break at-least-once are refused, with what is allowed,
     /// unless the operator says so; the safe spellings of the same keys pass.
     @Test func settingsThatBreakTheGuaranteesAreRefusedUnlessAllowed() throws {

@@ -201,13 +201,21 @@ struct ConfigurationReader {
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
         checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",
-                                                           "backoff_initial_seconds", "backoff_max_seconds"])
+                                                           "backoff_initial_seconds", "backoff_max_seconds", "skip_known_unregistered",
+                                                           "known_unregistered_ttl_seconds"])
         configuration.policy.defaults = readRules(policy, prefix: "policy.", base: RelayConfiguration.Policy.Rules())
         configuration.policy.mailboxPollMilliseconds = integer(policy, "policy.mailbox_poll_ms", default: 1000, range: 10...60_000)
         configuration.policy.backoffInitialSeconds = Int64(integer(policy, "policy.backoff_initial_seconds", default: 60, range: 1...86_400))
         configuration.policy.backoffMaxSeconds = Int64(integer(policy, "policy.backoff_max_seconds", default: 3600, range: 1...86_400))
         requireAtLeast("policy.backoff_max_seconds", configuration.policy.backoffMaxSeconds,
                        "policy.backoff_initial_seconds", configuration.policy.backoffInitialSeconds)
+        configuration.policy.skipKnownUnregistered = bool(policy, "policy.skip_known_unregistered", default: false)
+        if configuration.policy.skipKnownUnregistered, configuration.redis.url.isEmpty {
+            issues.append(.init(key: "policy.skip_known_unregistered", value: "true",
+                                allowed: "it needs Redis (redis.url), where the 410s are remembered; false without it"))
+        }
+        configuration.policy.knownUnregisteredTTLSeconds = Int64(integer(policy, "policy.known_unregistered_ttl_seconds",
+                                                                         default: 2_592_000, range: 60...315_360_000))
         if let topics = mapping(policy["topics"], key: "policy.topics") {
             for (topic, value) in topics.sorted(by: { $0.key < $1.key }) {
                 let prefix = "policy.topics.\(topic)."

@@ -62,6 +62,8 @@ extension RelayConfiguration {
         lines.append("  mailbox_poll_ms: \(policy.mailboxPollMilliseconds)")
         lines.append("  backoff_initial_seconds: \(policy.backoffInitialSeconds)")
         lines.append("  backoff_max_seconds: \(policy.backoffMaxSeconds)")
+        lines.append("  skip_known_unregistered: \(policy.skipKnownUnregistered)")
+        lines.append("  known_unregistered_ttl_seconds: \(policy.knownUnregisteredTTLSeconds)")
         lines.append(policy.topics.isEmpty ? "  topics: {}" : "  topics:")
         for (topic, topicRules) in policy.topics.sorted(by: { $0.key < $1.key }) {
             lines.append("    \(quote(topic)):")

@@ -165,6 +165,12 @@ public struct RelayConfiguration: Sendable {
         /// repeat, up to the maximum.
         public var backoffInitialSeconds: Int64 = 60
         public var backoffMaxSeconds: Int64 = 3600
+        /// Answer intents for a (token, topic) APNs answered 410 for `unregistered`
+        /// (`KnownUnregistered`) without asking APNs again, unless the intent's
+        /// `token_registered_at` is newer than the 410's timestamp. Needs Redis.
+        public var skipKnownUnregistered = false
+        /// How long a 410 is remembered for that (from the 410; a delivery forgets it at once).
+        public var knownUnregisteredTTLSeconds: Int64 = 2_592_000
 
         public init() {}
 

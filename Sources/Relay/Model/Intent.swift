@@ -24,6 +24,10 @@ public struct Intent: Sendable {
     /// A change to the device's badge count kept by the relay (needs Redis); the resulting
     /// count goes into `aps.badge` of the payload sent.
     public var badge: BadgeChange?
+    /// When the app last registered this token, ms since the epoch, if the sender knows: with
+    /// `policy.skip_known_unregistered`, an intent whose token APNs answered 410 for is sent
+    /// only when this is newer than the 410's timestamp.
+    public var tokenRegisteredAt: Int64?
 
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.
@@ -61,6 +65,7 @@ public struct Intent: Sendable {
         case .set(let n): writer.addJSON("badge", #"{"set":\#(n)}"#.utf8)
         case nil: break
         }
+        writer.addIfPresent("token_registered_at", tokenRegisteredAt)
         writer.addJSON("payload", payload.readableBytesView)
         return writer.finish()
     }
@@ -223,6 +228,13 @@ extension Intent {
             }
             badge = parsed
         }
+        var tokenRegisteredAt: Int64?
+        if let value = fields[.tokenRegisteredAt] {
+            guard let parsed = value.exactInteger, (0...Self.latestExpiration * 1000).contains(parsed) else {
+                throw fail("BadTokenRegisteredAt", "\"token_registered_at\" must be epoch milliseconds (an integer, 0 or more)")
+            }
+            tokenRegisteredAt = parsed
+        }
         let payload = value.withUnsafeBytes { bytes in
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
@@ -231,6 +243,7 @@ extension Intent {
                             expiration: expiration, collapseID: collapseID, environment: environment,
                             payload: ByteBuffer(bytes: payload))
         intent.badge = badge
+        intent.tokenRegisteredAt = tokenRegisteredAt
         do {
             try intent.notification.validate()
         } catch {
@@ -242,7 +255,7 @@ extension Intent {
     /// The top-level members of an intent that the relay reads, each as the last value given.
     private struct Fields {
         enum Field: Int, CaseIterable {
-            case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge
+            case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge, tokenRegisteredAt
 
             init?(key: String) {
                 switch key {
@@ -256,6 +269,7 @@ extension Intent {
                 case "expiration": self = .expiration
                 case "collapse_id": self = .collapseID
                 case "badge": self = .badge
+                case "token_registered_at": self = .tokenRegisteredAt
                 default: return nil
                 }
             }

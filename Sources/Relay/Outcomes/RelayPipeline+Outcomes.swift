@@ -70,6 +70,10 @@ extension RelayPipeline {
             return makeOutcome(item, intent: intent, status: .expired, reason: "RateLimited")
         case .expiredParked:
             return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
+        case .knownUnregistered(let at):
+            var outcome = makeOutcome(item, intent: intent, status: .unregistered, reason: "KnownUnregistered")
+            outcome.unregisteredAt = at
+            return outcome
         case .duplicate(let record?):
             // What APNs answered the first time: a 410 reported again with its timestamp.
             var outcome = makeOutcome(item, intent: intent, status: .duplicate, reason: record.reason ?? "AlreadyAnswered")

@@ -65,10 +65,10 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
               let (key, value) = Self.encoded(ending) else { return .notRecorded }
         let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
-        let headers = Self.outgoingHeaders(item), traced = item.traced
+        let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
         let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
             deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
-                                lastSent: ending.lastSent) { recorded in
+                                lastSent: ending.lastSent, unregistered: unregistered) { recorded in
                 if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
                 RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
                 traced?.publishBegins()
@@ -93,7 +93,7 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
             try await deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
-                                          lastSent: ending.lastSent)
+                                          lastSent: ending.lastSent, unregistered: unregisteredChange(ending))
         }
     }
 
@@ -102,5 +102,21 @@ extension RelayPipeline {
     func recordFields(_ ending: Ending) -> (String, Int64)? {
         guard let outcome = ending.outcome else { return nil }
         return (AnswerRecord(outcome).encoded, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
+    }
+
+    /// What the answer changes in the pair's remembered 410, with `policy.skip_known_unregistered`:
+    /// APNs' 410 is remembered (its timestamp), a delivery forgets it. A `KnownUnregistered`
+    /// answer (no request was made) changes nothing: the 410 keeps its own lifetime.
+    @inline(never)
+    func unregisteredChange(_ ending: Ending) -> Deduplicator.Unregistered? {
+        guard configuration.policy.skipKnownUnregistered, let outcome = ending.outcome else { return nil }
+        switch outcome.status {
+        case .unregistered where outcome.httpStatus == 410:
+            return .remember(at: outcome.unregisteredAt ?? outcome.at, ttl: configuration.policy.knownUnregisteredTTLSeconds)
+        case .delivered:
+            return .forget
+        default:
+            return nil
+        }
     }
 }

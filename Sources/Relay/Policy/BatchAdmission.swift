@@ -15,6 +15,9 @@ extension RelayPipeline {
         case park(due: Int64)
         /// Taken from a mailbox after its expiration passed: outcome `expired`.
         case expiredParked
+        /// APNs answered 410 for its (token, topic) at this time (epoch ms), and the intent does
+        /// not say its token was registered since: outcome `unregistered` (`KnownUnregistered`).
+        case knownUnregistered(at: Int64)
     }
 }
 
@@ -28,8 +31,11 @@ enum BatchAdmission {
     /// the older intents of a collapse id (where the topic coalesces) as collapsing into the
     /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
     /// the newest may turn out unable to go out.
+    ///
+    /// `readsUnregistered`: each group also reads the pair's remembered 410
+    /// (`policy.skip_known_unregistered`).
     static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (String) -> RelayConfiguration.Policy.Rules,
-                      groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
+                      readsUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
         func collapseKey(_ intent: Intent) -> CollapseKey? {
             guard let collapseID = intent.collapseID, rules(intent.topic).coalesce else { return nil }
@@ -56,9 +62,11 @@ enum BatchAdmission {
                 group = groups.count
                 groupIndex[key] = group
                 groups.append(DevicePolicy.Group(token: intent.token, topic: intent.topic, rules: rules(intent.topic)))
+                groups[group].readsUnregistered = readsUnregistered
                 members.append([])
             }
-            placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0))
+            placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0,
+                                                         registeredAt: intent.tokenRegisteredAt))
             members[group].append(index)
         }
         for (index, into) in collapsing {
@@ -78,6 +86,7 @@ enum BatchAdmission {
             case .send: admissions[position] = .send
             case .duplicate(let record): admissions[position] = .duplicate(record)
             case .inMailbox: admissions[position] = .inMailbox
+            case .knownUnregistered(let at): admissions[position] = .knownUnregistered(at: at)
             case .coalesced(let survivor):
                 guard case .success(let newer) = parsed[positions[survivor]] else { continue }
                 // A copy of the surviving intent is that intent: a duplicate.

@@ -19,17 +19,42 @@ final class Deduplicator: Sendable {
         self.recorder = GroupCommit(client: client)
     }
 
+    /// What an answer changes in its pair's remembered 410 (`policy.skip_known_unregistered`).
+    enum Unregistered: Sendable, Equatable {
+        /// APNs answered 410 with this timestamp (epoch ms): remember it for `ttl` seconds.
+        case remember(at: Int64, ttl: Int64)
+        /// APNs accepted a notification for the pair: forget any 410.
+        case forget
+    }
+
     /// Records an answered intent for `window` seconds (and, when APNs accepted it, the
-    /// device's last notification); concurrent records share round trips. `done` hears whether
+    /// device's last notification; and `unregistered`'s change); concurrent records share
+    /// round trips. `done` hears whether
     /// it was recorded.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
-                lastSent: DeviceRecords.LastSent?, then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
+                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil,
+                then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
         recorder.submit({ buffer in
             buffer.append("SET") { command in
                 command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) }
                 command.append(status)
                 command.append("EX")
                 command.append(window)
+            }
+            switch unregistered {
+            case .remember(let at, let ttl)?:
+                buffer.append("SET") { command in
+                    command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) }
+                    command.append(at)
+                    command.append("EX")
+                    command.append(ttl)
+                }
+            case .forget?:
+                buffer.append("DEL") { command in
+                    command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) }
+                }
+            case nil:
+                break
             }
             guard let lastSent else { return }
             buffer.append("SET") { command in
@@ -43,9 +68,10 @@ final class Deduplicator: Sendable {
 
     /// ``record(token:topic:id:status:window:lastSent:then:)``, waited for.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
-                lastSent: DeviceRecords.LastSent?) async throws(RedisError) {
+                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil) async throws(RedisError) {
         let result = await withCheckedContinuation { continuation in
-            record(token: token, topic: topic, id: id, status: status, window: window, lastSent: lastSent) {
+            record(token: token, topic: topic, id: id, status: status, window: window, lastSent: lastSent,
+                   unregistered: unregistered) {
                 continuation.resume(returning: $0)
             }
         }

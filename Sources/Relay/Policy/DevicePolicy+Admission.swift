@@ -35,6 +35,9 @@ extension DevicePolicy {
         case wait
         /// A newer intent of its collapse id (at this position of the group) goes in its place.
         case coalesced(into: Int)
+        /// APNs answered 410 for the pair at this time (epoch ms), after the intent's token was
+        /// registered (or it does not say when): outcome `unregistered`, nothing sent.
+        case knownUnregistered(at: Int64)
     }
 
     /// One device and topic's intents of a batch.
@@ -46,6 +49,10 @@ extension DevicePolicy {
         private(set) var ids: [String] = []
         /// For each intent, whether it is now-or-never (expiration 0: it cannot wait).
         private(set) var nowOrNever: [Bool] = []
+        /// For each intent, its `token_registered_at`.
+        private(set) var registeredAt: [Int64?] = []
+        /// The pair's remembered 410 is read (`policy.skip_known_unregistered`).
+        var readsUnregistered = false
         /// For each intent, the position of the newest intent of its collapse id when that is
         /// another one (nil for the newest and for intents that do not collapse).
         var collapsesInto: [Int?] = []
@@ -57,17 +64,22 @@ extension DevicePolicy {
         }
 
         /// Adds the next intent; answers its position.
-        mutating func append(_ id: String, nowOrNever: Bool) -> Int {
+        mutating func append(_ id: String, nowOrNever: Bool, registeredAt: Int64? = nil) -> Int {
             ids.append(id)
             self.nowOrNever.append(nowOrNever)
+            self.registeredAt.append(registeredAt)
             collapsesInto.append(nil)
             return ids.count - 1
         }
     }
 
     /// One group's decisions, from what Redis holds: its mailbox's ids, the device's backoff and
-    /// bucket, and the dedupe record of the intent at a position (nil: none; a nil record: one
-    /// that does not read).
+    /// bucket, the pair's remembered 410 (`unregisteredAt`), and the dedupe record of the intent
+    /// at a position (nil: none; a nil record: one that does not read).
+    ///
+    /// An intent the remembered 410 applies to (its `token_registered_at` absent or not newer)
+    /// is `knownUnregistered` unless it is a duplicate or in the mailbox already; it cannot be
+    /// delivered, so an older intent of its collapse id is tried in its place.
     ///
     /// Intents are decided in batch order, each collapse id once, at its newest intent's place:
     /// the newest that can still be delivered survives (sent, parked, in the mailbox already,
@@ -77,7 +89,7 @@ extension DevicePolicy {
     /// newer intent of the group goes out now is `coalesced` into that one instead: it would
     /// reach the device after it. Only a sent intent spends a token.
     static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
-                       record: (Int) -> AnswerRecord??) -> [Admission] {
+                       unregisteredAt: Int64? = nil, record: (Int) -> AnswerRecord??) -> [Admission] {
         var decisions = Array(repeating: Admission.wait, count: group.ids.count)
         // The older intents of each collapse id, newest first, by the position of the newest.
         var older: [Int: [Int]] = [:]
@@ -92,6 +104,8 @@ extension DevicePolicy {
                 decision = .duplicate(record)
             } else if holds == .thisIntent {
                 decision = .inMailbox
+            } else if let unregisteredAt, (group.registeredAt[position] ?? .min) <= unregisteredAt {
+                decision = .knownUnregistered(at: unregisteredAt)
             } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
                 // Behind an older intent of its mailbox it waits there too (taking the older
                 // one's place when that one is only parked): partition order.
@@ -104,7 +118,7 @@ extension DevicePolicy {
             case .send, .inMailbox: true
             case .duplicate(let record): record == nil || record?.status == Outcome.Status.delivered.rawValue
             case .wait: !group.nowOrNever[position]
-            case .coalesced: false
+            case .coalesced, .knownUnregistered: false
             }
         }
         /// The newest intent decided so far that goes out now.
@@ -138,8 +152,8 @@ extension DevicePolicy {
     }
 
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
-    /// topic one `MGET` of the bucket, the backoff, the mailbox's ids and the intents' dedupe
-    /// records), the decisions taken here, and the buckets' new arrival times written after
+    /// topic one `MGET` of the bucket, the backoff, the mailbox's ids, the intents' dedupe
+    /// records and, with `policy.skip_known_unregistered`, the pair's remembered 410), the decisions taken here, and the buckets' new arrival times written after
     /// them in the same connection's order (not waited for).
     ///
     /// Batches are admitted one after another on one connection, so a batch reads what the
@@ -163,6 +177,7 @@ extension DevicePolicy {
                     command.appendArgument { RedisKeys.writeBackoff(&$0, token: token) }
                     command.appendArgument { RedisKeys.writeWaiting(&$0, token: token, topic: topic) }
                     for id in ids { command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) } }
+                    if group.readsUnregistered { command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) } }
                 }
             }
             let replies = try await policy.client.submit(reads).get()
@@ -175,13 +190,16 @@ extension DevicePolicy {
             for (index, group) in groups.enumerated() {
                 let stored = replies[index]
                 if case .error(let message) = stored { throw .server(message) }
-                guard let values = stored.array, values.count == 3 + group.ids.count else {
+                guard let values = stored.array, values.count == 3 + group.ids.count + (group.readsUnregistered ? 1 : 0) else {
                     throw .protocolError("MGET answered \(stored)")
                 }
                 var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
                 let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
+                // A value that does not read as a time (Redis holds whatever was written) is
+                // no remembered 410: the intent is sent and APNs answers.
+                let unregisteredAt = group.readsUnregistered ? values[3 + group.ids.count].integer : nil
                 let decisions = DevicePolicy.decide(group, waiting: values[2].bytes, backoffUntil: backoffUntil,
-                                                    bucket: &bucket, now: now) { position in
+                                                    bucket: &bucket, now: now, unregisteredAt: unregisteredAt) { position in
                     let record = values[3 + position]
                     return record.isNull ? nil : .some(record.string.flatMap(AnswerRecord.init))
                 }

@@ -53,6 +53,9 @@ public struct DeviceRecords: Sendable {
     /// 429 backoff: until when (epoch ms) and how many times it doubled.
     public var backoffUntil: Int64?
     public var backoffLevel: Int64?
+    /// APNs' timestamp of a remembered 410 for the pair (epoch ms), with
+    /// `policy.skip_known_unregistered`.
+    public var unregisteredAt: Int64?
 
     /// Tokens in the bucket at `now` (epoch ms) under `limit`: each interval the arrival time
     /// lies ahead of now is a token spent.
@@ -70,6 +73,7 @@ public struct DeviceRecords: Sendable {
             RedisCommand("HMGET", [RedisKeys.mailbox(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
             RedisCommand("GET", [RedisKeys.rate(token: token)]),
             RedisCommand("GET", [RedisKeys.backoff(token: token)]),
+            RedisCommand("GET", [RedisKeys.unregistered(token: token, topic: topic)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
         var records = DeviceRecords(lastSentJSON: replies[0].string,
@@ -89,6 +93,7 @@ public struct DeviceRecords: Sendable {
             records.backoffUntil = backoff.until
             records.backoffLevel = backoff.level
         }
+        records.unregisteredAt = replies[6].integer
         return records
     }
 }

@@ -19,6 +19,9 @@
 ///   them with the other strings in one `MGET`.
 /// - `apns-relay:last:{<token>}:<topic>` — string, the last notification APNs accepted
 ///   (``DeviceRecords``).
+/// - `apns-relay:unregistered:{<token>}:<topic>` — string, the timestamp (epoch ms) of APNs' last
+///   410 for the pair, kept `policy.known_unregistered_ttl_seconds` and deleted by a delivery
+///   (only with `policy.skip_known_unregistered`).
 /// - `apns-relay:badge:{<token>}:<topic>` — the badge count, and
 ///   `apns-relay:badge:{<token>}:<topic>:applied` — hash of intent id → the count it produced
 ///   (``BadgeStore``).
@@ -38,6 +41,7 @@ enum RedisKeys {
     static func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
     static func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
     static func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
+    static func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
     static func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
     static func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
     static func due(intentsTopic: String, partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
@@ -70,6 +74,10 @@ enum RedisKeys {
 
     static func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "waiting", token: token, topic: topic)
+    }
+
+    static func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
+        write(&bytes, "unregistered", token: token, topic: topic)
     }
 
     static func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {

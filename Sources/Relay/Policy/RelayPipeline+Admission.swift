@@ -21,7 +21,8 @@ extension RelayPipeline {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
-        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), groups: &groups, members: &admitting.members)
+        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), readsUnregistered: configuration.policy.skipKnownUnregistered,
+                             groups: &groups, members: &admitting.members)
         if !groups.isEmpty {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
             admitting.pending = policy.admission(groups)
