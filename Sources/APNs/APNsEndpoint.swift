@@ -20,26 +20,32 @@ public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
             guard text.hasPrefix("https://") else { throw .badEndpoint(text) }
             var rest = Substring(text.dropFirst("https://".count))
             if rest.hasSuffix("/") { rest = rest.dropLast() }
-            var host: Substring
-            var port = 443
-            if rest.hasPrefix("[") {
-                guard let close = rest.firstIndex(of: "]") else { throw .badEndpoint(text) }
-                host = rest[rest.index(after: rest.startIndex)..<close]
-                let after = rest[rest.index(after: close)...]
-                if !after.isEmpty {
-                    guard after.hasPrefix(":"), let parsed = Int(after.dropFirst()) else { throw .badEndpoint(text) }
-                    port = parsed
-                }
-            } else if let colon = rest.lastIndex(of: ":") {
-                host = rest[..<colon]
-                guard let parsed = Int(rest[rest.index(after: colon)...]) else { throw .badEndpoint(text) }
-                port = parsed
-            } else {
-                host = rest
-            }
-            guard !host.isEmpty, !host.contains("/"), (1...65535).contains(port) else { throw .badEndpoint(text) }
-            self.init(host: String(host), port: port)
+            guard let (host, port) = Self.hostAndPort(rest, defaultPort: 443) else { throw .badEndpoint(text) }
+            self.init(host: host, port: port)
         }
+    }
+
+    /// `HOST[:PORT]` (IPv6 hosts in brackets), or nil when it does not read so.
+    static func hostAndPort(_ text: Substring, defaultPort: Int) -> (host: String, port: Int)? {
+        var host: Substring
+        var port = defaultPort
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]") else { return nil }
+            host = text[text.index(after: text.startIndex)..<close]
+            let after = text[text.index(after: close)...]
+            if !after.isEmpty {
+                guard after.hasPrefix(":"), let parsed = Int(after.dropFirst()) else { return nil }
+                port = parsed
+            }
+        } else if let colon = text.lastIndex(of: ":") {
+            host = text[..<colon]
+            guard let parsed = Int(text[text.index(after: colon)...]) else { return nil }
+            port = parsed
+        } else {
+            host = text
+        }
+        guard !host.isEmpty, !host.contains("/"), (1...65535).contains(port) else { return nil }
+        return (String(host), port)
     }
 
     public var description: String { "https://\(host.contains(":") ? "[\(host)]" : host):\(port)" }

@@ -10,6 +10,8 @@ public enum APNsError: Error, Sendable, Equatable, CustomStringConvertible {
     case credential(String)
     /// The endpoint text is neither production, development nor https://HOST:PORT.
     case badEndpoint(String)
+    /// The proxy text is not http://[user[:password]@]host[:port] (shown with the password redacted).
+    case badProxy(String)
 
     public var description: String {
         switch self {
@@ -18,6 +20,7 @@ public enum APNsError: Error, Sendable, Equatable, CustomStringConvertible {
         case .shutdown: "the APNs client is shut down"
         case .credential(let why): why
         case .badEndpoint(let text): "endpoint '\(text)' is not production, development or https://HOST:PORT"
+        case .badProxy(let text): "proxy '\(text)' is not http://[USER[:PASSWORD]@]HOST[:PORT]"
         }
     }
 }

@@ -35,6 +35,9 @@ enum APNsMetrics {
 
     static let ready = Meter(label: readyConnections)
     static let attempts = Counter(label: connectAttempts)
+    /// `apns_proxy_failures_total`: connection attempts whose HTTP proxy refused or did not
+    /// answer the `CONNECT` (each retried with backoff, like any failed connection).
+    static let proxyFailures = Counter(label: "apns_proxy_failures_total")
 
     /// Makes the connection series and this key's mint counter exist from the start (at 0).
     static func register(teamID: String, keyID: String) {
@@ -42,6 +45,7 @@ enum APNsMetrics {
         tokenRequests(teamID: teamID, keyID: keyID).increment(by: 0)
         ready.increment(by: 0)
         attempts.increment(by: 0)
+        proxyFailures.increment(by: 0)
         Counter(label: goAways, dimensions: [("reason", "none")]).increment(by: 0)
     }
 }

@@ -19,6 +19,9 @@ struct SendCommand: AsyncParsableCommand {
     @Flag(help: "Skip TLS certificate verification (simulators only).")
     var insecure = false
 
+    @Option(help: "HTTP proxy to tunnel through (CONNECT): http://[USER[:PASSWORD]@]HOST[:PORT]. Default: $APNS_RELAY_APNS_PROXY.")
+    var proxy: String?
+
     @OptionGroup var credentials: CredentialOptions
 
     @Option(help: "apns-topic: the bundle id plus the push type's suffix.")
@@ -102,6 +105,9 @@ struct SendCommand: AsyncParsableCommand {
         configuration.requestTimeout = .seconds(Int64(timeout))
         configuration.connectTimeout = .seconds(Int64(timeout))
         configuration.insecureSkipVerify = insecure
+        if let proxy = proxy ?? ProcessInfo.processInfo.environment["APNS_RELAY_APNS_PROXY"], !proxy.isEmpty {
+            configuration.proxy = try APNsProxy(parsing: proxy)
+        }
         if insecure { Terminal.error("warning: --insecure: the server's TLS certificate is not verified") }
         // The answer (or the error) is the output; the client's own logs would only repeat it
         // (so the command logs at critical unless --log-level says otherwise).

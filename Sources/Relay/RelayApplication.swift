@@ -81,6 +81,7 @@ public final class RelayApplication: Service, Sendable {
             return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
         let apns = configuration.apns
+        let proxy = try apns.parsedProxy()
         let queued = max(configuration.limits.maxInFlight, 1000)
         // Every APNs client's connections live on NIO's shared event loops (one per core), and
         // intents' work runs on the same loops: a send reaches its connection, and its answer
@@ -90,6 +91,7 @@ public final class RelayApplication: Service, Sendable {
             var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[key.credential]))
             settings.connections = apns.connections
             settings.insecureSkipVerify = apns.insecureSkipVerify
+            settings.proxy = proxy
             settings.requestTimeout = .seconds(Int64(apns.requestTimeoutSeconds))
             settings.maxQueuedNotifications = queued
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)

@@ -432,8 +432,9 @@ struct SecretsTests {
     }
 
     @Test func noSecretInLogsMetricsOutcomesOrCheckConfig() async throws {
-        let redisPassword = "r3dis-S3cret-pw", saslPassword = "k4fka-S3cret-pw"
+        let redisPassword = "r3dis-S3cret-pw", saslPassword = "k4fka-S3cret-pw", proxyPassword = "pr0xy-S3cret-pw"
         let redis = try RedisServerProcess(arguments: ["--requirepass", redisPassword])
+        let proxy = try TinyproxyProcess(basicAuth: ("relay", proxyPassword))
         let harness = try await ProcessHarness.start()
         let port = try freePort()
         let config = try writeConfig(harness: harness, httpPort: port,
@@ -442,6 +443,9 @@ struct SecretsTests {
         var yaml = try String(contentsOfFile: config, encoding: .utf8)
         yaml = yaml.replacingOccurrences(of: "    heartbeat.interval.ms: 500",
                                          with: "    heartbeat.interval.ms: 500\n    sasl.username: relay\n    sasl.password: \"\(saslPassword)\"")
+        // The APNs connections go through an HTTP proxy that wants a password.
+        yaml = yaml.replacingOccurrences(of: "  insecure_skip_verify: true",
+                                         with: "  insecure_skip_verify: true\n  proxy: \"http://relay:\(proxyPassword)@127.0.0.1:\(proxy.port)\"")
         try yaml.write(toFile: config, atomically: true, encoding: .utf8)
 
         // Everything logged, as JSON lines: secrets stay out of the most the relay says.
@@ -471,11 +475,12 @@ struct SecretsTests {
                      "readyz": ready, "check-config": checked.stdout]
         for (place, text) in shown {
             #expect(!text.isEmpty, "\(place)")
-            for secret in [redisPassword, saslPassword, "eyJ"] + keyLines {
+            for secret in [redisPassword, saslPassword, proxyPassword, "eyJ"] + keyLines {
                 #expect(!text.contains(secret), "\(place) shows \(secret)")
             }
         }
         #expect(checked.stdout.contains("<redacted>"))
+        #expect(proxy.log.contains("CONNECT"), "the intents went through the proxy")
         #expect(printed.contains("relay started") && printed.contains("relay stopped"))
         // Every line is one JSON object with its time, level, message and source; one debug line
         // per outcome names the intent, its partition, offset and topic.

@@ -125,7 +125,8 @@ struct ConfigurationReader {
         }
 
         let apns = mapping(top["apns"], key: "apns") ?? [:]
-        checkKnown(apns, prefix: "apns.", known: ["endpoint", "insecure_skip_verify", "connections", "credentials", "request_timeout_seconds"])
+        checkKnown(apns, prefix: "apns.", known: ["endpoint", "insecure_skip_verify", "connections", "credentials", "request_timeout_seconds",
+                                                  "proxy", "no_proxy"])
         configuration.apns.endpoint = string(apns, "apns.endpoint", default: configuration.apns.endpoint)
         if configuration.apns.endpoint != "production", configuration.apns.endpoint != "development",
            (try? APNsEndpoint(parsing: configuration.apns.endpoint)) == nil {
@@ -134,6 +135,14 @@ struct ConfigurationReader {
         configuration.apns.insecureSkipVerify = bool(apns, "apns.insecure_skip_verify", default: false)
         configuration.apns.connections = integer(apns, "apns.connections", default: 2, range: 1...64)
         configuration.apns.requestTimeoutSeconds = integer(apns, "apns.request_timeout_seconds", default: 10, range: 1...300)
+        configuration.apns.proxy = string(apns, "apns.proxy", default: "")
+        configuration.apns.noProxy = stringList(apns["no_proxy"], key: "apns.no_proxy")
+        do {
+            _ = try configuration.apns.parsedProxy()
+        } catch {
+            issues.append(.init(key: "apns.proxy", value: APNsProxy.redacted(configuration.apns.proxy),
+                                allowed: "empty (direct), or http://[USER[:PASSWORD]@]HOST[:PORT] (percent-encode what needs it)"))
+        }
         if let list = apns["credentials"] {
             if let items = list as? [Any] {
                 for (index, item) in items.enumerated() {
@@ -330,8 +339,9 @@ struct ConfigurationReader {
 
     /// `redis.cluster_seeds`: a list of `host:port` (or one string of them separated by commas,
     /// as `APNS_RELAY_REDIS_CLUSTER_SEEDS` gives them); only with `redis.mode: cluster`.
-    private mutating func readClusterSeeds(_ value: Any?, into configuration: inout RelayConfiguration) {
-        let key = "redis.cluster_seeds"
+    /// A list of strings: a YAML list, or one comma-separated string (as an environment
+    /// override gives it).
+    private mutating func stringList(_ value: Any?, key: String) -> [String] {
         var items: [Any] = []
         if let overridden = override(key) {
             items = overridden.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
@@ -340,11 +350,22 @@ struct ConfigurationReader {
         } else if let text = value as? String {
             items = text.split(separator: ",").map { String($0).trimmingCharacters(in: .whitespaces) }
         } else if value != nil {
-            issues.append(.init(key: key, value: describe(value), allowed: "a list of host:port"))
+            issues.append(.init(key: key, value: describe(value), allowed: "a list of strings"))
         }
-        for item in items {
-            guard let text = item as? String, let address = try? RedisNodeAddress(parsing: text) else {
-                issues.append(.init(key: key, value: describe(item), allowed: "each seed is host:port (port 1-65535)"))
+        return items.compactMap { item in
+            guard let text = item as? String, !text.isEmpty else {
+                issues.append(.init(key: key, value: describe(item), allowed: "each entry is a non-empty string"))
+                return nil
+            }
+            return text
+        }
+    }
+
+    private mutating func readClusterSeeds(_ value: Any?, into configuration: inout RelayConfiguration) {
+        let key = "redis.cluster_seeds"
+        for text in stringList(value, key: key) {
+            guard let address = try? RedisNodeAddress(parsing: text) else {
+                issues.append(.init(key: key, value: text, allowed: "each seed is host:port (port 1-65535)"))
                 continue
             }
             configuration.redis.clusterSeeds.append(address)

@@ -23,6 +23,8 @@ extension RelayConfiguration {
         lines.append("  insecure_skip_verify: \(apns.insecureSkipVerify)")
         lines.append("  connections: \(apns.connections)")
         lines.append("  request_timeout_seconds: \(apns.requestTimeoutSeconds)")
+        lines.append("  proxy: \(quote(apns.proxy.isEmpty ? "" : (try? apns.parsedProxy())??.description ?? "<redacted>"))")
+        lines.append("  no_proxy: [\(apns.noProxy.map(quote).joined(separator: ", "))]")
         lines.append(apns.credentials.isEmpty ? "  credentials: []" : "  credentials:")
         for credential in apns.credentials {
             lines.append("    - team_id: \(quote(credential.teamID))")

@@ -1,5 +1,5 @@
 import Common
-import APNs
+public import APNs
 public import Redis
 
 /// Everything `apns-relay run` needs. Loaded from YAML by ``RelayConfiguration/load(yaml:environment:)``;
@@ -65,7 +65,17 @@ public struct RelayConfiguration: Sendable {
         public var credentials: [Credential] = []
         /// How long one request may take (seconds).
         public var requestTimeoutSeconds = 10
+        /// `http://[user[:password]@]host[:port]`: APNs connections tunnel through this HTTP
+        /// proxy (`CONNECT`); empty: direct.
+        public var proxy = ""
+        /// Hosts reached directly even with a proxy (a name and its subdomains; `*`: all).
+        public var noProxy: [String] = []
         public init() {}
+
+        /// ``proxy`` parsed (with ``noProxy``), or nil when there is none.
+        public func parsedProxy() throws(APNsError) -> APNsProxy? {
+            proxy.isEmpty ? nil : try APNsProxy(parsing: proxy, noProxy: noProxy)
+        }
     }
 
     public struct Limits: Sendable {
