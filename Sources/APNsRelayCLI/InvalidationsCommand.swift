@@ -20,7 +20,7 @@ struct InvalidationsCommand: AsyncParsableCommand {
     @Option(help: "YAML configuration file (kafka.brokers, kafka.config, kafka.invalidations_topic).")
     var config: String
 
-    @Option(help: "Only pairs the relay found dead within this long before now (e.g. 90s, 30m, 24h, 7d).")
+    @Option(help: "Only pairs whose record the relay published within this long before now (its \"at\"; e.g. 90s, 30m, 24h, 7d).")
     var since: AgeLimit?
 
     @Option(help: "Give up reading after this long (e.g. 60s, 5m).")

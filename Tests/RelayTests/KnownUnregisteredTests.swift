@@ -16,6 +16,7 @@ struct KnownUnregisteredTests {
         try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
             $0.policy.skipKnownUnregistered = skip
             $0.policy.knownUnregisteredTTLSeconds = 3600
+            $0.kafka.invalidationsTopic = "apns.invalidations.\(UUID().uuidString.prefix(8))"
         }, simulator: { $0.behaviour.unregistered = [gone: unregisteredAt] })
     }
 
@@ -62,9 +63,14 @@ struct KnownUnregisteredTests {
         #expect(after["status"] as? String == "delivered")
         await client.shutdown()
         try await harness.stopExpectingOneOutcomeEach()
+        // The invalidations topic got the 410 once (the answers from the remembered 410 publish
+        // nothing), then a tombstone per delivery.
+        let records = try await InvalidationTests.records(harness)
+        #expect(records.map(\.hasNullValue) == [false, true, true])
+        #expect(try records.first.map { try InvalidationTests.object($0)["intent_id"] as? String } == "gone-1")
     }
 
-    @Test func offEveryIntentIsAskedAndNothingIsRemembered() async throws {
+    @Test func offEveryIntentIsAskedNothingIsRememberedAndADeliveryForgets() async throws {
         let redis = try RedisServerProcess()
         let harness = try await Self.harness(redis, skip: false)
         _ = try await Self.answer(harness, Self.toGone("gone-1"), id: "gone-1", outcomesSoFar: 0)
@@ -72,7 +78,14 @@ struct KnownUnregisteredTests {
         #expect(second["status"] as? String == "unregistered" && second["reason"] as? String == "Unregistered")
         #expect(harness.simulator.answers == ["410 Unregistered": 2])
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("EXISTS", [RedisKeys.unregistered(token: Self.gone, topic: "com.example.app")])).integer == 0)
+        let key = RedisKeys.unregistered(token: Self.gone, topic: "com.example.app")
+        #expect(try await client.send(RedisCommand("EXISTS", [key])).integer == 0)
+        // A 410 remembered while the option was on is forgotten by a delivery while it is off.
+        _ = try await client.send(RedisCommand("SET", [key, "\(Self.unregisteredAt)"]))
+        harness.simulator.update { $0.unregistered = [:] }
+        let back = try await Self.answer(harness, Self.toGone("back-1"), id: "back-1", outcomesSoFar: 2)
+        #expect(back["status"] as? String == "delivered")
+        #expect(try await client.send(RedisCommand("EXISTS", [key])).integer == 0)
         await client.shutdown()
         try await harness.stopExpectingOneOutcomeEach()
     }

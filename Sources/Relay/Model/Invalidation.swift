@@ -29,6 +29,9 @@ public struct Invalidation: Sendable, Equatable {
         self.at = at
     }
 
+    /// The reason of an intent answered from a remembered 410 (`policy.skip_known_unregistered`).
+    public static let knownUnregisteredReason = "KnownUnregistered"
+
     /// The record's key: `<topic>/<token>`.
     public static func key(topic: String, token: String) -> String { "\(topic)/\(token)" }
 
@@ -56,9 +59,11 @@ public struct Invalidation: Sendable, Equatable {
     ///   not hold is compacted away);
     /// - `duplicate` of either: the same again, since its first publishing may not have
     ///   happened (the relay stopped between the outcome and the record; at least once).
-    /// Every other status (rejected, invalid, expired, failed, coalesced) says nothing.
+    /// Every other status (rejected, invalid, expired, failed, coalesced) says nothing, and so
+    /// does an `unregistered` answer from a remembered 410 (`KnownUnregistered`, no request was
+    /// made: the 410 itself published the record).
     public static func record(for outcome: Outcome) -> (key: [UInt8], value: [UInt8]?)? {
-        guard let token = outcome.token, let topic = outcome.topic else { return nil }
+        guard let token = outcome.token, let topic = outcome.topic, outcome.reason != knownUnregisteredReason else { return nil }
         let status = outcome.status == .duplicate ? outcome.originalStatus.flatMap(Outcome.Status.init(rawValue:)) : outcome.status
         let key = Array(Self.key(topic: topic, token: token).utf8)
         switch status {

@@ -14,7 +14,7 @@ public struct InvalidationTopic: Sendable {
     /// Takes one record read from the topic, in its partition's order.
     public mutating func apply(_ message: KafkaMessage) {
         guard let key = message.key else { return }
-        if message.hasNullValue || message.value.isEmpty {
+        if message.hasNullValue {
             dead[key] = nil
         } else {
             dead[key] = message.value

@@ -71,7 +71,7 @@ extension RelayPipeline {
         case .expiredParked:
             return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
         case .knownUnregistered(let at):
-            var outcome = makeOutcome(item, intent: intent, status: .unregistered, reason: "KnownUnregistered")
+            var outcome = makeOutcome(item, intent: intent, status: .unregistered, reason: Invalidation.knownUnregisteredReason)
             outcome.unregisteredAt = at
             return outcome
         case .duplicate(let record?):

@@ -104,14 +104,16 @@ extension RelayPipeline {
         return (AnswerRecord(outcome).encoded, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
     }
 
-    /// What the answer changes in the pair's remembered 410, with `policy.skip_known_unregistered`:
-    /// APNs' 410 is remembered (its timestamp), a delivery forgets it. A `KnownUnregistered`
+    /// What the answer changes in the pair's remembered 410: with `policy.skip_known_unregistered`
+    /// APNs' 410 is remembered (its timestamp); a delivery forgets it whether the option is on
+    /// or not (so that turning it off and on again, or relays of an older version during an
+    /// upgrade, leave no 410 behind that a delivery since contradicts). A `KnownUnregistered`
     /// answer (no request was made) changes nothing: the 410 keeps its own lifetime.
     @inline(never)
     func unregisteredChange(_ ending: Ending) -> Deduplicator.Unregistered? {
-        guard configuration.policy.skipKnownUnregistered, let outcome = ending.outcome else { return nil }
+        guard let outcome = ending.outcome else { return nil }
         switch outcome.status {
-        case .unregistered where outcome.httpStatus == 410:
+        case .unregistered where outcome.httpStatus == 410 && configuration.policy.skipKnownUnregistered:
             return .remember(at: outcome.unregisteredAt ?? outcome.at, ttl: configuration.policy.knownUnregisteredTTLSeconds)
         case .delivered:
             return .forget
