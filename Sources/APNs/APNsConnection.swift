@@ -225,9 +225,13 @@ final class APNsConnection: @unchecked Sendable {
         let serverHostname = Self.isIPAddress(host) ? nil : host
         let proxy = configuration.proxy.flatMap { $0.isUsed(for: host) ? $0 : nil }
         let connectTimeout = configuration.connectTimeout
-        /// TLS (ALPN h2) and HTTP/2 on the connection (or inside the proxy's tunnel).
+        let deadline = NIODeadline.now() + connectTimeout
+        /// TLS (ALPN h2) and HTTP/2 on the connection (or inside the proxy's tunnel: then the
+        /// server's SETTINGS are due by what is left of the connect timeout).
         @Sendable func secure(_ channel: any Channel) throws {
             let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname)
+            var h2 = h2
+            if proxy != nil { h2.readyTimeout = max(deadline - .now(), .milliseconds(1)) }
             let handler = HTTP2ClientHandler(configuration: h2)
             handler.onEvent = { [self] event in self.handle(event, handler: handler, generation: generation) }
             try channel.pipeline.syncOperations.addHandlers([tls, handler])
@@ -239,7 +243,7 @@ final class APNsConnection: @unchecked Sendable {
             .channelInitializer { [self] channel in
                 do {
                     if let proxy {
-                        try openTunnel(channel, through: proxy, deadline: .now() + connectTimeout, generation: generation, then: secure)
+                        try openTunnel(channel, through: proxy, deadline: deadline, generation: generation, then: secure)
                     } else {
                         try secure(channel)
                     }
@@ -262,7 +266,12 @@ final class APNsConnection: @unchecked Sendable {
                     }
                 case .failure(let error):
                     if case .connecting(let current) = state, current == generation {
-                        connectFailed(Self.describe(error))
+                        if let proxy {
+                            APNsMetrics.proxyFailures.increment()
+                            connectFailed("proxy \(proxy): \(Self.describe(error))")
+                        } else {
+                            connectFailed(Self.describe(error))
+                        }
                     }
                 }
             }
@@ -276,14 +285,16 @@ final class APNsConnection: @unchecked Sendable {
     /// with backoff.
     private func openTunnel(_ channel: any Channel, through proxy: APNsProxy, deadline: NIODeadline, generation: Int,
                             then secure: @escaping @Sendable (any Channel) throws -> Void) throws {
-        var headers = HTTPHeaders([("Host", "\(endpoint.host):\(endpoint.port)")])
+        // The authority form: an IPv6 host in brackets.
+        let target = endpoint.host.contains(":") ? "[\(endpoint.host)]" : endpoint.host
+        var headers = HTTPHeaders([("Host", "\(target):\(endpoint.port)")])
         if let authorization = proxy.authorization { headers.add(name: "Proxy-Authorization", value: authorization) }
         let tunnel = channel.eventLoop.makePromise(of: Void.self)
         let pipeline = channel.pipeline.syncOperations
         try pipeline.addHandler(HTTPRequestEncoder(), name: "proxy-request-encoder")
         try pipeline.addHandler(ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)),
                                 name: "proxy-response-decoder")
-        try pipeline.addHandler(NIOHTTP1ProxyConnectHandler(targetHost: endpoint.host, targetPort: endpoint.port, headers: headers,
+        try pipeline.addHandler(NIOHTTP1ProxyConnectHandler(targetHost: target, targetPort: endpoint.port, headers: headers,
                                                             deadline: deadline, promise: tunnel))
         // The proxy's handler removes itself; its HTTP/1 codec goes too (the decoder once it is
         // done with the answer it is reading), then TLS starts inside the tunnel.
@@ -294,27 +305,39 @@ final class APNsConnection: @unchecked Sendable {
         }.flatMapThrowing {
             try secure(channel)
         }.whenFailure { [self] error in
-            // Reported before the channel's close, which ends the attempt with it.
+            // Reported before the channel's close, which ends the attempt with it. Only the
+            // proxy's own failures count as such (not TLS or HTTP/2 set-up inside the tunnel).
             if case .connecting(let current) = state, current == generation {
-                lastError = "proxy \(proxy): \(Self.describeProxyFailure(error))"
-                APNsMetrics.proxyFailures.increment()
+                if error is NIOHTTP1ProxyConnectHandler.Error {
+                    lastError = "proxy \(proxy): \(Self.describeProxyFailure(error))"
+                    APNsMetrics.proxyFailures.increment()
+                } else {
+                    lastError = "inside the tunnel of proxy \(proxy): \(Self.describe(error))"
+                }
             }
             channel.close(promise: nil)
         }
     }
 
-    /// What went wrong with a proxy's `CONNECT`, in a line.
+    /// What went wrong with a proxy's `CONNECT`, in a line (never the error's source location).
     static func describeProxyFailure(_ error: any Error) -> String {
         guard let error = error as? NIOHTTP1ProxyConnectHandler.Error else { return describe(error) }
-        if error == .proxyAuthenticationRequired() { return "407 Proxy Authentication Required (check the proxy's user and password)" }
-        if error == .httpProxyHandshakeTimeout() { return "no answer to CONNECT before the connect timeout" }
-        if error == .remoteConnectionClosed() { return "the proxy closed the connection during CONNECT" }
+        let known: [(NIOHTTP1ProxyConnectHandler.Error, String)] = [
+            (.proxyAuthenticationRequired(), "407 Proxy Authentication Required (check the proxy's user and password)"),
+            (.httpProxyHandshakeTimeout(), "no answer to CONNECT before the connect timeout"),
+            (.remoteConnectionClosed(), "the proxy closed the connection during CONNECT"),
+            (.invalidProxyResponse(), "the proxy answered CONNECT with a body"),
+            (.channelUnexpectedlyInactive(), "the connection closed before CONNECT was sent"),
+            (.noResult(), "the tunnel was given up before the proxy answered"),
+            (.droppedWrites(), "the tunnel failed with writes pending"),
+        ]
+        if let match = known.first(where: { $0.0 == error }) { return match.1 }
+        // The remaining kind, an answer other than 2xx, carries the answer's head.
         let text = String(describing: error)
         if let range = text.range(of: "status: ") {
-            let rest = text[range.upperBound...]
-            return "answered CONNECT with " + rest.prefix { $0 != "," && $0 != ")" }
+            return "answered CONNECT with " + text[range.upperBound...].prefix { $0 != "," && $0 != ")" }
         }
-        return text
+        return "the proxy refused CONNECT"
     }
 
     private func handle(_ event: HTTP2ClientHandler.Event, handler: HTTP2ClientHandler, generation: Int) {

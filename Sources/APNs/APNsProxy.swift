@@ -9,9 +9,7 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
     /// Sent as `Proxy-Authorization: Basic` when given.
     public var username: String?
     public var password: String?
-    /// Hosts reached directly, not through the proxy: a name matches itself and its subdomains
-    /// (`push.apple.com` matches `api.push.apple.com`; a leading `.` is the same); `*` matches
-    /// every host.
+    /// Hosts reached directly, not through the proxy (see ``isUsed(for:)``).
     public var noProxy: [String]
 
     public init(host: String, port: Int, username: String? = nil, password: String? = nil, noProxy: [String] = []) {
@@ -23,7 +21,8 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// `http://[user[:password]@]host[:port]` (port 80 when left out; IPv6 hosts in brackets;
-    /// user and password percent-encoded where they need it).
+    /// user and password percent-encoded where they need it: `%25` for `%`, `%40` for `@`, `%3A`
+    /// for `:` in the password; a user name may not hold `:`).
     public init(parsing text: String, noProxy: [String] = []) throws(APNsError) {
         guard text.hasPrefix("http://") else { throw .badProxy(Self.redacted(text)) }
         var rest = Substring(text.dropFirst("http://".count))
@@ -33,7 +32,10 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
             let userInfo = rest[..<at]
             rest = rest[rest.index(after: at)...]
             let parts = userInfo.split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)
-            guard let user = parts[0].removingPercentEncoding, !user.isEmpty else { throw .badProxy(Self.redacted(text)) }
+            // A ":" in the user name would make the Basic credentials ambiguous (RFC 7617).
+            guard let user = parts[0].removingPercentEncoding, !user.isEmpty, !user.contains(":") else {
+                throw .badProxy(Self.redacted(text))
+            }
             username = user
             if parts.count == 2 {
                 guard let secret = parts[1].removingPercentEncoding else { throw .badProxy(Self.redacted(text)) }
@@ -44,15 +46,46 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
         self.init(host: host, port: port, username: username, password: password, noProxy: noProxy)
     }
 
-    /// Whether connections to `host` go through the proxy (``noProxy`` does not name it).
+    /// Whether connections to `host` go through the proxy (``noProxy`` does not name it): a
+    /// name matches itself and its subdomains (a leading `.` or `*.` is the same), an IP address
+    /// only itself (IPv6 with or without brackets), `*` every host.
     public func isUsed(for host: String) -> Bool {
-        let host = host.lowercased()
+        let host = Self.normalized(host)
+        let isAddress = Self.isIPAddress(host)
         return !noProxy.contains { entry in
-            var entry = entry.lowercased()
+            var entry = Self.normalized(entry)
             if entry == "*" { return true }
-            if entry.hasPrefix(".") { entry.removeFirst() }
-            return !entry.isEmpty && (host == entry || host.hasSuffix("." + entry))
+            if entry.hasPrefix("*.") { entry.removeFirst(2) } else if entry.hasPrefix(".") { entry.removeFirst() }
+            guard !entry.isEmpty else { return false }
+            return host == entry || (!isAddress && host.hasSuffix("." + entry))
         }
+    }
+
+    /// Why a `no_proxy` entry can never match, or nil when it is usable: a port, a path or a
+    /// network range (CIDR) are not supported.
+    public static func noProxyProblem(_ entry: String) -> String? {
+        let entry = normalized(entry)
+        if entry.isEmpty { return "an empty entry" }
+        if entry.contains("/") { return "a network range or path: list host names or addresses" }
+        if entry.contains(":"), !isIPAddress(entry) { return "a port: list host names or addresses without one" }
+        if entry.dropFirst().contains("*") || (entry.hasPrefix("*") && entry != "*" && !entry.hasPrefix("*.")) {
+            return "a wildcard other than a leading \"*.\" or \"*\" alone"
+        }
+        return nil
+    }
+
+    private static func normalized(_ text: String) -> String {
+        var text = text.trimmingCharacters(in: .whitespaces).lowercased()
+        if text.hasPrefix("["), text.hasSuffix("]") { text = String(text.dropFirst().dropLast()) }
+        return text
+    }
+
+    /// An IPv4 address, or an IPv6 one (hex digits, dots and at least two colons).
+    private static func isIPAddress(_ text: String) -> Bool {
+        if text.contains(":") {
+            return text.filter { $0 == ":" }.count >= 2 && text.allSatisfy { $0.isHexDigit || $0 == ":" || $0 == "." }
+        }
+        return !text.isEmpty && text.allSatisfy { $0.isNumber || $0 == "." }
     }
 
     /// `Proxy-Authorization` for the `CONNECT`, when credentials are given.
@@ -68,8 +101,13 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
         return "http://\(user)\(shownHost):\(port)"
     }
 
-    /// `text` with whatever stands between `:` and `@` of its user part redacted.
+    /// `text` with everything between the first `:` of its user part and its last `@` redacted
+    /// (the user part starts after `//`, or at the start when the scheme is missing): whatever
+    /// the text, no part of a password shows.
     public static func redacted(_ text: String) -> String {
-        text.replacingOccurrences(of: #"(//[^:/@]*:)[^@]*@"#, with: "$1<redacted>@", options: .regularExpression)
+        guard let at = text.lastIndex(of: "@") else { return text }
+        let start = text.range(of: "//").map(\.upperBound) ?? text.startIndex
+        guard start < at, let colon = text[start..<at].firstIndex(of: ":") else { return text }
+        return String(text[...colon]) + "<redacted>" + String(text[at...])
     }
 }

@@ -19,7 +19,7 @@ struct SendCommand: AsyncParsableCommand {
     @Flag(help: "Skip TLS certificate verification (simulators only).")
     var insecure = false
 
-    @Option(help: "HTTP proxy to tunnel through (CONNECT): http://[USER[:PASSWORD]@]HOST[:PORT]. Default: $APNS_RELAY_APNS_PROXY.")
+    @Option(help: "HTTP proxy to tunnel through (CONNECT): http://[USER[:PASSWORD]@]HOST[:PORT]. Default: $APNS_RELAY_APNS_PROXY (which keeps a password out of the process list; $APNS_RELAY_APNS_NO_PROXY applies too).")
     var proxy: String?
 
     @OptionGroup var credentials: CredentialOptions
@@ -105,8 +105,11 @@ struct SendCommand: AsyncParsableCommand {
         configuration.requestTimeout = .seconds(Int64(timeout))
         configuration.connectTimeout = .seconds(Int64(timeout))
         configuration.insecureSkipVerify = insecure
-        if let proxy = proxy ?? ProcessInfo.processInfo.environment["APNS_RELAY_APNS_PROXY"], !proxy.isEmpty {
-            configuration.proxy = try APNsProxy(parsing: proxy)
+        let environment = ProcessInfo.processInfo.environment
+        if let proxy = proxy ?? environment["APNS_RELAY_APNS_PROXY"], !proxy.isEmpty {
+            let noProxy = (environment["APNS_RELAY_APNS_NO_PROXY"] ?? "").split(separator: ",")
+                .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            configuration.proxy = try APNsProxy(parsing: proxy, noProxy: noProxy)
         }
         if insecure { Terminal.error("warning: --insecure: the server's TLS certificate is not verified") }
         // The answer (or the error) is the output; the client's own logs would only repeat it

@@ -23,7 +23,7 @@ struct ProxyTests {
         let result = try await harness.client.send(Self.notification)
         #expect(result.classification == .delivered)
         #expect(harness.simulator.accepted.count == 1)
-        #expect(proxy.log.contains("CONNECT"), "the proxy carried the connection:\n\(proxy.log)")
+        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(harness.simulator.port) HTTP/1.1"), "the proxy carried the connection:\n\(proxy.log)")
         await harness.stop()
     }
 
@@ -64,6 +64,14 @@ struct ProxyTests {
         await harness.stop()
     }
 
+    /// A proxy nobody listens on: the error names it (not the APNs host behind it).
+    @Test func anUnreachableProxyIsNamed() async throws {
+        let harness = try await Self.harness("http://u:secret@127.0.0.1:1", requestTimeout: .seconds(1))
+        let failure = try #require(try await harness.client.send(Self.notification).failure?.description)
+        #expect(failure.contains("proxy http://u:<redacted>@127.0.0.1:1: cannot connect to 127.0.0.1:1"), "\(failure)")
+        await harness.stop()
+    }
+
     /// `send --proxy` (or `APNS_RELAY_APNS_PROXY`) tunnels the one push too.
     @Test func sendTakesAProxy() async throws {
         let proxy = try TinyproxyProcess(basicAuth: ("relay", "s3cret"))
@@ -92,14 +100,25 @@ struct ProxyTests {
                     "http://u:secret@proxy:99999"] {
             #expect(throws: APNsError.self, "\(bad)") { try APNsProxy(parsing: bad) }
         }
-        do {
-            _ = try APNsProxy(parsing: "http://u:secret@proxy:99999")
-        } catch {
-            #expect(!"\(error)".contains("secret"), "\(error)")
+        // However the text is wrong, no part of a password shows in the error.
+        for bad in ["http://u:secret@proxy:99999", "u:secret@proxy:3128", "http://u:sec@ret@proxy:x", "http://a/b:secret@proxy:x",
+                    "http://u%3Av:secret@proxy:3128"] {
+            do {
+                _ = try APNsProxy(parsing: bad)
+                Issue.record("\(bad) was accepted")
+            } catch {
+                #expect(!"\(error)".contains("secret") && !"\(error)".contains("ret@"), "\(error)")
+            }
         }
-        let scoped = try APNsProxy(parsing: "http://proxy:3128", noProxy: [".apple.com", "internal"])
+        #expect(APNsProxy.redacted("http://proxy:3128") == "http://proxy:3128")
+        #expect(try APNsProxy(parsing: "http://u:p%25%40ss@proxy").password == "p%@ss")
+        let scoped = try APNsProxy(parsing: "http://proxy:3128", noProxy: [".apple.com", " internal ", "*.corp", "127.0.0.1", "[::1]"])
         #expect(!scoped.isUsed(for: "api.push.apple.com") && !scoped.isUsed(for: "apple.com") && !scoped.isUsed(for: "INTERNAL"))
-        #expect(scoped.isUsed(for: "notapple.com") && scoped.isUsed(for: "internal.example"))
+        #expect(!scoped.isUsed(for: "push.corp") && !scoped.isUsed(for: "127.0.0.1") && !scoped.isUsed(for: "::1"))
+        #expect(scoped.isUsed(for: "notapple.com") && scoped.isUsed(for: "internal.example") && scoped.isUsed(for: "10.127.0.0.1"))
         #expect(!(try APNsProxy(parsing: "http://proxy:3128", noProxy: ["*"])).isUsed(for: "anything"))
+        #expect(APNsProxy.noProxyProblem("10.0.0.0/8") != nil && APNsProxy.noProxyProblem("host:443") != nil)
+        #expect(APNsProxy.noProxyProblem("a*.b") != nil && APNsProxy.noProxyProblem("") != nil)
+        for fine in ["*", "*.apple.com", ".apple.com", "::1", "[::1]", "10.0.0.1"] { #expect(APNsProxy.noProxyProblem(fine) == nil, "\(fine)") }
     }
 }

@@ -14,7 +14,7 @@ struct ProxyRelayTests {
         for index in 0..<5 { try await harness.produce(intent("via-proxy-\(index)", token: hexToken(index)), key: hexToken(index)) }
         let outcomes = try await harness.outcomes(count: 5)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" }, "\(outcomes)")
-        #expect(proxy.log.contains("CONNECT"), "\(proxy.log)")
+        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(harness.simulator.port) HTTP/1.1"), "\(proxy.log)")
         try await harness.stopExpectingOneOutcomeEach()
     }
 
@@ -33,5 +33,9 @@ struct ProxyRelayTests {
         }
         #expect(error.issues.map(\.key) == ["apns.proxy"])
         #expect(!error.description.contains("s3cret"), "\(error)")
+        let entries = try #require(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "apns: {no_proxy: [\"10.0.0.0/8\", \"host:443\", ok.example]}", environment: [:])
+        }
+        #expect(entries.issues.map(\.value) == ["10.0.0.0/8", "host:443"])
     }
 }

@@ -480,7 +480,7 @@ struct SecretsTests {
             }
         }
         #expect(checked.stdout.contains("<redacted>"))
-        #expect(proxy.log.contains("CONNECT"), "the intents went through the proxy")
+        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(harness.simulator.port) HTTP/1.1"), "the intents went through the proxy")
         #expect(printed.contains("relay started") && printed.contains("relay stopped"))
         // Every line is one JSON object with its time, level, message and source; one debug line
         // per outcome names the intent, its partition, offset and topic.

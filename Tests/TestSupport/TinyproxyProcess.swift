@@ -45,8 +45,8 @@ public final class TinyproxyProcess: Sendable {
             }
             process.signal(SIGKILL)
             process.wait()
+            // readToEnd closes the pipe.
             let log = String(decoding: ChildProcess.readToEnd(output), as: UTF8.self)
-            close(output)
             guard attempt < 5 else { throw Failed(description: "tinyproxy did not start:\n\(log)") }
             attempt += 1
         }

@@ -136,7 +136,12 @@ struct ConfigurationReader {
         configuration.apns.connections = integer(apns, "apns.connections", default: 2, range: 1...64)
         configuration.apns.requestTimeoutSeconds = integer(apns, "apns.request_timeout_seconds", default: 10, range: 1...300)
         configuration.apns.proxy = string(apns, "apns.proxy", default: "")
-        configuration.apns.noProxy = stringList(apns["no_proxy"], key: "apns.no_proxy")
+        configuration.apns.noProxy = stringList(apns["no_proxy"], key: "apns.no_proxy").map { $0.trimmingCharacters(in: .whitespaces) }
+        for entry in configuration.apns.noProxy {
+            if let problem = APNsProxy.noProxyProblem(entry) {
+                issues.append(.init(key: "apns.no_proxy", value: entry, allowed: "\(problem) (a name matches its subdomains too; \"*\" matches all)"))
+            }
+        }
         do {
             _ = try configuration.apns.parsedProxy()
         } catch {
