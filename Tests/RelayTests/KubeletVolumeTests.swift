@@ -126,8 +126,9 @@ struct KubeletVolumeTests {
     /// key is then refused as a change of its own.
     @Test func aSecretSwappedWhileAReloadDrainsIsRefusedAndTheRelayGoesOn() async throws {
         var mounted = try await MountedRelay.start(reloadCheckMilliseconds: 200)
-        // One intent held in flight by APNs for 4 s: the reload's drain waits for it.
-        mounted.harness.simulator.update { $0.latency = .seconds(4) }
+        // One intent held in flight by APNs for 10 s: the reload's drain waits for it (long
+        // enough for a loaded machine to get through the steps below meanwhile).
+        mounted.harness.simulator.update { $0.latency = .seconds(10) }
         try await mounted.send("held", token: 1)
         try await mounted.waitForMetric("relay_in_flight 1.0")
         try mounted.editConfiguration()
@@ -140,7 +141,7 @@ struct KubeletVolumeTests {
         let during = try await httpGet(port: mounted.port, path: "/metrics").body
         #expect(hasMetricLine(during, "relay_in_flight 1.0"), "\(during)")
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
-        // Answers without delay from here on (the held one keeps its 4 s).
+        // Answers without delay from here on (the held one keeps its 10 s).
         mounted.harness.simulator.update { $0.latency = .zero }
         try await mounted.send("after", token: 2)
 
