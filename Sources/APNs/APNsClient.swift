@@ -178,6 +178,15 @@ public final class APNsClient: Service, Sendable {
         connections.reduce(0) { $0 + ($1.isReady.load(ordering: .relaxed) ? 1 : 0) }
     }
 
+    /// Streams the ready connections may have open at once (each server's
+    /// SETTINGS_MAX_CONCURRENT_STREAMS, capped by ours).
+    public var streamLimit: Int {
+        connections.reduce(0) { $0 + $1.streamLimit.load(ordering: .relaxed) }
+    }
+
+    /// Sends admitted and not yet answered (waiting for a stream, or on the wire).
+    public var sendsUnderWay: Int { outstanding.load(ordering: .relaxed) }
+
     /// Connections the pool has tried to open so far (reconnects included).
     public var connectAttempts: Int {
         connections.reduce(0) { $0 + $1.connectAttempts.load(ordering: .relaxed) }

@@ -128,6 +128,17 @@ public final class APNsSimulator: Sendable {
         state.locked { ($0.peakWhileLimitedToOne, $0.peakOverall, $0.protocolViolations) }
     }
 
+    /// The apns-ids of requests reset with REFUSED_STREAM (`behaviour.refuseNext`) and of those
+    /// whose connection was closed on them (`behaviour.dropConnectionOnNext`), in order.
+    public var disrupted: (refused: [String], dropped: [String]) { state.locked { ($0.refused, $0.dropped) } }
+
+    /// Advertises a new SETTINGS_MAX_CONCURRENT_STREAMS on every open connection.
+    public func setMaxConcurrentStreamsAll(_ value: UInt32) {
+        for (handler, loop) in state.liveHandlers() {
+            loop.execute { handler.value.setMaxConcurrentStreams(value) }
+        }
+    }
+
     /// Changes the scripted behaviour.
     public func update(_ change: @Sendable (inout SimulatorConfiguration.Behaviour) -> Void) {
         state.locked { change(&$0.behaviour) }

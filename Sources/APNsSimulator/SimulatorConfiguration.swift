@@ -66,6 +66,12 @@ public struct SimulatorConfiguration: Sendable {
         public var latency: TimeAmount = .zero
         /// Never answer at all (for deadline tests).
         public var blackHole: Bool = false
+        /// Reset the next N requests with RST_STREAM REFUSED_STREAM, unprocessed (outside any
+        /// GOAWAY: a client may send them again).
+        public var refuseNext: Int = 0
+        /// Close the connection (no GOAWAY, no answer) on receiving each of the next N
+        /// requests: the client cannot know whether APNs has them.
+        public var dropConnectionOnNext: Int = 0
 
         public init() {}
     }

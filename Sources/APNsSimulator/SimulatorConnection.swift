@@ -39,6 +39,10 @@ final class SharedState: Sendable {
         var peakWhileLimitedToOne = 0
         var peakOverall = 0
         var protocolViolations = 0
+        /// Requests reset with REFUSED_STREAM (`refuseNext`), and those whose connection was
+        /// closed on them (`dropConnectionOnNext`), by apns-id.
+        var refused: [String] = []
+        var dropped: [String] = []
         var handlers: [ObjectIdentifier: (NIOLoopBound<HTTP2ServerHandler>, any EventLoop)] = [:]
         var recordFile: FileHandle?
     }
@@ -95,6 +99,27 @@ final class SharedState: Sendable {
         locked {
             try? $0.recordFile?.close()
             $0.recordFile = nil
+        }
+    }
+
+    enum Disruption {
+        case refuse, dropConnection
+    }
+
+    /// The scripted disruption for the next request, if any is left (counted down here).
+    func disruption(apnsID: String) -> Disruption? {
+        locked { state in
+            if state.behaviour.refuseNext > 0 {
+                state.behaviour.refuseNext -= 1
+                state.refused.append(apnsID)
+                return .refuse
+            }
+            if state.behaviour.dropConnectionOnNext > 0 {
+                state.behaviour.dropConnectionOnNext -= 1
+                state.dropped.append(apnsID)
+                return .dropConnection
+            }
+            return nil
         }
     }
 
@@ -202,6 +227,14 @@ final class SimulatorConnection: HTTP2ServerDelegate {
 
     func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
         let apnsID = request.headers["apns-id"] ?? identifiers.next()
+        switch state.disruption(apnsID: apnsID) {
+        case .refuse?:
+            return connection.resetStream(streamID, errorCode: HTTP2ErrorCode.refusedStream)
+        case .dropConnection?:
+            return connection.abort()
+        case nil:
+            break
+        }
         var accepted: AcceptedNotification?
         let early = check(request, apnsID: apnsID, connection: connection, accepted: &accepted)
         let settled = state.settle(early, openStreams: connection.openStreams) { accepted! }

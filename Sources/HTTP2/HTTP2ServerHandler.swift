@@ -67,49 +67,57 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     // MARK: Public, event loop only
 
     public func respond(streamID: Int32, _ response: HTTP2Response) {
-        guard let session, let context, !closed, openStreamIDs.contains(streamID) else { return }
-        do {
-            try session.submitResponse(streamID: streamID, response)
-        } catch {
-            fail(context, error.description)
-            return
-        }
-        if !inRead {
-            flush(context)
-            closeIfFinished(context)
-        }
+        guard let session, !closed, openStreamIDs.contains(streamID) else { return }
+        submit { () throws(HTTP2Error) in try session.submitResponse(streamID: streamID, response) }
+    }
+
+    /// Resets a stream (RST_STREAM with `errorCode`; REFUSED_STREAM says it was not processed).
+    public func resetStream(_ streamID: Int32, errorCode: UInt32) {
+        guard let session, !closed, openStreamIDs.contains(streamID) else { return }
+        submit { () throws(HTTP2Error) in try session.submitResetStream(streamID, errorCode: errorCode) }
+    }
+
+    /// Closes the connection at once, without GOAWAY: its open streams get no answer.
+    public func abort() {
+        context?.close(promise: nil)
     }
 
     /// Advertises a new SETTINGS_MAX_CONCURRENT_STREAMS.
     public func setMaxConcurrentStreams(_ value: UInt32) {
-        guard let session, let context, !closed, value != advertisedMaxConcurrentStreams else { return }
+        guard let session, !closed, value != advertisedMaxConcurrentStreams else { return }
         advertisedMaxConcurrentStreams = value
-        do {
+        submit(closingWhenDone: false) { () throws(HTTP2Error) in
             try session.submitSettings([(id: Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), value: value)])
-        } catch {
-            fail(context, error.description)
-            return
         }
-        if !inRead { flush(context) }
     }
 
     /// Sends GOAWAY naming the last stream this server processed, with `debugData` (APNs sends
     /// `{"reason":"..."}`); streams above it are refused, streams below it still get answered,
     /// and the connection closes once they have been.
     public func goAway(errorCode: UInt32 = HTTP2ErrorCode.noError, debugData: String) {
-        guard let session, let context, !closed, !goingAway else { return }
+        guard let session, !closed, !goingAway else { return }
         goingAway = true
         goAwayLastStreamID = session.lastProcessedStreamID
+        let lastStreamID = goAwayLastStreamID
+        submit { () throws(HTTP2Error) in
+            try session.submitGoAway(lastStreamID: lastStreamID, errorCode: errorCode, debugData: Array(debugData.utf8))
+        }
+    }
+
+    /// Queues a frame with `body`; outside a read, sends it now (and, with `closingWhenDone`,
+    /// closes the connection if that was its last stream after a GOAWAY). A failure fails the
+    /// connection.
+    private func submit(closingWhenDone: Bool = true, _ body: () throws(HTTP2Error) -> Void) {
+        guard let context else { return }
         do {
-            try session.submitGoAway(lastStreamID: goAwayLastStreamID, errorCode: errorCode,
-                                     debugData: Array(debugData.utf8))
+            try body()
         } catch {
             fail(context, error.description)
             return
         }
         if !inRead {
             flush(context)
-            closeIfFinished(context)
+            if closingWhenDone { closeIfFinished(context) }
         }
     }
 
