@@ -70,7 +70,7 @@ struct DedupeTests {
     /// are answered from the copy in flight, not from Redis' record (which holds no answer
     /// yet): their outcomes carry no original answer.
     @Test func copiesInFlightTogetherAreSentOnce() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, simulator: { $0.behaviour.latency = .milliseconds(300) },
                                              preload: (0..<3).map { _ in (intent("same", token: hexToken(7)), hexToken(7)) })
         let outcomes = try await harness.outcomes(count: 3)
@@ -83,7 +83,7 @@ struct DedupeTests {
     }
 
     @Test func failedIntentsAreNotRecorded() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)
         // No credentials for this topic: `failed`, and a later copy is tried again.
         let other = #"{"id":"nc","token":"\#(hexToken(8))","topic":"com.other.app","payload":{"aps":{}}}"#
@@ -96,7 +96,7 @@ struct DedupeTests {
     }
 
     @Test func redisDownStopsConsumingAndNothingIsLostOrSentTwice() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)
         try await harness.produce(intent("before", token: hexToken(1)), key: hexToken(1))
         _ = try await harness.outcomes(count: 1)
@@ -109,7 +109,7 @@ struct DedupeTests {
         // a drain from evicting any of them.
         #expect(harness.pipeline.notReadyReason == nil)
         #expect(harness.simulator.accepted.count == 1)
-        try redis.start()
+        try await redis.restart()
         let outcomes = try await harness.outcomes(count: 51)
         #expect(outcomes.count == 51)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
@@ -120,7 +120,7 @@ struct DedupeTests {
     }
 
     @Test func aRedisRestartMidStreamLosesNothingAndSendsNothingTwice() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)
         let total = 300
         let producing = Task {
@@ -133,7 +133,7 @@ struct DedupeTests {
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.outcomeCounts.values.reduce(0, +) >= 50 }
         redis.stop()
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.dependencyProblems.contains { $0.contains("Redis unreachable") } }
-        try redis.start()
+        try await redis.restart()
         try await producing.value
         let outcomes = try await harness.outcomes(count: total)
         #expect(outcomes.count == total)
@@ -145,7 +145,7 @@ struct DedupeTests {
     }
 
     @Test func failOpenSendsWithoutPolicyWhileRedisIsDown() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, failOpen: true)
         redis.stop()
         for index in 0..<10 {
@@ -159,7 +159,7 @@ struct DedupeTests {
     }
 
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         // Outcome records time out after 1 s while the brokers refuse them. The intents are in
         // the topic before the relay starts, and the brokers refuse records from the moment it
         // has started: before its group is even joined (and APNs takes 0.5 s more), so before
@@ -175,7 +175,7 @@ struct DedupeTests {
         #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == 20)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         #expect(harness.simulator.accepted.count == 20)
-        try await waitUntil { harness.pipeline.inFlight == 0 }
+        #expect(await harness.pipeline.idle(within: .seconds(20)))
         #expect(harness.pipeline.outcomeCounts["delivered"] == 20)
         try await harness.stopExpectingOneOutcomeEach()
     }
@@ -183,7 +183,7 @@ struct DedupeTests {
     /// Review 2.3: a redelivered intent whose answer is recorded comes out `duplicate` with what
     /// APNs answered the first time, so a 410 (and its timestamp) is never lost behind it.
     @Test func aDuplicateCarriesTheRecordedAnswer() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let gone = hexToken(0x410)
         let harness = try await Self.harness(redis, simulator: { $0.behaviour.unregistered = [gone: 1_432_819_882_000] })
         try await harness.produce(intent("gone-1", token: gone), key: gone)
@@ -216,7 +216,7 @@ struct DedupeTests {
     }
 
     @Test func everythingConsumedAgainComesOutDuplicate() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)
         for index in 0..<100 {
             try await harness.produce(intent("again-\(index)", token: hexToken(300 + index % 13)), key: hexToken(300 + index % 13))

@@ -37,7 +37,8 @@ struct PolicyTests {
         let harness = try await Self.harness(redis, burst: 1, refill: 0.2)
         try await harness.produce(intent(sent, token: token), key: token)
         try await harness.produce(intent(parked, token: token), key: token)
-        try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 1 && harness.pipeline.inFlight == 0 }
+        try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 1 }
+        #expect(await harness.pipeline.idle(within: .seconds(20)))
         return harness
     }
 
@@ -93,7 +94,7 @@ struct PolicyTests {
         #expect(harness.simulator.accepted.count == 6)
         #expect(Self.sent(harness, "burst-20") == 1)
         // Once answered, nothing is left in the mailbox or in the partition's due index.
-        try await waitUntil { harness.pipeline.inFlight == 0 }
+        #expect(await harness.pipeline.idle(within: .seconds(20)))
         let client = try redis.client()
         #expect(try await client.send(RedisCommand("HLEN", ["apns-relay:mailbox:{\(token)}:com.example.app"])).integer == 0)
         #expect(try await client.send(RedisCommand("EXISTS", ["apns-relay:waiting:{\(token)}:com.example.app"])).integer == 0)
@@ -106,7 +107,7 @@ struct PolicyTests {
     }
 
     @Test func anIntentExpiringWhileParkedComesOutExpired() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, burst: 1, refill: 0.001)
         let token = hexToken(0xe1)
         try await harness.produce(intent("first", token: token), key: token)
@@ -141,7 +142,7 @@ struct PolicyTests {
     }
 
     @Test func intentsParkedAcrossARestartAreDeliveredOnceAfterIt() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0x5e)
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "before", parked: "waiting")
         // Stop this relay while "waiting" sits in the mailbox (due about 5 s after "before") ...
@@ -158,7 +159,7 @@ struct PolicyTests {
         #expect(waiting["worker"] as? String == "second")
         #expect(Self.sent(harness, "waiting") == 1)
         // Consuming again from the committed offsets finds nothing more to do.
-        try await waitUntil { second.inFlight == 0 }
+        #expect(await second.idle(within: .seconds(20)))
         #expect(second.outcomeCounts == ["delivered": 1])
         second.requestStop()
         await running.value
@@ -167,7 +168,7 @@ struct PolicyTests {
     }
 
     @Test func a429BacksTheDeviceOffAndTheNewestIntentWaitsItOut() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         // APNs allows two per second: the third meets a 429 unless it comes a second after the
         // first (a loaded machine can take half a second between them), and its retry after the
         // 1 s backoff comes in the next window.
@@ -188,7 +189,7 @@ struct PolicyTests {
     }
 
     @Test func theBackoffGrowsWhile429sRepeat() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         // One notification per device per 5 s: the second one meets 429s until then.
         let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(5), backoffMax: 8)
         let token = hexToken(0x4291)
@@ -212,7 +213,7 @@ struct PolicyTests {
     }
 
     @Test func anIntentOutlastingTheRetryBudgetWaitsInItsMailboxInsteadOfFailing() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         // APNs answers 503 for a while: longer than the 1 s retry budget.
         let harness = try await Self.harness(redis, burst: 10, refill: 1, configure: {
             $0.retry.deadlineSeconds = 1
@@ -230,7 +231,7 @@ struct PolicyTests {
 
     @Test func oneBatchCollapsesToTheNewestPerCollapseIDUnlessTheTopicSaysNo() async throws {
         for coalesce in [true, false] {
-            let redis = try RedisServerProcess()
+            let redis = try await RedisServerProcess.started()
             let token = hexToken(0xc0)
             let intents = (1...3).map { (intent("score-\($0)", token: token, extra: #","collapse_id":"score""#), token) }
                 + [(intent("other", token: token, extra: #","collapse_id":"chat""#), token)]
@@ -263,7 +264,7 @@ struct PolicyTests {
     /// one (with a real expiration) is parked and delivered, not `coalesced` by one that never
     /// went out.
     @Test func aCollapseNeverSettlesOnAnIntentThatIsThenDropped() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0xc5)
         let harness = try await Self.harness(redis, burst: 1, refill: 1, preload: [
             (intent("first", token: token), token),
@@ -280,7 +281,7 @@ struct PolicyTests {
     }
 
     @Test func expirationsPastWhatTheRelayCanHoldAreAnsweredNotParkedForever() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, burst: 1, refill: 0.001)
         let token = hexToken(0xfa7)
         // The first takes the device's only token; the others would have to wait in its mailbox
@@ -299,7 +300,7 @@ struct PolicyTests {
     }
 
     @Test func keysOfAnotherTypeRefuseOneIntentsPolicyAndItGoesOnWithoutIt() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         // Keys something else wrote with other types: the mailbox scripts and the badge script
         // fail on them (WRONGTYPE) every time they are asked.
@@ -332,7 +333,7 @@ struct PolicyTests {
     }
 
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         // Whatever else wrote these keys: lengths that are negative, past the end, or overflow.
         let waiting = ["-5:x", "9223372036854775807:x", "99999999999999999999999:x", "3:ab", ":", "garbage"]
@@ -353,7 +354,7 @@ struct PolicyTests {
     }
 
     @Test func anUnreadableMailboxEntryIsLeftAloneAndTheRestGoesOn() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, burst: 5, refill: 1)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         // A due entry whose stored times no relay wrote (they would overflow the arithmetic).
@@ -375,7 +376,7 @@ struct PolicyTests {
     }
 
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0xd0)
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two")
         // `inspect` shows the parked intent, the empty bucket and the last notification sent.
@@ -393,7 +394,7 @@ struct PolicyTests {
         let byID = Self.byID(try await harness.outcomes(count: 2))
         #expect(byID["one"]?["status"] as? String == "delivered")
         #expect(byID["two"]?["status"] as? String == "delivered")
-        try await waitUntil { harness.pipeline.inFlight == 0 }
+        #expect(await harness.pipeline.idle(within: .seconds(20)))
         #expect(Self.sent(harness, "two") == 1)
         #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
         // The copy has no outcome of its own: its id's one came when the parked intent was sent.
@@ -405,7 +406,7 @@ struct PolicyTests {
     /// the older one is due. The newer takes its place in the mailbox (the older is `coalesced`
     /// by it) and goes out from there, so the device sees the two in partition order.
     @Test func aNewerIntentDoesNotOvertakeAnOlderOneWaitingInTheMailbox() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0x27)
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "first", parked: "older")
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
@@ -427,7 +428,7 @@ struct PolicyTests {
     /// send (although the bucket has a token for it), and goes out once that send is answered,
     /// not at the end of the send's 120 s lease.
     @Test func anIntentWaitingBehindAMailboxSendGoesOutWhenThatSendIsAnswered() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0x28)
         // APNs takes 3 s to answer; the bucket has a token every 0.5 s.
         let harness = try await Self.harness(redis, burst: 1, refill: 2, simulator: { $0.behaviour.latency = .seconds(3) })

@@ -32,9 +32,9 @@ extension RelayPipeline {
             if sent { revokeWaiter = Self.endAtAPNs(item, &state) }
             var waiters: [CheckedContinuation<Void, Never>] = []
             if let waiter = capacityWaiterIfRoom(&state) { waiters.append(waiter) }
-            if state.inFlight == 0, let waiter = state.drainedWaiter {
-                state.drainedWaiter = nil
-                waiters.append(waiter)
+            if state.inFlight == 0, !state.idleWaiters.isEmpty {
+                waiters += state.idleWaiters.values
+                state.idleWaiters.removeAll()
             }
             return (notStored, waiters, state.inFlight)
         }
@@ -110,28 +110,43 @@ extension RelayPipeline {
 
     /// Waits for in-flight work to end, up to the shutdown deadline.
     func drain() async {
-        let deadline = Duration.seconds(configuration.shutdownDeadlineSeconds)
-        await withTaskGroup(of: Void.self) { group in
+        if await idle(within: .seconds(configuration.shutdownDeadlineSeconds)) {
+            logger.info("stopping: in-flight work finished")
+        }
+    }
+
+    /// Waits until no intent is in flight (true; at once when none is), or until `timeout`
+    /// passed first (false).
+    public func idle(within timeout: Duration) async -> Bool {
+        let id = state.withLock { state -> Int? in
+            guard state.inFlight > 0 else { return nil }
+            state.nextIdleWaiter += 1
+            return state.nextIdleWaiter
+        }
+        guard let id else { return true }
+        return await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 await withCheckedContinuation { continuation in
+                    // Cancelled (the deadline won) before it got here: nobody would resume it.
                     let done = self.state.withLock { state -> Bool in
-                        if state.inFlight == 0 { return true }
-                        state.drainedWaiter = continuation
+                        if state.inFlight == 0 || Task.isCancelled { return true }
+                        state.idleWaiters[id] = continuation
                         return false
                     }
                     if done { continuation.resume() }
                 }
+                return self.inFlight == 0
             }
-            group.addTask { try? await Task.sleep(for: deadline) }
-            await group.next()
+            group.addTask {
+                try? await Task.sleep(for: timeout)
+                return false
+            }
+            let first = await group.next() ?? false
             group.cancelAll()
-            // Release the drain waiter if the deadline won.
-            let waiter = self.state.withLock { state in
-                defer { state.drainedWaiter = nil }
-                return state.drainedWaiter
-            }
+            // The deadline won: the waiter (if it is in place yet) goes on now.
+            let waiter = self.state.withLock { $0.idleWaiters.removeValue(forKey: id) }
             waiter?.resume()
+            return first
         }
-        if inFlight == 0 { logger.info("stopping: in-flight work finished") }
     }
 }

@@ -81,7 +81,9 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Of those, the ones waiting behind an earlier intent for their device (not started).
         var waiting = 0
         var capacityWaiter: CheckedContinuation<Void, Never>?
-        var drainedWaiter: CheckedContinuation<Void, Never>?
+        /// Waiting for `inFlight` to reach 0 (``idle(within:)``), by waiter.
+        var idleWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var nextIdleWaiter = 0
         var credentialFaults: CredentialFaultBreaker
         var outcomeCounts: [String: Int] = [:]
         var publishFailures = 0
