@@ -279,7 +279,8 @@ let package = Package(
         .testTarget(
             name: "RedisTests",
             dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport",
-                           .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")],
+                           .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
+                           .product(name: "NIOConcurrencyHelpers", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",

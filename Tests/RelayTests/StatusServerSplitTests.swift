@@ -1,0 +1,55 @@
+import NIOCore
+import NIOPosix
+@testable import Relay
+import Synchronization
+import Testing
+
+/// A request head that arrives in pieces is answered once it is whole.
+@Suite("Status endpoints, requests in pieces", .timeLimit(.minutes(1)))
+struct StatusServerSplitTests {
+    /// Collects what the server sends; `head` completes once a whole response head arrived.
+    final class Collector: ChannelInboundHandler, Sendable {
+        typealias InboundIn = ByteBuffer
+        let received = Mutex<[UInt8]>([])
+        let head: EventLoopPromise<String>
+
+        init(_ head: EventLoopPromise<String>) {
+            self.head = head
+        }
+
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            let bytes = Array(buffer: unwrapInboundIn(data))
+            let text = received.withLock { received -> String in
+                received += bytes
+                return String(decoding: received, as: UTF8.self)
+            }
+            if text.contains("\r\n\r\n") { head.succeed(text) }
+        }
+
+        func channelInactive(context: ChannelHandlerContext) {
+            head.fail(ChannelError.eof)
+        }
+    }
+
+    @Test(arguments: [["GET /hea", "lthz HTTP/1.1\r\nHost: x\r\n\r\n"], ["GET /healthz HTTP/1.1\r\nHo", "st: x\r", "\n\r\n"]])
+    func aHeadSplitAcrossReadsIsAnswered(pieces: [String]) async throws {
+        let server = try await StatusServerTests.start(.init(requestTimeout: .seconds(10)))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let loop = group.next()
+        let head = loop.makePromise(of: String.self)
+        let channel = try await ClientBootstrap(group: loop)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(Collector(head)) }
+            }
+            .connect(host: "127.0.0.1", port: server.port).get()
+        for piece in pieces {
+            try await channel.writeAndFlush(ByteBuffer(string: piece))
+            // Nothing marks the server's read of a piece: a pause makes each a read of its own.
+            try await Task.sleep(for: .milliseconds(150))
+        }
+        let answer = try await head.futureResult.get()
+        #expect(answer.hasPrefix("HTTP/1.1 200"), "\(answer)")
+        try await channel.close()
+        await server.stop()
+    }
+}
