@@ -1,5 +1,4 @@
 import Foundation
-import NIOPosix
 import Synchronization
 import Spawn
 
@@ -36,6 +35,24 @@ public final class RedisServerProcess: Sendable {
     }
 
     deinit { stop() }
+
+    /// ``init(arguments:tls:)`` on a thread of its own: waiting for the server to be ready
+    /// never holds a thread of the concurrency pool (async callers use this).
+    public static func started(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) async throws -> RedisServerProcess {
+        try await offThread { try RedisServerProcess(arguments: arguments, tls: tls) }
+    }
+
+    /// ``start()`` on a thread of its own.
+    public func restart() async throws {
+        try await Self.offThread { try self.start() }
+    }
+
+    /// Runs `body` on a new thread and returns what it returned (or throws what it threw).
+    static func offThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread { continuation.resume(with: Result { try body() }) }
+        }
+    }
 
     /// Starts (again) on the same port and returns once it accepts connections.
     public func start() throws {
@@ -93,9 +110,6 @@ public final class RedisServerProcess: Sendable {
     }
 
     public static func freePort() throws -> Int {
-        let channel = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
-        let port = channel.localAddress!.port!
-        try channel.close().wait()
-        return port
+        try LoopbackPort.free()
     }
 }

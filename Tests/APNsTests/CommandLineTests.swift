@@ -94,10 +94,16 @@ struct CommandLineTests {
         ], standardOutput: out.write, standardError: err.write)
         close(out.write)
         close(err.write)
-        // The first line is the contract: read up to it.
-        var firstLine: [UInt8] = []
-        var byte: UInt8 = 0
-        while !firstLine.contains(0x0A), read(out.read, &byte, 1) == 1 { firstLine.append(byte) }
+        // Killed if the test ends early (a failure below), so it never outlives the test.
+        defer { if process.isRunning { process.signal(SIGKILL); _ = process.wait() } }
+        // The first line is the contract: read up to it (on a thread of its own: a blocking read).
+        let readEnd = out.read
+        let firstLine = await onOwnThread { () -> [UInt8] in
+            var firstLine: [UInt8] = []
+            var byte: UInt8 = 0
+            while !firstLine.contains(0x0A), read(readEnd, &byte, 1) == 1 { firstLine.append(byte) }
+            return firstLine
+        }
         let line = String(decoding: firstLine, as: UTF8.self).split(separator: "\n").first.map(String.init) ?? ""
         #expect(line.hasPrefix("listening on https://127.0.0.1:"))
         let url = String(line.dropFirst("listening on ".count))
@@ -110,9 +116,11 @@ struct CommandLineTests {
         #expect(sent.status == 0, "\(sent.stdout) \(sent.stderr)")
 
         process.signal(SIGTERM)
-        #expect(process.wait() == 0)
+        let errorEnd = err.read
+        let (status, summaryBytes) = await onOwnThread { (process.wait(), ChildProcess.readToEnd(errorEnd)) }
+        #expect(status == 0)
         close(out.read)
-        let summary = String(decoding: ChildProcess.readToEnd(err.read), as: UTF8.self)
+        let summary = String(decoding: summaryBytes, as: UTF8.self)
         #expect(summary.contains("200: 1"), "\(summary)")
         let lines = try String(contentsOfFile: record, encoding: .utf8).split(separator: "\n")
         #expect(lines.count == 1)

@@ -18,7 +18,7 @@ struct ProxyTests {
     }
 
     @Test func notificationsGoThroughTheTunnel() async throws {
-        let proxy = try TinyproxyProcess()
+        let proxy = try await TinyproxyProcess.started()
         let harness = try await Self.harness(proxy.url)
         let result = try await harness.client.send(Self.notification)
         #expect(result.classification == .delivered)
@@ -28,7 +28,7 @@ struct ProxyTests {
     }
 
     @Test func basicAuthIsSentAndAWrongPasswordIsAClearError() async throws {
-        let proxy = try TinyproxyProcess(basicAuth: ("relay", "s3cret"))
+        let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", "s3cret"))
         let good = try await Self.harness("http://relay:s3cret@127.0.0.1:\(proxy.port)")
         #expect(try await good.client.send(Self.notification).classification == .delivered)
         await good.stop()
@@ -48,7 +48,7 @@ struct ProxyTests {
 
     @Test func aProxyThatRefusesTheTunnelIsAClearError() async throws {
         // It tunnels to port 1 only: CONNECT to the simulator is refused (403).
-        let proxy = try TinyproxyProcess(connectPorts: [1])
+        let proxy = try await TinyproxyProcess.started(connectPorts: [1])
         let harness = try await Self.harness(proxy.url, requestTimeout: .seconds(2))
         let result = try await harness.client.send(Self.notification)
         let failure = try #require(result.failure?.description)
@@ -74,7 +74,7 @@ struct ProxyTests {
 
     /// `send --proxy` (or `APNS_RELAY_APNS_PROXY`) tunnels the one push too.
     @Test func sendTakesAProxy() async throws {
-        let proxy = try TinyproxyProcess(basicAuth: ("relay", "s3cret"))
+        let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", "s3cret"))
         let key = TestKey()
         var configuration = SimulatorConfiguration()
         configuration.signingKeys = [key.simulatorKey]

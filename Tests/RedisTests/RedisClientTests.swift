@@ -39,7 +39,7 @@ struct RedisClientTests {
     }
 
     @Test func commandsAndReplies() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
         let binary: [UInt8] = [0, 1, 0xFF, 13, 10, 36]
         #expect(try await client.send(RedisCommand("SET", ["bin", binary])) == .status("OK"))
@@ -53,7 +53,7 @@ struct RedisClientTests {
     }
 
     @Test func commandsBuiltInPiecesIntoOneBufferAreSentAsWritten() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
         let numbers: [Int64] = [0, 7, -1, 1_795_329_384_604, Int64.max, Int64.min]
         var buffer = RedisCommandBuffer(reservingBytes: 16)
@@ -72,7 +72,7 @@ struct RedisClientTests {
     }
 
     @Test func aPipelineIsOneRoundTripWithRepliesInOrder() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
         let commands = (0..<1000).map { RedisCommand("SET", ["k\($0)", $0]) } + (0..<1000).map { RedisCommand("GET", ["k\($0)"]) }
             + [RedisCommand("HGET", ["k1", "x"])]
@@ -89,7 +89,7 @@ struct RedisClientTests {
     }
 
     @Test func concurrentCallersAllGetTheirOwnAnswers() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for index in 0..<200 {
@@ -105,7 +105,7 @@ struct RedisClientTests {
     }
 
     @Test func scriptsRunBySHAAndAreLoadedAgainAfterAFlush() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
         let script = RedisScript("return redis.call('INCRBY', KEYS[1], ARGV[1])")
         #expect(try await client.evaluate(script, keys: ["s"], arguments: [2]) == .integer(2))
@@ -118,7 +118,7 @@ struct RedisClientTests {
     }
 
     @Test func authAndDatabaseFromTheURL() async throws {
-        let server = try RedisServerProcess(arguments: ["--requirepass", "s3cret-pw"])
+        let server = try await RedisServerProcess.started(arguments: ["--requirepass", "s3cret-pw"])
         let client = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/3")
         _ = try await client.send(RedisCommand("SET", ["where", "db3"]))
         let other = try Self.client("redis://:s3cret-pw@127.0.0.1:\(server.port)/0")
@@ -152,7 +152,7 @@ struct RedisClientTests {
             "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", certificate,
         ], standardError: quiet)
         try #require(openssl.wait() == 0)
-        let server = try RedisServerProcess(tls: (certificate, key))
+        let server = try await RedisServerProcess.started(tls: (certificate, key))
         #expect(server.url.hasPrefix("rediss://"))
         var configuration = RedisConfiguration(url: try RedisURL(parsing: server.url))
         // A self-signed test certificate: verification is what tlsSkipVerify turns off.
@@ -172,7 +172,7 @@ struct RedisClientTests {
     }
 
     @Test func aLateAnswerFailsAtTheDeadlineAndTheNextCallWorks() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url, timeout: .milliseconds(300), connections: 1)
         let started = ContinuousClock.now
         // BLPOP would block 30 s; the 300 ms deadline ends the call long before (generous bound:
@@ -202,12 +202,12 @@ struct RedisClientTests {
     }
 
     @Test func reconnectsAfterARedisRestart() async throws {
-        let server = try RedisServerProcess()
+        let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url, connections: 1)
         #expect(try await client.send(RedisCommand("PING")) == .status("PONG"))
         server.stop()
         await #expect(throws: RedisError.self) { try await client.send(RedisCommand("PING")) }
-        try server.start()
+        try await server.restart()
         // Calls fail fast while the connection's backoff runs (at most 200 ms here), then the
         // client connects again by itself.
         var answer: RESPValue?

@@ -60,7 +60,7 @@ struct BadgeTests {
     }
 
     @Test func anIntentAppliedTwiceChangesTheCountOnce() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let store = BadgeStore(client: client, appliedTTL: 60)
         let token = hexToken(42)

@@ -21,8 +21,8 @@ struct FleetTokenTests {
     /// `count` token sources for one key, each with its own Redis connections (relay processes),
     /// on a private redis-server and one test clock.
     /// The server is killed when released: callers keep it until they are done.
-    static func fleet(_ count: Int) throws -> (RedisServerProcess, Clock, [RedisProviderTokenSource]) {
-        let server = try RedisServerProcess()
+    static func fleet(_ count: Int) async throws -> (RedisServerProcess, Clock, [RedisProviderTokenSource]) {
+        let server = try await RedisServerProcess.started()
         let (clock, sources) = try fleet(count) { try Self.redisClient(server) }
         return (server, clock, sources)
     }
@@ -59,7 +59,7 @@ struct FleetTokenTests {
     }
 
     @Test func manyCallersAtOnceMintOnce() async throws {
-        let (server, _, sources) = try Self.fleet(4)
+        let (server, _, sources) = try await Self.fleet(4)
         let tokens = try await withThrowingTaskGroup(of: ProviderToken.self) { group in
             for index in 0..<200 {
                 group.addTask { try await sources[index % sources.count].currentToken() }
@@ -72,7 +72,7 @@ struct FleetTokenTests {
     }
 
     @Test func expiredProviderTokenReplacesItOnlyAfterTwentyMinutes() async throws {
-        let (server, clock, sources) = try Self.fleet(2)
+        let (server, clock, sources) = try await Self.fleet(2)
         let (first, second) = (sources[0], sources[1])
         let token = try await first.currentToken()
         clock.advance(minutes: 10)

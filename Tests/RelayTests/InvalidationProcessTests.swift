@@ -29,7 +29,7 @@ struct InvalidationProcessTests {
         // while the outcome goes out.
         harness.cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce,
                                                 [(KafkaErrorCode.notEnoughReplicas, 25_000)])
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let config = try writeConfig(harness: harness, redisURL: redis.url, invalidationsTopic: invalidations)
         let first = try RelayProcess.start(config: config)
         _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))

@@ -87,7 +87,7 @@ struct InvalidationTests {
     /// more: the first publishing may not have happened (a relay stopped between the outcome
     /// and the record); `delivered` ones, a tombstone.
     @Test func aDuplicatePublishesItsFirstAnswersRecordAgain() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis: redis)
         let alive = hexToken(0x411)
         try await harness.produce(intent("gone-1", token: Self.gone), key: Self.gone)

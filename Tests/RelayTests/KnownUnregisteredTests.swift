@@ -32,7 +32,7 @@ struct KnownUnregisteredTests {
     }
 
     @Test func aRememberedFourTenAnswersUntilTheTokenIsRegisteredAgain() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, skip: true)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let key = RedisKeys.unregistered(token: Self.gone, topic: "com.example.app")
@@ -71,7 +71,7 @@ struct KnownUnregisteredTests {
     }
 
     @Test func offEveryIntentIsAskedNothingIsRememberedAndADeliveryForgets() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, skip: false)
         _ = try await Self.answer(harness, Self.toGone("gone-1"), id: "gone-1", outcomesSoFar: 0)
         let second = try await Self.answer(harness, Self.toGone("gone-2"), id: "gone-2", outcomesSoFar: 1)

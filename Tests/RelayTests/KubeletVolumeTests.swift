@@ -56,7 +56,7 @@ struct MountedRelay {
     /// Started, and serving its metrics.
     static func start(reloadCheckMilliseconds: Int) async throws -> MountedRelay {
         let harness = try await ProcessHarness.start()
-        let port = try freePort()
+        let port = try await freePort()
         let key = try String(contentsOfFile: harness.keyFile, encoding: .utf8)
         let keys = try KubeletVolume(["AuthKey_ABC123DEFG.p8": key])
         let written = try String(contentsOfFile: try writeConfig(harness: harness, httpPort: port), encoding: .utf8)

@@ -16,7 +16,7 @@ struct MailboxClaimTests {
     /// lease).
     @Test(arguments: [("a-parked", "b-claimed"), ("b-parked", "a-claimed")])
     func theAbandonedClaimIsAnsweredThenTheEntryBehindIt(parked: String, claimed: String) async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await MailboxRepairTests.pollingRelay(redis)
         let token = hexToken(0x4c), topic = "com.example.app"
         let now = MailboxRepairTests.nowMilliseconds()

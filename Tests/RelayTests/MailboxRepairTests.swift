@@ -31,7 +31,7 @@ struct MailboxRepairTests {
     /// offset was not committed, so the intent comes again; it must be delivered, not taken for
     /// "already in the mailbox" and left there unindexed.
     @Test func aParkWhoseIndexWriteNeverHappenedIsDeliveredWhenItsIntentComesAgain() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0x1a)
         let json = intent("stranded-1", token: token)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
@@ -55,7 +55,7 @@ struct MailboxRepairTests {
     /// mailbox, as the take's claim, until its outcome is out; while outcomes cannot be
     /// published it is still there (a relay dying now would leave it to be taken again).
     @Test func anAnsweredEntryLeavesItsMailboxOnlyOnceItsOutcomeIsOut() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let token = hexToken(0x2c)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
@@ -90,7 +90,7 @@ struct MailboxRepairTests {
     /// A parked entry that is due while another intent's claim still runs waits for that claim
     /// (one notification at a time per device and app); the claim is not overwritten.
     @Test func aDueEntryWaitsForAnotherIntentsLiveClaim() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.pollingRelay(redis)
         let token = hexToken(0x1c)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
@@ -123,7 +123,7 @@ struct MailboxRepairTests {
     /// partition the relay does not own: the poll that delivers the first leaves the second,
     /// its mailbox and its index member as they were.
     @Test func aRelayTakesNothingFromPartitionsItDoesNotOwn() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.pollingRelay(redis)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
@@ -153,7 +153,7 @@ struct MailboxRepairTests {
     /// Review 2.2: a displaced entry stays in the mailbox until its `coalesced` outcome is
     /// acknowledged: a park whose reply was lost, asked again, still hands it over.
     @Test func aDisplacedEntryIsHandedOverUntilItsOutcomeIsAcknowledged() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
         let token = hexToken(0x2d)
@@ -177,7 +177,7 @@ struct MailboxRepairTests {
     /// An older intent of the partition (a redelivery after a crash) never displaces a newer one
     /// from the mailbox, parked or being sent: it is displaced itself, `coalesced` by the newer.
     @Test func anOlderIntentNeverDisplacesANewerOneFromTheMailbox() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
         let token = hexToken(0x2e)
@@ -220,7 +220,7 @@ struct MailboxRepairTests {
     /// not drop the claim's due-index member (the claim would never be retried if that relay
     /// then lost the partition); the member moves to the lease's end.
     @Test func aLiveClaimKeepsItsIndexMemberUntilItsLeaseEnds() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await Self.pollingRelay(redis)
         let token = hexToken(0x1b)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600

@@ -17,7 +17,7 @@ struct MailboxTraceTests {
     /// under the relay's span for it (a child of the intent's parent, with its id). Its trace
     /// leaves the mailbox with it.
     @Test(arguments: [false, true]) func aParkedIntentsOutcomeCarriesItsTrace(exported: Bool) async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let receiver = try await OTLPReceiver()
         let harness = try await PolicyTests.harness(redis, burst: 1, refill: 0.5, configure: {
             if exported {

@@ -7,7 +7,7 @@ import Testing
 @Suite("The relay behind an HTTP proxy", .timeLimit(.minutes(2)))
 struct ProxyRelayTests {
     @Test func intentsAreDeliveredThroughTheProxy() async throws {
-        let proxy = try TinyproxyProcess(basicAuth: ("relay", "s3cret"))
+        let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", "s3cret"))
         let harness = try await RelayHarness.start(configureRelay: {
             $0.apns.proxy = "http://relay:s3cret@127.0.0.1:\(proxy.port)"
         })

@@ -20,7 +20,7 @@ struct RedisGuaranteesTests {
     }
 
     @Test func aRedisThatCanEvictIsRefusedBeforeAnythingIsConsumed() async throws {
-        let redis = try RedisServerProcess(arguments: ["--maxmemory-policy", "allkeys-lru"])
+        let redis = try await RedisServerProcess.started(arguments: ["--maxmemory-policy", "allkeys-lru"])
         let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
         try await harness.produce(intent("never-1", token: hexToken(1)), key: hexToken(1))
         // The relay stops on its own.
@@ -36,7 +36,7 @@ struct RedisGuaranteesTests {
     }
 
     @Test func anOperatorMayAcceptEviction() async throws {
-        let redis = try RedisServerProcess(arguments: ["--maxmemory-policy", "volatile-lru"])
+        let redis = try await RedisServerProcess.started(arguments: ["--maxmemory-policy", "volatile-lru"])
         let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10, configure: { $0.redis.allowEviction = true })
         try await harness.produce(intent("allowed-1", token: hexToken(1)), key: hexToken(1))
         let outcomes = try await harness.outcomes(count: 1)

@@ -116,11 +116,11 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
 /// A TCP port nothing listens on right now, and never handed out before in this test process:
 /// tests running at once could otherwise get the same one (the kernel may give a just-closed
 /// port out again), and one test's relay would answer the other's /metrics.
-func freePort() throws -> Int {
+func freePort() async throws -> Int {
     while true {
-        let socket = try ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).wait()
+        let socket = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
         let port = socket.localAddress!.port!
-        try socket.close().wait()
+        try await socket.close().get()
         if handedOutPorts.withLock({ $0.insert(port).inserted }) { return port }
     }
 }
@@ -198,7 +198,7 @@ struct RelayProcessTests {
     /// SIGTERM with everything committed (SIGTERM with work in flight: the next test).
     @Test func statusEndpointsThenACleanExitOnSIGTERM() async throws {
         let harness = try await ProcessHarness.start()
-        let port = try freePort()
+        let port = try await freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config)
         try await harness.produce(200)
@@ -246,7 +246,7 @@ struct RelayProcessTests {
     /// commits and leaves, the clients close, and the status endpoints close last.
     @Test func sigtermWithWorkInFlightStopsInTheStatedOrder() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(300))
-        let config = try writeConfig(harness: harness, shutdownDeadline: 30, httpPort: try freePort(), maxInFlight: 100)
+        let config = try writeConfig(harness: harness, shutdownDeadline: 30, httpPort: try await freePort(), maxInFlight: 100)
         let relay = try RelayProcess.start(config: config)
         try await harness.produce(2000)
         // APNs answers some: the relay is consuming, with intents under way.
@@ -312,7 +312,7 @@ struct RelayProcessTests {
 
     @Test func twoRelaysRebalanceWithoutLosingIntents() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(5))
-        let ports = [try freePort(), try freePort()]
+        let ports = [try await freePort(), try await freePort()]
         func lagPartitions(_ port: Int) async -> Set<String> {
             guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return [] }
             return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_consumer_lag{") }
@@ -376,9 +376,9 @@ struct RelayProcessTests {
 
 extension RelayProcessTests {
     @Test func twoRelayProcessesShareOneProviderToken() async throws {
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await ProcessHarness.start()
-        let ports = [try freePort(), try freePort()]
+        let ports = [try await freePort(), try await freePort()]
         let relays = try ports.map { try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: $0, redisURL: redis.url)) }
         // Produce in waves until both relays have consumed some (the group split the partitions).
         func consumed(_ port: Int) async -> Int {
@@ -433,10 +433,10 @@ struct SecretsTests {
 
     @Test func noSecretInLogsMetricsOutcomesOrCheckConfig() async throws {
         let redisPassword = "r3dis-S3cret-pw", saslPassword = "k4fka-S3cret-pw", proxyPassword = "pr0xy-S3cret-pw"
-        let redis = try RedisServerProcess(arguments: ["--requirepass", redisPassword])
-        let proxy = try TinyproxyProcess(basicAuth: ("relay", proxyPassword))
+        let redis = try await RedisServerProcess.started(arguments: ["--requirepass", redisPassword])
+        let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", proxyPassword))
         let harness = try await ProcessHarness.start()
-        let port = try freePort()
+        let port = try await freePort()
         let config = try writeConfig(harness: harness, httpPort: port,
                                      redisURL: "redis://:\(redisPassword)@127.0.0.1:\(redis.port)/0")
         // A SASL password among librdkafka's settings (the mock cluster does not ask for it).
@@ -531,7 +531,7 @@ struct CredentialReloadTests {
     /// running relay untouched: it is counted as invalid, the process keeps relaying.
     @Test func aChangeOnlyTheClientsWouldRefuseLeavesTheRunningRelayAlone() async throws {
         let harness = try await ProcessHarness.start()
-        let port = try freePort()
+        let port = try await freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
         try await Self.waitForMetric("relay_intents_consumed_total", port: port)
@@ -562,7 +562,7 @@ struct CredentialReloadTests {
         let newKeyFile = directory.appendingPathComponent("new-v1.p8").path
         try newKey.pemRepresentation.write(toFile: newKeyFile, atomically: true, encoding: .utf8)
         let link = directory.appendingPathComponent("AuthKey_NEWKEY1234.p8").path
-        let port = try freePort()
+        let port = try await freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
         func send(_ id: String, topic: String, token: Int) async throws {

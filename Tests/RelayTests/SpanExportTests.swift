@@ -126,7 +126,7 @@ struct SpanExportTests {
     /// context. An unsampled one and one without context give no span.
     @Test func aTracedIntentGivesItsSpanTree() async throws {
         let receiver = try await OTLPReceiver()
-        let redis = try RedisServerProcess()
+        let redis = try await RedisServerProcess.started()
         let harness = try await RelayHarness.start(configureRelay: {
             $0.redis.url = redis.url
             $0.tracing.otlpEndpoint = receiver.url
@@ -209,7 +209,8 @@ struct SpanExportTests {
     /// A collector that is not there costs the relay nothing it must not lose: the traced
     /// intent's outcome goes out, and the relay stops within the export's 5 s deadline.
     @Test func anAbsentCollectorNeitherStopsNorHoldsTheRelay() async throws {
-        let harness = try await RelayHarness.start(configureRelay: { $0.tracing.otlpEndpoint = "http://127.0.0.1:\(try! freePort())" })
+        let absent = try await freePort()
+        let harness = try await RelayHarness.start(configureRelay: { $0.tracing.otlpEndpoint = "http://127.0.0.1:\(absent)" })
         _ = try await harness.producer.send(
             topic: harness.intentsTopic, key: Array(hexToken(1).utf8), value: Array(intent("lost-spans", token: hexToken(1)).utf8),
             headers: [KafkaHeader(name: "traceparent", value: Array("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".utf8))])
@@ -238,7 +239,7 @@ struct SpanExportTests {
     }
 }
 
-@Suite("Tracing configuration")
+@Suite("Tracing configuration", .timeLimit(.minutes(1)))
 struct TracingConfigurationTests {
     /// Both keys read, written back by the redacted YAML, and their bad values refused by name.
     @Test func theTracingKeysAreReadAndChecked() throws {

@@ -11,7 +11,7 @@ struct TraceContextTests {
     /// one, or with one that does not parse, is relayed all the same and its outcome carries none.
     /// With Redis the outcome goes out from the answer's record (another way out): the same.
     @Test(arguments: [false, true]) func theOutcomeCarriesTheIntentsTraceContext(withRedis: Bool) async throws {
-        let redis = withRedis ? try RedisServerProcess() : nil
+        let redis = withRedis ? try await RedisServerProcess.started() : nil
         let harness = try await RelayHarness.start(configureRelay: { if let redis { $0.redis.url = redis.url } })
         func send(_ id: String, token: Int, headers: [KafkaHeader]) async throws {
             _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8),

@@ -20,7 +20,7 @@ public final class TinyproxyProcess: Sendable {
     public init(basicAuth: (user: String, password: String)? = nil, connectPorts: [Int] = []) throws {
         var attempt = 1
         while true {
-            let candidate = try Self.freePort()
+            let candidate = try LoopbackPort.free()
             var lines = ["Port \(candidate)", "Listen 127.0.0.1", "Timeout 60", "MaxClients 100", "Allow 127.0.0.1", "LogLevel Info"]
             lines += connectPorts.map { "ConnectPort \($0)" }
             if let basicAuth { lines.append("BasicAuth \(basicAuth.user) \(basicAuth.password)") }
@@ -50,6 +50,11 @@ public final class TinyproxyProcess: Sendable {
             guard attempt < 5 else { throw Failed(description: "tinyproxy did not start:\n\(log)") }
             attempt += 1
         }
+    }
+
+    /// ``init(basicAuth:connectPorts:)`` on a thread of its own (it waits for the proxy to listen).
+    public static func started(basicAuth: (user: String, password: String)? = nil, connectPorts: [Int] = []) async throws -> TinyproxyProcess {
+        try await onOwnThread { Result { try TinyproxyProcess(basicAuth: basicAuth, connectPorts: connectPorts) } }.get()
     }
 
     deinit {
@@ -88,22 +93,5 @@ public final class TinyproxyProcess: Sendable {
             return path
         }
         throw Failed(description: "tinyproxy is not installed (apt-get install tinyproxy; scripts/test installs it)")
-    }
-
-    /// A loopback port nothing listens on now (bound and released).
-    private static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw Failed(description: "socket: \(errno)") }
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-        }
-        guard bound else { throw Failed(description: "bind: \(errno)") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 }

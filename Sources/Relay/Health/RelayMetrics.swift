@@ -50,17 +50,32 @@ enum RelayMetrics {
 
     /// The `reason` label for an outcome's reason.
     static func reasonLabel(_ reason: String?) -> String {
-        let code = reason.map { String($0.prefix { $0 != ":" }) } ?? "none"
-        return reasonLabels.withLock { labels -> String in
-            if labels.contains(code) { return code }
-            guard labels.count < maxReasonLabels else { return "other" }
-            labels.insert(code)
-            return code
-        }
+        reasonLabels.label(reason)
     }
 
     static let maxReasonLabels = 100
-    private static let reasonLabels = Mutex(Set<String>())
+    private static let reasonLabels = ReasonLabels(limit: maxReasonLabels)
+
+    /// At most `limit` distinct reason codes get a label of their own; later new ones are `other`.
+    final class ReasonLabels: Sendable {
+        let limit: Int
+        private let seen = Mutex(Set<String>())
+
+        init(limit: Int) {
+            self.limit = limit
+        }
+
+        /// The label for `reason`: its code (the part before any ":"), `none` for no reason.
+        func label(_ reason: String?) -> String {
+            let code = reason.map { String($0.prefix { $0 != ":" }) } ?? "none"
+            return seen.withLock { labels -> String in
+                if labels.contains(code) { return code }
+                guard labels.count < limit else { return "other" }
+                labels.insert(code)
+                return code
+            }
+        }
+    }
 
     /// Partitions whose lag this process shows.
     private static let lagPartitions = Mutex(Set<Int32>())
