@@ -69,6 +69,7 @@ struct MailboxTraceTests {
             return !fields.contains("cid")
         })
         #expect(!fields.contains { $0.hasPrefix("t:") }, "\(fields)")
+        await client.shutdown()
         try await harness.stopExpectingOneOutcomeEach()
         await receiver.stop()
     }

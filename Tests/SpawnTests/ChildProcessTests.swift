@@ -40,11 +40,10 @@ struct ChildProcessTests {
         sigemptyset(&blocked)
         sigaddset(&blocked, SIGTERM)
         pthread_sigmask(SIG_BLOCK, &blocked, &previous)
-        let ignored = signal(SIGPIPE, SIG_IGN)
-        defer {
-            pthread_sigmask(SIG_SETMASK, &previous, nil)
-            signal(SIGPIPE, ignored)
-        }
+        // Ignored for the rest of the process (a test process has no use for SIGPIPE): putting
+        // the old disposition back could undo an ignore another test relies on meanwhile.
+        signal(SIGPIPE, SIG_IGN)
+        defer { pthread_sigmask(SIG_SETMASK, &previous, nil) }
         let out = try ChildProcess.makePipe()
         let child = try ChildProcess(executable: "/bin/sh", arguments: ["-c", "grep -E '^Sig(Blk|Ign)' /proc/self/status"],
                                      standardOutput: out.write)
