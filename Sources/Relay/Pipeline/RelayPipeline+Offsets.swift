@@ -15,7 +15,8 @@ extension RelayPipeline {
         item.traced?.end(without: stored ? "parked" : "unfinished")
         var release = false
         var revokeWaiter: DispatchSemaphore?
-        let (notStored, waiters, inFlight) = state.withLock { state -> (Int64?, [CheckedContinuation<Void, Never>], Int) in
+        let (notStored, waiters, idleWaiters, inFlight) = state.withLock {
+            state -> (Int64?, [CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>], Int) in
             state.inFlight -= 1
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
@@ -32,11 +33,12 @@ extension RelayPipeline {
             if sent { revokeWaiter = Self.endAtAPNs(item, &state) }
             var waiters: [CheckedContinuation<Void, Never>] = []
             if let waiter = capacityWaiterIfRoom(&state) { waiters.append(waiter) }
+            var idleWaiters: [CheckedContinuation<Bool, Never>] = []
             if state.inFlight == 0, !state.idleWaiters.isEmpty {
-                waiters += state.idleWaiters.values
+                idleWaiters = Array(state.idleWaiters.values)
                 state.idleWaiters.removeAll()
             }
-            return (notStored, waiters, state.inFlight)
+            return (notStored, waiters, idleWaiters, state.inFlight)
         }
         if let notStored {
             logger.info("offset not stored (partition no longer ours)", metadata: [
@@ -45,6 +47,7 @@ extension RelayPipeline {
         }
         RelayMetrics.inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }
+        for waiter in idleWaiters { waiter.resume(returning: true) }
         revokeWaiter?.signal()
         if release { released(item.partition) }
     }
@@ -110,7 +113,7 @@ extension RelayPipeline {
 
     /// Waits for in-flight work to end, up to the shutdown deadline.
     func drain() async {
-        if await idle(within: .seconds(configuration.shutdownDeadlineSeconds)) {
+        if await idle(within: .seconds(configuration.shutdownDeadlineSeconds)) || inFlight == 0 {
             logger.info("stopping: in-flight work finished")
         }
     }
@@ -126,16 +129,17 @@ extension RelayPipeline {
         guard let id else { return true }
         return await withTaskGroup(of: Bool.self) { group in
             group.addTask {
+                // True when the last item's finish resumed it; false when the deadline did.
                 await withCheckedContinuation { continuation in
                     // Cancelled (the deadline won) before it got here: nobody would resume it.
-                    let done = self.state.withLock { state -> Bool in
-                        if state.inFlight == 0 || Task.isCancelled { return true }
+                    let done = self.state.withLock { state -> Bool? in
+                        if state.inFlight == 0 { return true }
+                        if Task.isCancelled { return false }
                         state.idleWaiters[id] = continuation
-                        return false
+                        return nil
                     }
-                    if done { continuation.resume() }
+                    if let done { continuation.resume(returning: done) }
                 }
-                return self.inFlight == 0
             }
             group.addTask {
                 try? await Task.sleep(for: timeout)
@@ -145,7 +149,7 @@ extension RelayPipeline {
             group.cancelAll()
             // The deadline won: the waiter (if it is in place yet) goes on now.
             let waiter = self.state.withLock { $0.idleWaiters.removeValue(forKey: id) }
-            waiter?.resume()
+            waiter?.resume(returning: false)
             return first
         }
     }

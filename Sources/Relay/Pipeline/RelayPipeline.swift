@@ -82,7 +82,7 @@ public final class RelayPipeline: RelayStatus, Service {
         var waiting = 0
         var capacityWaiter: CheckedContinuation<Void, Never>?
         /// Waiting for `inFlight` to reach 0 (``idle(within:)``), by waiter.
-        var idleWaiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
         var credentialFaults: CredentialFaultBreaker
         var outcomeCounts: [String: Int] = [:]
