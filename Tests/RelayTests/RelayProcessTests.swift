@@ -40,10 +40,17 @@ final class RelayProcess: Sendable {
     }
 
     /// SIGTERM, then waits for the exit (off the cooperative pool: the drain takes a while).
-    func terminate() async -> Int32 {
+    /// A relay still running `deadline` later is killed (its status then says SIGKILL), so a
+    /// relay that hangs on SIGTERM fails its test instead of holding it until its time limit.
+    func terminate(deadline: Duration = .seconds(60)) async -> Int32 {
         process.signal(SIGTERM)
         let process = self.process
-        return await onOwnThread { process.wait() }
+        return await onOwnThread {
+            let giveUp = ContinuousClock.now + deadline
+            while process.isRunning, ContinuousClock.now < giveUp { usleep(20_000) }
+            if process.isRunning { process.signal(SIGKILL) }
+            return process.wait()
+        }
     }
 
     /// What it printed (after it exited).
