@@ -308,8 +308,8 @@ final class APNsConnection: @unchecked Sendable {
             // Reported before the channel's close, which ends the attempt with it. Only the
             // proxy's own failures count as such (not TLS or HTTP/2 set-up inside the tunnel).
             if case .connecting(let current) = state, current == generation {
-                if error is NIOHTTP1ProxyConnectHandler.Error {
-                    lastError = "proxy \(proxy): \(Self.describeProxyFailure(error))"
+                if let failure = error as? NIOHTTP1ProxyConnectHandler.Error {
+                    lastError = "proxy \(proxy): \(APNsProxy.describe(failure))"
                     APNsMetrics.proxyFailures.increment()
                 } else {
                     lastError = "inside the tunnel of proxy \(proxy): \(Self.describe(error))"
@@ -317,27 +317,6 @@ final class APNsConnection: @unchecked Sendable {
             }
             channel.close(promise: nil)
         }
-    }
-
-    /// What went wrong with a proxy's `CONNECT`, in a line (never the error's source location).
-    static func describeProxyFailure(_ error: any Error) -> String {
-        guard let error = error as? NIOHTTP1ProxyConnectHandler.Error else { return describe(error) }
-        let known: [(NIOHTTP1ProxyConnectHandler.Error, String)] = [
-            (.proxyAuthenticationRequired(), "407 Proxy Authentication Required (check the proxy's user and password)"),
-            (.httpProxyHandshakeTimeout(), "no answer to CONNECT before the connect timeout"),
-            (.remoteConnectionClosed(), "the proxy closed the connection during CONNECT"),
-            (.invalidProxyResponse(), "the proxy answered CONNECT with a body"),
-            (.channelUnexpectedlyInactive(), "the connection closed before CONNECT was sent"),
-            (.noResult(), "the tunnel was given up before the proxy answered"),
-            (.droppedWrites(), "the tunnel failed with writes pending"),
-        ]
-        if let match = known.first(where: { $0.0 == error }) { return match.1 }
-        // The remaining kind, an answer other than 2xx, carries the answer's head.
-        let text = String(describing: error)
-        if let range = text.range(of: "status: ") {
-            return "answered CONNECT with " + text[range.upperBound...].prefix { $0 != "," && $0 != ")" }
-        }
-        return "the proxy refused CONNECT"
     }
 
     private func handle(_ event: HTTP2ClientHandler.Event, handler: HTTP2ClientHandler, generation: Int) {

@@ -1,4 +1,5 @@
 import Foundation
+import NIOExtras
 
 /// An HTTP proxy APNs connections go through: each connection opens an HTTP `CONNECT` tunnel to
 /// the APNs host, then speaks TLS (ALPN h2) end to end inside it, so the proxy sees neither
@@ -109,5 +110,25 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
         let start = text.range(of: "//").map(\.upperBound) ?? text.startIndex
         guard start < at, let colon = text[start..<at].firstIndex(of: ":") else { return text }
         return String(text[...colon]) + "<redacted>" + String(text[at...])
+    }
+
+    /// What went wrong with a proxy's `CONNECT`, in a line (never the error's source location).
+    static func describe(_ error: NIOHTTP1ProxyConnectHandler.Error) -> String {
+        let known: [(NIOHTTP1ProxyConnectHandler.Error, String)] = [
+            (.proxyAuthenticationRequired(), "407 Proxy Authentication Required (check the proxy's user and password)"),
+            (.httpProxyHandshakeTimeout(), "no answer to CONNECT before the connect timeout"),
+            (.remoteConnectionClosed(), "the proxy closed the connection during CONNECT"),
+            (.invalidProxyResponse(), "the proxy answered CONNECT with a body"),
+            (.channelUnexpectedlyInactive(), "the connection closed before CONNECT was sent"),
+            (.noResult(), "the tunnel was given up before the proxy answered"),
+            (.droppedWrites(), "the tunnel failed with writes pending"),
+        ]
+        if let match = known.first(where: { $0.0 == error }) { return match.1 }
+        // The remaining kind, an answer other than 2xx, carries the answer's head.
+        let text = String(describing: error)
+        if let range = text.range(of: "status: ") {
+            return "answered CONNECT with " + text[range.upperBound...].prefix { $0 != "," && $0 != ")" }
+        }
+        return "the proxy refused CONNECT"
     }
 }
