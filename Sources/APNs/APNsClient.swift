@@ -323,9 +323,11 @@ public final class APNsClient: Service, Sendable {
         headers.add("apns-priority", String(notification.effectivePriority))
         if let expiration = notification.expiration { headers.add("apns-expiration", String(expiration)) }
         if let collapseID = notification.collapseID { headers.add("apns-collapse-id", collapseID) }
-        return HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
-                            path: "/3/device/" + notification.deviceToken, headers: headers,
-                            body: notification.payload)
+        var request = HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
+                                   path: "/3/device/" + notification.deviceToken, headers: headers,
+                                   body: notification.payload)
+        request.precedence = notification.precedence
+        return request
     }
 
     /// Reads status, `apns-id` and the JSON error body (`reason`, and `timestamp` on 410).

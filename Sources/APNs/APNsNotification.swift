@@ -21,6 +21,9 @@ public struct APNsNotification: Sendable {
     public var apnsID: UUID
     /// The JSON payload, exactly as it is sent.
     public var payload: ByteBuffer
+    /// Among sends waiting for a stream on a connection, higher ones start first (0–3; the
+    /// relay's priority lanes). Not sent to APNs.
+    public var precedence: Int = 0
 
     public init(deviceToken: String, topic: String, pushType: PushType = .alert, priority: Int? = nil,
                 expiration: Int64? = nil, collapseID: String? = nil, apnsID: UUID? = nil, payload: ByteBuffer) {

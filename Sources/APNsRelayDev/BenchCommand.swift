@@ -11,7 +11,7 @@ import CommandLineSupport
 
 struct BenchCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "bench", abstract: "Benchmarks that print figures.", subcommands: [BenchAPNsCommand.self, BenchE2ECommand.self, BenchStackCommand.self])
+        commandName: "bench", abstract: "Benchmarks that print figures.", subcommands: [BenchAPNsCommand.self, BenchE2ECommand.self, BenchLanesCommand.self, BenchStackCommand.self])
 }
 
 /// `apns-relay bench apns`: pushes N notifications through the client and prints the rate and

@@ -30,13 +30,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         signal(SIGPIPE, SIG_IGN)
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
-        let configuration: RelayConfiguration
-        do {
-            configuration = try RelayConfiguration.load(file: stack.configurationFile, environment: [:])
-        } catch {
-            Terminal.error("the stack's configuration does not load: \(error)")
-            throw ExitCode(1)
-        }
+        let configuration = try stack.relayConfiguration()
         var figures = try await measure(configuration, stack: stack)
         figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
@@ -115,16 +109,29 @@ struct BenchWorkload: ParsableArguments {
     @Flag(help: "Every intent carries a sampled traceparent, and the relay exports its spans (tracing.otlp_endpoint) to a collector in the stack's process that takes them all.")
     var trace = false
 
+    /// `bench lanes`: urgent intents offered on a lane of their own (weight 8, the workload's
+    /// topic weight 1) at `urgentRate` from the parent's go.
+    @Option(help: .hidden)
+    var urgent = 0
+
+    @Option(name: .customLong("urgent-rate"), help: .hidden)
+    var urgentRate = 250
+
+    static let urgentTopic = "apns.intents.urgent"
+    static let urgentPrefix = "urgent-"
+
     func validate() throws {
         if count < 1 || partitions < 1 || devices < 1 { throw ValidationError("--count, --partitions and --devices must be at least 1") }
         if let rate, rate < 1 { throw ValidationError("--rate must be at least 1") }
         if redisCluster && !policy { throw ValidationError("--redis-cluster needs --policy") }
+        if urgent < 0 || urgentRate < 1 { throw ValidationError("--urgent must be at least 0 and --urgent-rate at least 1") }
+        if urgent > 0 && rate != nil { throw ValidationError("--urgent offers its own rate: not with --rate") }
     }
 
     var arguments: [String] {
         ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]
             + (policy ? ["--policy"] : []) + (redisCluster ? ["--redis-cluster"] : []) + (rate.map { ["--rate", "\($0)"] } ?? [])
-            + (trace ? ["--trace"] : [])
+            + (trace ? ["--trace"] : []) + (urgent > 0 ? ["--urgent", "\(urgent)", "--urgent-rate", "\(urgentRate)"] : [])
     }
 
     /// With `--rate`, intents produced before the relay starts (as many as partitions), whose
@@ -135,9 +142,9 @@ struct BenchWorkload: ParsableArguments {
 
     /// The workload's intent number `index` (a warm-up intent's, with `warmUp`); with `--trace`,
     /// the `traceparent` of a sampled trace of its own.
-    func intent(_ index: Int, warmUp: Bool = false) -> (key: [UInt8], value: [UInt8], headers: [KafkaHeader]) {
+    func intent(_ index: Int, warmUp: Bool = false, urgent: Bool = false) -> (key: [UInt8], value: [UInt8], headers: [KafkaHeader]) {
         let token = EmbeddedStack.token(index % devices)
-        let id = warmUp ? "\(Self.warmUpPrefix)\(index)" : "bench-\(index)"
+        let id = warmUp ? "\(Self.warmUpPrefix)\(index)" : urgent ? "\(Self.urgentPrefix)\(index)" : "bench-\(index)"
         let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"benchmark \#(index)"}}}"#
         guard trace else { return (Array(token.utf8), Array(value.utf8), []) }
         let traceID = String(format: "%016llx%016llx", UInt64(warmUp ? 1 : 2), UInt64(index + 1))
@@ -183,6 +190,15 @@ struct BenchStackCommand: AsyncParsableCommand {
                 try await produce(into: stack.configuration, count: workload.warmUp, warmUp: true)
             }
             var configuration = stack.configuration
+            if workload.urgent > 0 {
+                try stack.cluster.createTopic(BenchWorkload.urgentTopic, partitions: workload.partitions)
+                configuration.kafka.lanes = [.init(topic: BenchWorkload.urgentTopic, weight: 8),
+                                             .init(topic: configuration.kafka.intentsTopic, weight: 1)]
+                // The mock broker holds a fetch that finds nothing new for all of
+                // fetch.wait.max.ms (500 ms by default), where a broker answers as soon as records
+                // arrive: a trickle of urgent intents would measure that hold.
+                configuration.kafka.properties["fetch.wait.max.ms"] = "10"
+            }
             if workload.policy && workload.redisCluster {
                 let cluster = try RedisClusterProcess(masters: 3)
                 redisCluster = cluster
@@ -205,12 +221,17 @@ struct BenchStackCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         Terminal.line("ready \(file)")
-        if let rate = workload.rate {
-            // Offer the workload once the parent says go; serve until it closes our input.
+        if workload.rate != nil || workload.urgent > 0 {
+            // Offer the workload (or the urgent intents) once the parent says go; serve until it
+            // closes our input.
             let said = await Task.detached { readLine(from: STDIN_FILENO) }.value
             if said == "go" {
                 do {
-                    try await produce(into: stack.configuration, count: workload.count, rate: rate)
+                    if let rate = workload.rate {
+                        try await produce(into: stack.configuration, count: workload.count, rate: rate)
+                    } else {
+                        try await produce(into: stack.configuration, count: workload.urgent, rate: workload.urgentRate, urgent: true)
+                    }
                 } catch {
                     Terminal.error("cannot offer the workload: \(error)")
                 }
@@ -224,12 +245,12 @@ struct BenchStackCommand: AsyncParsableCommand {
         await stack.stop()
     }
 
-    /// Produces `count` intents of the workload (the warm-up's when `warmUp`), at `rate`
-    /// intents/s when given, else as fast as the broker takes them.
+    /// Produces `count` intents of the workload (the warm-up's when `warmUp`, the urgent lane's
+    /// when `urgent`), at `rate` intents/s when given, else as fast as the broker takes them.
     private func produce(into configuration: RelayConfiguration, count total: Int, warmUp: Bool = false,
-                         rate: Int? = nil) async throws {
+                         rate: Int? = nil, urgent: Bool = false) async throws {
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers)
-        let topic = configuration.kafka.intentsTopic
+        let topic = urgent ? BenchWorkload.urgentTopic : configuration.kafka.intentsTopic
         let started = ContinuousClock.now
         // At most 5,000 awaiting their delivery report at once.
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -240,7 +261,7 @@ struct BenchStackCommand: AsyncParsableCommand {
                     let due = started + .nanoseconds(Int64(index) * 1_000_000_000 / Int64(rate))
                     if due > .now { try await Task.sleep(until: due) }
                 }
-                let intent = workload.intent(index, warmUp: warmUp)
+                let intent = workload.intent(index, warmUp: warmUp, urgent: urgent)
                 group.addTask {
                     _ = try await producer.send(topic: topic, key: intent.key, value: intent.value, headers: intent.headers)
                 }
@@ -290,7 +311,17 @@ struct StackProcess {
         return StackProcess(process: process, input: input.write, output: output.read, configurationFile: String(text.dropFirst(6)))
     }
 
-    /// Tells it to offer the workload (`--rate`).
+    /// The relay configuration it wrote (pointing at its cluster and simulator).
+    func relayConfiguration() throws -> RelayConfiguration {
+        do {
+            return try RelayConfiguration.load(file: configurationFile, environment: [:])
+        } catch {
+            Terminal.error("the stack's configuration does not load: \(error)")
+            throw ExitCode(1)
+        }
+    }
+
+    /// Tells it to offer the workload (`--rate`, or the urgent lane's intents).
     func go() {
         let line: [UInt8] = Array("go\n".utf8)
         _ = line.withUnsafeBytes { write(input, $0.baseAddress, $0.count) }

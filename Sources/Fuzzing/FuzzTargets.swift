@@ -69,11 +69,11 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             precondition(isJSONObject(payload), "a payload that passed validation is not a JSON object")
             outcome = Outcome(id: intent.id, token: intent.token, topic: intent.topic, status: .delivered,
                               httpStatus: 200, apnsID: Intent.apnsID(for: intent.id).uuidString.lowercased(),
-                              attempts: 1, latencyMilliseconds: 1, partition: 0, offset: 0, worker: "fuzz", at: 0)
+                              attempts: 1, latencyMilliseconds: 1, lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
         } catch {
             outcome = Outcome(id: error.id, token: error.token, topic: error.topic, status: .invalid,
                               reason: "\(error.reason): \(error.message)", attempts: 0, latencyMilliseconds: 0,
-                              partition: 0, offset: 0, worker: "fuzz", at: 0)
+                              lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
         }
         precondition(isJSONObject(outcome.utf8), "an outcome is not a JSON object: \(outcome.json)")
         return outcome.status == .invalid ? 0 : 1

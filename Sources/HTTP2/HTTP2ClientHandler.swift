@@ -102,7 +102,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     @exclusivity(unchecked) private var machine: HTTP2ConnectionStateMachine
     @exclusivity(unchecked) private var closeReason: HTTP2Error?
     @exclusivity(unchecked) private var streams: [Int32: Exchange] = [:]
-    @exclusivity(unchecked) private var pending = CircularBuffer<Exchange>()
+    @exclusivity(unchecked) private var pending = PrecedenceQueue<Exchange>()
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var timer: Scheduled<Void>?
 
@@ -139,7 +139,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             completion(.failure(.refused("\(pending.count) requests already wait for a stream")))
             return
         }
-        pending.append(Exchange(request: request, deadline: deadline, completion: completion))
+        pending.append(Exchange(request: request, deadline: deadline, completion: completion), precedence: request.precedence)
         startPendingStreams()
     }
 
@@ -358,12 +358,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         let now = NIODeadline.now()
         // Requests whose deadline passed while they waited for a stream end, and leave the queue.
         if pending.contains(where: { $0.completion == nil || $0.deadline <= now }) {
-            var kept = CircularBuffer<Exchange>(initialCapacity: pending.count)
-            for exchange in pending {
+            pending.filter { exchange in
                 if exchange.completion != nil, exchange.deadline <= now { exchange.finish(.failure(.timedOut)) }
-                if exchange.completion != nil { kept.append(exchange) }
+                return exchange.completion != nil
             }
-            pending = kept
         }
         var cancelled = false
         for (streamID, exchange) in streams where exchange.completion != nil && exchange.deadline <= now {

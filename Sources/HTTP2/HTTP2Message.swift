@@ -37,6 +37,9 @@ public struct HTTP2Request: Sendable {
     public var path: String
     public var headers: HTTP2Headers
     public var body: ByteBuffer?
+    /// Among requests waiting for a stream on one connection, higher ones start first (0–3;
+    /// equal ones in order). Not sent: HTTP/2's own priority signals are left alone.
+    public var precedence: Int = 0
 
     public init(method: String = "POST", scheme: String = "https", authority: String, path: String,
                 headers: HTTP2Headers = HTTP2Headers(), body: ByteBuffer? = nil) {

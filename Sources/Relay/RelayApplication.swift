@@ -100,7 +100,7 @@ public final class RelayApplication: Service, Sendable {
                                          properties: configuration.kafka.properties, logger: logger)
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
-                                         topics: [configuration.kafka.intentsTopic],
+                                         topics: configuration.kafka.intentTopics,
                                          properties: configuration.kafka.properties,
                                          maxBatch: 1000, bufferedMessages: 5000, logger: logger)
         clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,

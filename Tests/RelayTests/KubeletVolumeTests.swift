@@ -130,7 +130,8 @@ struct KubeletVolumeTests {
         // enough for a loaded machine to get through the steps below meanwhile).
         mounted.harness.simulator.update { $0.latency = .seconds(10) }
         try await mounted.send("held", token: 1)
-        try await mounted.waitForMetric("relay_in_flight 1.0")
+        let inFlightOne = #"relay_in_flight{lane="\#(mounted.harness.intentsTopic)"} 1.0"#
+        try await mounted.waitForMetric(inFlightOne)
         try mounted.editConfiguration()
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
         // A reload is not a reason to be unready: every pod reloads at once.
@@ -139,7 +140,7 @@ struct KubeletVolumeTests {
         try mounted.breakKey()
         // The swap landed in the drain: the held intent is still in flight.
         let during = try await httpGet(port: mounted.port, path: "/metrics").body
-        #expect(hasMetricLine(during, "relay_in_flight 1.0"), "\(during)")
+        #expect(hasMetricLine(during, inFlightOne), "\(during)")
         try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
         // Answers without delay from here on (the held one keeps its 10 s).
         mounted.harness.simulator.update { $0.latency = .zero }

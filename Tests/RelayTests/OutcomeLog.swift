@@ -9,13 +9,14 @@ import TestSupport
 struct OutcomeLog {
     /// The outcomes as published, in the order read (per partition, in order).
     let outcomes: [[String: Any]]
-    /// Outcomes per intent, keyed by the intent's partition and offset on the intents topic.
+    /// Outcomes per intent, keyed by the intent's lane (intents topic), partition and offset.
     let byIntent: [IntentPosition: Int]
 
     struct IntentPosition: Hashable, CustomStringConvertible {
+        var lane = ""
         let partition: Int
         let offset: Int
-        var description: String { "[\(partition)]@\(offset)" }
+        var description: String { "\(lane)[\(partition)]@\(offset)" }
     }
 
     private static let schema = Result { try JSONSchemaCheck(docs: "outcome.schema.json") }
@@ -34,11 +35,15 @@ struct OutcomeLog {
             let outcome = try #require(try JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
                                        sourceLocation: sourceLocation)
             outcomes.append(outcome)
-            if let partition = outcome["partition"] as? Int, let offset = outcome["offset"] as? Int {
-                byIntent[IntentPosition(partition: partition, offset: offset), default: 0] += 1
-            }
+            if let position = position(of: outcome) { byIntent[position, default: 0] += 1 }
         }
         return OutcomeLog(outcomes: outcomes, byIntent: byIntent)
+    }
+
+    /// Where an outcome's intent was.
+    static func position(of outcome: [String: Any]) -> IntentPosition? {
+        guard let partition = outcome["partition"] as? Int, let offset = outcome["offset"] as? Int else { return nil }
+        return IntentPosition(lane: outcome["lane"] as? String ?? "", partition: partition, offset: offset)
     }
 
     /// Outcomes beyond the first for any intent (a replay after a crash repeats some).
@@ -52,17 +57,28 @@ struct OutcomeLog {
     ///   this status (a Redis failover's lost writes can answer an intent again, `duplicate`).
     func expectOneEach(of intents: [Int: Int], unanswered: Int = 0, repeatedOnlyAs allowed: String? = nil,
                        sourceLocation: SourceLocation = #_sourceLocation) {
+        // One intents topic: the lane every outcome names.
+        let lane = byIntent.keys.first?.lane ?? ""
+        expectOneEach(ofLanes: [lane: intents], unanswered: unanswered, repeatedOnlyAs: allowed, sourceLocation: sourceLocation)
+    }
+
+    /// ``expectOneEach(of:unanswered:repeatedOnlyAs:sourceLocation:)`` over several intents
+    /// topics (lane → partition → records).
+    func expectOneEach(ofLanes lanes: [String: [Int: Int]], unanswered: Int = 0, repeatedOnlyAs allowed: String? = nil,
+                       sourceLocation: SourceLocation = #_sourceLocation) {
         let twice = byIntent.filter { $0.value > 1 }.keys.sorted { ($0.partition, $0.offset) < ($1.partition, $1.offset) }.filter { position in
             guard let allowed else { return true }
-            let answers = outcomes.filter { $0["partition"] as? Int == position.partition && $0["offset"] as? Int == position.offset }
+            let answers = outcomes.filter { Self.position(of: $0) == position }
             return !answers.dropFirst().allSatisfy { $0["status"] as? String == allowed }
         }
         let repeated = twice.map { position in
-            "\(position): " + outcomes.filter { $0["partition"] as? Int == position.partition && $0["offset"] as? Int == position.offset }
+            "\(position): " + outcomes.filter { Self.position(of: $0) == position }
                 .map { "\($0["id"] ?? "-") \($0["status"] ?? "-") \($0["reason"] ?? "-") by \($0["worker"] ?? "-")" }.joined(separator: ", ")
         }
         #expect(twice.isEmpty, "intents answered more than once: \(repeated)", sourceLocation: sourceLocation)
-        let expected = Set(intents.flatMap { partition, count in (0..<count).map { IntentPosition(partition: partition, offset: $0) } })
+        let expected = Set(lanes.flatMap { lane, intents in
+            intents.flatMap { partition, count in (0..<count).map { IntentPosition(lane: lane, partition: partition, offset: $0) } }
+        })
         let stray = Set(byIntent.keys).subtracting(expected)
         #expect(stray.isEmpty, "outcomes for no intent on the topic: \(stray)", sourceLocation: sourceLocation)
         let missing = expected.subtracting(byIntent.keys).count

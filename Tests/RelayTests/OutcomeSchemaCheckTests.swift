@@ -8,7 +8,7 @@ struct OutcomeSchemaCheckTests {
     static let valid = #"""
     {"v":1,"id":"a-1","token":"ab","topic":"com.example.app","status":"delivered","original_status":null,"http_status":200,
      "reason":null,"apns_id":"5E4C7A9F-7E6B-4B3A-9C1D-2F8E6A5B4C3D","unregistered_at":null,"badge":null,"superseded_by":null,
-     "attempts":1,"latency_ms":3,"partition":0,"offset":7,"worker":"w","at":1700000000000}
+     "attempts":1,"latency_ms":3,"lane":"apns.intents","partition":0,"offset":7,"worker":"w","at":1700000000000}
     """#
 
     func problems(_ text: String) throws -> [String] {
@@ -31,6 +31,7 @@ struct OutcomeSchemaCheckTests {
         ("apns_id", #""not-a-uuid""#, "is not a UUID"),
         ("http_status", #""200""#, "is none of the types"),
         ("original_status", #""duplicate""#, "is not one of"),
+        ("lane", "null", "is not of type string"),
     ])
     func aWrongMemberIsNamed(member: String, value: String, problem: String) throws {
         let found = try problems(changed(member, to: value))
@@ -39,7 +40,7 @@ struct OutcomeSchemaCheckTests {
 
     @Test func aMissingOrAnExtraMemberIsNamed() throws {
         #expect(try problems(Self.valid.replacing(#""worker":"w","#, with: "")) == [#"$: no "worker""#])
-        #expect(try problems(Self.valid.replacing(#""v":1,"#, with: #""v":1,"lane":"x","#)) == [#"$: "lane" is not allowed"#])
+        #expect(try problems(Self.valid.replacing(#""v":1,"#, with: #""v":1,"colour":"x","#)) == [#"$: "colour" is not allowed"#])
         #expect(try problems("[]") == ["$: [] is not of type object"])
     }
 

@@ -55,6 +55,9 @@ struct RelayHarness {
         configuration.retry.initialBackoffMilliseconds = 20
         configuration.retry.maxBackoffMilliseconds = 200
         configureRelay(&configuration)
+        for lane in configuration.kafka.lanes where lane.topic != intentsTopic {
+            try cluster.createTopic(lane.topic, partitions: 4)
+        }
         if !configuration.kafka.invalidationsTopic.isEmpty {
             try cluster.createTopic(configuration.kafka.invalidationsTopic, partitions: 4)
         }
@@ -69,8 +72,9 @@ struct RelayHarness {
                             intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
     }
 
-    func produce(_ json: String, key: String?) async throws {
-        _ = try await producer.send(topic: intentsTopic, key: key.map { Array($0.utf8) }, value: Array(json.utf8))
+    /// Produces one intent to `topic` (the intents topic unless told).
+    func produce(_ json: String, key: String?, topic: String? = nil) async throws {
+        _ = try await producer.send(topic: topic ?? intentsTopic, key: key.map { Array($0.utf8) }, value: Array(json.utf8))
     }
 
     /// Reads outcomes until `count` arrived (or `timeout` passed).

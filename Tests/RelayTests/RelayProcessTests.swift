@@ -227,7 +227,7 @@ struct RelayProcessTests {
         #expect(verbose.status == 200 && verbose.body.hasSuffix("dependencies: ok\n"), "\(verbose.body)")
         let metrics = try await httpGet(port: port, path: "/metrics")
         #expect(metrics.status == 200)
-        #expect(hasMetricLine(metrics.body, "relay_intents_consumed_total 201"))
+        #expect(hasMetricLine(metrics.body, #"relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 201"#), "\(metrics.body)")
         #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
         #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
         #expect(!metrics.body.contains("com.stray.app"))
@@ -390,7 +390,7 @@ extension RelayProcessTests {
         // Produce in waves until both relays have consumed some (the group split the partitions).
         func consumed(_ port: Int) async -> Int {
             guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return 0 }
-            let line = metrics.body.split(separator: "\n").first { $0.hasPrefix("relay_intents_consumed_total ") }
+            let line = metrics.body.split(separator: "\n").first { $0.hasPrefix("relay_intents_consumed_total{") }
             return line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
         }
         var produced = 0
@@ -579,7 +579,7 @@ struct CredentialReloadTests {
         try await Self.waitForMetric("relay_intents_consumed_total", port: port)
         try await send("before", topic: "com.example.app", token: 1)
         try await send("new-before", topic: "com.example.new", token: 2)
-        try await Self.waitForMetric("relay_intents_consumed_total 2", port: port)
+        try await Self.waitForMetric(#"relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 2"#, port: port)
 
         // A new key for a new app replaces the old one: the file changes, the key arrives.
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: newKeyFile)

@@ -82,47 +82,7 @@ struct ConfigurationReader {
         let top = mapping(root, key: "(top level)") ?? [:]
         checkKnown(top, prefix: "", known: ["kafka", "apns", "limits", "defaults", "retry", "redis", "policy", "http", "tracing", "shutdown_deadline_seconds"])
 
-        let kafka = mapping(top["kafka"], key: "kafka") ?? [:]
-        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "outcomes_topic", "invalidations_topic", "config",
-                                                    "allow_unsafe_config"])
-        configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
-        configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
-        configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
-        configuration.kafka.outcomesTopic = string(kafka, "kafka.outcomes_topic", default: configuration.kafka.outcomesTopic, nonEmpty: true)
-        configuration.kafka.invalidationsTopic = string(kafka, "kafka.invalidations_topic", default: "")
-        if configuration.kafka.outcomesTopic == configuration.kafka.intentsTopic {
-            issues.append(.init(key: "kafka.outcomes_topic", value: configuration.kafka.outcomesTopic,
-                                allowed: "a topic other than kafka.intents_topic"))
-        }
-        if [configuration.kafka.intentsTopic, configuration.kafka.outcomesTopic].contains(configuration.kafka.invalidationsTopic) {
-            issues.append(.init(key: "kafka.invalidations_topic", value: configuration.kafka.invalidationsTopic,
-                                allowed: "empty (off), or a topic of its own (not kafka.intents_topic or kafka.outcomes_topic)"))
-        }
-        if let properties = mapping(kafka["config"], key: "kafka.config") {
-            for (name, value) in properties {
-                guard let text = scalarText(value) else {
-                    issues.append(.init(key: "kafka.config.\(name)", value: describe(value), allowed: "librdkafka settings are scalars"))
-                    continue
-                }
-                configuration.kafka.properties[name] = text
-            }
-        }
-        // librdkafka settings from the environment (secrets from a Kubernetes Secret, say):
-        // APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD sets sasl.password.
-        let kafkaPrefix = RelayConfiguration.environmentPrefix + "KAFKA_CONFIG_"
-        for (variable, value) in environment where variable.hasPrefix(kafkaPrefix) && variable.count > kafkaPrefix.count {
-            let name = variable.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
-            configuration.kafka.properties[name] = value
-        }
-        configuration.kafka.allowUnsafeConfig = bool(kafka, "kafka.allow_unsafe_config", default: false)
-        if !configuration.kafka.allowUnsafeConfig {
-            for (name, value) in configuration.kafka.properties.sorted(by: { $0.key < $1.key }) {
-                if let allowed = RelayConfiguration.Kafka.guaranteeBreaking(name, value) {
-                    issues.append(.init(key: "kafka.config.\(name)", value: value,
-                                        allowed: "\(allowed) (or kafka.allow_unsafe_config: true)"))
-                }
-            }
-        }
+        readKafka(mapping(top["kafka"], key: "kafka") ?? [:], into: &configuration)
 
         let apns = mapping(top["apns"], key: "apns") ?? [:]
         checkKnown(apns, prefix: "apns.", known: ["endpoint", "insecure_skip_verify", "connections", "credentials", "request_timeout_seconds",
@@ -323,7 +283,7 @@ struct ConfigurationReader {
 
     // MARK: Scalars
 
-    private mutating func mapping(_ value: Any?, key: String) -> [String: Any]? {
+    mutating func mapping(_ value: Any?, key: String) -> [String: Any]? {
         guard let value, !(value is NSNull) else { return nil }
         if let dictionary = value as? [AnyHashable: Any] {
             var result: [String: Any] = [:]
@@ -335,7 +295,7 @@ struct ConfigurationReader {
         return nil
     }
 
-    private mutating func checkKnown(_ fields: [String: Any], prefix: String, known: Set<String>) {
+    mutating func checkKnown(_ fields: [String: Any], prefix: String, known: Set<String>) {
         for name in fields.keys.sorted() where !known.contains(name) {
             issues.append(.init(key: prefix + name, value: describe(fields[name]),
                                 allowed: "unknown key; known here: \(known.sorted().joined(separator: ", "))"))
@@ -388,11 +348,11 @@ struct ConfigurationReader {
     }
 
     /// The environment override for `key`, if set.
-    private func override(_ key: String) -> String? {
+    func override(_ key: String) -> String? {
         environment[RelayConfiguration.environmentName(forKey: key)]
     }
 
-    private mutating func string(_ fields: [String: Any], _ key: String, default fallback: String,
+    mutating func string(_ fields: [String: Any], _ key: String, default fallback: String,
                                  nonEmpty: Bool = false, overridable: Bool = true) -> String {
         let name = String(key.split(separator: ".").last ?? "")
         var value: String? = fields[name].flatMap(scalarText)
@@ -407,7 +367,7 @@ struct ConfigurationReader {
         return result
     }
 
-    private mutating func integer(_ fields: [String: Any], _ key: String, default fallback: Int, range: ClosedRange<Int>,
+    mutating func integer(_ fields: [String: Any], _ key: String, default fallback: Int, range: ClosedRange<Int>,
                                   overridable: Bool = true) -> Int {
         guard let raw = value(fields, key, overridable: overridable) else { return fallback }
         let parsed: Int? = (raw as? Int) ?? (raw as? String).flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
@@ -434,7 +394,7 @@ struct ConfigurationReader {
         return parsed
     }
 
-    private mutating func bool(_ fields: [String: Any], _ key: String, default fallback: Bool, overridable: Bool = true) -> Bool {
+    mutating func bool(_ fields: [String: Any], _ key: String, default fallback: Bool, overridable: Bool = true) -> Bool {
         guard let raw = value(fields, key, overridable: overridable) else { return fallback }
         if let value = raw as? Bool { return value }
         if let text = raw as? String {
@@ -448,7 +408,7 @@ struct ConfigurationReader {
         return fallback
     }
 
-    private func scalarText(_ value: Any) -> String? {
+    func scalarText(_ value: Any) -> String? {
         switch value {
         case let text as String: text
         case let number as Int: String(number)
@@ -458,7 +418,7 @@ struct ConfigurationReader {
         }
     }
 
-    private func describe(_ value: Any?) -> String {
+    func describe(_ value: Any?) -> String {
         guard let value else { return "(missing)" }
         if let text = value as? String { return "\"\(text)\"" }
         if value is [Any] { return "(a list)" }

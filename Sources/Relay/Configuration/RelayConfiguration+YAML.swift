@@ -10,7 +10,12 @@ extension RelayConfiguration {
         lines.append("kafka:")
         lines.append("  brokers: \(quote(kafka.brokers))")
         lines.append("  group_id: \(quote(kafka.groupID))")
-        lines.append("  intents_topic: \(quote(kafka.intentsTopic))")
+        if kafka.lanes.isEmpty {
+            lines.append("  intents_topic: \(quote(kafka.intentsTopic))")
+        } else {
+            lines.append("  lanes:")
+            for lane in kafka.lanes { lines.append("    - {topic: \(quote(lane.topic)), weight: \(lane.weight)}") }
+        }
         lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
         lines.append("  invalidations_topic: \(quote(kafka.invalidationsTopic))")
         lines.append(kafka.properties.isEmpty ? "  config: {}" : "  config:")

@@ -8,7 +8,12 @@ public struct RelayConfiguration: Sendable {
     public struct Kafka: Sendable {
         public var brokers = "127.0.0.1:9092"
         public var groupID = "apns-relay"
+        /// The intents topic when there is one lane; with ``lanes``, the first lane's topic.
         public var intentsTopic = "apns.intents"
+        /// `kafka.lanes`: intents topics read by one consumer group, each with its weight (its
+        /// share of `limits.max_in_flight` while other lanes have work). Empty: one lane,
+        /// ``intentsTopic``.
+        public var lanes: [Lane] = []
         public var outcomesTopic = "apns.outcomes"
         /// Empty: off. Else a compacted topic that gets one record per `unregistered` outcome
         /// and a tombstone per `delivered` one, keyed `<topic>/<token>` (``Invalidation``).
@@ -18,6 +23,23 @@ public struct RelayConfiguration: Sendable {
         /// Accept librdkafka settings that break at-least-once (see ``guaranteeBreaking(_:_:)``).
         public var allowUnsafeConfig = false
         public init() {}
+
+        /// A priority lane: an intents topic and its weight.
+        public struct Lane: Sendable, Equatable {
+            public var topic: String
+            public var weight: Int
+
+            public init(topic: String, weight: Int) {
+                self.topic = topic
+                self.weight = weight
+            }
+        }
+
+        /// The lanes the relay consumes: ``lanes``, or ``intentsTopic`` alone (weight 1).
+        public var intentLanes: [Lane] { lanes.isEmpty ? [Lane(topic: intentsTopic, weight: 1)] : lanes }
+
+        /// The intents topics of every lane.
+        public var intentTopics: [String] { intentLanes.map(\.topic) }
 
         /// What a librdkafka setting must be for the relay to keep its guarantees, or nil when
         /// `value` keeps them: offsets stored only behind published outcomes, outcomes

@@ -50,7 +50,8 @@ extension RelayPipeline {
             let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil,
                                                      parkAfterDeadlineMilliseconds: Int64(configuration.retry.maxBackoffMilliseconds))
             let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits, backoff: backoff)
-            return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine)
+            return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine,
+                            precedence: lanePrecedence[item.lane])
         default: return nil
         }
     }
@@ -94,10 +95,11 @@ extension RelayPipeline {
         /// The client the next attempt goes through.
         var client: APNsClient?
 
-        init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine) {
+        init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
             self.intent = intent
             self.item = item
             self.notification = intent.notification
+            self.notification.precedence = precedence
             self.credentialIndex = credentialIndex
             self.machine = machine
         }

@@ -1,3 +1,4 @@
+import Kafka
 import Metrics
 import Redis
 import Synchronization
@@ -5,7 +6,25 @@ import Synchronization
 /// The metrics the relay emits; names live here only (docs/operations.md and dashboards read
 /// them from here).
 enum RelayMetrics {
-    static let intentsConsumed = Counter(label: "relay_intents_consumed_total")
+    /// Per lane (label `lane`: its intents topic): `relay_intents_consumed_total`,
+    /// `relay_in_flight` (between consume and outcome, the intents waiting behind their device
+    /// included) and `relay_intent_duration_seconds` (consume → outcome decided; from a mailbox,
+    /// the time since its intent was first consumed).
+    struct Lane: Sendable {
+        let consumed: Counter
+        let inFlight: Gauge
+        let latency: Timer
+
+        /// The lane's series, made to exist from the start (at 0).
+        init(topic: String) {
+            consumed = Counter(label: "relay_intents_consumed_total", dimensions: [("lane", topic)])
+            inFlight = Gauge(label: "relay_in_flight", dimensions: [("lane", topic)])
+            latency = Timer(label: "relay_intent_duration_seconds", dimensions: [("lane", topic)], preferredDisplayUnit: .seconds)
+            consumed.increment(by: 0)
+            inFlight.record(0)
+        }
+    }
+
     static let retries = Counter(label: "relay_retries_total")
     /// `relay_redis_errors_total{kind}`: `outage` (no answer — connection refused or lost, timed
     /// out — or an answer saying Redis itself is in trouble: `LOADING`, `OOM`, `READONLY`, …) or
@@ -19,7 +38,6 @@ enum RelayMetrics {
     }
     /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
     static let parked = Counter(label: "relay_parked_total")
-    static let inFlight = Gauge(label: "relay_in_flight")
     /// Partitions paused because too many of their offsets wait behind an unfinished one.
     static let partitionsHeld = Gauge(label: "relay_partitions_held")
     /// Outcomes (and invalidation records) whose publishing failed once (each is retried until
@@ -78,31 +96,31 @@ enum RelayMetrics {
     }
 
     /// Partitions whose lag this process shows.
-    private static let lagPartitions = Mutex(Set<Int32>())
+    private static let lagPartitions = Mutex(Set<TopicPartition>())
 
-    /// `relay_consumer_lag{partition}` for the partitions this relay owns now (`owned`: its
+    /// `relay_consumer_lag{lane,partition}` for the partitions this relay owns now (`owned`: its
     /// assignment; `lag` may miss one whose position is not known yet); the series of a
     /// partition it no longer owns is removed (after a rebalance its new owner reports it, and a
     /// sum over the fleet counts it once).
-    static func consumerLag(_ lag: [(partition: Int32, records: Int64)], owned: Set<Int32>) {
+    static func consumerLag(_ lag: [TopicPartition: Int64], owned: Set<TopicPartition>) {
+        func gauge(_ partition: TopicPartition) -> Gauge {
+            Gauge(label: "relay_consumer_lag", dimensions: [("lane", partition.topic), ("partition", String(partition.partition))])
+        }
         for (partition, records) in lag where owned.contains(partition) {
-            Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).record(records)
+            gauge(partition).record(records)
         }
         let gone = lagPartitions.withLock { shown in
             defer { shown = owned }
             return shown.subtracting(owned)
         }
-        for partition in gone {
-            Gauge(label: "relay_consumer_lag", dimensions: [("partition", String(partition))]).destroy()
-        }
+        for partition in gone { gauge(partition).destroy() }
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
     /// appearing with the first event: the counters, every status of `relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
-        for counter in [intentsConsumed, retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
-        inFlight.record(0)
+        for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
         for topic in Set(topics) {
             for status in Outcome.Status.allCases {
                 Counter(label: "relay_outcomes_total", dimensions: [("topic", topic), ("status", status.rawValue), ("reason", "none")])

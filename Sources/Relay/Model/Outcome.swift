@@ -44,6 +44,8 @@ public struct Outcome: Sendable, Equatable {
     public var attempts: Int
     /// From consuming the intent to deciding the outcome, in milliseconds.
     public var latencyMilliseconds: Int64
+    /// The intents topic the intent came from (its lane, `kafka.lanes`).
+    public var lane: String?
     public var partition: Int32
     public var offset: Int64
     public var worker: String
@@ -52,7 +54,7 @@ public struct Outcome: Sendable, Equatable {
 
     public init(id: String?, token: String?, topic: String?, status: Status, httpStatus: Int? = nil,
                 reason: String? = nil, apnsID: String? = nil, unregisteredAt: Int64? = nil, attempts: Int = 0,
-                latencyMilliseconds: Int64 = 0, partition: Int32, offset: Int64, worker: String, at: Int64) {
+                latencyMilliseconds: Int64 = 0, lane: String? = nil, partition: Int32, offset: Int64, worker: String, at: Int64) {
         self.id = id
         self.token = token
         self.topic = topic
@@ -63,6 +65,7 @@ public struct Outcome: Sendable, Equatable {
         self.unregisteredAt = unregisteredAt
         self.attempts = attempts
         self.latencyMilliseconds = latencyMilliseconds
+        self.lane = lane
         self.partition = partition
         self.offset = offset
         self.worker = worker
@@ -89,6 +92,7 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("superseded_by", supersededBy)
         writer.add("attempts", attempts)
         writer.add("latency_ms", latencyMilliseconds)
+        writer.addOrNull("lane", lane)
         writer.add("partition", partition)
         writer.add("offset", offset)
         writer.add("worker", worker)

@@ -47,7 +47,7 @@ extension RelayPipeline {
         guard let policy, case .success(let intent) = item.intent else { return Ending(parked: true) }
         let now = nowMilliseconds()
         let indexed: Void? = await withRedisRetries(item) { () throws(RedisError) in
-            try await policy.ensureIndexed(partition: item.partition.partition, token: intent.token, topic: intent.topic,
+            try await policy.ensureIndexed(partition: item.partition, token: intent.token, topic: intent.topic,
                                            id: intent.id, now: now)
         }
         return indexed != nil || (isCurrent(item) && !Task.isCancelled) ? Ending(parked: true) : Ending()
@@ -108,7 +108,7 @@ extension RelayPipeline {
                              reason: String?) -> Outcome {
         let elapsed = ContinuousClock.now - item.consumedAt
         return Outcome(id: id, token: token, topic: topic, status: status, reason: reason, attempts: 0,
-                       latencyMilliseconds: elapsed.totalMilliseconds,
+                       latencyMilliseconds: elapsed.totalMilliseconds, lane: item.partition.topic,
                        partition: item.partition.partition, offset: item.offset, worker: worker,
                        at: APNsIdentifiers.epochMilliseconds())
     }
@@ -158,6 +158,7 @@ extension RelayPipeline {
             traced.finish(outcome, partition: item.partition.partition, offset: item.offset)
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
+        laneMetrics[item?.lane ?? lane(of: outcome.lane ?? "")].latency.recordMilliseconds(outcome.latencyMilliseconds)
         RelayMetrics.outcome(outcome, topic: outcome.topic.flatMap { credentials.index(forTopic: $0) != nil ? $0 : nil } ?? "other")
         logger.debug("outcome published", metadata: Self.metadata(outcome))
         published?(outcome)

@@ -93,9 +93,12 @@ struct PartitionLedger: Sendable {
     }
 
     /// An offset of an owned partition starts: its generation, or nil when the partition is not
-    /// ours (the message is dropped).
-    mutating func start(_ partition: TopicPartition, offset: Int64) -> Int? {
-        guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition] else { return nil }
+    /// ours (the message is dropped), or not since `expected` (the generation it was consumed
+    /// under, when the caller knows it: a message consumed before a revocation never starts
+    /// under the partition's next assignment).
+    mutating func start(_ partition: TopicPartition, offset: Int64, generation expected: Int? = nil) -> Int? {
+        guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition],
+              expected == nil || expected == generation else { return nil }
         trackers[partition]?.started(offset)
         return generation
     }
@@ -110,6 +113,11 @@ struct PartitionLedger: Sendable {
     mutating func finish(_ partition: TopicPartition, generation: Int, offset: Int64) -> Int64? {
         guard owns(partition, generation: generation) else { return nil }
         return trackers[partition]?.finish(offset)
+    }
+
+    /// The partition's current generation, if it is ours.
+    func generation(of partition: TopicPartition) -> Int? {
+        trackers[partition] != nil ? generations[partition] : nil
     }
 
     /// The owned partitions of `topic` with their generations.

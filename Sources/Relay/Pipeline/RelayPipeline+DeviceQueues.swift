@@ -6,22 +6,22 @@ extension RelayPipeline {
     /// when it can start now (nil when it waits behind its device's earlier ones, or its
     /// partition is not ours).
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
-               policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
+               lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
         var hold = false, ours = true
         let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
-            guard let generation = state.partitions.start(partition, offset: message.offset) else {
+            guard let generation = state.partitions.start(partition, offset: message.offset, generation: expected) else {
                 ours = false
-                return (nil, state.inFlight)
+                return (nil, state.lanes.inFlight[lane])
             }
             hold = state.partitions.holdIfFull(partition)
             if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
-            state.inFlight += 1
+            state.lanes.admitted(lane)
             guard case .success(let intent) = parsed else {
-                return (WorkItem(partition: partition, offset: message.offset, generation: generation,
-                                 consumedAt: .now, intent: parsed, trace: trace, traced: traced), state.inFlight)
+                return (WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
+                                 consumedAt: .now, intent: parsed, trace: trace, traced: traced), state.lanes.inFlight[lane])
             }
             var admission = admission
             var recordsAnswer = false
@@ -34,15 +34,15 @@ extension RelayPipeline {
                     recordsAnswer = true
                 }
             }
-            let item = WorkItem(partition: partition, offset: message.offset, generation: generation,
+            let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
                                 consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
                                 trace: trace, traced: traced)
-            return (Self.enqueue(item, &state), state.inFlight)
+            return (Self.enqueue(item, &state), state.lanes.inFlight[lane])
         }
         // Not ours (revoked meanwhile): no work, so its span ends now.
         if !ours { traced?.end(without: "unfinished") }
-        RelayMetrics.intentsConsumed.increment()
-        RelayMetrics.inFlight.record(inFlight)
+        laneMetrics[lane].consumed.increment()
+        laneMetrics[lane].inFlight.record(inFlight)
         if hold { held(partition) }
         return start
     }
@@ -61,7 +61,7 @@ extension RelayPipeline {
         guard let token = item.queueToken else { return item }
         if state.devices[token] != nil {
             state.devices[token]!.append(item)
-            state.waiting += 1
+            state.lanes.queued(item.lane)
             return nil
         }
         var queue = CircularBuffer<WorkItem>(initialCapacity: 4)
@@ -76,17 +76,17 @@ extension RelayPipeline {
         while let item = next {
             await handle(item)
             guard let token = item.queueToken else { return }
-            let (queued, waiter) = state.withLock { state -> (WorkItem?, CheckedContinuation<Void, Never>?) in
+            let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
                 state.devices[token]?.removeFirst()
                 guard let queued = state.devices[token]?.first else {
                     state.devices[token] = nil
-                    return (nil, nil)
+                    return (nil, [])
                 }
-                state.waiting -= 1
-                // One fewer waiting: room for the admitting loop if that bound held it.
-                return (queued, capacityWaiterIfRoom(&state))
+                state.lanes.dequeued(queued.lane)
+                // One fewer waiting: room for an admitting task if that bound held it.
+                return (queued, state.lanes.waitersWithRoom())
             }
-            waiter?.resume()
+            for waiter in waiters { waiter.resume() }
             next = queued
         }
     }

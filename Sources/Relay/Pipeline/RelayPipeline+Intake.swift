@@ -2,18 +2,20 @@ import Common
 import Kafka
 
 extension RelayPipeline {
-    /// What consuming hands to admitting, in consumption order: batches, parsed and grouped for
-    /// their admission, and rebalances (so they apply between the right batches).
-    enum Consumed: Sendable {
-        case batch([KafkaMessage], [Result<Intent, InvalidIntent>], Admitting)
-        case assigned([TopicPartition])
-        case revoked([TopicPartition])
+    /// Records of one lane from one consumed batch, parsed and grouped for their admission,
+    /// with the generation each partition had when they were read (a record read before a
+    /// revocation never starts under the partition's next assignment).
+    struct LaneBatch: Sendable {
+        let messages: [KafkaMessage]
+        let parsed: [Result<Intent, InvalidIntent>]
+        let admitting: Admitting
+        let generations: [TopicPartition: Int]
     }
 
-    /// Batches parsed and grouped ahead of the admitting task.
+    /// Batches parsed and grouped ahead of a lane's admitting task, with one lane.
     static let admissionsUnderWay = 2
 
-    /// Consecutive intents whose work shares one task group (see ``admitConsumed(_:workers:)``).
+    /// Consecutive intents whose work shares one task group (see ``admitLane(_:from:gate:)``).
     /// Measured with `bench e2e` against 32 (docs/performance.md): 7–9% more intents/s with the
     /// policy on, about the same without it, for a higher latency at saturation (p50 about 25
     /// instead of 5 ms, against about 90 ms with one group for every intent).
@@ -22,57 +24,43 @@ extension RelayPipeline {
     /// Consumes and admits until the relay stops, and runs every admitted intent's work in a
     /// child task; once the shutdown deadline passed (``abandoning``), cancels what is left.
     ///
-    /// Each batch is parsed and grouped for its admission by the reading task while this one
-    /// admits earlier ones, in order (each batch's reads go to Redis after the bucket writes of
-    /// the batch before it).
+    /// One task reads the consumer: it applies rebalances to the ledger at once, and parses
+    /// each batch and groups it for its admission, by lane, while each lane's admitting task
+    /// admits earlier ones, in order. With one lane the reader waits for its admitting task
+    /// (one batch ahead without Redis, two with); with several it never waits: a lane whose
+    /// backlog is full pauses its partitions instead (``LaneLedger``), so a busy lane's records
+    /// never stand in front of another's. Admissions ask Redis one batch at a time, whatever
+    /// the lane (each batch's reads go to Redis after the bucket writes of the batch before).
     func consumeAndWork() async {
-        // Without Redis admitting takes no round trip: hand over one batch at a time (fewer
-        // consumed messages held).
-        let handOver = AsyncBoundedQueue<Consumed>(capacity: policy == nil ? 1 : Self.admissionsUnderWay)
+        let queues = laneTopics.map { _ in AsyncBoundedQueue<LaneBatch>(capacity: policy == nil ? 1 : Self.admissionsUnderWay) }
+        let gate = AsyncSerialGate()
         await withDiscardingTaskGroup { workers in
             workers.addTask {
                 await withTaskGroup(of: Void.self) { reading in
-                    reading.addTask { await self.read(into: handOver) }
+                    reading.addTask { await self.read(into: queues) }
                     await self.stopping.wait()
                     reading.cancelAll()
                 }
-                handOver.finish()
+                for queue in queues { queue.finish() }
             }
-            await admitConsumed(handOver, workers: &workers)
+            for (lane, queue) in queues.enumerated() {
+                workers.addTask { await self.admitLane(lane, from: queue, gate: gate) }
+            }
             await abandoning.wait()
             workers.cancelAll()
         }
     }
 
-    /// Reads the consumer's events into `handOver` until cancelled.
-    private func read(into handOver: AsyncBoundedQueue<Consumed>) async {
+    /// Reads the consumer's events until cancelled: rebalances go to the ledger, records to
+    /// their lanes' queues.
+    private func read(into queues: [AsyncBoundedQueue<LaneBatch>]) async {
         events: for await event in consumer.events {
-            let consumed: Consumed
             switch event {
-            case .assigned(let partitions): consumed = .assigned(partitions)
-            case .revoked(let partitions): consumed = .revoked(partitions)
-            case .messages(let batch):
-                let parsed = batch.map(parse)
-                consumed = .batch(batch, parsed, startAdmission(parsed))
-            case .error(let error):
-                logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
-                continue
-            }
-            guard await handOver.push(consumed), !Task.isCancelled else { break events }
-        }
-        handOver.finish()
-    }
-
-    /// Applies rebalances and admits batches, in consumption order, until the relay stops:
-    /// each admitted intent that can start now runs in a child task of a group of intents, a
-    /// child of `workers`.
-    private func admitConsumed(_ handOver: AsyncBoundedQueue<Consumed>, workers: inout DiscardingTaskGroup) async {
-        var groups = 0
-        while let next = await handOver.pop(), !stopping.isOpen {
-            switch next {
             case .assigned(let partitions):
                 state.withLock { $0.partitions.assign(partitions) }
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
+                // A full lane's new partitions start paused.
+                reconcilePauses(partitions)
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
                 let uncounted = state.withLock { state in
@@ -80,24 +68,73 @@ extension RelayPipeline {
                     defer { state.revocationCommitFailuresCounted = failures }
                     return failures - state.revocationCommitFailuresCounted
                 }
+                // Whatever was paused, librdkafka forgot with the assignment.
+                pauses.withLock { $0.subtract(partitions) }
                 if uncounted > 0 { RelayMetrics.revocationCommitFailures.increment(by: uncounted) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
-            case .batch(let batch, let parsed, let admitting):
-                guard let admissions = await finishAdmission(parsed, admitting) else { return }
+            case .messages(let batch):
+                for (lane, messages) in lanes(of: batch) {
+                    let parsed = messages.map(parse)
+                    let (generations, full) = state.withLock { state in
+                        var generations: [TopicPartition: Int] = [:]
+                        var last: TopicPartition?
+                        for message in messages where message.topicPartition != last {
+                            last = message.topicPartition
+                            generations[message.topicPartition] = state.partitions.generation(of: message.topicPartition) ?? -1
+                        }
+                        return (generations, state.lanes.consumed(lane, records: messages.count))
+                    }
+                    let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations)
+                    if queues.count == 1 {
+                        guard await queues[lane].push(laneBatch) else { break events }
+                    } else {
+                        guard queues[lane].offer(laneBatch) != nil else { break events }
+                    }
+                    if full {
+                        logger.info("lane paused: its backlog is full", metadata: ["kafka.topic": "\(laneTopics[lane])"])
+                        reconcileLane(lane)
+                    }
+                }
+            case .error(let error):
+                logger.warning("consumer error", metadata: ["kafka.error": "\(error)"])
+            }
+            if Task.isCancelled { break events }
+        }
+        for queue in queues { queue.finish() }
+    }
+
+    /// A consumed batch's records by lane, each lane's in their order.
+    private func lanes(of batch: [KafkaMessage]) -> [(lane: Int, messages: [KafkaMessage])] {
+        guard laneTopics.count > 1 else { return batch.isEmpty ? [] : [(0, batch)] }
+        var byLane: [[KafkaMessage]] = Array(repeating: [], count: laneTopics.count)
+        for message in batch { byLane[lane(of: message.topic)].append(message) }
+        return byLane.enumerated().compactMap { $0.element.isEmpty ? nil : ($0.offset, $0.element) }
+    }
+
+    /// Admits a lane's batches, in consumption order, until the relay stops: each admitted
+    /// intent that can start now runs in a child task of a group of intents.
+    private func admitLane(_ lane: Int, from queue: AsyncBoundedQueue<LaneBatch>, gate: AsyncSerialGate) async {
+        var groups = lane
+        await withDiscardingTaskGroup { workers in
+            while let batch = await queue.pop(), !stopping.isOpen {
+                guard let admissions = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil else { return }
+                let admitting = batch.admitting
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
-                // each, in children of `workers`: a finished child task is unlinked by walking
-                // its group's list of children, and intents end out of order (each partition's
-                // outcomes are acknowledged together), so one group of every intent in flight
-                // made that walk thousands of tasks long. Groups run on the work executors in
-                // turn, and each group admits its own intents, in order, before the next group
-                // starts: a group waits for its turn on a busy event loop, which keeps fewer
-                // intents waiting in flight when the relay is saturated.
-                for chunk in stride(from: 0, to: batch.count, by: Self.workGroupSize) {
+                // each: a finished child task is unlinked by walking its group's list of
+                // children, and intents end out of order (each partition's outcomes are
+                // acknowledged together), so one group of every intent in flight made that walk
+                // thousands of tasks long. Groups run on the work executors in turn, and each
+                // group admits its own intents, in order, before the next group starts: a group
+                // waits for its turn on a busy event loop, which keeps fewer intents waiting in
+                // flight when the relay is saturated.
+                let messages = batch.messages
+                for chunk in stride(from: 0, to: messages.count, by: Self.workGroupSize) {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
-                    let members = (chunk..<min(chunk + Self.workGroupSize, batch.count)).map {
-                        (message: batch[$0], parsed: parsed[$0], admission: admissions[$0])
+                    let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map {
+                        (message: messages[$0], parsed: batch.parsed[$0], admission: admissions[$0],
+                         generation: batch.generations[messages[$0].topicPartition])
                     }
                     let admitted = AsyncLatch()
                     let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
@@ -106,58 +143,56 @@ extension RelayPipeline {
                         await withDiscardingTaskGroup { intents in
                             defer { admitted.open() }
                             for member in members {
-                                await self.waitForCapacity()
+                                await self.waitForCapacity(lane)
                                 if self.stopping.isOpen || Task.isCancelled { return }
-                                if let start = self.admit(member.message, member.parsed, member.admission, policy: policy) {
+                                if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
+                                                          generation: member.generation, policy: policy) {
                                     intents.addTask { await self.work(start) }
                                 }
                             }
                         }
                     }
                     await admitted.wait()
+                    backlogTaken(lane, records: members.count)
                     if stopping.isOpen || Task.isCancelled { return }
                 }
             }
-            if Task.isCancelled { return }
         }
     }
 
-    /// Whether another intent may be admitted: fewer than `limits.max_in_flight` under way and
-    /// fewer than `limits.max_waiting` waiting behind their devices.
-    func hasRoom(_ state: State) -> Bool {
-        state.inFlight - state.waiting < configuration.limits.maxInFlight && state.waiting < configuration.limits.maxWaiting
+    /// Records of a lane's backlog were admitted: a lane no longer pressing leaves its share to
+    /// the others, and a full lane down to half resumes.
+    private func backlogTaken(_ lane: Int, records: Int) {
+        let (resume, waiters) = state.withLock { state in
+            (state.lanes.taken(lane, records: records), state.lanes.waitersWithRoom())
+        }
+        for waiter in waiters { waiter.resume() }
+        if resume {
+            logger.info("lane resumed", metadata: ["kafka.topic": "\(laneTopics[lane])"])
+            reconcileLane(lane)
+        }
     }
 
-    /// The admitting loop's continuation, taken out of the state when there is room for it.
-    func capacityWaiterIfRoom(_ state: inout State) -> CheckedContinuation<Void, Never>? {
-        guard hasRoom(state), let waiter = state.capacityWaiter else { return nil }
-        state.capacityWaiter = nil
-        return waiter
+    /// Whether `lane`'s admitting task goes on without waiting: there is room, or it is to stop.
+    private func mayGoOn(_ state: State, _ lane: Int) -> Bool {
+        state.lanes.hasRoom(lane) || Task.isCancelled || stopping.isOpen
     }
 
-    /// Whether the admitting loop goes on without waiting: there is room, or it is to stop.
-    private func mayGoOn(_ state: State) -> Bool {
-        hasRoom(state) || Task.isCancelled || stopping.isOpen
-    }
-
-    func waitForCapacity() async {
+    /// Waits until `lane` may admit another intent (``LaneLedger/hasRoom(_:)``).
+    func waitForCapacity(_ lane: Int) async {
         // Usually there is room: no continuation, no cancellation handler.
-        if state.withLock({ mayGoOn($0) }) { return }
+        if state.withLock({ mayGoOn($0, lane) }) { return }
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in
-                    if mayGoOn(state) { return true }
-                    state.capacityWaiter = continuation
+                    if mayGoOn(state, lane) { return true }
+                    state.lanes.wait(lane, continuation)
                     return false
                 }
                 if ready { continuation.resume() }
             }
         } onCancel: {
-            let waiter = state.withLock { state in
-                defer { state.capacityWaiter = nil }
-                return state.capacityWaiter
-            }
-            waiter?.resume()
+            state.withLock { $0.lanes.takeWaiter(lane) }?.resume()
         }
     }
 

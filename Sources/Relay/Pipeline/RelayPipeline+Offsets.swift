@@ -17,7 +17,7 @@ extension RelayPipeline {
         var revokeWaiter: DispatchSemaphore?
         let (notStored, waiters, idleWaiters, inFlight) = state.withLock {
             state -> (Int64?, [CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>], Int) in
-            state.inFlight -= 1
+            state.lanes.finished(item.lane)
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
             // Intents from a mailbox had their offsets stored when they were parked.
@@ -31,21 +31,20 @@ extension RelayPipeline {
                 release = state.partitions.releaseIfDrained(item.partition)
             }
             if sent { revokeWaiter = Self.endAtAPNs(item, &state) }
-            var waiters: [CheckedContinuation<Void, Never>] = []
-            if let waiter = capacityWaiterIfRoom(&state) { waiters.append(waiter) }
+            let waiters = state.lanes.waitersWithRoom()
             var idleWaiters: [CheckedContinuation<Bool, Never>] = []
             if state.inFlight == 0, !state.idleWaiters.isEmpty {
                 idleWaiters = Array(state.idleWaiters.values)
                 state.idleWaiters.removeAll()
             }
-            return (notStored, waiters, idleWaiters, state.inFlight)
+            return (notStored, waiters, idleWaiters, state.lanes.inFlight[item.lane])
         }
         if let notStored {
             logger.info("offset not stored (partition no longer ours)", metadata: [
                 "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(notStored)",
             ])
         }
-        RelayMetrics.inFlight.record(inFlight)
+        laneMetrics[item.lane].inFlight.record(inFlight)
         for waiter in waiters { waiter.resume() }
         for waiter in idleWaiters { waiter.resume(returning: true) }
         revokeWaiter?.signal()
@@ -92,12 +91,8 @@ extension RelayPipeline {
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its
     /// offsets are committable.
-    ///
-    /// Pausing and resuming happen outside the state lock, so a release may come in between:
-    /// each checks the ledger again afterwards and undoes itself when the other won.
     func held(_ partition: TopicPartition) {
-        consumer.pause([partition])
-        if !state.withLock({ $0.partitions.held.contains(partition) }) { consumer.resume([partition]) }
+        reconcilePauses([partition])
         RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
         logger.warning("partition paused: too many offsets wait behind an unfinished intent", metadata: [
             "kafka.partition": "\(partition.partition)", "relay.limit": "\(configuration.limits.maxUncommittedPerPartition)",
@@ -105,10 +100,36 @@ extension RelayPipeline {
     }
 
     func released(_ partition: TopicPartition) {
-        consumer.resume([partition])
-        if state.withLock({ $0.partitions.held.contains(partition) }) { consumer.pause([partition]) }
+        reconcilePauses([partition])
         RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
         logger.info("partition resumed", metadata: ["kafka.partition": "\(partition.partition)"])
+    }
+
+    /// Pauses or resumes `partitions` so that exactly those with a reason stay paused: held by
+    /// the ledger (too many uncommitted offsets) or their lane full (``LaneLedger``). Each
+    /// change of a reason is followed by a call, and calls take turns (``pauses``, which also
+    /// remembers what was applied), so the last one applies the last state whichever order the
+    /// changes came in.
+    func reconcilePauses(_ partitions: [TopicPartition]) {
+        guard !partitions.isEmpty else { return }
+        pauses.withLock { paused in
+            let wanted = state.withLock { state in
+                partitions.filter { state.partitions.held.contains($0) || state.lanes.full[lane(of: $0.topic)] }
+            }
+            let pause = wanted.filter { !paused.contains($0) }
+            let resume = partitions.filter { paused.contains($0) && !wanted.contains($0) }
+            if !pause.isEmpty { consumer.pause(pause) }
+            if !resume.isEmpty { consumer.resume(resume) }
+            paused.formUnion(pause)
+            paused.subtract(resume)
+        }
+    }
+
+    /// The lane's partitions this relay owns, paused or resumed as the lane is full or not.
+    func reconcileLane(_ lane: Int) {
+        let topic = laneTopics[lane]
+        let owned = state.withLock { $0.partitions.owned(topic: topic) }
+        reconcilePauses(owned.map { TopicPartition(topic: topic, partition: $0.partition) })
     }
 
     /// Waits for in-flight work to end, up to the shutdown deadline.

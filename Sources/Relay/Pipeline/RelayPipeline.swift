@@ -46,6 +46,16 @@ public final class RelayPipeline: RelayStatus, Service {
     /// loops too; both are rare.
     let workExecutors: [EventLoopTaskExecutor]
     let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
+    /// Each lane's intents topic (`kafka.lanes`, or `kafka.intents_topic` alone): a work item's
+    /// ``WorkItem/lane`` indexes these.
+    let laneTopics: [String]
+    /// Each lane's precedence among sends waiting for an APNs stream: its weight's rank among
+    /// the lanes' distinct weights (0 for the lowest), 3 at most. With one weight, all 0.
+    let lanePrecedence: [Int]
+    let laneMetrics: [RelayMetrics.Lane]
+    /// The partitions paused now (for a full lane or held by the ledger), as last applied;
+    /// its lock serializes ``reconcilePauses(_:)``.
+    let pauses = Mutex(Set<TopicPartition>())
     let state: Mutex<State>
     let logger: Logger
     let clock: @Sendable () -> Int64
@@ -76,11 +86,12 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
+        /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
+        var lanes: LaneLedger
         /// Intents between consume and outcome, the waiting ones included.
-        var inFlight = 0
+        var inFlight: Int { lanes.totalInFlight }
         /// Of those, the ones waiting behind an earlier intent for their device (not started).
-        var waiting = 0
-        var capacityWaiter: CheckedContinuation<Void, Never>?
+        var waiting: Int { lanes.totalWaiting }
         /// Waiting for `inFlight` to reach 0 (``idle(within:)``), by waiter.
         var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
@@ -114,6 +125,8 @@ public final class RelayPipeline: RelayStatus, Service {
         self.published = published
         self.state = Mutex(State(
             partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
+            lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
+                              maxWaiting: configuration.limits.maxWaiting),
             credentialFaults: CredentialFaultBreaker(
             cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds)))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
@@ -143,6 +156,11 @@ public final class RelayPipeline: RelayStatus, Service {
         self.workExecutors = clients.workExecutors
         self.tracer = clients.tracing?.tracer
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
+        let lanes = configuration.kafka.intentLanes
+        self.laneTopics = lanes.map(\.topic)
+        let weights = Set(lanes.map(\.weight)).sorted()
+        self.lanePrecedence = lanes.map { min(weights.firstIndex(of: $0.weight) ?? 0, 3) }
+        self.laneMetrics = lanes.map { RelayMetrics.Lane(topic: $0.topic) }
         self.producer = clients.producer
         self.consumer = clients.consumer
         clients.consumer.onRevoking { [weak self] partitions, lost in
@@ -220,11 +238,7 @@ public final class RelayPipeline: RelayStatus, Service {
     public func requestStop() {
         stopping.open()
         // The admitting loop may wait for in-flight room: it stops instead.
-        let waiter = state.withLock { state in
-            defer { state.capacityWaiter = nil }
-            return state.capacityWaiter
-        }
-        waiter?.resume()
+        for waiter in state.withLock({ $0.lanes.takeAllWaiters() }) { waiter.resume() }
     }
 
     /// Consumes until ``requestStop()``, a graceful shutdown of its service group, or
@@ -272,7 +286,7 @@ public final class RelayPipeline: RelayStatus, Service {
     }
 
     private func runUntilStopped() async {
-        logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topic": "\(configuration.kafka.intentsTopic)"])
+        logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topics": "\(configuration.kafka.intentTopics)"])
         guard await redisGuaranteesHold() else {
             // Nothing started: the mailbox deliverer stops too.
             requestStop()
@@ -306,9 +320,13 @@ public final class RelayPipeline: RelayStatus, Service {
     /// second until the relay stops.
     private func reportLag() async {
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
-            let owned = Set(consumer.assignment.map(\.partition))
-            RelayMetrics.consumerLag(consumer.lag.map { (partition: $0.key.partition, records: $0.value) }, owned: owned)
+            RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
         }
+    }
+
+    /// The lane of an intents topic (0 for a topic that is none of them).
+    func lane(of topic: String) -> Int {
+        laneTopics.firstIndex(of: topic) ?? 0
     }
 
     /// Log metadata naming one intent.

@@ -6,6 +6,8 @@ extension RelayPipeline {
     /// class, so the async frames on the way hold one reference instead of the intent.
     final class WorkItem: Sendable {
         let partition: TopicPartition
+        /// Its lane: the index of its intents topic in `kafka.lanes` (0 with one lane).
+        let lane: Int
         let offset: Int64
         let generation: Int
         let consumedAt: ContinuousClock.Instant
@@ -23,10 +25,11 @@ extension RelayPipeline {
         /// Its spans' times, when it is traced (``IntentTrace``).
         let traced: IntentTrace?
 
-        init(partition: TopicPartition, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
+        init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
              mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil) {
             self.partition = partition
+            self.lane = lane
             self.offset = offset
             self.generation = generation
             self.consumedAt = consumedAt

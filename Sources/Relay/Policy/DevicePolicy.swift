@@ -1,4 +1,5 @@
 import Foundation
+import Kafka
 import Redis
 
 /// Per-device rules kept in Redis: dedupe, the token bucket, 429 backoff and the mailbox
@@ -6,7 +7,8 @@ import Redis
 /// hold: ``RedisKeys``.
 struct DevicePolicy: Sendable {
     let client: RedisClient
-    /// The intents topic (names the due indexes).
+    /// `kafka.intents_topic` (with lanes, the first lane's): the lane of a mailbox entry that
+    /// names none.
     let intentsTopic: String
     /// 429 backoff: the first wait, doubling while 429s repeat, up to the maximum.
     let backoffBaseMilliseconds: Int64
@@ -21,7 +23,19 @@ struct DevicePolicy: Sendable {
     /// How long a mailbox entry being sent stays claimed before another attempt may take it.
     static let claimLeaseMilliseconds: Int64 = 120_000
 
-    func dueKey(partition: Int32) -> String { RedisKeys.due(intentsTopic: intentsTopic, partition: partition) }
+    /// The due index of an intents partition (one per lane's partition).
+    func dueKey(partition: TopicPartition) -> String { RedisKeys.due(intentsTopic: partition.topic, partition: partition.partition) }
+
+    /// The intents partition a mailbox entry came from.
+    func partition(of entry: Entry) -> TopicPartition {
+        TopicPartition(topic: entry.lane ?? intentsTopic, partition: entry.partition)
+    }
+
+    /// What a mailbox entry records as its lane: nothing for `kafka.intents_topic` (so that a
+    /// relay with one lane writes entries as it always did), else the topic.
+    func entryLane(_ topic: String) -> String? {
+        topic == intentsTopic ? nil : topic
+    }
 
     // MARK: Scripts (Scripts/*.lua; each mailbox script starts with mark_waiting.lua)
 
@@ -58,18 +72,24 @@ struct DevicePolicy: Sendable {
     // MARK: Mailbox calls
 
     /// An intent parked in a mailbox, as stored: where it came from, when it was consumed,
-    /// its expiration (resolved when it was consumed) and the message itself.
+    /// its expiration (resolved when it was consumed) and the message itself. Stored as one
+    /// header line, `<partition> <offset> <consumed at ms> <expiration s>[ <lane topic>]`, then
+    /// the message.
     struct Entry: Sendable {
         var partition: Int32
         var offset: Int64
         var consumedAt: Int64
         var expiration: Int64
         var message: [UInt8]
+        /// The intents topic it came from, unless that is `kafka.intents_topic` (``entryLane(_:)``).
+        var lane: String? = nil
         /// Its intent's trace context (``RelayPipeline/storedTrace(_:)``), kept beside the
         /// entry (field `t:<id>`), not in it.
         var trace: [UInt8]? = nil
 
-        var encoded: [UInt8] { Array("\(partition) \(offset) \(consumedAt) \(expiration)\n".utf8) + message }
+        var encoded: [UInt8] {
+            Array("\(partition) \(offset) \(consumedAt) \(expiration)\(lane.map { " " + $0 } ?? "")\n".utf8) + message
+        }
 
         init(partition: Int32, offset: Int64, consumedAt: Int64, expiration: Int64, message: [UInt8]) {
             self.partition = partition
@@ -87,11 +107,12 @@ struct DevicePolicy: Sendable {
         init?(_ bytes: [UInt8]) {
             guard let newline = bytes.firstIndex(of: UInt8(ascii: "\n")) else { return nil }
             let header = String(decoding: bytes[..<newline], as: UTF8.self).split(separator: " ")
-            guard header.count == 4, let partition = Int32(header[0]), partition >= 0, let offset = Int64(header[1]),
+            guard header.count == 4 || header.count == 5, let partition = Int32(header[0]), partition >= 0, let offset = Int64(header[1]),
                   let consumedAt = Int64(header[2]), (0...Self.latestMilliseconds).contains(consumedAt),
                   let expiration = Int64(header[3]), (0...Intent.latestExpiration).contains(expiration) else { return nil }
             self.init(partition: partition, offset: offset, consumedAt: consumedAt, expiration: expiration,
                       message: Array(bytes[(newline + 1)...]))
+            lane = header.count == 5 ? String(header[4]) : nil
         }
     }
 
@@ -118,7 +139,7 @@ struct DevicePolicy: Sendable {
             // crash between the two leaves the intent's offset uncommitted, and its redelivery,
             // which finds it in the mailbox, indexes it (``ensureIndexed``).
             let member = RedisKeys.member(token: token, topic: topic, id: id)
-            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: entry.partition), parkedDue, member])] + replicated)
+            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: partition(of: entry)), parkedDue, member])] + replicated)
             if case .error(let message) = indexed[0] { throw .server(message) }
             try checkReplicas(indexed.dropFirst())
         }
@@ -147,12 +168,12 @@ struct DevicePolicy: Sendable {
     }
 
     /// Mailbox members of these partitions due by `now`, at most `limit` per partition.
-    func due(partitions: [Int32], now: Int64, limit: Int) async throws(RedisError) -> [(partition: Int32, member: String)] {
+    func due(partitions: [TopicPartition], now: Int64, limit: Int) async throws(RedisError) -> [(partition: TopicPartition, member: String)] {
         guard !partitions.isEmpty else { return [] }
         let replies = try await client.pipeline(partitions.map {
             RedisCommand("ZRANGEBYSCORE", [dueKey(partition: $0), "-inf", now, "LIMIT", 0, limit])
         })
-        var due: [(Int32, String)] = []
+        var due: [(TopicPartition, String)] = []
         for (partition, reply) in zip(partitions, replies) {
             if case .error(let message) = reply { throw .server(message) }
             guard case .array(let members) = reply else { continue }
@@ -179,7 +200,7 @@ struct DevicePolicy: Sendable {
     /// Tries to take a due entry for sending; its index member first moves to the end of the
     /// claim's lease, so that if this relay dies with the entry claimed, the partition's next
     /// owner takes it again then.
-    func take(partition: Int32, token: String, topic: String, id: String, rules: RelayConfiguration.Policy.Rules,
+    func take(partition: TopicPartition, token: String, topic: String, id: String, rules: RelayConfiguration.Policy.Rules,
               now: Int64) async throws(RedisError) -> Take {
         let member = RedisKeys.member(token: token, topic: topic, id: id)
         let limit = rules.rateLimit
@@ -223,7 +244,7 @@ struct DevicePolicy: Sendable {
 
     /// Moves a member to a new due time, or removes it (nil); with `onlyEarlier`, only if that
     /// is earlier than where it stands (`ZADD LT`: a move up made meanwhile stays).
-    func reindex(partition: Int32, member: String, due: Int64?, onlyEarlier: Bool = false) async throws(RedisError) {
+    func reindex(partition: TopicPartition, member: String, due: Int64?, onlyEarlier: Bool = false) async throws(RedisError) {
         let command = due.map { RedisCommand("ZADD", [dueKey(partition: partition)] + (onlyEarlier ? ["LT"] : []) + [$0, member]) }
             ?? RedisCommand("ZREM", [dueKey(partition: partition), member])
         _ = try await client.send(command)
@@ -233,7 +254,7 @@ struct DevicePolicy: Sendable {
     /// `now`: the take then says when it is really due), leaving a present one as it is. For
     /// a redelivered intent its mailbox holds: the index write after the park may never have
     /// happened (the relay died, or lost the partition, between the two).
-    func ensureIndexed(partition: Int32, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
+    func ensureIndexed(partition: TopicPartition, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
         _ = try await client.send(RedisCommand("ZADD", [dueKey(partition: partition), "NX", now,
                                                         RedisKeys.member(token: token, topic: topic, id: id)]))
     }
@@ -241,7 +262,7 @@ struct DevicePolicy: Sendable {
     /// Ends a claim after its outcome was published, and drops its due-index member. An entry
     /// parked behind the claim waited for it (its member stands at the claim's lease end): its
     /// member moves up to its own due time, or now.
-    func release(partition: Int32, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
+    func release(partition: TopicPartition, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
         let replies = try await client.pipelineLoading([Self.releaseScript], [
             RedisCommand.evalsha(Self.releaseScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.waiting(token: token, topic: topic)],
                                  arguments: [id]),

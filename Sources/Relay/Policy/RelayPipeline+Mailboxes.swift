@@ -14,6 +14,7 @@ extension RelayPipeline {
         var entry = DevicePolicy.Entry(partition: item.partition.partition, offset: item.offset,
                                        consumedAt: APNsIdentifiers.epochMilliseconds() - (ContinuousClock.now - item.consumedAt).totalMilliseconds,
                                        expiration: intent.expiration, message: intent.encoded)
+        entry.lane = policy.entryLane(item.partition.topic)
         entry.trace = item.trace.map(Self.storedTrace)
         let now = nowMilliseconds()
         // While the park is under way (asked again after a failure, say, when its replicas did
@@ -64,11 +65,11 @@ extension RelayPipeline {
             parsed.expiration = entry.expiration
             intent = .success(parsed)
         }
-        let partition = TopicPartition(topic: configuration.kafka.intentsTopic, partition: entry.partition)
+        let partition = TopicPartition(topic: entry.lane ?? configuration.kafka.intentsTopic, partition: entry.partition)
         var recordsAnswer = false
         if case .success = intent, case .send = admission { recordsAnswer = true }
         let trace = entry.trace.flatMap(Self.traceContext(stored:))
-        return WorkItem(partition: partition, offset: entry.offset, generation: generation,
+        return WorkItem(partition: partition, lane: lane(of: partition.topic), offset: entry.offset, generation: generation,
                         consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
                         intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member,
                         trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil, id: try? intent.get().id))
@@ -79,7 +80,7 @@ extension RelayPipeline {
     func release(_ member: String, _ item: WorkItem) async {
         guard let policy, let parts = RedisKeys.parseMember(member) else { return }
         do throws(RedisError) {
-            try await policy.release(partition: item.partition.partition, token: parts.token, topic: parts.topic, id: parts.id,
+            try await policy.release(partition: item.partition, token: parts.token, topic: parts.topic, id: parts.id,
                                      now: nowMilliseconds())
         } catch {
             redisFailed(error)
@@ -105,24 +106,26 @@ extension RelayPipeline {
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
         let (owned, room) = state.withLock { state in
-            (state.partitions.owned(topic: configuration.kafka.intentsTopic),
+            (laneTopics.flatMap { topic in
+                state.partitions.owned(topic: topic).map { (partition: TopicPartition(topic: topic, partition: $0.partition), generation: $0.generation) }
+             },
              configuration.limits.maxInFlight - (state.inFlight - state.waiting))
         }
         guard !owned.isEmpty, room > 0 else { return }
         let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
         let now = nowMilliseconds()
-        let due: [(partition: Int32, member: String)]
+        let due: [(partition: TopicPartition, member: String)]
         do {
-            due = try await policy.due(partitions: owned.map(\.partition).sorted(), now: now, limit: min(room, 500))
+            due = try await policy.due(partitions: owned.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
+                                       now: now, limit: min(room, 500))
         } catch {
             redisFailed(error)
             return
         }
-        let topic = configuration.kafka.intentsTopic
         for (partition, member) in due where !stopping.isOpen && !Task.isCancelled {
             // Only for partitions still ours: a rebalance may have taken one since the query.
             let claimed = state.withLock { state in
-                state.partitions.isActive(TopicPartition(topic: topic, partition: partition), generation: generations[partition] ?? -1)
+                state.partitions.isActive(partition, generation: generations[partition] ?? -1)
                     && state.mailboxJobs.insert(member).inserted
             }
             guard claimed else { continue }
@@ -145,7 +148,8 @@ extension RelayPipeline {
                 // asked again then; the other entries go on.
                 RelayMetrics.redisRefused.increment()
                 logger.error("Redis refuses taking a mailbox entry", metadata: [
-                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition)", "redis.error": "\(error)",
+                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition.partition)",
+                    "kafka.topic": "\(partition.topic)", "redis.error": "\(error)",
                 ])
                 continue
             }
@@ -180,7 +184,7 @@ extension RelayPipeline {
                 item = mailboxItem(entry, token: parts.token, member: member, generation: generation)
             }
             let start = state.withLock { state -> WorkItem? in
-                state.inFlight += 1
+                state.lanes.admitted(item.lane)
                 return Self.enqueue(item, &state)
             }
             if let start { workers.addTask { await self.work(start) } }

@@ -14,17 +14,18 @@ if ARGV[6] == '1' then
     due = math.max(due, bu)
 end
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid', 'c', 'pd')
--- Whether the entry of `id` (parked or being sent) came later in the partition than this one:
--- an older intent (a redelivery after a crash) never displaces a newer one, it is displaced.
+-- Whether the entry of `id` (parked or being sent) came later in the same partition of the
+-- same lane than this one: an older intent (a redelivery after a crash) never displaces a newer
+-- one, it is displaced. The header: partition, offset, consumed at, expiration[, lane topic].
 local function position(entry)
-    local partition, offset = string.match(entry or '', '^(%d+) (%d+) ')
-    return partition, tonumber(offset)
+    local partition, offset, rest = string.match(entry or '', '^(%d+) (%d+) %d+ %d+([^\n]*)\n')
+    return partition, tonumber(offset), rest
 end
-local partition, offset = position(ARGV[2])
+local partition, offset, lane = position(ARGV[2])
 local function newer(id, entry)
     if not id or id == ARGV[1] then return false end
-    local p, o = position(entry)
-    return p ~= nil and p == partition and offset ~= nil and o > offset
+    local p, o, l = position(entry)
+    return p ~= nil and p == partition and l == lane and offset ~= nil and o > offset
 end
 local keeper = ARGV[1]
 -- A displaced entry is kept (field `d:<id>`) until the relay acknowledged its `coalesced`

@@ -1,0 +1,135 @@
+/// How the priority lanes (`kafka.lanes`) share the relay's capacity: per lane its intents in
+/// flight (the ones waiting behind an earlier intent of their device among them), the records
+/// consumed and not admitted yet (its backlog), and its admitting task while it waits for room.
+/// A value type under the pipeline's state lock; with one lane it is the plain bound
+/// `limits.max_in_flight` / `limits.max_waiting`.
+///
+/// - Sends under way (in flight minus waiting) stay below `maxInFlight` in all, and waiting
+///   intents below `maxWaiting`.
+/// - A lane *presses* while it has a backlog or its admitting task waits for room. While other
+///   lanes press, a lane may use only its weighted share of `maxInFlight` among the pressing
+///   lanes (itself included); when none does, it may use all of it (an idle lane's share goes
+///   to the others). So a lane that just got work takes each slot freed by a lane above its
+///   share, and no lane starves: each keeps its share while it has work.
+/// - A lane whose backlog reaches `backlogLimit` records is *full*: its partitions pause until
+///   the backlog is down to half, so what one lane buffers stays bounded and never sits in
+///   front of another lane's records (with one lane, the reader waits instead).
+struct LaneLedger: Sendable {
+    let weights: [Int]
+    let maxInFlight: Int
+    let maxWaiting: Int
+    let backlogLimit: Int
+    private(set) var inFlight: [Int]
+    private(set) var waiting: [Int]
+    private(set) var backlog: [Int]
+    private(set) var full: [Bool]
+    private(set) var totalInFlight = 0
+    private(set) var totalWaiting = 0
+    /// Per lane, its admitting task's continuation while it waits for room.
+    private var waiters: [CheckedContinuation<Void, Never>?]
+
+    init(weights: [Int], maxInFlight: Int, maxWaiting: Int, backlogLimit: Int = 4000) {
+        self.weights = weights.isEmpty ? [1] : weights.map { max($0, 1) }
+        self.maxInFlight = max(maxInFlight, 1)
+        self.maxWaiting = max(maxWaiting, 1)
+        self.backlogLimit = max(backlogLimit, 2)
+        let lanes = self.weights.count
+        inFlight = Array(repeating: 0, count: lanes)
+        waiting = Array(repeating: 0, count: lanes)
+        backlog = Array(repeating: 0, count: lanes)
+        full = Array(repeating: false, count: lanes)
+        waiters = Array(repeating: nil, count: lanes)
+    }
+
+    var count: Int { weights.count }
+
+    /// Sends under way in all lanes (in flight, not waiting).
+    var sending: Int { totalInFlight - totalWaiting }
+
+    /// Whether `lane` has work it cannot start yet.
+    func presses(_ lane: Int) -> Bool { backlog[lane] > 0 || waiters[lane] != nil }
+
+    /// How many sends `lane` may have under way now (see the type's rules).
+    func share(_ lane: Int) -> Int {
+        var pressing = weights[lane], others = false
+        for other in weights.indices where other != lane && presses(other) {
+            pressing += weights[other]
+            others = true
+        }
+        guard others else { return maxInFlight }
+        return max(1, maxInFlight * weights[lane] / pressing)
+    }
+
+    /// Whether `lane` may admit another intent now.
+    func hasRoom(_ lane: Int) -> Bool {
+        guard sending < maxInFlight, totalWaiting < maxWaiting else { return false }
+        return weights.count == 1 || inFlight[lane] - waiting[lane] < share(lane)
+    }
+
+    // MARK: Counting
+
+    mutating func admitted(_ lane: Int) {
+        inFlight[lane] += 1
+        totalInFlight += 1
+    }
+
+    mutating func finished(_ lane: Int) {
+        inFlight[lane] -= 1
+        totalInFlight -= 1
+    }
+
+    /// An intent waits behind an earlier one of its device.
+    mutating func queued(_ lane: Int) {
+        waiting[lane] += 1
+        totalWaiting += 1
+    }
+
+    /// A waiting intent starts.
+    mutating func dequeued(_ lane: Int) {
+        waiting[lane] -= 1
+        totalWaiting -= 1
+    }
+
+    /// `records` of `lane` were consumed: true when the lane just became full (pause it).
+    mutating func consumed(_ lane: Int, records: Int) -> Bool {
+        backlog[lane] += records
+        guard weights.count > 1, !full[lane], backlog[lane] >= backlogLimit else { return false }
+        full[lane] = true
+        return true
+    }
+
+    /// `records` of `lane`'s backlog were admitted (or dropped): true when the lane was full
+    /// and is down to half (resume it).
+    mutating func taken(_ lane: Int, records: Int) -> Bool {
+        backlog[lane] = max(backlog[lane] - records, 0)
+        guard full[lane], backlog[lane] <= backlogLimit / 2 else { return false }
+        full[lane] = false
+        return true
+    }
+
+    // MARK: Waiting for room
+
+    /// Parks `lane`'s admitting task (one per lane).
+    mutating func wait(_ lane: Int, _ continuation: CheckedContinuation<Void, Never>) {
+        waiters[lane] = continuation
+    }
+
+    /// Takes `lane`'s waiter out (to resume it: stopping, cancelled).
+    mutating func takeWaiter(_ lane: Int) -> CheckedContinuation<Void, Never>? {
+        defer { waiters[lane] = nil }
+        return waiters[lane]
+    }
+
+    /// Every waiter out, for a stop.
+    mutating func takeAllWaiters() -> [CheckedContinuation<Void, Never>] {
+        defer { waiters = Array(repeating: nil, count: weights.count) }
+        return waiters.compactMap { $0 }
+    }
+
+    /// The waiters that have room now, taken out (to resume outside the lock). A waiter still
+    /// counts as pressing while the others are judged, so a lane below its share goes first.
+    mutating func waitersWithRoom() -> [CheckedContinuation<Void, Never>] {
+        let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }
+        return lanes.compactMap { takeWaiter($0) }
+    }
+}

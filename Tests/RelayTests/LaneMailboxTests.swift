@@ -1,0 +1,44 @@
+import Foundation
+import Redis
+@testable import Relay
+import RedisTesting
+import Testing
+import TestSupport
+
+/// Mailboxes with priority lanes: a parked intent remembers its lane, waits in that lane's due
+/// index, and its outcome names the lane.
+@Suite("Priority lanes and mailboxes", .timeLimit(.minutes(2)))
+struct LaneMailboxTests {
+    @Test func anIntentParkedFromALaneIsDeliveredFromItsLanesDueIndex() async throws {
+        let redis = try await RedisServerProcess.started()
+        let urgentTopic = "apns.intents.urgent.\(UUID().uuidString.prefix(8))"
+        let harness = try await PolicyTests.harness(redis, burst: 1, refill: 0.5) {
+            $0.kafka.lanes = [.init(topic: urgentTopic, weight: 4), .init(topic: $0.kafka.intentsTopic, weight: 1)]
+        }
+        let token = hexToken(0x1a9e)
+        try await harness.produce(intent("first", token: token), key: token, topic: urgentTopic)
+        try await harness.produce(intent("second", token: token), key: token, topic: urgentTopic)
+        // "second" waits for the device's next token in its mailbox, indexed under its lane.
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        var parked = RESPValue.null
+        try await waitUntil(asking: {
+            parked = (try? await client.send(RedisCommand("HGET", ["apns-relay:mailbox:{\(token)}:com.example.app", "p"]))) ?? .null
+            return !parked.isNull
+        })
+        let indexed = try await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])).array?.compactMap(\.string) ?? []
+        #expect(indexed.count == 1 && indexed.allSatisfy { $0.hasPrefix("apns-relay:due:{\(urgentTopic):") }, "\(indexed)")
+        let header = try #require(parked.bytes.flatMap { $0.split(separator: UInt8(ascii: "\n")).first }).map { Character(UnicodeScalar($0)) }
+        #expect(String(header).hasSuffix(" " + urgentTopic), "\(String(header))")
+        let outcomes = try await harness.outcomes(count: 2)
+        let second = try #require(outcomes.first { $0["id"] as? String == "second" })
+        #expect(second["status"] as? String == "delivered")
+        #expect(second["lane"] as? String == urgentTopic)
+        #expect(outcomes.allSatisfy { $0["lane"] as? String == urgentTopic })
+        // Its lane's due index held it (and lets it go once it was sent).
+        let partition = try #require(second["partition"] as? Int)
+        #expect(try await client.send(RedisCommand("EXISTS", [RedisKeys.due(intentsTopic: urgentTopic, partition: Int32(partition))])).integer == 0)
+        #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
+        await client.shutdown()
+        await harness.stop()
+    }
+}

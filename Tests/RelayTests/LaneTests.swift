@@ -1,0 +1,65 @@
+import Foundation
+import Kafka
+import Relay
+import Synchronization
+import Testing
+
+/// Priority lanes (`kafka.lanes`): urgent intents overtake a bulk backlog, the bulk lane keeps
+/// going, every intent of both lanes gets exactly one outcome that names its lane.
+@Suite("Priority lanes", .timeLimit(.minutes(3)))
+struct LaneTests {
+    @Test func urgentIntentsOvertakeABulkBacklog() async throws {
+        let bulk = 4000, bursts = 4, burst = 10
+        let urgentTopic = "apns.intents.urgent.\(UUID().uuidString.prefix(8))"
+        let (outcomes, published) = AsyncStream.makeStream(of: Outcome.self)
+        // The bulk backlog is on the topic before the relay starts. APNs takes 50 ms per request
+        // on 50 streams of one connection (1,000/s): the backlog lasts about 4 s.
+        let preload = (0..<bulk).map { (json: intent("bulk-\($0)", token: hexToken(100_000 + $0)), key: hexToken(100_000 + $0)) }
+        let harness = try await RelayHarness.start(configure: {
+            $0.behaviour.latency = .milliseconds(50)
+            $0.maxConcurrentStreams = 50
+        }, configureRelay: {
+            $0.kafka.lanes = [.init(topic: urgentTopic, weight: 8), .init(topic: $0.kafka.intentsTopic, weight: 1)]
+            // The mock broker holds a fetch that finds nothing new for all of fetch.wait.max.ms
+            // (a real broker answers as soon as records arrive): what an urgent burst waits for.
+            $0.kafka.properties["fetch.wait.max.ms"] = "10"
+            $0.limits.maxInFlight = 200
+            $0.apns.connections = 1
+        }, preload: preload, published: { published.yield($0) })
+        var iterator = outcomes.makeAsyncIterator()
+        var bulkDone = 0, urgentDone = 0
+        /// Reads outcomes until `done` says so.
+        func read(until done: () -> Bool) async throws {
+            while !done() {
+                let outcome = try #require(await iterator.next())
+                #expect(outcome.status == .delivered, "\(outcome.json)")
+                if outcome.lane == urgentTopic { urgentDone += 1 } else { bulkDone += 1 }
+            }
+        }
+        // The bulk lane is under way (a tenth of it answered) when urgent intents start.
+        try await read { bulkDone >= bulk / 10 }
+        let bulkBefore = bulkDone
+        for round in 0..<bursts {
+            for index in 0..<burst {
+                let id = "urgent-\(round)-\(index)", token = hexToken(round * burst + index + 1)
+                try await harness.produce(intent(id, token: token), key: token, topic: urgentTopic)
+            }
+            try await read { urgentDone == (round + 1) * burst }
+        }
+        // Every urgent intent was answered before half of what was left of the backlog, and the
+        // bulk lane was not stopped meanwhile.
+        let bulkDuring = bulkDone - bulkBefore
+        #expect(bulkDuring < (bulk - bulkBefore) / 2, "\(bulkDuring) bulk outcomes while \(bursts * burst) urgent ones were answered")
+        #expect(bulkDuring > 0)
+        try await read { bulkDone == bulk }
+
+        await harness.stop()
+        let log = try await OutcomeLog.read(harness.cluster.bootstrapServers, harness.outcomesTopic)
+        log.expectOneEach(ofLanes: [
+            harness.intentsTopic: try await recordsPerPartition(harness.cluster.bootstrapServers, harness.intentsTopic),
+            urgentTopic: try await recordsPerPartition(harness.cluster.bootstrapServers, urgentTopic),
+        ])
+        let urgent = log.outcomes.filter { ($0["id"] as? String)?.hasPrefix("urgent-") == true }
+        #expect(urgent.count == bursts * burst && urgent.allSatisfy { $0["lane"] as? String == urgentTopic })
+    }
+}
