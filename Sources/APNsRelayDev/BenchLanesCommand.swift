@@ -24,8 +24,10 @@ struct BenchLanesCommand: AsyncParsableCommand {
     @Option(name: .customLong("urgent-rate"), help: "Urgent intents per second.")
     var urgentRate = 250
 
-    @Option(help: "Partitions of each intents topic and of the outcomes topic.")
-    var partitions = 8
+    /// 16: the mock cluster keeps 5 MB of log per partition and trims older records past it,
+    /// about 21,000 of these intents; 200,000 on 8 partitions would lose some before they are read.
+    @Option(help: "Partitions of each intents topic and of the outcomes topic (the mock cluster keeps about 20,000 intents per partition).")
+    var partitions = 16
 
     @Option(help: "Distinct device tokens (urgent and bulk intents share them).")
     var devices = 20_000
@@ -35,6 +37,9 @@ struct BenchLanesCommand: AsyncParsableCommand {
     func validate() throws {
         if bulk < 10 || urgent < 1 || urgentRate < 1 || partitions < 1 || devices < 1 {
             throw ValidationError("--bulk must be at least 10, --urgent, --urgent-rate, --partitions and --devices at least 1")
+        }
+        if bulk / partitions > 20_000 {
+            throw ValidationError("--bulk \(bulk) on \(partitions) partitions: the mock cluster keeps about 20,000 intents per partition and trims older ones; use more partitions")
         }
     }
 

@@ -14,14 +14,63 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     let revocationHandler = Mutex<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
     /// Revocations whose commit failed (``KafkaConsumer/revocationCommitFailures``).
     let revocationCommitFailures = Atomic<Int>(0)
+    /// With topic queues (``KafkaConsumer`` `topicQueues`): each topic's own librdkafka queue,
+    /// in the order of the topics; set once, before the poll thread starts. The queues are
+    /// destroyed by ``destroyTopicQueues()``, once the poll thread stopped.
+    private(set) var topicQueues: [(topic: String, queue: OpaquePointer)] = []
+    private let topicQueuesDestroyed = Atomic<Bool>(false)
+    /// Per topic queue, records handed over and not released by the application yet, and how
+    /// many may be.
+    let outstanding: Mutex<[Int]>
+    let outstandingLimit: Int
 
-    init(capacity: Int, logger: Logger) {
+    init(capacity: Int, outstandingLimit: Int = .max, logger: Logger) {
         queue = AsyncBoundedQueue(capacity: capacity) { event in
             if case .messages(let batch) = event { return batch.count }
             return 0
         }
         flow = Mutex(ConsumerFlowControl(capacity: capacity))
+        outstanding = Mutex([])
+        self.outstandingLimit = max(outstandingLimit, 1)
         super.init(logger: logger)
+    }
+
+    /// Makes a librdkafka queue for each topic (before the poll thread starts).
+    func makeTopicQueues(_ rk: OpaquePointer, topics: [String]) {
+        topicQueues = topics.compactMap { topic in rd_kafka_queue_new(rk).map { (topic, $0) } }
+        outstanding.withLock { $0 = Array(repeating: 0, count: topicQueues.count) }
+    }
+
+    /// Drops the topic queues (after the consumer closed; later calls do nothing).
+    func destroyTopicQueues() {
+        guard !topicQueuesDestroyed.exchange(true, ordering: .relaxed) else { return }
+        for (_, queue) in topicQueues { rd_kafka_queue_destroy(queue) }
+    }
+
+    /// The index of `topic`'s queue, if it has one.
+    func topicQueueIndex(_ topic: String) -> Int? {
+        topicQueues.firstIndex { $0.topic == topic }
+    }
+
+    /// Sends the records of newly assigned `partitions` to their topics' queues (on the poll
+    /// thread, before they are assigned, so that none of their records reaches the main queue).
+    func forwardToTopicQueues(_ rk: OpaquePointer, _ partitions: [TopicPartition]) {
+        for partition in partitions {
+            guard let index = topicQueueIndex(partition.topic),
+                  let queue = rd_kafka_queue_get_partition(rk, partition.topic, partition.partition) else { continue }
+            rd_kafka_queue_forward(queue, topicQueues[index].queue)
+            rd_kafka_queue_destroy(queue)
+        }
+    }
+
+    /// Counts records handed over to the application.
+    func handedOver(_ batch: [KafkaMessage]) {
+        guard !topicQueues.isEmpty else { return }
+        outstanding.withLock { outstanding in
+            for message in batch {
+                if let index = topicQueueIndex(message.topic) { outstanding[index] += 1 }
+            }
+        }
     }
 
     /// Queues an event without waiting; returns how many records are queued after it.
@@ -66,28 +115,16 @@ extension KafkaMessage {
 }
 
 /// One turn of the poll thread: a batch of records (or callbacks), then flow control.
+///
+/// With topic queues, the main queue (rebalances, errors) is served without waiting, then
+/// each topic's queue while its records handed over and not released stay under the limit;
+/// only a turn that found nothing waits, 10 ms at most, on the main queue.
 func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
-    var batch: [KafkaMessage] = []
-    handle.withHandle { rk in
-        var timeout: Int32 = 100
-        while batch.count < batchSize, let message = rd_kafka_consumer_poll(rk, timeout) {
-            timeout = 0
-            defer { rd_kafka_message_destroy(message) }
-            let record = message.pointee
-            if record.err != RD_KAFKA_RESP_ERR_NO_ERROR {
-                if !batch.isEmpty {
-                    shared.push(.messages(batch))
-                    batch.removeAll()
-                }
-                shared.push(.error(KafkaError(record.err, context: record.payload.map {
-                    String(decoding: UnsafeRawBufferPointer(start: $0, count: record.len), as: UTF8.self)
-                })))
-                continue
-            }
-            batch.append(KafkaMessage(copying: message))
-        }
+    if shared.topicQueues.isEmpty {
+        _ = pollMainQueue(handle, shared, batchSize: batchSize, timeout: 100)
+    } else if pollMainQueue(handle, shared, batchSize: batchSize, timeout: 0) + pollTopicQueues(handle, shared, batchSize: batchSize) == 0 {
+        _ = pollMainQueue(handle, shared, batchSize: batchSize, timeout: 10)
     }
-    if !batch.isEmpty { shared.push(.messages(batch)) }
 
     // Flow control (``ConsumerFlowControl``): hold off polling while the application is behind,
     // pause everything if that lasts, resume once it caught up.
@@ -110,6 +147,75 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
     }
 }
 
+/// Serves the consumer's main queue: its records (all of them without topic queues) go to the
+/// application in one batch, with errors between them; callbacks run. Waits `timeout` ms for
+/// the first event. Returns the records handed over.
+private func pollMainQueue(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int, timeout: Int32) -> Int {
+    var batch: [KafkaMessage] = []
+    var total = 0
+    handle.withHandle { rk in
+        var timeout = timeout
+        while batch.count < batchSize, let message = rd_kafka_consumer_poll(rk, timeout) {
+            timeout = 0
+            total += take(message, into: &batch, shared)
+        }
+    }
+    return total + handOver(&batch, shared)
+}
+
+/// Takes from each topic's queue that has room, without waiting. Returns the records handed over.
+private func pollTopicQueues(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) -> Int {
+    let room = shared.outstanding.withLock { $0.map { shared.outstandingLimit - $0 } }
+    var total = 0
+    var messages = [UnsafeMutablePointer<rd_kafka_message_t>?](repeating: nil, count: batchSize)
+    for (index, topic) in shared.topicQueues.enumerated() where index < room.count && room[index] > 0 {
+        let taken = messages.withUnsafeMutableBufferPointer { buffer in
+            rd_kafka_consume_batch_queue(topic.queue, 0, buffer.baseAddress, min(batchSize, room[index]))
+        }
+        guard taken > 0 else { continue }
+        var batch: [KafkaMessage] = []
+        batch.reserveCapacity(taken)
+        for case let message? in messages.prefix(taken) {
+            total += take(message, into: &batch, shared)
+        }
+        total += handOver(&batch, shared)
+    }
+    return total
+}
+
+/// Adds a consumed message to `batch` (a copy; librdkafka's is destroyed) or, when it is an
+/// error, hands the batch over and then the error. Returns the records handed over.
+private func take(_ message: UnsafeMutablePointer<rd_kafka_message_t>, into batch: inout [KafkaMessage],
+                  _ shared: ConsumerShared) -> Int {
+    defer { rd_kafka_message_destroy(message) }
+    guard let error = error(of: message) else {
+        batch.append(KafkaMessage(copying: message))
+        return 0
+    }
+    let handed = handOver(&batch, shared)
+    shared.push(.error(error))
+    return handed
+}
+
+/// The error a consumed message carries, if it is one.
+private func error(of message: UnsafeMutablePointer<rd_kafka_message_t>) -> KafkaError? {
+    let record = message.pointee
+    guard record.err != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+    return KafkaError(record.err, context: record.payload.map {
+        String(decoding: UnsafeRawBufferPointer(start: $0, count: record.len), as: UTF8.self)
+    })
+}
+
+/// Hands a batch over (if it holds any record) and empties it; returns its size.
+private func handOver(_ batch: inout [KafkaMessage], _ shared: ConsumerShared) -> Int {
+    guard !batch.isEmpty else { return 0 }
+    let count = batch.count
+    shared.handedOver(batch)
+    shared.push(.messages(batch))
+    batch.removeAll()
+    return count
+}
+
 let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?) -> Void = { rk, error, list, opaque in
     guard let rk, let opaque else { return }
     let shared = Unmanaged<ConsumerShared>.fromOpaque(opaque).takeUnretainedValue()
@@ -117,6 +223,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
     let cooperative = String(cString: rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE"
     switch error {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        shared.forwardToTopicQueues(rk, changed)
         if cooperative {
             if let failure = rd_kafka_incremental_assign(rk, list) {
                 shared.logger.error("incremental assign failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_error_string(failure)))"])
@@ -154,6 +261,10 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
                 shared.logger.warning("commit on revocation failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(committed)))"])
             }
         }
+        // A partition paused here stays paused in librdkafka across its unassignment, so it
+        // would come back paused if it is assigned here again: resume it first (a partition
+        // that is not paused stays as it is).
+        if list != nil { _ = rd_kafka_resume_partitions(rk, list) }
         // Unassign before telling the application, so that from the moment it hears of the
         // revocation its offset stores for these partitions fail.
         if cooperative {
@@ -167,7 +278,9 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         shared.push(.revoked(changed))
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
-        shared.revocationHandler.withLock { $0 }?(Array(shared.flow.withLock { $0.assigned }), true)
+        let assigned = Array(shared.flow.withLock { $0.assigned })
+        shared.revocationHandler.withLock { $0 }?(assigned, true)
+        if !assigned.isEmpty { withPartitionList(assigned) { _ = rd_kafka_resume_partitions(rk, $0) } }
         _ = rd_kafka_assign(rk, nil)
         shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
     }

@@ -45,8 +45,13 @@ public final class KafkaConsumer: Service, Sendable {
     ///   - bufferedMessages: records waiting for the application before partitions get paused
     ///     (they resume at half of it).
     ///   - properties: passed to librdkafka as they are, after the defaults (so they win).
+    ///   - topicQueues: with more than one topic, each topic's records come through a queue of
+    ///     their own, taken while fewer than `outstandingPerTopic` of that topic's records are
+    ///     handed over and not ``release(topic:records:)``d: a topic the application is behind
+    ///     on waits in librdkafka (its prefetch bounded as usual) without holding up the others,
+    ///     and without pausing anything. Rebalances and errors still come in order with them.
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: [String: String] = [:],
-                maxBatch: Int = 500, bufferedMessages: Int = 5000,
+                maxBatch: Int = 500, bufferedMessages: Int = 5000, topicQueues: Bool = false, outstandingPerTopic: Int = 5000,
                 logger: Logger = Logger(label: "apns-relay.kafka.consumer")) throws(KafkaError) {
         var settings: [String: String] = [
             "bootstrap.servers": bootstrapServers,
@@ -60,14 +65,20 @@ public final class KafkaConsumer: Service, Sendable {
         ]
         settings.merge(properties) { _, given in given }
         let builder = try KafkaConfigBuilder(settings)
-        let shared = ConsumerShared(capacity: bufferedMessages, logger: logger)
+        let separate = topicQueues && topics.count > 1
+        // Each topic may have its share handed over at once without the buffer counting as full.
+        let shared = ConsumerShared(capacity: separate ? max(bufferedMessages, outstandingPerTopic * topics.count + maxBatch) : bufferedMessages,
+                                    outstandingLimit: outstandingPerTopic, logger: logger)
         shared.install(on: builder)
         builder.withConf { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalance)
             rd_kafka_conf_set_error_cb(conf, consumerError)
         }
         let handle = try KafkaHandle(type: RD_KAFKA_CONSUMER, configuration: builder, context: shared)
-        handle.withHandle { _ = rd_kafka_poll_set_consumer($0) }
+        handle.withHandle { rk in
+            _ = rd_kafka_poll_set_consumer(rk)
+            if separate { shared.makeTopicQueues(rk, topics: topics) }
+        }
         self.handle = handle
         self.shared = shared
         self.logger = logger
@@ -78,6 +89,8 @@ public final class KafkaConsumer: Service, Sendable {
     deinit {
         if case .running(let poller) = polling.withLock({ $0 }) { poller.stop() }
         shared.queue.finish()
+        // Before the handle destroys the client.
+        shared.destroyTopicQueues()
     }
 
     /// Subscribes and starts the poll thread, once (later calls, and calls after ``close()``, do
@@ -162,6 +175,13 @@ public final class KafkaConsumer: Service, Sendable {
     /// an earlier commit, and send again what was finished here since.
     public var revocationCommitFailures: Int { shared.revocationCommitFailures.load(ordering: .relaxed) }
 
+    /// The application is done with `records` of `topic` handed over (with topic queues: they
+    /// no longer count against the topic's limit).
+    public func release(topic: String, records: Int) {
+        guard let index = shared.topicQueueIndex(topic) else { return }
+        shared.outstanding.withLock { $0[index] = max($0[index] - records, 0) }
+    }
+
     /// Stops fetching from these partitions until ``resume(_:)``.
     public func pause(_ partitions: [TopicPartition]) {
         shared.flow.withLock { $0.applicationPaused(partitions) }
@@ -202,7 +222,7 @@ public final class KafkaConsumer: Service, Sendable {
             return
         }
         shared.flow.withLock { $0.closing() }
-        let handle = self.handle
+        let (handle, shared) = (self.handle, self.shared)
         let poller: PollThread? = if case .running(let poller) = previous { poller } else { nil }
         let logger = self.logger
         await runBlocking {
@@ -217,6 +237,7 @@ public final class KafkaConsumer: Service, Sendable {
                 usleep(UInt32(100_000 << attempt))
             }
             _ = handle.withHandle { rd_kafka_consumer_close($0) }
+            shared.destroyTopicQueues()
         }
         shared.queue.finish()
         logger.info("consumer closed: offsets committed, left the group")

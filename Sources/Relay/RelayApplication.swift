@@ -102,7 +102,9 @@ public final class RelayApplication: Service, Sendable {
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
                                          properties: configuration.kafka.properties,
-                                         maxBatch: 1000, bufferedMessages: 5000, logger: logger)
+                                         maxBatch: 1000, bufferedMessages: 5000,
+                                         topicQueues: configuration.kafka.intentLanes.count > 1,
+                                         outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
         clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
                                workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) },
                                tracing: configuration.tracing.otlpEndpoint.isEmpty ? nil

@@ -41,4 +41,37 @@ struct LaneMailboxTests {
         await client.shutdown()
         await harness.stop()
     }
+
+    /// An entry parked before `kafka.lanes` was set names no lane; found in the due index of a
+    /// lane that is not the first, it is that lane's, whatever the first lane is.
+    @Test func anEntryParkedBeforeLanesBelongsToTheDueIndexItWaitsIn() async throws {
+        let redis = try await RedisServerProcess.started()
+        let urgentTopic = "apns.intents.urgent.\(UUID().uuidString.prefix(8))"
+        let token = hexToken(0x01d)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let entry = DevicePolicy.Entry(partition: 0, offset: 0, consumedAt: Int64(Date().timeIntervalSince1970 * 1000),
+                                       expiration: expiration, message: Array(intent("parked-before", token: token).utf8))
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10) {
+            // As check-config reads it: the first lane is the intents topic.
+            $0.kafka.lanes = [.init(topic: urgentTopic, weight: 4), .init(topic: $0.kafka.intentsTopic, weight: 1)]
+            $0.kafka.intentsTopic = urgentTopic
+        }
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"),
+                                  "pid", "parked-before", "p", entry.encoded, "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "13:parked-before"]),
+            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
+                                  RedisKeys.member(token: token, topic: "com.example.app", id: "parked-before")]),
+        ])
+        let outcome = try #require(try await harness.outcomes(count: 1).first)
+        #expect(outcome["id"] as? String == "parked-before" && outcome["status"] as? String == "delivered")
+        #expect(outcome["lane"] as? String == harness.intentsTopic)
+        // Released from the index it waited in.
+        try await waitUntil(asking: {
+            (try? await client.send(RedisCommand("EXISTS", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)])).integer) == 0
+        })
+        await client.shutdown()
+        await harness.stop()
+    }
 }

@@ -11,33 +11,33 @@
 ///   lanes (itself included); when none does, it may use all of it (an idle lane's share goes
 ///   to the others). So a lane that just got work takes each slot freed by a lane above its
 ///   share, and no lane starves: each keeps its share while it has work.
-/// - A lane whose backlog reaches `backlogLimit` records is *full*: its partitions pause until
-///   the backlog is down to half, so what one lane buffers stays bounded and never sits in
-///   front of another lane's records (with one lane, the reader waits instead).
-struct LaneLedger: Sendable {
+///
+/// What a lane buffers is bounded by the consumer: each lane's intents topic has a librdkafka
+/// queue of its own, taken from only while fewer than a limit of its records wait here
+/// (``KafkaConsumer/release(topic:records:)``), so one lane's records never stand in front of
+/// another's (with one lane, the reader waits for its admitting task instead).
+///
+/// `Waiter` is what an admitting task leaves while it waits (its continuation).
+struct LaneLedger<Waiter: Sendable>: Sendable {
     let weights: [Int]
     let maxInFlight: Int
     let maxWaiting: Int
-    let backlogLimit: Int
     private(set) var inFlight: [Int]
     private(set) var waiting: [Int]
     private(set) var backlog: [Int]
-    private(set) var full: [Bool]
     private(set) var totalInFlight = 0
     private(set) var totalWaiting = 0
     /// Per lane, its admitting task's continuation while it waits for room.
-    private var waiters: [CheckedContinuation<Void, Never>?]
+    private var waiters: [Waiter?]
 
-    init(weights: [Int], maxInFlight: Int, maxWaiting: Int, backlogLimit: Int = 4000) {
+    init(weights: [Int], maxInFlight: Int, maxWaiting: Int) {
         self.weights = weights.isEmpty ? [1] : weights.map { max($0, 1) }
         self.maxInFlight = max(maxInFlight, 1)
         self.maxWaiting = max(maxWaiting, 1)
-        self.backlogLimit = max(backlogLimit, 2)
         let lanes = self.weights.count
         inFlight = Array(repeating: 0, count: lanes)
         waiting = Array(repeating: 0, count: lanes)
         backlog = Array(repeating: 0, count: lanes)
-        full = Array(repeating: false, count: lanes)
         waiters = Array(repeating: nil, count: lanes)
     }
 
@@ -90,46 +90,43 @@ struct LaneLedger: Sendable {
         totalWaiting -= 1
     }
 
-    /// `records` of `lane` were consumed: true when the lane just became full (pause it).
-    mutating func consumed(_ lane: Int, records: Int) -> Bool {
+    /// `records` of `lane` were consumed.
+    mutating func consumed(_ lane: Int, records: Int) {
         backlog[lane] += records
-        guard weights.count > 1, !full[lane], backlog[lane] >= backlogLimit else { return false }
-        full[lane] = true
-        return true
     }
 
-    /// `records` of `lane`'s backlog were admitted (or dropped): true when the lane was full
-    /// and is down to half (resume it).
-    mutating func taken(_ lane: Int, records: Int) -> Bool {
+    /// `records` of `lane`'s backlog were admitted (or dropped).
+    mutating func taken(_ lane: Int, records: Int) {
         backlog[lane] = max(backlog[lane] - records, 0)
-        guard full[lane], backlog[lane] <= backlogLimit / 2 else { return false }
-        full[lane] = false
-        return true
     }
 
     // MARK: Waiting for room
 
     /// Parks `lane`'s admitting task (one per lane).
-    mutating func wait(_ lane: Int, _ continuation: CheckedContinuation<Void, Never>) {
+    mutating func wait(_ lane: Int, _ continuation: Waiter) {
         waiters[lane] = continuation
     }
 
     /// Takes `lane`'s waiter out (to resume it: stopping, cancelled).
-    mutating func takeWaiter(_ lane: Int) -> CheckedContinuation<Void, Never>? {
+    mutating func takeWaiter(_ lane: Int) -> Waiter? {
         defer { waiters[lane] = nil }
         return waiters[lane]
     }
 
     /// Every waiter out, for a stop.
-    mutating func takeAllWaiters() -> [CheckedContinuation<Void, Never>] {
+    mutating func takeAllWaiters() -> [Waiter] {
         defer { waiters = Array(repeating: nil, count: weights.count) }
         return waiters.compactMap { $0 }
     }
 
-    /// The waiters that have room now, taken out (to resume outside the lock). A waiter still
-    /// counts as pressing while the others are judged, so a lane below its share goes first.
-    mutating func waitersWithRoom() -> [CheckedContinuation<Void, Never>] {
-        let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }
+    /// The waiters that have room now, taken out (to resume outside the lock): no more of them
+    /// than there are free send slots, each waiter still counting as pressing while the others
+    /// are judged, so a lane below its share goes first. (A woken lane admits outside the lock:
+    /// a send finishing meanwhile can let another lane in too, so with several lanes the bound
+    /// can be passed by one send per other lane, briefly.)
+    mutating func waitersWithRoom() -> [Waiter] {
+        let free = min(maxInFlight - sending, maxWaiting > totalWaiting ? Int.max : 0)
+        let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }.prefix(max(free, 0))
         return lanes.compactMap { takeWaiter($0) }
     }
 }

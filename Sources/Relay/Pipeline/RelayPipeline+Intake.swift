@@ -15,6 +15,10 @@ extension RelayPipeline {
     /// Batches parsed and grouped ahead of a lane's admitting task, with one lane.
     static let admissionsUnderWay = 2
 
+    /// With several lanes, a lane's records consumed and not admitted yet, at most (the
+    /// consumer takes no more from its topic's queue meanwhile).
+    static let laneBacklogLimit = 4000
+
     /// Consecutive intents whose work shares one task group (see ``admitLane(_:from:gate:)``).
     /// Measured with `bench e2e` against 32 (docs/performance.md): 7–9% more intents/s with the
     /// policy on, about the same without it, for a higher latency at saturation (p50 about 25
@@ -27,10 +31,11 @@ extension RelayPipeline {
     /// One task reads the consumer: it applies rebalances to the ledger at once, and parses
     /// each batch and groups it for its admission, by lane, while each lane's admitting task
     /// admits earlier ones, in order. With one lane the reader waits for its admitting task
-    /// (one batch ahead without Redis, two with); with several it never waits: a lane whose
-    /// backlog is full pauses its partitions instead (``LaneLedger``), so a busy lane's records
-    /// never stand in front of another's. Admissions ask Redis one batch at a time, whatever
-    /// the lane (each batch's reads go to Redis after the bucket writes of the batch before).
+    /// (one batch ahead without Redis, two with); with several it never waits: the consumer
+    /// hands over no more of a lane's records while `laneBacklogLimit` of them wait here
+    /// (``KafkaConsumer/release(topic:records:)``), so a busy lane's records never stand in
+    /// front of another's. Admissions ask Redis one batch at a time, whatever the lane (each
+    /// batch's reads go to Redis after the bucket writes of the batch before).
     func consumeAndWork() async {
         let queues = laneTopics.map { _ in AsyncBoundedQueue<LaneBatch>(capacity: policy == nil ? 1 : Self.admissionsUnderWay) }
         let gate = AsyncSerialGate()
@@ -59,8 +64,6 @@ extension RelayPipeline {
             case .assigned(let partitions):
                 state.withLock { $0.partitions.assign(partitions) }
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
-                // A full lane's new partitions start paused.
-                reconcilePauses(partitions)
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
                 let uncounted = state.withLock { state in
@@ -68,31 +71,28 @@ extension RelayPipeline {
                     defer { state.revocationCommitFailuresCounted = failures }
                     return failures - state.revocationCommitFailuresCounted
                 }
-                // Whatever was paused, librdkafka forgot with the assignment.
+                // The consumer resumed them as it let them go.
                 pauses.withLock { $0.subtract(partitions) }
                 if uncounted > 0 { RelayMetrics.revocationCommitFailures.increment(by: uncounted) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map(parse)
-                    let (generations, full) = state.withLock { state in
+                    let generations = state.withLock { state in
                         var generations: [TopicPartition: Int] = [:]
                         var last: TopicPartition?
                         for message in messages where message.topicPartition != last {
                             last = message.topicPartition
                             generations[message.topicPartition] = state.partitions.generation(of: message.topicPartition) ?? -1
                         }
-                        return (generations, state.lanes.consumed(lane, records: messages.count))
+                        state.lanes.consumed(lane, records: messages.count)
+                        return generations
                     }
                     let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations)
                     if queues.count == 1 {
                         guard await queues[lane].push(laneBatch) else { break events }
                     } else {
                         guard queues[lane].offer(laneBatch) != nil else { break events }
-                    }
-                    if full {
-                        logger.info("lane paused: its backlog is full", metadata: ["kafka.topic": "\(laneTopics[lane])"])
-                        reconcileLane(lane)
                     }
                 }
             case .error(let error):
@@ -160,17 +160,15 @@ extension RelayPipeline {
         }
     }
 
-    /// Records of a lane's backlog were admitted: a lane no longer pressing leaves its share to
-    /// the others, and a full lane down to half resumes.
+    /// Records of a lane's backlog were admitted: the consumer may hand over more of its topic,
+    /// and a lane no longer pressing leaves its share to the others.
     private func backlogTaken(_ lane: Int, records: Int) {
-        let (resume, waiters) = state.withLock { state in
-            (state.lanes.taken(lane, records: records), state.lanes.waitersWithRoom())
+        let waiters = state.withLock { state in
+            state.lanes.taken(lane, records: records)
+            return state.lanes.waitersWithRoom()
         }
         for waiter in waiters { waiter.resume() }
-        if resume {
-            logger.info("lane resumed", metadata: ["kafka.topic": "\(laneTopics[lane])"])
-            reconcileLane(lane)
-        }
+        consumer.release(topic: laneTopics[lane], records: records)
     }
 
     /// Whether `lane`'s admitting task goes on without waiting: there is room, or it is to stop.

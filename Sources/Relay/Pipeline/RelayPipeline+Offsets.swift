@@ -105,17 +105,14 @@ extension RelayPipeline {
         logger.info("partition resumed", metadata: ["kafka.partition": "\(partition.partition)"])
     }
 
-    /// Pauses or resumes `partitions` so that exactly those with a reason stay paused: held by
-    /// the ledger (too many uncommitted offsets) or their lane full (``LaneLedger``). Each
-    /// change of a reason is followed by a call, and calls take turns (``pauses``, which also
-    /// remembers what was applied), so the last one applies the last state whichever order the
-    /// changes came in.
+    /// Pauses or resumes `partitions` so that exactly those the ledger holds (too many
+    /// uncommitted offsets) stay paused. Each hold and release is followed by a call, and calls
+    /// take turns (``pauses``, which also remembers what was applied), so the last one applies
+    /// the last state whichever order the changes came in.
     func reconcilePauses(_ partitions: [TopicPartition]) {
         guard !partitions.isEmpty else { return }
         pauses.withLock { paused in
-            let wanted = state.withLock { state in
-                partitions.filter { state.partitions.held.contains($0) || state.lanes.full[lane(of: $0.topic)] }
-            }
+            let wanted = state.withLock { state in partitions.filter { state.partitions.held.contains($0) } }
             let pause = wanted.filter { !paused.contains($0) }
             let resume = partitions.filter { paused.contains($0) && !wanted.contains($0) }
             if !pause.isEmpty { consumer.pause(pause) }
@@ -123,13 +120,6 @@ extension RelayPipeline {
             paused.formUnion(pause)
             paused.subtract(resume)
         }
-    }
-
-    /// The lane's partitions this relay owns, paused or resumed as the lane is full or not.
-    func reconcileLane(_ lane: Int) {
-        let topic = laneTopics[lane]
-        let owned = state.withLock { $0.partitions.owned(topic: topic) }
-        reconcilePauses(owned.map { TopicPartition(topic: topic, partition: $0.partition) })
     }
 
     /// Waits for in-flight work to end, up to the shutdown deadline.

@@ -53,8 +53,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// the lanes' distinct weights (0 for the lowest), 3 at most. With one weight, all 0.
     let lanePrecedence: [Int]
     let laneMetrics: [RelayMetrics.Lane]
-    /// The partitions paused now (for a full lane or held by the ledger), as last applied;
-    /// its lock serializes ``reconcilePauses(_:)``.
+    /// The partitions paused now (held by the ledger), as last applied; its lock serializes
+    /// ``reconcilePauses(_:)``.
     let pauses = Mutex(Set<TopicPartition>())
     let state: Mutex<State>
     let logger: Logger
@@ -87,7 +87,7 @@ public final class RelayPipeline: RelayStatus, Service {
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
-        var lanes: LaneLedger
+        var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.
         var inFlight: Int { lanes.totalInFlight }
         /// Of those, the ones waiting behind an earlier intent for their device (not started).
@@ -141,6 +141,7 @@ public final class RelayPipeline: RelayStatus, Service {
             // A quarter of the call's deadline: the call ends inside it, and a WAIT that finds
             // too few replicas holds the calls pipelined behind it on its connection briefly.
             policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 4, 1))
+            policy.namesLanes = !configuration.kafka.lanes.isEmpty
             policy.bucketWriteFailed = { [logger] error in
                 RelayMetrics.redisError(error)
                 logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])

@@ -31,10 +31,15 @@ struct DevicePolicy: Sendable {
         TopicPartition(topic: entry.lane ?? intentsTopic, partition: entry.partition)
     }
 
-    /// What a mailbox entry records as its lane: nothing for `kafka.intents_topic` (so that a
-    /// relay with one lane writes entries as it always did), else the topic.
+    /// `kafka.lanes` is set: every entry names its lane.
+    var namesLanes = false
+
+    /// What a mailbox entry records as its lane: with `kafka.lanes`, its topic; with one lane
+    /// nothing (a relay with one lane writes entries as it always did). An entry found in a
+    /// due index belongs to that index's partition whatever it names (one parked before lanes
+    /// were configured names none).
     func entryLane(_ topic: String) -> String? {
-        topic == intentsTopic ? nil : topic
+        namesLanes || topic != intentsTopic ? topic : nil
     }
 
     // MARK: Scripts (Scripts/*.lua; each mailbox script starts with mark_waiting.lua)

@@ -54,9 +54,10 @@ extension RelayPipeline {
     }
 
     /// A work item for an intent kept in a mailbox (its offset is not stored again), with the
-    /// trace context kept beside it: traced from now on when spans are exported.
-    func mailboxItem(_ entry: DevicePolicy.Entry, token: String?, member: String?, generation: Int,
-                             admission: Admission = .send) -> WorkItem {
+    /// trace context kept beside it: traced from now on when spans are exported. `partition`:
+    /// the one whose due index held it, when it was taken from one (else the entry says).
+    func mailboxItem(_ entry: DevicePolicy.Entry, partition: TopicPartition? = nil, token: String?, member: String?, generation: Int,
+                     admission: Admission = .send) -> WorkItem {
         let now = APNsIdentifiers.epochMilliseconds()
         var intent = Result { () throws(InvalidIntent) in
             try Intent.parse(entry.message, key: token.map { Array($0.utf8) }, now: clock(), defaultTTL: configuration.defaults.expirationSeconds)
@@ -65,7 +66,7 @@ extension RelayPipeline {
             parsed.expiration = entry.expiration
             intent = .success(parsed)
         }
-        let partition = TopicPartition(topic: entry.lane ?? configuration.kafka.intentsTopic, partition: entry.partition)
+        let partition = partition ?? TopicPartition(topic: entry.lane ?? configuration.kafka.intentsTopic, partition: entry.partition)
         var recordsAnswer = false
         if case .success = intent, case .send = admission { recordsAnswer = true }
         let trace = entry.trace.flatMap(Self.traceContext(stored:))
@@ -177,11 +178,13 @@ extension RelayPipeline {
                 state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .answered(let entry, let record):
-                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .duplicate(record))
+                item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation,
+                                   admission: .duplicate(record))
             case .expired(let entry):
-                item = mailboxItem(entry, token: parts.token, member: member, generation: generation, admission: .expiredParked)
+                item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation,
+                                   admission: .expiredParked)
             case .claimed(let entry):
-                item = mailboxItem(entry, token: parts.token, member: member, generation: generation)
+                item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation)
             }
             let start = state.withLock { state -> WorkItem? in
                 state.lanes.admitted(item.lane)
