@@ -54,10 +54,17 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
 
     /// Sends the records of newly assigned `partitions` to their topics' queues (on the poll
     /// thread, before they are assigned, so that none of their records reaches the main queue).
+    /// Once the topic queues are destroyed (a consumer dropped without being closed, whose
+    /// `rd_kafka_destroy` may still serve a queued assignment), nothing is forwarded.
     func forwardToTopicQueues(_ rk: OpaquePointer, _ partitions: [TopicPartition]) {
+        guard !topicQueues.isEmpty, !topicQueuesDestroyed.load(ordering: .relaxed) else { return }
         for partition in partitions {
-            guard let index = topicQueueIndex(partition.topic),
-                  let queue = rd_kafka_queue_get_partition(rk, partition.topic, partition.partition) else { continue }
+            guard let index = topicQueueIndex(partition.topic) else { continue }
+            guard let queue = rd_kafka_queue_get_partition(rk, partition.topic, partition.partition) else {
+                // Its records then go nowhere (librdkafka does not fall back to the main queue).
+                logger.error("cannot give a partition its topic's queue", metadata: ["kafka.partition": "\(partition)"])
+                continue
+            }
             rd_kafka_queue_forward(queue, topicQueues[index].queue)
             rd_kafka_queue_destroy(queue)
         }
@@ -164,18 +171,19 @@ private func pollMainQueue(_ handle: KafkaHandle, _ shared: ConsumerShared, batc
 }
 
 /// Takes from each topic's queue that has room, without waiting. Returns the records handed over.
+///
+/// One record per call (`rd_kafka_consume_queue`), as `rd_kafka_consumer_poll` does: librdkafka
+/// 2.0's batch call moves a partition's position past records it then drops when a pause from
+/// another thread lands in the middle of the batch (fixed in 2.1.0), and the relay pauses
+/// partitions from its own tasks.
 private func pollTopicQueues(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) -> Int {
     let room = shared.outstanding.withLock { $0.map { shared.outstandingLimit - $0 } }
     var total = 0
-    var messages = [UnsafeMutablePointer<rd_kafka_message_t>?](repeating: nil, count: batchSize)
     for (index, topic) in shared.topicQueues.enumerated() where index < room.count && room[index] > 0 {
-        let taken = messages.withUnsafeMutableBufferPointer { buffer in
-            rd_kafka_consume_batch_queue(topic.queue, 0, buffer.baseAddress, min(batchSize, room[index]))
-        }
-        guard taken > 0 else { continue }
         var batch: [KafkaMessage] = []
-        batch.reserveCapacity(taken)
-        for case let message? in messages.prefix(taken) {
+        var taken = 0
+        while taken < min(batchSize, room[index]), let message = rd_kafka_consume_queue(topic.queue, 0) {
+            taken += 1
             total += take(message, into: &batch, shared)
         }
         total += handOver(&batch, shared)
@@ -262,9 +270,9 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
             }
         }
         // A partition paused here stays paused in librdkafka across its unassignment, so it
-        // would come back paused if it is assigned here again: resume it first (a partition
-        // that is not paused stays as it is).
-        if list != nil { _ = rd_kafka_resume_partitions(rk, list) }
+        // would come back paused if it is assigned here again: resume the paused ones first.
+        let paused = shared.flow.withLock { flow in flow.bufferFull ? changed : changed.filter(flow.pausedByApplication.contains) }
+        if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         // Unassign before telling the application, so that from the moment it hears of the
         // revocation its offset stores for these partitions fail.
         if cooperative {
@@ -278,9 +286,11 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         shared.push(.revoked(changed))
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
-        let assigned = Array(shared.flow.withLock { $0.assigned })
+        let (assigned, paused) = shared.flow.withLock { flow in
+            (Array(flow.assigned), flow.bufferFull ? Array(flow.assigned) : Array(flow.pausedByApplication))
+        }
         shared.revocationHandler.withLock { $0 }?(assigned, true)
-        if !assigned.isEmpty { withPartitionList(assigned) { _ = rd_kafka_resume_partitions(rk, $0) } }
+        if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         _ = rd_kafka_assign(rk, nil)
         shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
     }

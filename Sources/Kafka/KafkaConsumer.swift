@@ -49,7 +49,8 @@ public final class KafkaConsumer: Service, Sendable {
     ///     their own, taken while fewer than `outstandingPerTopic` of that topic's records are
     ///     handed over and not ``release(topic:records:)``d: a topic the application is behind
     ///     on waits in librdkafka (its prefetch bounded as usual) without holding up the others,
-    ///     and without pausing anything. Rebalances and errors still come in order with them.
+    ///     and without pausing anything. Rebalances still come in order with them (a
+    ///     partition's own errors come through its topic's queue).
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: [String: String] = [:],
                 maxBatch: Int = 500, bufferedMessages: Int = 5000, topicQueues: Bool = false, outstandingPerTopic: Int = 5000,
                 logger: Logger = Logger(label: "apns-relay.kafka.consumer")) throws(KafkaError) {

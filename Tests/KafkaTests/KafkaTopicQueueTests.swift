@@ -39,6 +39,51 @@ struct KafkaTopicQueueTests {
         await consumer.close()
     }
 
+    /// Pauses and resumes from another thread while the poll thread takes from a topic queue
+    /// lose nothing: every partition's offsets arrive without a gap (librdkafka 2.0's batch
+    /// call lost the records it had taken when a pause landed in the middle of it).
+    @Test func pausesFromAnotherThreadLoseNoRecord() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let bulk = uniqueName("bulk"), urgent = uniqueName("urgent")
+        try cluster.createTopic(bulk, partitions: 4)
+        try cluster.createTopic(urgent, partitions: 1)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        let count = 20_000
+        _ = try await producer.send(topic: bulk, records: (0..<count).map { (Array("k\($0)".utf8), [1]) })
+        await producer.close()
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [urgent, bulk],
+                                         properties: fastGroup.merging(["fetch.wait.max.ms": "10"]) { $1 },
+                                         maxBatch: 500, topicQueues: true, outstandingPerTopic: 2000)
+        let partitions = (0..<4).map { TopicPartition(topic: bulk, partition: Int32($0)) }
+        let (messages, _) = try await withThrowingTaskGroup(of: ([KafkaMessage], [KafkaConsumerEvent])?.self) { group in
+            group.addTask {
+                try await collect(consumer, timeout: .seconds(60)) { messages, _ in
+                    consumer.release(topic: bulk, records: messages.count)
+                    return messages.count >= count
+                }
+            }
+            // Pause and resume every partition over and over while they are read.
+            group.addTask {
+                while !Task.isCancelled {
+                    consumer.pause(partitions)
+                    try? await Task.sleep(for: .microseconds(200))
+                    consumer.resume(partitions)
+                    try? await Task.sleep(for: .milliseconds(3))
+                }
+                return nil
+            }
+            let first = try await group.next()!
+            group.cancelAll()
+            return try #require(first)
+        }
+        for partition in partitions {
+            let offsets = messages.filter { $0.topicPartition == partition }.map(\.offset)
+            #expect(offsets == Array(0..<Int64(offsets.count)), "\(partition): \(offsets.count) records, first gap after \(zip(offsets, offsets.dropFirst()).first { $1 != $0 + 1 }.map { "\($0.0)" } ?? "-")")
+        }
+        #expect(messages.count == count)
+        await consumer.close()
+    }
+
     /// librdkafka keeps a partition paused across its unassignment: one the application paused
     /// when a rebalance took it must not come back paused.
     @Test func aPartitionRevokedWhilePausedComesBackUnpaused() async throws {

@@ -20,12 +20,14 @@ struct LaneMailboxTests {
         try await harness.produce(intent("second", token: token), key: token, topic: urgentTopic)
         // "second" waits for the device's next token in its mailbox, indexed under its lane.
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        // Parked, then indexed (the index write follows the park script).
         var parked = RESPValue.null
+        var indexed: [String] = []
         try await waitUntil(asking: {
             parked = (try? await client.send(RedisCommand("HGET", ["apns-relay:mailbox:{\(token)}:com.example.app", "p"]))) ?? .null
-            return !parked.isNull
+            indexed = (try? await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])))?.array?.compactMap(\.string) ?? []
+            return !parked.isNull && !indexed.isEmpty
         })
-        let indexed = try await client.send(RedisCommand("KEYS", ["apns-relay:due:*"])).array?.compactMap(\.string) ?? []
         #expect(indexed.count == 1 && indexed.allSatisfy { $0.hasPrefix("apns-relay:due:{\(urgentTopic):") }, "\(indexed)")
         let header = try #require(parked.bytes.flatMap { $0.split(separator: UInt8(ascii: "\n")).first }).map { Character(UnicodeScalar($0)) }
         #expect(String(header).hasSuffix(" " + urgentTopic), "\(String(header))")
