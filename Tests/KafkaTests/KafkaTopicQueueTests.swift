@@ -48,7 +48,7 @@ struct KafkaTopicQueueTests {
         try cluster.createTopic(bulk, partitions: 4)
         try cluster.createTopic(urgent, partitions: 1)
         let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
-        let count = 20_000
+        let count = 12_000
         _ = try await producer.send(topic: bulk, records: (0..<count).map { (Array("k\($0)".utf8), [1]) })
         await producer.close()
         let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [urgent, bulk],

@@ -29,10 +29,14 @@ struct InvalidationProcessTests {
         // while the outcome goes out.
         harness.cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce,
                                                 [(KafkaErrorCode.notEnoughReplicas, 25_000)])
+        // A producer made after the leaders moved: the harness's may have learnt broker 3 as a
+        // leader of the intents topic before, and its first produce would take the error meant
+        // for the record.
+        let producer = try KafkaProducer(bootstrapServers: harness.cluster.bootstrapServers)
         let redis = try await RedisServerProcess.started()
         let config = try writeConfig(harness: harness, redisURL: redis.url, invalidationsTopic: invalidations)
         let first = try RelayProcess.start(config: config)
-        _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))
+        _ = try await producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))
         let answered = try await harness.outcomes(distinct: 1)
         #expect(answered.count == 1 && answered[0].contains(#""status":"unregistered""#), "\(answered)")
         // The record's request reached broker 3 (the error was taken) and is held there.
@@ -44,7 +48,7 @@ struct InvalidationProcessTests {
         let goneOutcome = try #require(try JSONSerialization.jsonObject(with: Data(answered[0].utf8)) as? [String: Any])
         let goneIndex = try #require(goneOutcome["partition"] as? Int)
         for index in 0..<12 {
-            _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array("other-\(index)".utf8), value: Array("not json".utf8))
+            _ = try await producer.send(topic: harness.intentsTopic, key: Array("other-\(index)".utf8), value: Array("not json".utf8))
         }
         var committed: [Int: Int64] = [:]
         try await waitUntil(timeout: .seconds(30), asking: {
@@ -82,6 +86,7 @@ struct InvalidationProcessTests {
         #expect(none.status == 2, "no topic configured: \(none.stdout)")
         let bad = try await RelayBinary.run(["invalidations", "--config", config, "--since", "yesterday"])
         #expect(bad.status == 64, "a --since that is not a duration")
+        await producer.close()
         await harness.simulator.stop()
     }
 
