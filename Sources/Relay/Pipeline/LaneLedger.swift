@@ -125,8 +125,8 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     /// a send finishing meanwhile can let another lane in too, so with several lanes the bound
     /// can be passed by one send per other lane, briefly.)
     mutating func waitersWithRoom() -> [Waiter] {
-        let free = min(maxInFlight - sending, maxWaiting > totalWaiting ? Int.max : 0)
-        let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }.prefix(max(free, 0))
+        // hasRoom already refuses every lane while `maxWaiting` intents wait.
+        let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }.prefix(max(maxInFlight - sending, 0))
         return lanes.compactMap { takeWaiter($0) }
     }
 }
