@@ -23,6 +23,9 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// many may be.
     let outstanding: Mutex<[Int]>
     let outstandingLimit: Int
+    /// Poll thread only: what was handed over per partition, so that a record librdkafka
+    /// delivers a second time within one assignment is skipped (``HandedOverOffsets``).
+    var handedOverOffsets = HandedOverOffsets()
 
     init(capacity: Int, outstandingLimit: Int = .max, logger: Logger) {
         queue = AsyncBoundedQueue(capacity: capacity) { event in
@@ -197,7 +200,18 @@ private func take(_ message: UnsafeMutablePointer<rd_kafka_message_t>, into batc
                   _ shared: ConsumerShared) -> Int {
     defer { rd_kafka_message_destroy(message) }
     guard let error = error(of: message) else {
-        batch.append(KafkaMessage(copying: message))
+        let record = KafkaMessage(copying: message)
+        switch shared.handedOverOffsets.accept(record.topicPartition, offset: record.offset) {
+        case .new:
+            batch.append(record)
+        case .seen(let rewound):
+            if rewound {
+                shared.logger.warning("librdkafka delivered records of this assignment again: they are skipped", metadata: [
+                    "kafka.partition": "\(record.topicPartition)", "kafka.offset": "\(record.offset)",
+                    "kafka.next_offset": "\(shared.handedOverOffsets.position(record.topicPartition) ?? -1)",
+                ])
+            }
+        }
         return 0
     }
     let handed = handOver(&batch, shared)
@@ -231,6 +245,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
     let cooperative = String(cString: rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE"
     switch error {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        shared.handedOverOffsets.reset(changed)
         shared.forwardToTopicQueues(rk, changed)
         if cooperative {
             if let failure = rd_kafka_incremental_assign(rk, list) {
@@ -283,6 +298,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
             _ = rd_kafka_assign(rk, nil)
         }
         shared.flow.withLock { $0.revoked(changed) }
+        shared.handedOverOffsets.reset(changed)
         shared.push(.revoked(changed))
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
@@ -292,6 +308,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         shared.revocationHandler.withLock { $0 }?(assigned, true)
         if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         _ = rd_kafka_assign(rk, nil)
+        shared.handedOverOffsets.resetAll()
         shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
     }
 }

@@ -40,8 +40,10 @@ struct KafkaTopicQueueTests {
     }
 
     /// Pauses and resumes from another thread while the poll thread takes from a topic queue
-    /// lose nothing: every partition's offsets arrive without a gap (librdkafka 2.0's batch
-    /// call lost the records it had taken when a pause landed in the middle of it).
+    /// lose nothing and repeat nothing: every partition's offsets arrive once each, without a
+    /// gap (librdkafka 2.0's batch call lost the records it had taken when a pause landed in the
+    /// middle of it; a pause during a partition's first offset lookup can make librdkafka read
+    /// the partition again from its start, which the consumer skips: ``HandedOverOffsets``).
     @Test func pausesFromAnotherThreadLoseNoRecord() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let bulk = uniqueName("bulk"), urgent = uniqueName("urgent")
