@@ -17,19 +17,7 @@ public enum APNsCredential: Sendable {
     /// Certificate auth from a PKCS#12 bundle (`.p12`/`.pfx`, `keyFile` nil, optional passphrase)
     /// or from PEM certificate and key files.
     public static func certificate(certificateFile: String, keyFile: String?, passphrase: String? = nil) throws(APNsError) -> APNsCredential {
-        do {
-            if keyFile == nil {
-                let bundle = try NIOSSLPKCS12Bundle(file: certificateFile, passphrase: passphrase.map { Array($0.utf8) })
-                return .certificate(chain: bundle.certificateChain, key: bundle.privateKey)
-            }
-            let chain = try NIOSSLCertificate.fromPEMFile(certificateFile)
-            guard !chain.isEmpty else { throw APNsError.credential("certificate file \(certificateFile) holds no certificate") }
-            let key = try NIOSSLPrivateKey(file: keyFile!, format: .pem)
-            return .certificate(chain: chain, key: key)
-        } catch let error as APNsError {
-            throw error
-        } catch {
-            throw .credential("cannot use certificate \(certificateFile)\(keyFile.map { " with key \($0)" } ?? ""): \(error)")
-        }
+        let identity = try APNsCertificateIdentity(certificateFile: certificateFile, keyFile: keyFile, passphrase: passphrase)
+        return .certificate(chain: identity.chain, key: identity.key)
     }
 }

@@ -85,6 +85,9 @@ extension APNsNotification {
                     ? "topic '\(topic)' carries another push type's suffix; \(pushType.rawValue) pushes go to the bare bundle id"
                     : "push type \(pushType.rawValue) needs a topic ending in '\(pushType.topicSuffix)', got '\(topic)'")
         }
+        if pushType == .mdm, !Self.isMDMTopic(topic) {
+            throw APNsValidationError(.badTopic, "an MDM push goes to com.apple.mgmt.External.<UUID> (its push certificate's UID), got '\(topic)'")
+        }
         let priority = effectivePriority
         guard [1, 5, 10].contains(priority) else {
             throw APNsValidationError(.badPriority, "priority \(priority) is not one of 10, 5, 1")
@@ -99,6 +102,13 @@ extension APNsNotification {
             throw APNsValidationError(.badCollapseId, "collapse id is \(collapseID.utf8.count) bytes, at most 64 allowed")
         }
         try validatePayload()
+    }
+
+    /// `com.apple.mgmt.External.` and a UUID: the UID of an MDM push certificate.
+    public static func isMDMTopic(_ topic: String) -> Bool {
+        let prefix = "com.apple.mgmt.External."
+        guard topic.hasPrefix(prefix) else { return false }
+        return UUID(uuidString: String(topic.dropFirst(prefix.count))) != nil
     }
 
     /// Hex, even length, 64 to 200 characters.
@@ -120,7 +130,7 @@ extension APNsNotification {
         }
         let scanned = payload.withUnsafeReadableBytes { bytes -> Result<PayloadScanner.Summary, PayloadScanner.Failure> in
             do throws(PayloadScanner.Failure) {
-                return .success(try PayloadScanner.scan(bytes, collectAPSKeys: pushType == .background))
+                return .success(try PayloadScanner.scan(bytes, collectAPSKeys: pushType == .background, mdm: pushType == .mdm))
             } catch {
                 return .failure(error)
             }
@@ -134,6 +144,13 @@ extension APNsNotification {
         case .failure(.invalidUTF8(let offset)): throw APNsValidationError(.badPayload, "payload is not valid UTF-8 (at byte \(offset))")
         case .failure(.numberOutOfRange(let offset)):
             throw APNsValidationError(.badPayload, "payload holds a number out of range (at byte \(offset))")
+        }
+        if pushType == .mdm {
+            // Exactly {"mdm": "<PushMagic>"}: MDM pushes carry no aps.
+            guard summary.mdmIsString, summary.topLevelMembers == 1 else {
+                throw APNsValidationError(.badPayload, #"an MDM push's payload is exactly {"mdm": "<PushMagic>"}, with no "aps""#)
+            }
+            return
         }
         guard summary.aps == .object else {
             throw APNsValidationError(.badPayload, "payload has no \"aps\" dictionary")

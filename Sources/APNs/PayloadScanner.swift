@@ -1,7 +1,7 @@
 /// Checks notification payloads on every send without building a Foundation object tree: one
 /// pass of ``JSONReader`` that checks the payload is well-formed JSON whose top level is an
 /// object, and reports what sits under `aps`: whether it is an object, its keys, and the value
-/// of `content-available` when it is an integer.
+/// of `content-available` when it is an integer; for MDM pushes, the top level's other members.
 enum PayloadScanner {
     static let maximumDepth = JSONReader.maximumDepth
 
@@ -11,6 +11,9 @@ enum PayloadScanner {
         /// Keys of `aps` other than `content-available`, in order (the first 16).
         var otherAPSKeys: [String] = []
         var contentAvailable: Int?
+        /// With `mdm`: whether the top level has a string `mdm`, and how many members it has.
+        var mdmIsString = false
+        var topLevelMembers = 0
     }
 
     enum Failure: Error, Equatable {
@@ -21,12 +24,14 @@ enum PayloadScanner {
         case tooDeep
     }
 
-    /// - Parameter collectAPSKeys: fill ``Summary/otherAPSKeys`` (costs an allocation; only
-    ///   background pushes need it).
-    static func scan(_ bytes: UnsafeRawBufferPointer, collectAPSKeys: Bool = false) throws(Failure) -> Summary {
+    /// - Parameters:
+    ///   - collectAPSKeys: fill ``Summary/otherAPSKeys`` (costs an allocation; only background
+    ///     pushes need it).
+    ///   - mdm: fill ``Summary/mdmIsString`` and ``Summary/topLevelMembers`` (MDM pushes).
+    static func scan(_ bytes: UnsafeRawBufferPointer, collectAPSKeys: Bool = false, mdm: Bool = false) throws(Failure) -> Summary {
         let summary: Summary?
         do {
-            summary = try summarize(bytes, collectAPSKeys: collectAPSKeys)
+            summary = try summarize(bytes, collectAPSKeys: collectAPSKeys, mdm: mdm)
         } catch {
             switch error {
             case .malformed(let offset): throw .malformed(offset: offset)
@@ -40,7 +45,7 @@ enum PayloadScanner {
     }
 
     /// nil for well-formed JSON that is not an object.
-    private static func summarize(_ bytes: UnsafeRawBufferPointer, collectAPSKeys: Bool) throws(JSONReader.Failure) -> Summary? {
+    private static func summarize(_ bytes: UnsafeRawBufferPointer, collectAPSKeys: Bool, mdm: Bool) throws(JSONReader.Failure) -> Summary? {
         var reader = JSONReader(bytes)
         guard reader.nextIs(UInt8(ascii: "{")) else {
             // Tell a well-formed non-object from garbage.
@@ -49,6 +54,14 @@ enum PayloadScanner {
         }
         var summary = Summary()
         try reader.forEachMember { reader, key throws(JSONReader.Failure) in
+            if mdm {
+                summary.topLevelMembers += 1
+                if key == "mdm" {
+                    summary.mdmIsString = reader.nextIs(UInt8(ascii: "\""))
+                    try reader.skipValue(depth: 1)
+                    return
+                }
+            }
             guard key == "aps" else {
                 try reader.skipValue(depth: 1)
                 return

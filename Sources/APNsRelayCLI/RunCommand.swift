@@ -34,7 +34,7 @@ struct RunCommand: AsyncParsableCommand {
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .info)
-        let (configuration, signers) = try loadUsableConfiguration(config)
+        let (configuration, checked) = try loadUsableConfiguration(config, printWarnings: false)
         // What the files held when they were loaded: a change from then on is a reload, even one
         // made before the relay is running (the status endpoints answer earlier).
         let loaded = PipelineService.fingerprint(config, configuration)
@@ -44,12 +44,12 @@ struct RunCommand: AsyncParsableCommand {
         Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
         let application: RelayApplication
         do {
-            application = try RelayApplication(configuration: configuration, signers: signers, logger: logger)
+            application = try RelayApplication(configuration: configuration, credentials: checked.credentials, logger: logger)
         } catch {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
         }
-        for warning in application.pipeline.warnings { logger.warning("\(warning)") }
+        for warning in checked.warnings + application.pipeline.warnings { logger.warning("\(warning)") }
         let current = CurrentApplication(application)
         let status: StatusServer
         do {
@@ -166,19 +166,19 @@ struct PipelineService: Service {
                 let watching = Task { [self] in await watch(application, from: start) }
                 await application.run()
                 watching.cancel()
-                guard let (next, signers, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
+                guard let (next, credentials, seen) = await watching.value, !stopping.load(ordering: .relaxed) else { return }
                 fingerprint = seen
                 do {
                     // The keys validated with the change: a key file swapped during the drain
                     // is the next watch's change, checked like any other.
-                    current.application = try RelayApplication(configuration: next, signers: signers, logger: logger)
+                    current.application = try RelayApplication(configuration: next, credentials: credentials, logger: logger)
                 } catch {
                     // Validated, yet refused: the drained relay starts again as it was.
                     logger.error("cannot start with the new configuration; the running one stays", metadata: ["relay.error": "\(error)"])
                     Self.countReload("invalid")
                     do {
                         current.application = try RelayApplication(configuration: application.configuration,
-                                                                   signers: application.signers, logger: logger)
+                                                                   credentials: application.credentials, logger: logger)
                     } catch {
                         logger.critical("cannot start the relay again", metadata: ["relay.error": "\(error)"])
                         current.restartFailed.store(true, ordering: .relaxed)
@@ -199,7 +199,7 @@ struct PipelineService: Service {
 
     /// Until cancelled: on a valid change, asks `pipeline` to stop and returns the new
     /// configuration, its keys as validated and its fingerprint.
-    private func watch(_ application: RelayApplication, from start: [UInt8]) async -> (RelayConfiguration, [ProviderTokenSigner], [UInt8])? {
+    private func watch(_ application: RelayApplication, from start: [UInt8]) async -> (RelayConfiguration, [LoadedCredential], [UInt8])? {
         var last = start
         while !Task.isCancelled {
             try? await Task.sleep(for: reloadInterval)
@@ -220,23 +220,24 @@ struct PipelineService: Service {
             guard seen != last else { continue }
             last = seen
             // The new relay starts with the keys this check read.
-            let (problems, signers) = RelayApplication.startProblems(configuration)
-            guard problems.isEmpty else {
+            let checked = RelayApplication.startProblems(configuration)
+            guard checked.problems.isEmpty else {
                 logger.error("the changed configuration or a file it names cannot be used; the running one stays",
-                             metadata: ["relay.error": "\(problems.joined(separator: "; "))"])
+                             metadata: ["relay.error": "\(checked.problems.joined(separator: "; "))"])
                 Self.countReload("invalid")
                 continue
             }
+            for warning in checked.warnings { logger.warning("\(warning)") }
             if configuration.http.port != application.configuration.http.port {
                 logger.warning("http.port changes only with a restart", metadata: ["http.port": "\(configuration.http.port)"])
             }
             logger.notice("configuration or credentials changed: draining and starting again with them", metadata: [
-                "apns.credentials": "\(configuration.apns.credentials.map { "\($0.teamID):\($0.keyID) \($0.topics)" })",
+                "apns.credentials": "\(configuration.apns.credentials.map { "\($0.name) \($0.topics)" })",
             ])
             Self.countReload("applied")
             current.reloadBegins(application)
             application.requestStop()
-            return (configuration, signers, seen)
+            return (configuration, checked.credentials, seen)
         }
         return nil
     }
@@ -246,12 +247,13 @@ struct PipelineService: Service {
         Counter(label: "relay_config_reloads_total", dimensions: [("result", result)]).increment()
     }
 
-    /// The configuration file's bytes and every key file's, read through their paths.
+    /// The configuration file's bytes and every credential file's (keys and certificates), read
+    /// through their paths.
     static func fingerprint(_ file: String, _ configuration: RelayConfiguration) -> [UInt8] {
         var bytes = Array((try? Data(contentsOf: URL(fileURLWithPath: file))) ?? Data())
-        for credential in configuration.apns.credentials {
-            bytes += Array(credential.keyFile.utf8) + [0]
-            bytes += Array((try? Data(contentsOf: URL(fileURLWithPath: credential.keyFile))) ?? Data()) + [0]
+        for path in configuration.apns.credentials.flatMap(\.files) {
+            bytes += Array(path.utf8) + [0]
+            bytes += Array((try? Data(contentsOf: URL(fileURLWithPath: path))) ?? Data()) + [0]
         }
         return bytes
     }
@@ -264,9 +266,10 @@ struct CheckConfigCommand: ParsableCommand {
         commandName: "check-config",
         abstract: "Validate a configuration and the files it names; print the effective configuration, secrets redacted.",
         discussion: """
-            Exit 0: `run` would start with it. Exit 2: a key is unknown or a value invalid, a key \
-            or certificate file does not parse, no credential is listed, or a topic has none \
-            (every problem is listed on standard error).
+            Exit 0: `run` would start with it (warnings, such as a certificate that expires within \
+            30 days, go to standard error). Exit 2: a key is unknown or a value invalid, a key or \
+            certificate file does not parse, a certificate expired, no credential is listed, or a \
+            topic has none (every problem is listed on standard error).
             """)
 
     @Option(help: "YAML configuration file.")
@@ -289,8 +292,9 @@ struct CheckConfigCommand: ParsableCommand {
 
 /// Loads the configuration at `path` and reads every file it names (``RelayConfiguration/preflightProblems``,
 /// the Kafka and Redis client settings): on any problem, lists them all on standard error and
-/// exits 2. Returns the configuration with the signing keys that check read.
-func loadUsableConfiguration(_ path: String) throws -> (RelayConfiguration, [ProviderTokenSigner]) {
+/// exits 2. Returns the configuration with what that check found: its warnings (printed on
+/// standard error here too) and the credentials it read.
+func loadUsableConfiguration(_ path: String, printWarnings: Bool = true) throws -> (RelayConfiguration, PreflightResult) {
     let configuration: RelayConfiguration
     do {
         configuration = try RelayConfiguration.load(file: path)
@@ -298,10 +302,13 @@ func loadUsableConfiguration(_ path: String) throws -> (RelayConfiguration, [Pro
         Terminal.error("invalid configuration \(path):\n\(error)")
         throw ExitCode(2)
     }
-    let (problems, signers) = RelayApplication.startProblems(configuration)
-    guard problems.isEmpty else {
-        Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
+    let checked = RelayApplication.startProblems(configuration)
+    guard checked.problems.isEmpty else {
+        Terminal.error("invalid configuration \(path):\n" + checked.problems.map { "  \($0)" }.joined(separator: "\n"))
         throw ExitCode(2)
     }
-    return (configuration, signers)
+    if printWarnings {
+        for warning in checked.warnings { Terminal.error("warning: \(warning)") }
+    }
+    return (configuration, checked)
 }

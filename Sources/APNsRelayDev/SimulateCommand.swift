@@ -52,8 +52,11 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(name: .customLong("tls-key"), help: "PEM private key for --tls-cert.")
     var tlsKey: String?
 
-    @Option(name: .customLong("client-ca"), help: "Certificate auth: PEM file of the certificates client certificates must chain to (TLS then requires one).")
+    @Option(name: .customLong("client-ca"), help: "Certificate auth: PEM file of the certificates client certificates must chain to (TLS then requires one); each request's topic must be one of the certificate's (its UID or topics extension).")
     var clientCA: String?
+
+    @Option(help: "With --client-ca: the APNs environment this simulator is (any, production, development); a certificate for the other one only gets 403 BadCertificateEnvironment.")
+    var environment: String = "any"
 
     @Option(name: .customLong("token-max-age"), help: "Provider tokens older than this many seconds get ExpiredProviderToken.")
     var tokenMaxAge: Int64 = 3600
@@ -135,6 +138,10 @@ struct SimulateCommand: AsyncParsableCommand {
                 configuration.behaviour.unregistered[String(token)] = fields.count > 1 ? Int64(fields[1]) ?? now : now
             }
         }
+        guard let environment = SimulatorConfiguration.Environment(rawValue: environment) else {
+            throw SimulatorError.configuration("--environment must be any, production or development")
+        }
+        configuration.environment = environment
         if let clientCA {
             do {
                 configuration.clientCertificateTrustRoots = try NIOSSLCertificate.fromPEMFile(clientCA)

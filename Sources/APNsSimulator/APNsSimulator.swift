@@ -21,6 +21,8 @@ public struct AcceptedNotification: Sendable {
     public var payload: [UInt8]
     /// Milliseconds since the epoch.
     public var receivedAt: Int64
+    /// With certificate auth: the subject (UID) of the connection's client certificate.
+    public var clientCertificate: String? = nil
 }
 
 /// An APNs look-alike: TLS + HTTP/2 (nghttp2, the same engine as the client) answering as the
@@ -31,7 +33,10 @@ public struct AcceptedNotification: Sendable {
 /// twice (400 DuplicateHeaders); with signing keys configured, the provider token (403
 /// MissingProviderToken, InvalidProviderToken, ExpiredProviderToken, UnrelatedKeyIdInToken;
 /// 429 TooManyProviderTokenUpdates for a second new token within 20 minutes on one connection);
-/// `apns-id` (400 BadMessageId); `apns-topic` (400 MissingTopic, TopicDisallowed); `apns-push-type`
+/// `apns-id` (400 BadMessageId); `apns-topic` (400 MissingTopic, TopicDisallowed); with a client CA
+/// (certificate auth), the connection's certificate: 403 BadCertificate when it names no topic,
+/// 403 BadCertificateEnvironment when it is for the other environment, 400 TopicDisallowed when
+/// the topic is not its UID or in its topics extension; `apns-push-type`
 /// (400 InvalidPushType) and the topic's suffix for it (400 BadTopic); the token's form (400
 /// BadDeviceToken); `apns-priority` (400 BadPriority); `apns-expiration` (400 BadExpirationDate);
 /// `apns-collapse-id` (400 BadCollapseId); the payload (400 PayloadEmpty, 413 PayloadTooLarge);
@@ -199,4 +204,10 @@ public struct SelfSignedIdentity: Sendable {
     public let key: NIOSSLPrivateKey
     public let certificatePEM: String
     public let privateKeyPEM: String
+
+    /// Writes the certificate and the key as PEM files.
+    public func writePEM(certificateFile: String, keyFile: String) throws {
+        try certificatePEM.write(toFile: certificateFile, atomically: true, encoding: .utf8)
+        try privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+    }
 }

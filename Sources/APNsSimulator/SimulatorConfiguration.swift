@@ -92,6 +92,9 @@ public struct SimulatorConfiguration: Sendable {
     /// without one fails). Use with no `signingKeys`, as APNs' certificate connections carry no
     /// provider token.
     public var clientCertificateTrustRoots: [NIOSSLCertificate]?
+    /// Which APNs environment this simulator is, for certificate auth: a client certificate
+    /// marked for the other one only is answered 403 BadCertificateEnvironment.
+    public var environment: Environment = .any
     /// Keep every accepted notification in memory (tests read them with ``APNsSimulator/accepted``).
     public var recordInMemory: Bool = true
     /// Append every accepted notification as one JSON line to this file.
@@ -101,6 +104,21 @@ public struct SimulatorConfiguration: Sendable {
     public var behaviour = Behaviour()
 
     public init() {}
+
+    public enum Environment: String, Sendable, CaseIterable {
+        /// Either: certificates are not checked for their environment.
+        case any
+        case production
+        case development
+
+        var isProduction: Bool? {
+            switch self {
+            case .any: nil
+            case .production: true
+            case .development: false
+            }
+        }
+    }
 }
 
 public enum SimulatorError: Error, Sendable, CustomStringConvertible {

@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 package import HTTP2
 package import NIOCore
+import NIOSSL
 import Synchronization
 
 /// One answer the simulator gives.
@@ -48,6 +49,10 @@ final class SharedState: Sendable {
     }
 
     let keys: [String: SimulatorConfiguration.SigningKey]
+    /// Certificate auth: connections present a client certificate whose topics and environment
+    /// are checked on every request.
+    let certificateAuth: Bool
+    let environment: SimulatorConfiguration.Environment
     let tokenMaxAge: Int64
     let maxConcurrentStreams: UInt32
     let recordInMemory: Bool
@@ -60,6 +65,8 @@ final class SharedState: Sendable {
         var keys: [String: SimulatorConfiguration.SigningKey] = [:]
         for key in configuration.signingKeys { keys["\(key.teamID):\(key.keyID)"] = key }
         self.keys = keys
+        self.certificateAuth = configuration.clientCertificateTrustRoots != nil
+        self.environment = configuration.environment
         self.tokenMaxAge = configuration.tokenMaxAgeSeconds
         self.maxConcurrentStreams = configuration.maxConcurrentStreams
         self.recordInMemory = configuration.recordInMemory
@@ -200,6 +207,7 @@ final class SharedState: Sendable {
         ]
         if let expiration = notification.expiration { object["expiration"] = expiration }
         if let collapseID = notification.collapseID { object["collapse_id"] = collapseID }
+        if let certificate = notification.clientCertificate { object["client_certificate"] = certificate }
         var data = (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data()
         data.append(0x0A)
         return data
@@ -219,6 +227,9 @@ final class SimulatorConnection: HTTP2ServerDelegate {
     private var streamsProcessed = 0
     private var raisedLimit = false
     private var identifiers = APNsIdentifiers()
+    /// With certificate auth: what the connection's client certificate says (nil: it could not
+    /// be read), looked up on the first request.
+    private var clientCertificate: APNsCertificateInfo??
 
     init(state: SharedState, eventLoop: any EventLoop) {
         self.state = state
@@ -316,6 +327,17 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         if let signingKey, !signingKey.topics.isEmpty, !signingKey.topics.contains(topic) {
             return SimulatorAnswer(400, .topicDisallowed)
         }
+        var certificateSubject: String?
+        if state.certificateAuth {
+            // As APNs does: the certificate must be an APNs one, for this environment, and
+            // name the topic (its UID or its topics extension).
+            guard let info = certificate(of: connection), !info.topics.isEmpty else { return SimulatorAnswer(403, .badCertificate) }
+            if let production = state.environment.isProduction, !info.allows(production: production) {
+                return SimulatorAnswer(403, .badCertificateEnvironment)
+            }
+            guard info.topics.contains(topic) else { return SimulatorAnswer(400, .topicDisallowed) }
+            certificateSubject = info.subject
+        }
         var pushType = PushType.alert
         if let text = headers["apns-push-type"] {
             guard let parsed = PushType(rawValue: text) else { return SimulatorAnswer(400, .invalidPushType) }
@@ -344,8 +366,17 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             deviceToken: token, topic: topic, apnsID: apnsID, pushType: pushType.rawValue, priority: priority,
             expiration: expiration, collapseID: collapseID,
             payload: state.recordsPayloads ? Array(request.body!.readableBytesView) : [],
-            receivedAt: APNsIdentifiers.epochMilliseconds())
+            receivedAt: APNsIdentifiers.epochMilliseconds(), clientCertificate: certificateSubject)
         return nil
+    }
+
+    /// The connection's client certificate, read once.
+    private func certificate(of connection: HTTP2ServerHandler) -> APNsCertificateInfo? {
+        if let known = clientCertificate { return known }
+        let peer = try? connection.channel?.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self).peerCertificate
+        let info = peer.flatMap { try? APNsCertificateInfo($0) }
+        clientCertificate = .some(info)
+        return info
     }
 
     /// Verifies `bearer <JWT>`: known (team, key), valid ES256 signature, not older than the

@@ -14,8 +14,8 @@ struct RelayClients {
     let apns: APNsClientRegistry
     let producer: KafkaProducer
     let consumer: KafkaConsumer
-    /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
-    let tokenSources: [any ProviderTokenSource]
+    /// The credentials the APNs clients connect with, in `apns.credentials` order.
+    let credentials: [LoadedCredential]
     /// Where intents' work runs: the event loops of the APNs connections (see
     /// ``RelayPipeline/workExecutors``).
     let workExecutors: [EventLoopTaskExecutor]
@@ -41,30 +41,31 @@ struct RelayClients {
 /// old one first): this initialiser is the one place where the relay is built.
 public final class RelayApplication: Service, Sendable {
     public let configuration: RelayConfiguration
-    /// One signing key per `configuration.apns.credentials` entry, as read when this application
-    /// was made (see ``init(configuration:signers:worker:logger:clock:published:)``).
-    public let signers: [ProviderTokenSigner]
+    /// One loaded credential (signing key or certificate) per `configuration.apns.credentials`
+    /// entry, as read when this application was made (see
+    /// ``init(configuration:credentials:worker:logger:clock:published:)``).
+    public let credentials: [LoadedCredential]
     public let pipeline: RelayPipeline
     private let clients: RelayClients
     private let logger: Logger
 
     /// - Parameters:
-    ///   - signers: the credentials' keys, in `configuration.apns.credentials` order; nil reads
-    ///     them from their `key_file`s now. A reload passes the keys it validated, so a key file
-    ///     that changes while the running relay drains does not reach the new one unchecked.
+    ///   - credentials: the credentials' keys and certificates, in `configuration.apns.credentials`
+    ///     order; nil reads them from their files now. A reload passes the ones it validated, so
+    ///     a file that changes while the running relay drains does not reach the new one unchecked.
     ///   - worker: names this relay in outcomes and logs (default: host name and process id).
     ///   - clock: epoch seconds (tests inject one).
     ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
-    public init(configuration: RelayConfiguration, signers: [ProviderTokenSigner]? = nil, worker: String? = nil,
+    public init(configuration: RelayConfiguration, credentials: [LoadedCredential]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
                 published: (@Sendable (Outcome) -> Void)? = nil) throws {
-        let signers = try signers ?? configuration.loadSigners()
-        guard signers.count == configuration.apns.credentials.count else {
-            throw APNsError.credential("\(signers.count) signing keys for \(configuration.apns.credentials.count) credentials")
+        let credentials = try credentials ?? configuration.loadCredentials()
+        guard credentials.count == configuration.apns.credentials.count else {
+            throw APNsError.credential("\(credentials.count) loaded credentials for \(configuration.apns.credentials.count) configured")
         }
         self.configuration = configuration
-        self.signers = signers
+        self.credentials = credentials
         self.logger = logger
         var redis: RedisClient?
         if !configuration.redis.url.isEmpty {
@@ -75,11 +76,13 @@ public final class RelayApplication: Service, Sendable {
             settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
             redis = try RedisClient(configuration: settings, logger: logger)
         }
-        let tokenSources = try signers.map { [redis] signer -> any ProviderTokenSource in
+        let tokenSources = try credentials.map { [redis] credential -> (any ProviderTokenSource)? in
+            guard case .token(let signer) = credential else { return nil }
             signer.registerMetrics()
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
             return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
+        for case .certificate(let identity) in credentials { RelayMetrics.certificateExpiry(identity.info) }
         let apns = configuration.apns
         let proxy = try apns.parsedProxy()
         let queued = max(configuration.limits.maxInFlight, 1000)
@@ -88,7 +91,11 @@ public final class RelayApplication: Service, Sendable {
         // resumes the intent, without waking another thread.
         let loops = MultiThreadedEventLoopGroup.singleton
         let registry = APNsClientRegistry { key in
-            var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: .token(tokenSources[key.credential]))
+            let credential: APNsCredential = switch credentials[key.credential] {
+            case .token: .token(tokenSources[key.credential]!)
+            case .certificate(let identity): .certificate(chain: identity.chain, key: identity.key)
+            }
+            var settings = APNsClientConfiguration(endpoint: key.endpoint, credential: credential)
             settings.connections = apns.connections
             settings.insecureSkipVerify = apns.insecureSkipVerify
             settings.proxy = proxy
@@ -105,7 +112,7 @@ public final class RelayApplication: Service, Sendable {
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
-        clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, tokenSources: tokenSources,
+        clients = RelayClients(redis: redis, apns: registry, producer: producer, consumer: consumer, credentials: credentials,
                                workExecutors: loops.makeIterator().map { EventLoopTaskExecutor(eventLoop: $0) },
                                tracing: configuration.tracing.otlpEndpoint.isEmpty ? nil
                                    : try RelayTracing(endpoint: configuration.tracing.otlpEndpoint,
@@ -125,19 +132,19 @@ public final class RelayApplication: Service, Sendable {
     /// Everything that keeps `configuration` from starting, all at once: its
     /// ``RelayConfiguration/preflightProblems`` (the files it names) and what the clients would
     /// refuse (``validateClientSettings(_:)``). `check-config`, `run` and a reload ask this.
-    /// With the signing keys the check read, for ``init(configuration:signers:worker:logger:clock:published:)``
-    /// when there is no problem.
-    public static func startProblems(_ configuration: RelayConfiguration) -> (problems: [String], signers: [ProviderTokenSigner]) {
-        var (problems, signers) = configuration.preflight()
+    /// With the warnings and the credentials the check read, for
+    /// ``init(configuration:credentials:worker:logger:clock:published:)`` when there is no problem.
+    public static func startProblems(_ configuration: RelayConfiguration) -> PreflightResult {
+        var result = configuration.preflight()
         if !configuration.tracing.otlpEndpoint.isEmpty {
-            problems += RelayTracing.environmentProblems(ProcessInfo.processInfo.environment)
+            result.problems += RelayTracing.environmentProblems(ProcessInfo.processInfo.environment)
         }
         do {
             try validateClientSettings(configuration)
         } catch {
-            problems.append("\(error)")
+            result.problems.append("\(error)")
         }
-        return (problems, signers)
+        return result
     }
 
     /// Runs the clients and the pipeline until ``requestStop()``, a graceful shutdown of the

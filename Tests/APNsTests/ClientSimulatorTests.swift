@@ -343,53 +343,6 @@ struct ClientSimulatorTests {
         await harness.stop()
     }
 
-    @Test func certificateAuthWithPEMAndPKCS12() async throws {
-        let clientIdentity = try APNsSimulator.makeSelfSignedIdentity(commonName: "Apple Push Services: com.example.app")
-        var configuration = SimulatorConfiguration()
-        configuration.clientCertificateTrustRoots = clientIdentity.chain
-        let simulator = try await APNsSimulator.start(configuration)
-        let directory = TestFiles.path("cert-\(UUID())")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let certFile = directory.appendingPathComponent("cert.pem").path
-        let keyFile = directory.appendingPathComponent("key.pem").path
-        try clientIdentity.certificatePEM.write(toFile: certFile, atomically: true, encoding: .utf8)
-        try clientIdentity.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
-        let p12File = directory.appendingPathComponent("cert.p12").path
-        let openssl = try runProgram("/usr/bin/openssl", ["pkcs12", "-export", "-in", certFile, "-inkey", keyFile,
-                                                          "-out", p12File, "-passout", "pass:secret"])
-        #expect(openssl.status == 0, "\(openssl.stderr)")
-
-        let endpoint = APNsEndpoint(host: "127.0.0.1", port: simulator.port)
-        for credential in [
-            try APNsCredential.certificate(certificateFile: certFile, keyFile: keyFile),
-            try APNsCredential.certificate(certificateFile: p12File, keyFile: nil, passphrase: "secret"),
-        ] {
-            var clientConfiguration = APNsClientConfiguration(endpoint: endpoint, credential: credential)
-            clientConfiguration.additionalTrustRoots = [simulator.certificate]
-            let client = try APNsClient(configuration: clientConfiguration)
-            let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
-            #expect(result.classification == .delivered)
-            await client.shutdown()
-        }
-        #expect(simulator.accepted.count == 2)
-
-        // Without a client certificate the handshake fails and nothing is sent.
-        var anonymous = APNsClientConfiguration(
-            endpoint: endpoint, credential: .token(try LocalProviderTokenSource(signer: TestKey().signer)))
-        anonymous.additionalTrustRoots = [simulator.certificate]
-        anonymous.requestTimeout = .seconds(1)
-        let client = try APNsClient(configuration: anonymous)
-        let refused = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
-        #expect(refused.classification == .retryable)
-        #expect(simulator.accepted.count == 2)
-        await client.shutdown()
-
-        #expect(throws: APNsError.self) {
-            try APNsCredential.certificate(certificateFile: p12File, keyFile: nil, passphrase: "wrong")
-        }
-        await simulator.stop()
-    }
-
     private func sendConcurrently(_ client: APNsClient, count: Int) async throws -> [APNsResult] {
         try await withThrowingTaskGroup(of: APNsResult.self) { group in
             for index in 0..<count {

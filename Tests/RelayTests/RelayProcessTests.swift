@@ -84,8 +84,12 @@ final class PrintedOutput: @unchecked Sendable {
 }
 
 /// Writes a configuration for the relay processes.
+///
+/// - Parameter credentials: the `apns.credentials` entries, as YAML list items (default: the
+///   harness' key for com.example.app).
 func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: Int = 0, redisURL: String = "",
-                 maxInFlight: Int = 10_000, invalidationsTopic: String = "") throws -> String {
+                 maxInFlight: Int = 10_000, invalidationsTopic: String = "", credentials: [String]? = nil) throws -> String {
+    let entries = credentials ?? [#"{team_id: TEAM123456, key_id: ABC123DEFG, key_file: \#(harness.keyFile), topics: ["com.example.app"]}"#]
     let yaml = """
         kafka:
           brokers: "\(harness.cluster.bootstrapServers)"
@@ -100,10 +104,7 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
           endpoint: "\(harness.simulator.url)"
           insecure_skip_verify: true
           credentials:
-            - team_id: TEAM123456
-              key_id: ABC123DEFG
-              key_file: \(harness.keyFile)
-              topics: ["com.example.app"]
+        \(entries.map { "    - \($0)" }.joined(separator: "\n"))
         retry:
           initial_backoff_ms: 20
           max_backoff_ms: 200
@@ -453,6 +454,12 @@ struct SecretsTests {
         // The APNs connections go through an HTTP proxy that wants a password.
         yaml = yaml.replacingOccurrences(of: "  insecure_skip_verify: true",
                                          with: "  insecure_skip_verify: true\n  proxy: \"http://relay:\(proxyPassword)@127.0.0.1:\(proxy.port)\"")
+        // A certificate credential beside the token one (for a topic nothing sends to): its key
+        // stays out of what the relay shows, its expiry is exported.
+        let certificate = try CertificateAuthority().issue(uid: "com.example.certificate")
+        let certificateFile = TestFiles.path("secrets-\(UUID()).pem").path, certificateKeyFile = certificateFile + ".key"
+        try certificate.writePEM(certificateFile: certificateFile, keyFile: certificateKeyFile)
+        yaml = yaml.replacingOccurrences(of: "    - {team_id", with: "    - {cert_file: \(certificateFile), key_file: \(certificateKeyFile)}\n    - {team_id")
         try yaml.write(toFile: config, atomically: true, encoding: .utf8)
 
         // Everything logged, as JSON lines: secrets stay out of the most the relay says.
@@ -475,8 +482,9 @@ struct SecretsTests {
 
         // The key's PEM body, the provider token (a JWT: base64url of {"alg"... starts "eyJ"),
         // and the two passwords.
-        let keyLines = try String(contentsOfFile: harness.keyFile, encoding: .utf8).split(separator: "\n")
-            .filter { !$0.hasPrefix("-----") && $0.count >= 16 }.map(String.init)
+        let keyLines = try [harness.keyFile, certificateKeyFile].flatMap {
+            try String(contentsOfFile: $0, encoding: .utf8).split(separator: "\n").filter { !$0.hasPrefix("-----") && $0.count >= 16 }.map(String.init)
+        }
         #expect(!keyLines.isEmpty)
         let shown = ["relay output": printed, "outcomes": outcomes.joined(separator: "\n"), "metrics": metrics,
                      "readyz": ready, "check-config": checked.stdout]
@@ -506,6 +514,8 @@ struct SecretsTests {
         // Redis answered throughout: no outage and no refusal, and both series exist for the alert.
         #expect(metrics.contains(#"relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
         #expect(metrics.contains(#"relay_redis_errors_total{kind="refused"} 0"#))
+        #expect(metrics.contains(#"apns_certificate_expiry_timestamp_seconds{subject="com.example.certificate"} "#), "\(metrics)")
+        #expect(checked.stdout.contains("cert_file: \"\(certificateFile)\""), "\(checked.stdout)")
         // Exactly one outcome per intent was published.
         #expect(outcomes.count == 20)
         #expect(hasMetricLine(metrics, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 20"#), "\(metrics)")
@@ -583,19 +593,9 @@ struct CredentialReloadTests {
 
         // A new key for a new app replaces the old one: the file changes, the key arrives.
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: newKeyFile)
-        var yaml = try String(contentsOfFile: config, encoding: .utf8)
-        yaml = yaml.replacingOccurrences(of: """
-                - team_id: TEAM123456
-                  key_id: ABC123DEFG
-                  key_file: \(harness.keyFile)
-                  topics: ["com.example.app"]
-            """, with: """
-                - team_id: TEAM999999
-                  key_id: NEWKEY1234
-                  key_file: \(link)
-                  topics: ["com.example.new"]
-            """)
-        try yaml.write(toFile: config, atomically: true, encoding: .utf8)
+        let replaced = try writeConfig(harness: harness, httpPort: port,
+                                       credentials: [#"{team_id: TEAM999999, key_id: NEWKEY1234, key_file: \#(link), topics: ["com.example.new"]}"#])
+        try String(contentsOfFile: replaced, encoding: .utf8).write(toFile: config, atomically: true, encoding: .utf8)
         try await Self.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#, port: port)
         try await Self.waitForMetric(#"team_id="TEAM999999""#, port: port)
         try await send("after", topic: "com.example.app", token: 3)

@@ -1,51 +1,147 @@
 public import APNs
-import Foundation
+public import Foundation
 import NIOSSL
 
+/// A credential as read from its files: what the relay's APNs clients connect with.
+public enum LoadedCredential: Sendable {
+    /// Token auth: the `.p8` signing key.
+    case token(ProviderTokenSigner)
+    /// Certificate auth: the client certificate, its key and what it says.
+    case certificate(APNsCertificateIdentity)
+
+    /// The topics it sends for: the configured ones, else (a certificate's) its own.
+    func topics(configured: [String]) -> [String] {
+        guard configured.isEmpty, case .certificate(let identity) = self else { return configured }
+        return identity.info.topics
+    }
+
+    /// Whom a credential fault is counted for (`relay_credential_faults_total{team_id}`): the
+    /// team id, for a certificate its subject's organisational unit (the team on Apple's
+    /// certificates), else its subject.
+    var team: String {
+        switch self {
+        case .token(let signer): signer.teamID
+        case .certificate(let identity): identity.info.organizationalUnit ?? identity.info.subject
+        }
+    }
+
+    var isCertificate: Bool {
+        if case .certificate = self { return true }
+        return false
+    }
+}
+
+/// What reading a configuration's files found: the problems that keep it from starting, the
+/// warnings that do not (a certificate that expires within 30 days), and the credentials read.
+public struct PreflightResult: Sendable {
+    public var problems: [String] = []
+    public var warnings: [String] = []
+    /// One per `apns.credentials` entry when every one could be read.
+    public var credentials: [LoadedCredential] = []
+}
+
 extension RelayConfiguration {
-    /// Every credential's signing key, read from its `key_file` now, in `apns.credentials` order.
-    public func loadSigners() throws -> [ProviderTokenSigner] {
-        try apns.credentials.map { try ProviderTokenSigner(teamID: $0.teamID, keyID: $0.keyID, keyFile: $0.keyFile) }
+    /// A certificate that expires within this long is warned about.
+    public static let certificateWarningSeconds: TimeInterval = 30 * 86_400
+
+    /// Every credential read from its files now, in `apns.credentials` order (a PKCS#12 or key
+    /// passphrase from the environment variable `passphrase_env` names).
+    public func loadCredentials(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> [LoadedCredential] {
+        try apns.credentials.map { try Self.load($0, environment: environment) }
+    }
+
+    static func load(_ credential: Credential, environment: [String: String]) throws -> LoadedCredential {
+        switch credential.kind {
+        case .token(let teamID, let keyID, let keyFile):
+            return .token(try ProviderTokenSigner(teamID: teamID, keyID: keyID, keyFile: keyFile))
+        case .certificate(let certificateFile, let keyFile, let passphraseEnvironment):
+            var passphrase: String?
+            if let passphraseEnvironment {
+                guard let value = environment[passphraseEnvironment] else {
+                    throw APNsError.credential("passphrase_env names \(passphraseEnvironment), which is not set")
+                }
+                passphrase = value
+            }
+            return .certificate(try APNsCertificateIdentity(certificateFile: certificateFile, keyFile: keyFile, passphrase: passphrase))
+        }
+    }
+
+    /// Each credential's topics: the configured ones, or a certificate's own (``LoadedCredential``).
+    static func effectiveTopics(_ credentials: [Credential], _ loaded: [LoadedCredential]) -> [[String]] {
+        zip(credentials, loaded).map { $1.topics(configured: $0.topics) }
     }
 
     /// What keeps a configuration that loaded from working as meant, found by reading every file
     /// it names, before anything connects: no credential at all (every intent would come out
-    /// `failed`, `NoCredentials`), a `.p8` key that is not a P-256 key, a topic in `policy.topics` or one claimed
-    /// by two credentials, and Kafka TLS files (`ssl.ca.location`, `ssl.certificate.location`,
-    /// `ssl.key.location`, with `ssl.key.password`) that do not parse; `ssl.keystore.location`
-    /// and `sasl.kerberos.keytab` must be readable. `check-config` fails on any of these, `run`
-    /// does not start, and a reload that has one is refused.
+    /// `failed`, `NoCredentials`), a `.p8` key that is not a P-256 key, a certificate or its key
+    /// that does not read (or its passphrase variable unset), a certificate expired or not valid
+    /// yet, or one with no topic of its own when the file lists none, a topic in `policy.topics`
+    /// or one claimed by two credentials, and Kafka TLS files (`ssl.ca.location`,
+    /// `ssl.certificate.location`, `ssl.key.location`, with `ssl.key.password`) that do not
+    /// parse; `ssl.keystore.location` and `sasl.kerberos.keytab` must be readable. `check-config`
+    /// fails on any of these, `run` does not start, and a reload that has one is refused.
     public var preflightProblems: [String] { preflight().problems }
 
-    /// ``preflightProblems``, and the credentials' signing keys as that check read them (one per
-    /// credential when every key parsed): a caller that goes on uses these, not another read.
-    public func preflight() -> (problems: [String], signers: [ProviderTokenSigner]) {
-        var problems: [String] = []
-        var signers: [ProviderTokenSigner] = []
+    /// ``preflightProblems``, the warnings (a certificate that expires within 30 days), and the
+    /// credentials as that check read them (one per entry when every one was read): a caller
+    /// that goes on uses these, not another read.
+    public func preflight(now: Date = Date(), environment: [String: String] = ProcessInfo.processInfo.environment) -> PreflightResult {
+        var result = PreflightResult()
         if apns.credentials.isEmpty {
-            problems.append("apns.credentials is empty: every intent would come out failed (NoCredentials); list at least one {team_id, key_id, key_file, topics}")
+            result.problems.append("apns.credentials is empty: every intent would come out failed (NoCredentials); list at least one {team_id, key_id, key_file, topics} or {cert_file, ...}")
         }
         var claimedBy: [String: Int] = [:]
+        var loaded: [LoadedCredential] = []
+        // Each credential's topics (a credential that did not read: the configured ones).
+        var topics: [[String]] = []
         for (index, credential) in apns.credentials.enumerated() {
-            do {
-                signers.append(try ProviderTokenSigner(teamID: credential.teamID, keyID: credential.keyID, keyFile: credential.keyFile))
-            } catch {
-                problems.append("apns.credentials[\(index)].key_file \(credential.keyFile): \(error)")
+            let key = "apns.credentials[\(index)]"
+            let credentialFile: String
+            switch credential.kind {
+            case .token(_, _, let keyFile): credentialFile = "key_file \(keyFile)"
+            case .certificate(let certificateFile, _, _): credentialFile = "cert_file \(certificateFile)"
             }
-            for topic in credential.topics {
+            do {
+                loaded.append(try Self.load(credential, environment: environment))
+            } catch {
+                result.problems.append("\(key).\(credentialFile): \(error)")
+                topics.append(credential.topics)
+                continue
+            }
+            if case .certificate(let identity) = loaded.last! {
+                let info = identity.info
+                if info.notValidAfter <= now {
+                    result.problems.append("\(key).\(credentialFile): the certificate of \(info.subject) expired at \(Self.timestamp(info.notValidAfter))")
+                } else if info.notValidBefore > now {
+                    result.problems.append("\(key).\(credentialFile): the certificate of \(info.subject) is not valid before \(Self.timestamp(info.notValidBefore))")
+                } else if info.notValidAfter.timeIntervalSince(now) < Self.certificateWarningSeconds {
+                    let days = Int(info.notValidAfter.timeIntervalSince(now) / 86_400)
+                    result.warnings.append("\(key).\(credentialFile): the certificate of \(info.subject) expires at \(Self.timestamp(info.notValidAfter)), in \(days) days: renew it")
+                }
+                if credential.topics.isEmpty, info.topics.isEmpty {
+                    result.problems.append("\(key).topics: the certificate names no topic (no subject UID, no topics extension): list its topics")
+                }
+            }
+            topics.append(loaded.last!.topics(configured: credential.topics))
+            for topic in topics.last! {
                 if let first = claimedBy[topic] {
-                    problems.append("apns.credentials[\(index)].topics: \(topic) is claimed by apns.credentials[\(first)] too")
+                    result.problems.append("\(key).topics: \(topic) is claimed by apns.credentials[\(first)] too")
                 } else {
                     claimedBy[topic] = index
                 }
             }
         }
-        let directory = CredentialDirectory(apns.credentials)
+        if loaded.count == apns.credentials.count { result.credentials = loaded }
+        let directory = CredentialDirectory(topics: topics)
         for topic in policy.topics.keys.sorted() where directory.index(forTopic: topic) == nil {
-            problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
+            result.problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
         }
-        problems += Self.kafkaFileProblems(kafka.properties)
-        return (problems, signers)
+        result.problems += Self.kafkaFileProblems(kafka.properties)
+        return result
+    }
+
+    private static func timestamp(_ date: Date) -> String {
+        ISO8601DateFormatter().string(from: date)
     }
 
     /// The Kafka client's TLS files (when `security.protocol` is `SSL` or `SASL_SSL`: librdkafka

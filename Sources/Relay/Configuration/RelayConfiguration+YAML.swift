@@ -32,10 +32,19 @@ extension RelayConfiguration {
         lines.append("  no_proxy: [\(apns.noProxy.map(quote).joined(separator: ", "))]")
         lines.append(apns.credentials.isEmpty ? "  credentials: []" : "  credentials:")
         for credential in apns.credentials {
-            lines.append("    - team_id: \(quote(credential.teamID))")
-            lines.append("      key_id: \(quote(credential.keyID))")
-            lines.append("      key_file: \(quote(credential.keyFile))")
-            lines.append("      topics: [\(credential.topics.map(quote).joined(separator: ", "))]")
+            switch credential.kind {
+            case .token(let teamID, let keyID, let keyFile):
+                lines.append("    - team_id: \(quote(teamID))")
+                lines.append("      key_id: \(quote(keyID))")
+                lines.append("      key_file: \(quote(keyFile))")
+            case .certificate(let certificateFile, let keyFile, let passphraseEnvironment):
+                lines.append("    - cert_file: \(quote(certificateFile))")
+                if let keyFile { lines.append("      key_file: \(quote(keyFile))") }
+                if let passphraseEnvironment { lines.append("      passphrase_env: \(quote(passphraseEnvironment))") }
+            }
+            if !credential.topics.isEmpty || !credential.isCertificate {
+                lines.append("      topics: [\(credential.topics.map(quote).joined(separator: ", "))]")
+            }
         }
         lines.append("limits:")
         lines.append("  max_in_flight: \(limits.maxInFlight)")

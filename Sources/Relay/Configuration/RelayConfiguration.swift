@@ -63,18 +63,50 @@ public struct RelayConfiguration: Sendable {
         }
     }
 
-    public struct Credential: Sendable {
-        public var teamID: String
-        public var keyID: String
-        public var keyFile: String
-        /// Bundle ids these credentials send for (push-type suffixes are matched too).
+    /// One `apns.credentials` entry: a token credential (`team_id`, `key_id`, `key_file`, the
+    /// `.p8` signing key) or a certificate credential (`cert_file` with `key_file`, PEM, or
+    /// `cert_file` alone, PKCS#12; `passphrase_env` names the environment variable holding the
+    /// passphrase).
+    public struct Credential: Sendable, Equatable {
+        public enum Kind: Sendable, Equatable {
+            case token(teamID: String, keyID: String, keyFile: String)
+            case certificate(certificateFile: String, keyFile: String?, passphraseEnvironment: String?)
+        }
+
+        public var kind: Kind
+        /// Bundle ids these credentials send for (push-type suffixes are matched too). A
+        /// certificate credential may leave them out: the certificate's own topics are used.
         public var topics: [String]
 
         public init(teamID: String, keyID: String, keyFile: String, topics: [String]) {
-            self.teamID = teamID
-            self.keyID = keyID
-            self.keyFile = keyFile
+            self.kind = .token(teamID: teamID, keyID: keyID, keyFile: keyFile)
             self.topics = topics
+        }
+
+        public init(certificateFile: String, keyFile: String? = nil, passphraseEnvironment: String? = nil, topics: [String] = []) {
+            self.kind = .certificate(certificateFile: certificateFile, keyFile: keyFile, passphraseEnvironment: passphraseEnvironment)
+            self.topics = topics
+        }
+
+        /// The files the credential is read from (a reload watches them).
+        public var files: [String] {
+            switch kind {
+            case .token(_, _, let keyFile): [keyFile]
+            case .certificate(let certificateFile, let keyFile, _): [certificateFile] + (keyFile.map { [$0] } ?? [])
+            }
+        }
+
+        public var isCertificate: Bool {
+            if case .certificate = kind { return true }
+            return false
+        }
+
+        /// How logs name it: `TEAM:KEY` or the certificate file.
+        public var name: String {
+            switch kind {
+            case .token(let teamID, let keyID, _): "\(teamID):\(keyID)"
+            case .certificate(let certificateFile, _, _): certificateFile
+            }
         }
     }
 
@@ -265,10 +297,12 @@ public struct RelayConfiguration: Sendable {
 struct CredentialDirectory: Sendable {
     private let byBundleID: [String: Int]
 
-    init(_ credentials: [RelayConfiguration.Credential]) {
+    /// - Parameter topics: each credential's topics, in `apns.credentials` order (a certificate
+    ///   credential's own when the file lists none).
+    init(topics: [[String]]) {
         var byBundleID: [String: Int] = [:]
-        for (index, credential) in credentials.enumerated() {
-            for topic in credential.topics where byBundleID[topic] == nil { byBundleID[topic] = index }
+        for (index, list) in topics.enumerated() {
+            for topic in list where byBundleID[topic] == nil { byBundleID[topic] = index }
         }
         self.byBundleID = byBundleID
     }

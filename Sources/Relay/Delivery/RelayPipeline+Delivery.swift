@@ -207,7 +207,7 @@ extension RelayPipeline {
         let action = delivery.machine.attemptDue(now: now, isOwned: !Task.isCancelled && mayGoToAPNs(delivery),
                                                  hasCredentials: delivery.credentialIndex != nil)
         guard case .send = action, let credentialIndex = delivery.credentialIndex else { return action }
-        if let fault = activeCredentialFault(teamID: configuration.apns.credentials[credentialIndex].teamID, now: now) {
+        if let fault = activeCredentialFault(teamID: credentialTeams[credentialIndex], now: now) {
             return delivery.machine.notSent(fault)
         }
         do {
@@ -236,7 +236,7 @@ extension RelayPipeline {
             // Queue full or shutting down: nothing was sent; wait and try again.
             return delivery.machine.sendFailed("\(error)", now: clock(), nowMilliseconds: nowMilliseconds())
         }
-        let teamID = delivery.credentialIndex.map { configuration.apns.credentials[$0].teamID } ?? ""
+        let teamID = delivery.credentialIndex.map { credentialTeams[$0] } ?? ""
         switch result.classification {
         case .delivered:
             clearCredentialFault(teamID: teamID)

@@ -1,3 +1,5 @@
+import APNs
+import Foundation
 import Kafka
 import Metrics
 import Redis
@@ -130,6 +132,13 @@ enum RelayMetrics {
         for teamID in Set(teamIDs) {
             Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment(by: 0)
         }
+    }
+
+    /// `apns_certificate_expiry_timestamp_seconds{subject}`: when a certificate credential's
+    /// certificate expires (epoch seconds), set as each relay starts with it.
+    static func certificateExpiry(_ info: APNsCertificateInfo) {
+        Gauge(label: "apns_certificate_expiry_timestamp_seconds", dimensions: [("subject", info.subject)])
+            .record(info.notValidAfter.timeIntervalSince1970.rounded(.down))
     }
 
     static func credentialFault(teamID: String) {

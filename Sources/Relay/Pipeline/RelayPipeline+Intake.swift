@@ -194,12 +194,21 @@ extension RelayPipeline {
         }
     }
 
+    /// The intent a message holds, or why it is invalid: what ``Intent/parse(_:key:now:defaultTTL:)``
+    /// refuses, and an MDM push whose topic's credential is not a certificate
+    /// (`MDMNeedsCertificate`: APNs takes MDM pushes on certificate connections only).
     func parse(_ message: KafkaMessage) -> Result<Intent, InvalidIntent> {
+        let intent: Intent
         do {
-            return .success(try Intent.parse(message.value, key: message.key, now: clock(),
-                                             defaultTTL: configuration.defaults.expirationSeconds))
+            intent = try Intent.parse(message.value, key: message.key, now: clock(), defaultTTL: configuration.defaults.expirationSeconds)
         } catch {
             return .failure(error)
         }
+        if intent.pushType == .mdm, let index = credentials.index(forTopic: intent.topic), !certificateCredentials[index] {
+            return .failure(InvalidIntent(reason: "MDMNeedsCertificate",
+                                          message: "MDM pushes go out with a certificate credential; \(intent.topic)'s is a token",
+                                          id: intent.id, token: intent.token, topic: intent.topic))
+        }
+        return .success(intent)
     }
 }

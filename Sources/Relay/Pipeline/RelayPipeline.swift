@@ -31,8 +31,10 @@ public final class RelayPipeline: RelayStatus, Service {
     let consumer: KafkaConsumer
     let producer: KafkaProducer
     let credentials: CredentialDirectory
-    /// Provider tokens per credential: shared by the fleet through Redis when it is configured.
-    let tokenSources: [any ProviderTokenSource]
+    /// Per credential, whom its faults are counted for (``LoadedCredential/team``) and whether
+    /// it is a certificate (MDM pushes need one).
+    let credentialTeams: [String]
+    let certificateCredentials: [Bool]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
     /// Where consumed intents' work runs, a group of consecutive intents on each in turn: the
@@ -131,7 +133,10 @@ public final class RelayPipeline: RelayStatus, Service {
             cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds)))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
-        self.credentials = CredentialDirectory(configuration.apns.credentials)
+        let topics = RelayConfiguration.effectiveTopics(configuration.apns.credentials, clients.credentials)
+        self.credentials = CredentialDirectory(topics: topics)
+        self.credentialTeams = clients.credentials.map(\.team)
+        self.certificateCredentials = clients.credentials.map(\.isCertificate)
         self.redis = clients.redis
         self.deduplicator = clients.redis.map { Deduplicator(client: $0) }
         self.policy = clients.redis.map {
@@ -150,9 +155,7 @@ public final class RelayPipeline: RelayStatus, Service {
         }
         self.badges = clients.redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         if policy == nil { mailboxesEnded.open() }
-        RelayMetrics.register(teamIDs: configuration.apns.credentials.map(\.teamID),
-                              topics: configuration.apns.credentials.flatMap(\.topics))
-        self.tokenSources = clients.tokenSources
+        RelayMetrics.register(teamIDs: credentialTeams, topics: topics.flatMap { $0 })
         self.clients = clients.apns
         self.workExecutors = clients.workExecutors
         self.tracer = clients.tracing?.tracer
