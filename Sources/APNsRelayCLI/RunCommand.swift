@@ -34,7 +34,7 @@ struct RunCommand: AsyncParsableCommand {
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .info)
-        let (configuration, checked) = try loadUsableConfiguration(config, printWarnings: false)
+        let (configuration, checked) = try loadUsableConfiguration(config, forCheck: false)
         // What the files held when they were loaded: a change from then on is a reload, even one
         // made before the relay is running (the status endpoints answer earlier).
         let loaded = PipelineService.fingerprint(config, configuration)
@@ -49,7 +49,8 @@ struct RunCommand: AsyncParsableCommand {
             Terminal.error("cannot start: \(error)")
             throw ExitCode(1)
         }
-        for warning in checked.warnings + application.pipeline.warnings { logger.warning("\(warning)") }
+        checked.log(logger)
+        for warning in application.pipeline.warnings { logger.warning("\(warning)") }
         let current = CurrentApplication(application)
         let status: StatusServer
         do {
@@ -227,7 +228,7 @@ struct PipelineService: Service {
                 Self.countReload("invalid")
                 continue
             }
-            for warning in checked.warnings { logger.warning("\(warning)") }
+            checked.log(logger)
             if configuration.http.port != application.configuration.http.port {
                 logger.warning("http.port changes only with a restart", metadata: ["http.port": "\(configuration.http.port)"])
             }
@@ -292,9 +293,12 @@ struct CheckConfigCommand: ParsableCommand {
 
 /// Loads the configuration at `path` and reads every file it names (``RelayConfiguration/preflightProblems``,
 /// the Kafka and Redis client settings): on any problem, lists them all on standard error and
-/// exits 2. Returns the configuration with what that check found: its warnings (printed on
-/// standard error here too) and the credentials it read.
-func loadUsableConfiguration(_ path: String, printWarnings: Bool = true) throws -> (RelayConfiguration, PreflightResult) {
+/// exits 2. Returns the configuration with what that check found: its warnings and unusable
+/// certificates, and the credentials it read.
+///
+/// - Parameter forCheck: `check-config`: unusable certificates are problems too, warnings are
+///   printed on standard error. Else (`run`) the caller logs both and goes on.
+func loadUsableConfiguration(_ path: String, forCheck: Bool = true) throws -> (RelayConfiguration, PreflightResult) {
     let configuration: RelayConfiguration
     do {
         configuration = try RelayConfiguration.load(file: path)
@@ -303,11 +307,12 @@ func loadUsableConfiguration(_ path: String, printWarnings: Bool = true) throws 
         throw ExitCode(2)
     }
     let checked = RelayApplication.startProblems(configuration)
-    guard checked.problems.isEmpty else {
-        Terminal.error("invalid configuration \(path):\n" + checked.problems.map { "  \($0)" }.joined(separator: "\n"))
+    let problems = checked.problems + (forCheck ? checked.unusable : [])
+    guard problems.isEmpty else {
+        Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
         throw ExitCode(2)
     }
-    if printWarnings {
+    if forCheck {
         for warning in checked.warnings { Terminal.error("warning: \(warning)") }
     }
     return (configuration, checked)

@@ -8,6 +8,11 @@
 /// Rebalances reset a partition's entry (its next owner starts from the committed offset), so
 /// only a rewind within one assignment is skipped.
 ///
+/// A log truncated below what was read, with new records written at the old offsets while the
+/// partition stays assigned, would be skipped up to the mark: only an unclean leader election
+/// does that (`unclean.leader.election.enable`, off by default, which an at-least-once pipeline
+/// cannot have on anyway: it drops acknowledged records). docs/operations.md says so.
+///
 /// Poll thread only (the rebalance callback runs there too): no lock.
 public struct HandedOverOffsets: Sendable {
     public enum Verdict: Equatable, Sendable {

@@ -82,7 +82,7 @@ public final class RelayApplication: Service, Sendable {
             if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
             return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
-        for case .certificate(let identity) in credentials { RelayMetrics.certificateExpiry(identity.info) }
+        RelayMetrics.certificateExpiries(credentials.compactMap(\.certificate))
         let apns = configuration.apns
         let proxy = try apns.parsedProxy()
         let queued = max(configuration.limits.maxInFlight, 1000)

@@ -282,7 +282,8 @@ struct ConfigurationReader {
         let passphraseEnvironment = fields["passphrase_env"] == nil ? nil
             : string(fields, key + ".passphrase_env", default: "", nonEmpty: true, overridable: false)
         if let passphraseEnvironment, !passphraseEnvironment.isEmpty, !Self.isEnvironmentVariableName(passphraseEnvironment) {
-            issues.append(.init(key: "\(key).passphrase_env", value: passphraseEnvironment,
+            // Not shown: it may be the passphrase itself.
+            issues.append(.init(key: "\(key).passphrase_env", value: "<redacted>",
                                 allowed: "the name of an environment variable (letters, digits, _), never the passphrase itself"))
         }
         for (name, path) in [("cert_file", certificateFile), ("key_file", keyFile ?? "")]

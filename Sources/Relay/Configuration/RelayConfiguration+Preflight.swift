@@ -1,5 +1,6 @@
 public import APNs
 public import Foundation
+public import Logging
 import NIOSSL
 
 /// A credential as read from its files: what the relay's APNs clients connect with.
@@ -15,29 +16,46 @@ public enum LoadedCredential: Sendable {
         return identity.info.topics
     }
 
-    /// Whom a credential fault is counted for (`relay_credential_faults_total{team_id}`): the
-    /// team id, for a certificate its subject's organisational unit (the team on Apple's
-    /// certificates), else its subject.
+    /// Whom a credential fault is counted for, and cooled down (`relay_credential_faults_total{team_id}`):
+    /// the team id, for a certificate its subject (its UID): one certificate's fault stops
+    /// neither the team's keys nor its other certificates.
     var team: String {
         switch self {
         case .token(let signer): signer.teamID
-        case .certificate(let identity): identity.info.organizationalUnit ?? identity.info.subject
+        case .certificate(let identity): identity.info.subject
         }
     }
 
-    var isCertificate: Bool {
-        if case .certificate = self { return true }
-        return false
+    var isCertificate: Bool { certificate != nil }
+
+    /// What the certificate says; nil for a token.
+    var certificate: APNsCertificateInfo? {
+        if case .certificate(let identity) = self { return identity.info }
+        return nil
     }
 }
 
 /// What reading a configuration's files found: the problems that keep it from starting, the
-/// warnings that do not (a certificate that expires within 30 days), and the credentials read.
+/// certificates it runs without (expired or not valid yet), the warnings (a certificate that
+/// expires within 30 days, a topic its certificate does not name), and the credentials read.
 public struct PreflightResult: Sendable {
     public var problems: [String] = []
+    /// Certificates that cannot be used now: `check-config` fails on them; `run` and reloads
+    /// log them as errors and go on, their topics' intents answered `failed`
+    /// (`CertificateExpired`, `CertificateNotYetValid`), so one customer's lapsed certificate
+    /// does not stop every other topic.
+    public var unusable: [String] = []
     public var warnings: [String] = []
     /// One per `apns.credentials` entry when every one could be read.
     public var credentials: [LoadedCredential] = []
+
+    /// Logs what `run` and a reload go on with: unusable certificates as errors, warnings.
+    public func log(_ logger: Logger) {
+        for certificate in unusable {
+            logger.error("a certificate cannot be used: its topics' intents come out failed", metadata: ["apns.credential": "\(certificate)"])
+        }
+        for warning in warnings { logger.warning("\(warning)") }
+    }
 }
 
 extension RelayConfiguration {
@@ -94,6 +112,7 @@ extension RelayConfiguration {
         var loaded: [LoadedCredential] = []
         // Each credential's topics (a credential that did not read: the configured ones).
         var topics: [[String]] = []
+        var exact: [Bool] = []
         for (index, credential) in apns.credentials.enumerated() {
             let key = "apns.credentials[\(index)]"
             let credentialFile: String
@@ -106,14 +125,15 @@ extension RelayConfiguration {
             } catch {
                 result.problems.append("\(key).\(credentialFile): \(error)")
                 topics.append(credential.topics)
+                exact.append(credential.isCertificate)
                 continue
             }
             if case .certificate(let identity) = loaded.last! {
                 let info = identity.info
                 if info.notValidAfter <= now {
-                    result.problems.append("\(key).\(credentialFile): the certificate of \(info.subject) expired at \(Self.timestamp(info.notValidAfter))")
+                    result.unusable.append("\(key).\(credentialFile): the certificate of \(info.subject) expired at \(Self.timestamp(info.notValidAfter))")
                 } else if info.notValidBefore > now {
-                    result.problems.append("\(key).\(credentialFile): the certificate of \(info.subject) is not valid before \(Self.timestamp(info.notValidBefore))")
+                    result.unusable.append("\(key).\(credentialFile): the certificate of \(info.subject) is not valid before \(Self.timestamp(info.notValidBefore))")
                 } else if info.notValidAfter.timeIntervalSince(now) < Self.certificateWarningSeconds {
                     let days = Int(info.notValidAfter.timeIntervalSince(now) / 86_400)
                     result.warnings.append("\(key).\(credentialFile): the certificate of \(info.subject) expires at \(Self.timestamp(info.notValidAfter)), in \(days) days: renew it")
@@ -121,8 +141,12 @@ extension RelayConfiguration {
                 if credential.topics.isEmpty, info.topics.isEmpty {
                     result.problems.append("\(key).topics: the certificate names no topic (no subject UID, no topics extension): list its topics")
                 }
+                for topic in credential.topics where !info.topics.isEmpty && !info.topics.contains(topic) {
+                    result.warnings.append("\(key).topics: \(topic) is not one of the certificate's topics \(info.topics): APNs refuses it (TopicDisallowed)")
+                }
             }
             topics.append(loaded.last!.topics(configured: credential.topics))
+            exact.append(credential.isCertificate)
             for topic in topics.last! {
                 if let first = claimedBy[topic] {
                     result.problems.append("\(key).topics: \(topic) is claimed by apns.credentials[\(first)] too")
@@ -132,7 +156,7 @@ extension RelayConfiguration {
             }
         }
         if loaded.count == apns.credentials.count { result.credentials = loaded }
-        let directory = CredentialDirectory(topics: topics)
+        let directory = CredentialDirectory(topics: topics, exact: exact)
         for topic in policy.topics.keys.sorted() where directory.index(forTopic: topic) == nil {
             result.problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
         }

@@ -293,22 +293,30 @@ public struct RelayConfiguration: Sendable {
     public init() {}
 }
 
-/// Finds the credentials for a topic: its bundle id is the topic without a push type's suffix.
+/// Finds the credentials for a topic: one that names it, else a token credential naming its
+/// bundle id (the topic without a push type's suffix: a key sends every push type of its apps).
+/// A certificate covers exactly the topics it names (APNs refuses the others, TopicDisallowed).
 struct CredentialDirectory: Sendable {
+    private let byTopic: [String: Int]
     private let byBundleID: [String: Int]
 
-    /// - Parameter topics: each credential's topics, in `apns.credentials` order (a certificate
-    ///   credential's own when the file lists none).
-    init(topics: [[String]]) {
-        var byBundleID: [String: Int] = [:]
+    /// - Parameters:
+    ///   - topics: each credential's topics, in `apns.credentials` order (a certificate
+    ///     credential's own when the file lists none).
+    ///   - exact: per credential, whether it covers its topics only (certificates).
+    init(topics: [[String]], exact: [Bool] = []) {
+        var byTopic: [String: Int] = [:], byBundleID: [String: Int] = [:]
         for (index, list) in topics.enumerated() {
+            for topic in list where byTopic[topic] == nil { byTopic[topic] = index }
+            if index < exact.count, exact[index] { continue }
             for topic in list where byBundleID[topic] == nil { byBundleID[topic] = index }
         }
+        self.byTopic = byTopic
         self.byBundleID = byBundleID
     }
 
     func index(forTopic topic: String) -> Int? {
-        if let direct = byBundleID[topic] { return direct }
+        if let direct = byTopic[topic] { return direct }
         for pushType in PushType.allCases where !pushType.topicSuffix.isEmpty && topic.hasSuffix(pushType.topicSuffix) {
             if let found = byBundleID[String(topic.dropLast(pushType.topicSuffix.count))] { return found }
         }

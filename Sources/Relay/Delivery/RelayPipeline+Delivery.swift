@@ -199,14 +199,18 @@ extension RelayPipeline {
         end(delivery, delivery.machine.ending ?? .abandoned)
     }
 
-    /// An attempt is due: the machine's say, then the team's credential-fault cool-down and the
-    /// client for the intent's endpoint (kept in the delivery for the send).
+    /// An attempt is due: the machine's say, then what the credential allows (a certificate's
+    /// validity and environment, MDM on certificates only), the team's credential-fault
+    /// cool-down and the client for the intent's endpoint (kept in the delivery for the send).
     @inline(never)
     func attemptDue(_ delivery: Delivery) -> DeliveryStateMachine.Action {
         let now = clock()
         let action = delivery.machine.attemptDue(now: now, isOwned: !Task.isCancelled && mayGoToAPNs(delivery),
                                                  hasCredentials: delivery.credentialIndex != nil)
         guard case .send = action, let credentialIndex = delivery.credentialIndex else { return action }
+        if let refusal = Self.certificateRefusal(certificates[credentialIndex], delivery.intent, now: now) {
+            return delivery.machine.notSent(refusal)
+        }
         if let fault = activeCredentialFault(teamID: credentialTeams[credentialIndex], now: now) {
             return delivery.machine.notSent(fault)
         }
@@ -216,6 +220,27 @@ extension RelayPipeline {
             return delivery.machine.notSent("ClientSetup: \(error)")
         }
         return action
+    }
+
+    /// Why `intent` may not go out with its credential (`certificate`: what the credential's
+    /// certificate says, nil for a token), or nil: an MDM push needs a certificate (an intent
+    /// parked before its topic's credential became a token is caught here), and a certificate
+    /// must be valid at `now` (epoch s) and made for the intent's environment (else APNs
+    /// answers 403 BadCertificateEnvironment, a credential fault of every intent of it).
+    static func certificateRefusal(_ certificate: APNsCertificateInfo?, _ intent: Intent, now: Int64) -> String? {
+        guard let certificate else {
+            return intent.pushType == .mdm ? "MDMNeedsCertificate: \(intent.topic)'s credential is a token" : nil
+        }
+        if Double(now) >= certificate.notValidAfter.timeIntervalSince1970 {
+            return "CertificateExpired: the certificate of \(certificate.subject) expired"
+        }
+        if Double(now) < certificate.notValidBefore.timeIntervalSince1970 {
+            return "CertificateNotYetValid: the certificate of \(certificate.subject) is not valid yet"
+        }
+        if !certificate.allows(production: intent.environment == .production) {
+            return "BadCertificateEnvironment: the certificate of \(certificate.subject) is not for \(intent.environment.rawValue)"
+        }
+        return nil
     }
 
     /// Feeds APNs' answer (or the send's error) to the machine, with its effects: latency, the

@@ -134,12 +134,23 @@ enum RelayMetrics {
         }
     }
 
-    /// `apns_certificate_expiry_timestamp_seconds{subject}`: when a certificate credential's
-    /// certificate expires (epoch seconds), set as each relay starts with it.
-    static func certificateExpiry(_ info: APNsCertificateInfo) {
-        Gauge(label: "apns_certificate_expiry_timestamp_seconds", dimensions: [("subject", info.subject)])
-            .record(info.notValidAfter.timeIntervalSince1970.rounded(.down))
+    /// `apns_certificate_expiry_timestamp_seconds{subject}`: when each certificate credential's
+    /// certificate expires (epoch seconds), set as a relay starts with them; the series of a
+    /// subject no longer configured (a reload removed or replaced it) go.
+    static func certificateExpiries(_ certificates: [APNsCertificateInfo]) {
+        func gauge(_ subject: String) -> Gauge {
+            Gauge(label: "apns_certificate_expiry_timestamp_seconds", dimensions: [("subject", subject)])
+        }
+        let subjects = Set(certificates.map(\.subject))
+        let gone = certificateSubjects.withLock { shown in
+            defer { shown = subjects }
+            return shown.subtracting(subjects)
+        }
+        for subject in gone { gauge(subject).destroy() }
+        for certificate in certificates { gauge(certificate.subject).record(certificate.notValidAfter.timeIntervalSince1970.rounded(.down)) }
     }
+
+    private static let certificateSubjects = Mutex(Set<String>())
 
     static func credentialFault(teamID: String) {
         Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment()

@@ -208,6 +208,9 @@ extension Intent {
             }
             environment = parsed
         }
+        if pushType == .mdm, environment == .development {
+            throw fail("BadEnvironment", "MDM pushes go to APNs production only")
+        }
         var expiration = now + defaultTTL
         if let value = fields[.expiration] {
             guard let parsed = value.exactInteger, (0...Self.latestExpiration).contains(parsed) else {

@@ -204,7 +204,7 @@ extension RelayPipeline {
         } catch {
             return .failure(error)
         }
-        if intent.pushType == .mdm, let index = credentials.index(forTopic: intent.topic), !certificateCredentials[index] {
+        if intent.pushType == .mdm, let index = credentials.index(forTopic: intent.topic), certificates[index] == nil {
             return .failure(InvalidIntent(reason: "MDMNeedsCertificate",
                                           message: "MDM pushes go out with a certificate credential; \(intent.topic)'s is a token",
                                           id: intent.id, token: intent.token, topic: intent.topic))

@@ -31,10 +31,11 @@ public final class RelayPipeline: RelayStatus, Service {
     let consumer: KafkaConsumer
     let producer: KafkaProducer
     let credentials: CredentialDirectory
-    /// Per credential, whom its faults are counted for (``LoadedCredential/team``) and whether
-    /// it is a certificate (MDM pushes need one).
+    /// Per credential, whom its faults are counted for (``LoadedCredential/team``), and what
+    /// its certificate says (nil for a token): MDM pushes need one, an intent's environment
+    /// must be one it allows, and it must be valid when a send is due.
     let credentialTeams: [String]
-    let certificateCredentials: [Bool]
+    let certificates: [APNsCertificateInfo?]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
     /// Where consumed intents' work runs, a group of consecutive intents on each in turn: the
@@ -134,9 +135,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
         let topics = RelayConfiguration.effectiveTopics(configuration.apns.credentials, clients.credentials)
-        self.credentials = CredentialDirectory(topics: topics)
+        self.credentials = CredentialDirectory(topics: topics, exact: clients.credentials.map(\.isCertificate))
         self.credentialTeams = clients.credentials.map(\.team)
-        self.certificateCredentials = clients.credentials.map(\.isCertificate)
+        self.certificates = clients.credentials.map(\.certificate)
         self.redis = clients.redis
         self.deduplicator = clients.redis.map { Deduplicator(client: $0) }
         self.policy = clients.redis.map {
