@@ -1,4 +1,5 @@
 import APNs
+@testable import HTTP2
 import Foundation
 import Testing
 import TestSupport
@@ -41,5 +42,48 @@ struct PrecedenceTests {
         #expect(answeredBefore < low / 2, "the low sends were not waiting any more")
         #expect(position <= answeredBefore + (low - answeredBefore) / 2, "\(answeredBefore) answered before it came: \(order)")
         await harness.stop()
+    }
+}
+
+/// ``PrecedenceQueue`` by itself: higher precedence first, order within a level, and no level
+/// starved while a higher one keeps coming.
+@Suite("Precedence queue")
+struct PrecedenceQueueTests {
+    @Test func higherFirstInOrderAndEveryEighthStartGoesToTheOldest() {
+        var queue = PrecedenceQueue<String>()
+        for index in 0..<10 { queue.append("low-\(index)", precedence: 0) }
+        for index in 0..<20 { queue.append("high-\(index)", precedence: 2) }
+        queue.append("beyond", precedence: 9)
+        var order: [String] = []
+        while let next = queue.popFirst() { order.append(next) }
+        #expect(queue.isEmpty && queue.count == 0)
+        #expect(order.count == 31)
+        // Highest first; each eighth start is the oldest waiting (a low one, in its order).
+        #expect(Array(order.prefix(9)) == ["beyond"] + (0..<6).map { "high-\($0)" } + ["low-0", "high-6"], "\(order)")
+        #expect(order.filter { $0.hasPrefix("low-") } == (0..<10).map { "low-\($0)" })
+        #expect(order.filter { $0.hasPrefix("high-") } == (0..<20).map { "high-\($0)" })
+        #expect(order.firstIndex(of: "low-1") == 15 && order.firstIndex(of: "low-2") == 23, "\(order)")
+    }
+
+    /// A high level that never empties still lets the low one through: one start in eight.
+    @Test func aBusyHighLevelDoesNotStarveALowOne() {
+        var queue = PrecedenceQueue<Int>()
+        for index in 0..<100 { queue.append(-index - 1, precedence: 0) }
+        var lowStarts = 0
+        for index in 0..<800 {
+            queue.append(index, precedence: 3)
+            if let next = queue.popFirst(), next < 0 { lowStarts += 1 }
+        }
+        #expect(lowStarts == 100)
+    }
+
+    @Test func filterKeepsOrderAndCount() {
+        var queue = PrecedenceQueue<Int>()
+        for index in 0..<10 { queue.append(index, precedence: index % 2) }
+        queue.filter { $0 % 3 != 0 }
+        #expect(queue.count == 6 && queue.contains { $0 == 4 } && !queue.contains { $0 == 3 })
+        var order: [Int] = []
+        while let next = queue.popFirst() { order.append(next) }
+        #expect(order == [1, 5, 7, 2, 4, 8])
     }
 }

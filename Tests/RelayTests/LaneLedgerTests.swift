@@ -48,6 +48,35 @@ struct LaneLedgerTests {
         #expect(!ledger.hasRoom(0), "two sending again")
     }
 
+    /// A bulk lane whose intents wait behind their devices cannot take every waiting place:
+    /// while the urgent lane presses, each lane may have its weighted share of `maxWaiting`
+    /// waiting.
+    @Test func waitingPlacesAreSharedByWeightToo() {
+        var ledger = LaneLedger<String>(weights: [8, 1], maxInFlight: 1000, maxWaiting: 90)
+        ledger.consumed(1, records: 5000)
+        // Alone, the bulk lane takes every waiting place.
+        for _ in 0..<90 {
+            #expect(ledger.hasRoom(1))
+            ledger.admitted(1)
+            ledger.queued(1)
+        }
+        #expect(!ledger.hasRoom(1) && ledger.totalWaiting == 90)
+        // Urgent intents come: the urgent lane has its 80 places though all 90 are taken.
+        ledger.consumed(0, records: 100)
+        #expect(ledger.share(0, of: 90) == 80 && ledger.share(1, of: 90) == 10)
+        for _ in 0..<80 {
+            #expect(ledger.hasRoom(0))
+            ledger.admitted(0)
+            ledger.queued(0)
+        }
+        #expect(!ledger.hasRoom(0) && !ledger.hasRoom(1), "each at its share: \(ledger.waiting)")
+        // The bulk lane drains to its share of 10 before it may queue again.
+        for _ in 0..<80 { ledger.dequeued(1) }
+        #expect(!ledger.hasRoom(1))
+        ledger.dequeued(1)
+        #expect(ledger.hasRoom(1))
+    }
+
     @Test func aFreedSlotWakesOneWaitingLaneNotAll() {
         var ledger = LaneLedger<String>(weights: [1, 1, 1], maxInFlight: 6, maxWaiting: 10)
         for lane in 0..<3 { ledger.consumed(lane, records: 10) }

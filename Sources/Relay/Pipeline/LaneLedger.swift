@@ -4,13 +4,17 @@
 /// A value type under the pipeline's state lock; with one lane it is the plain bound
 /// `limits.max_in_flight` / `limits.max_waiting`.
 ///
-/// - Sends under way (in flight minus waiting) stay below `maxInFlight` in all, and waiting
-///   intents below `maxWaiting`.
+/// - Sends under way (in flight minus waiting) stay below `maxInFlight` in all.
 /// - A lane *presses* while it has a backlog or its admitting task waits for room. While other
 ///   lanes press, a lane may use only its weighted share of `maxInFlight` among the pressing
 ///   lanes (itself included); when none does, it may use all of it (an idle lane's share goes
 ///   to the others). So a lane that just got work takes each slot freed by a lane above its
 ///   share, and no lane starves: each keeps its share while it has work.
+/// - Intents waiting behind an earlier one of their device are shared the same way, by weight,
+///   out of `maxWaiting`: a bulk lane whose intents crowd a few devices cannot take every place
+///   and shut an urgent lane out. With one lane they stay below `maxWaiting`; with several, a
+///   lane alone may have taken all of it when another starts pressing, so they can reach twice
+///   `maxWaiting` until the first lane's waiting intents drain below its new share.
 ///
 /// What a lane buffers is bounded by the consumer: each lane's intents topic has a librdkafka
 /// queue of its own, taken from only while fewer than a limit of its records wait here
@@ -51,19 +55,26 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
 
     /// How many sends `lane` may have under way now (see the type's rules).
     func share(_ lane: Int) -> Int {
+        share(lane, of: maxInFlight)
+    }
+
+    /// `lane`'s weighted part of `limit` among the pressing lanes; all of it when no other
+    /// lane presses.
+    func share(_ lane: Int, of limit: Int) -> Int {
         var pressing = weights[lane], others = false
         for other in weights.indices where other != lane && presses(other) {
             pressing += weights[other]
             others = true
         }
-        guard others else { return maxInFlight }
-        return max(1, maxInFlight * weights[lane] / pressing)
+        guard others else { return limit }
+        return max(1, limit * weights[lane] / pressing)
     }
 
     /// Whether `lane` may admit another intent now.
     func hasRoom(_ lane: Int) -> Bool {
-        guard sending < maxInFlight, totalWaiting < maxWaiting else { return false }
-        return weights.count == 1 || inFlight[lane] - waiting[lane] < share(lane)
+        guard sending < maxInFlight else { return false }
+        guard weights.count > 1 else { return totalWaiting < maxWaiting }
+        return waiting[lane] < share(lane, of: maxWaiting) && inFlight[lane] - waiting[lane] < share(lane)
     }
 
     // MARK: Counting
@@ -125,7 +136,6 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     /// a send finishing meanwhile can let another lane in too, so with several lanes the bound
     /// can be passed by one send per other lane, briefly.)
     mutating func waitersWithRoom() -> [Waiter] {
-        // hasRoom already refuses every lane while `maxWaiting` intents wait.
         let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }.prefix(max(maxInFlight - sending, 0))
         return lanes.compactMap { takeWaiter($0) }
     }

@@ -4,9 +4,10 @@ import NIOCore
 extension RelayPipeline {
     /// Starts the message's offset and puts its item in its device's queue; returns the item
     /// when it can start now (nil when it waits behind its device's earlier ones, or its
-    /// partition is not ours).
+    /// partition is not ours). `consumedAt`: when the consumer handed the message over.
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
-               lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil) -> WorkItem? {
+               lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil,
+               consumedAt: ContinuousClock.Instant = .now) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
@@ -21,7 +22,7 @@ extension RelayPipeline {
             state.lanes.admitted(lane)
             guard case .success(let intent) = parsed else {
                 return (WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
-                                 consumedAt: .now, intent: parsed, trace: trace, traced: traced), state.lanes.inFlight[lane])
+                                 consumedAt: consumedAt, intent: parsed, trace: trace, traced: traced), state.lanes.inFlight[lane])
             }
             var admission = admission
             var recordsAnswer = false
@@ -35,9 +36,9 @@ extension RelayPipeline {
                 }
             }
             let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
-                                consumedAt: .now, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
+                                consumedAt: consumedAt, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
                                 trace: trace, traced: traced)
-            return (Self.enqueue(item, &state), state.lanes.inFlight[lane])
+            return (Self.enqueue(item, &state, precedence: lanePrecedence), state.lanes.inFlight[lane])
         }
         // Not ours (revoked meanwhile): no work, so its span ends now.
         if !ours { traced?.end(without: "unfinished") }
@@ -57,10 +58,21 @@ extension RelayPipeline {
     }
 
     /// Queues an item behind its device's earlier ones; returns it when it can start now.
-    static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
+    ///
+    /// With lanes (`precedence`: each lane's precedence, ``RelayPipeline/lanePrecedence``), an
+    /// item waits behind its device's items of its own lane and of higher ones only: it goes
+    /// ahead of those of lower lanes that have not started (the queue's first item runs). So an
+    /// urgent intent does not wait for every bulk intent queued for its device, and each lane's
+    /// intents keep their order.
+    static func enqueue(_ item: WorkItem, _ state: inout State, precedence: [Int] = []) -> WorkItem? {
         guard let token = item.queueToken else { return item }
         if state.devices[token] != nil {
-            state.devices[token]!.append(item)
+            // No copy of the queue is held while it changes (that would copy its storage).
+            if precedence.count > 1, let position = Self.position(of: item, in: state.devices[token]!, precedence: precedence) {
+                state.devices[token]!.insert(item, at: position)
+            } else {
+                state.devices[token]!.append(item)
+            }
             state.lanes.queued(item.lane)
             return nil
         }
@@ -68,6 +80,18 @@ extension RelayPipeline {
         queue.append(item)
         state.devices[token] = queue
         return item
+    }
+
+    /// Where `item` goes in its device's queue when that is not the end: before the items of
+    /// lanes of lower precedence that have not started.
+    static func position(of item: WorkItem, in queue: CircularBuffer<WorkItem>, precedence: [Int]) -> CircularBuffer<WorkItem>.Index? {
+        let rank = precedence[item.lane]
+        let first = queue.index(after: queue.startIndex)
+        var position = queue.endIndex
+        while position > first, precedence[queue[queue.index(before: position)].lane] < rank {
+            position = queue.index(before: position)
+        }
+        return position == queue.endIndex ? nil : position
     }
 
     /// Runs one item, then the items queued behind it for the same device, in order.

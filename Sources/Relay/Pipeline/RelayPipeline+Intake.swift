@@ -10,6 +10,9 @@ extension RelayPipeline {
         let parsed: [Result<Intent, InvalidIntent>]
         let admitting: Admitting
         let generations: [TopicPartition: Int]
+        /// When the consumer handed the records over: an intent's latency runs from here, its
+        /// wait for room and for admission included.
+        let consumedAt: ContinuousClock.Instant
     }
 
     /// Batches parsed and grouped ahead of a lane's admitting task, with one lane.
@@ -76,6 +79,7 @@ extension RelayPipeline {
                 if uncounted > 0 { RelayMetrics.revocationCommitFailures.increment(by: uncounted) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
+                let consumedAt = ContinuousClock.now
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map(parse)
                     let generations = state.withLock { state in
@@ -88,7 +92,8 @@ extension RelayPipeline {
                         state.lanes.consumed(lane, records: messages.count)
                         return generations
                     }
-                    let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations)
+                    let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations,
+                                              consumedAt: consumedAt)
                     if queues.count == 1 {
                         guard await queues[lane].push(laneBatch) else { break events }
                     } else {
@@ -129,6 +134,7 @@ extension RelayPipeline {
                 // waits for its turn on a busy event loop, which keeps fewer intents waiting in
                 // flight when the relay is saturated.
                 let messages = batch.messages
+                let consumedAt = batch.consumedAt
                 for chunk in stride(from: 0, to: messages.count, by: Self.workGroupSize) {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
@@ -146,7 +152,7 @@ extension RelayPipeline {
                                 await self.waitForCapacity(lane)
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
-                                                          generation: member.generation, policy: policy) {
+                                                          generation: member.generation, policy: policy, consumedAt: consumedAt) {
                                     intents.addTask { await self.work(start) }
                                 }
                             }

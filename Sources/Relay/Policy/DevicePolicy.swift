@@ -86,7 +86,8 @@ struct DevicePolicy: Sendable {
         var consumedAt: Int64
         var expiration: Int64
         var message: [UInt8]
-        /// The intents topic it came from, unless that is `kafka.intents_topic` (``entryLane(_:)``).
+        /// The intents topic it came from: with `kafka.lanes` always, with one lane never
+        /// (``entryLane(_:)``).
         var lane: String? = nil
         /// Its intent's trace context (``RelayPipeline/storedTrace(_:)``), kept beside the
         /// entry (field `t:<id>`), not in it.

@@ -188,7 +188,7 @@ extension RelayPipeline {
             }
             let start = state.withLock { state -> WorkItem? in
                 state.lanes.admitted(item.lane)
-                return Self.enqueue(item, &state)
+                return Self.enqueue(item, &state, precedence: lanePrecedence)
             }
             if let start { workers.addTask { await self.work(start) } }
         }
