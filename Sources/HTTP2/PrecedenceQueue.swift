@@ -1,9 +1,10 @@
 import NIOCore
 
 /// Requests waiting for a stream: a higher ``HTTP2Request/precedence`` starts first, equal ones
-/// in the order they came — except that every ``oldestEvery``-th start goes to the oldest
-/// request waiting whatever its precedence, so lower precedences never starve while higher
-/// ones keep every stream busy (they get at least that share of the streams that free up).
+/// in the order they came — except that every ``oldestEvery``-th one taken is the oldest
+/// waiting whatever its precedence, so lower precedences never starve while higher ones keep
+/// every stream busy (about that share of the streams that free up; a request taken and found
+/// cancelled uses its turn).
 /// One ring buffer per level, so appending and taking stay O(1).
 struct PrecedenceQueue<Element> {
     /// Precedences above this one count as it.

@@ -21,13 +21,14 @@ struct DashboardTests {
         }
     }
 
-    /// `namespace`, `job`, `pod` and `topic` narrow every panel: each metric a query reads is
-    /// selected by the three scope variables, and the outcome counter by the app too.
+    /// `namespace`, `job`, `pod`, `topic` and `lane` narrow every panel: each metric a query reads
+    /// is selected by the three scope variables, the outcome counter by the app too, and the
+    /// metrics with a lane label by the lane.
     @Test func everyQueryFollowsTheScopeAndAppVariables() throws {
         let dashboard = try Self.dashboard()
         let variables = try #require((dashboard["templating"] as? [String: Any])?["list"] as? [[String: Any]])
         let names = variables.compactMap { $0["name"] as? String }
-        #expect(names == ["datasource", "namespace", "job", "pod", "topic"])
+        #expect(names == ["datasource", "namespace", "job", "pod", "topic", "lane"])
         for variable in variables where variable["type"] as? String == "query" {
             // "All" must also match series a scrape labelled without them.
             #expect(variable["includeAll"] as? Bool == true && variable["allValue"] as? String == ".*", "\(variable)")
@@ -44,6 +45,10 @@ struct DashboardTests {
                 }
                 if reference.output.1 == "relay_outcomes_total" {
                     #expect(selector.contains(#"topic=~"$topic""#), "\(panel): \(expr)")
+                }
+                if ["relay_intents_consumed_total", "relay_in_flight", "relay_consumer_lag", "relay_intent_duration_seconds_bucket"]
+                    .contains(String(reference.output.1)) {
+                    #expect(selector.contains(#"lane=~"$lane""#), "\(panel): \(expr)")
                 }
             }
         }

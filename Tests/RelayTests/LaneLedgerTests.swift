@@ -1,3 +1,5 @@
+import Kafka
+import NIOCore
 @testable import Relay
 import Testing
 
@@ -77,6 +79,21 @@ struct LaneLedgerTests {
         #expect(ledger.hasRoom(1))
     }
 
+    /// Lanes that take every waiting place in turn (each alone while it fills up) stop at twice
+    /// `maxWaiting` in all.
+    @Test func waitingIntentsNeverPassTwiceTheLimit() {
+        var ledger = LaneLedger<String>(weights: [1, 8, 8], maxInFlight: 1000, maxWaiting: 10)
+        for lane in 0..<3 {
+            ledger.consumed(lane, records: 100)
+            while ledger.hasRoom(lane) {
+                ledger.admitted(lane)
+                ledger.queued(lane)
+            }
+            ledger.taken(lane, records: 100)
+        }
+        #expect(ledger.totalWaiting == 20, "\(ledger.waiting)")
+    }
+
     @Test func aFreedSlotWakesOneWaitingLaneNotAll() {
         var ledger = LaneLedger<String>(weights: [1, 1, 1], maxInFlight: 6, maxWaiting: 10)
         for lane in 0..<3 { ledger.consumed(lane, records: 10) }
@@ -98,5 +115,40 @@ struct LaneLedgerTests {
         #expect(ledger.presses(1) && !ledger.presses(0))
         ledger.taken(1, records: 500)
         #expect(!ledger.presses(1) && ledger.backlog[1] == 0)
+    }
+}
+
+/// Where an urgent intent stands in its device's queue (``RelayPipeline/position(of:in:precedence:)``).
+@Suite("Device queue order across lanes")
+struct DeviceQueueOrderTests {
+    static let intent = Intent(id: "i", token: String(repeating: "a", count: 64), topic: "com.x", pushType: .alert, priority: 10,
+                               expiration: 0, collapseID: nil, environment: .production, payload: ByteBuffer(string: "{}"))
+
+    static func item(lane: Int, _ admission: RelayPipeline.Admission = .send, mailbox: Bool = false) -> RelayPipeline.WorkItem {
+        RelayPipeline.WorkItem(partition: TopicPartition(topic: "t\(lane)", partition: 0), lane: lane, offset: 0, generation: 0,
+                               consumedAt: .now, intent: .success(intent), admission: admission,
+                               mailboxMember: mailbox ? "member" : nil)
+    }
+
+    /// Lane 0 is urgent (precedence 1), lane 1 bulk (0). The answer is the index the urgent
+    /// send takes, nil for the end.
+    static func position(_ lanes: [RelayPipeline.WorkItem]) -> Int? {
+        let queue = CircularBuffer(lanes)
+        return RelayPipeline.position(of: item(lane: 0), in: queue, precedence: [1, 0])
+            .map { queue.distance(from: queue.startIndex, to: $0) }
+    }
+
+    @Test func anUrgentSendGoesBehindTheRunningOneAndAheadOfBulkSends() {
+        #expect(Self.position([Self.item(lane: 1)]) == nil, "only the running one: behind it")
+        #expect(Self.position([Self.item(lane: 1), Self.item(lane: 1), Self.item(lane: 1)]) == 1)
+        #expect(Self.position([Self.item(lane: 1), Self.item(lane: 0), Self.item(lane: 1)]) == 2, "behind urgent ones")
+        #expect(Self.position([Self.item(lane: 0), Self.item(lane: 0)]) == nil)
+    }
+
+    /// Not ahead of an intent to park (it would park after the urgent one and displace it), nor
+    /// of a mailbox delivery.
+    @Test func notAheadOfAParkOrAMailboxDelivery() {
+        #expect(Self.position([Self.item(lane: 1), Self.item(lane: 1, .park(due: 1)), Self.item(lane: 1), Self.item(lane: 1)]) == 2, "right behind the park")
+        #expect(Self.position([Self.item(lane: 1), Self.item(lane: 1), Self.item(lane: 1, mailbox: true)]) == nil)
     }
 }

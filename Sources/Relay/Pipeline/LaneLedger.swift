@@ -13,8 +13,8 @@
 /// - Intents waiting behind an earlier one of their device are shared the same way, by weight,
 ///   out of `maxWaiting`: a bulk lane whose intents crowd a few devices cannot take every place
 ///   and shut an urgent lane out. With one lane they stay below `maxWaiting`; with several, a
-///   lane alone may have taken all of it when another starts pressing, so they can reach twice
-///   `maxWaiting` until the first lane's waiting intents drain below its new share.
+///   lane alone may have taken all of it when another starts pressing, so they may reach twice
+///   `maxWaiting` (never more) until the first lane's waiting intents drain below its share.
 ///
 /// What a lane buffers is bounded by the consumer: each lane's intents topic has a librdkafka
 /// queue of its own, taken from only while fewer than a limit of its records wait here
@@ -74,7 +74,8 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     func hasRoom(_ lane: Int) -> Bool {
         guard sending < maxInFlight else { return false }
         guard weights.count > 1 else { return totalWaiting < maxWaiting }
-        return waiting[lane] < share(lane, of: maxWaiting) && inFlight[lane] - waiting[lane] < share(lane)
+        return totalWaiting < 2 * maxWaiting && waiting[lane] < share(lane, of: maxWaiting)
+            && inFlight[lane] - waiting[lane] < share(lane)
     }
 
     // MARK: Counting

@@ -18,7 +18,7 @@ extension RelayPipeline {
                 return (nil, state.lanes.inFlight[lane])
             }
             hold = state.partitions.holdIfFull(partition)
-            if state.firstConsumedAt == nil { state.firstConsumedAt = .now }
+            if state.firstConsumedAt == nil { state.firstConsumedAt = consumedAt }
             state.lanes.admitted(lane)
             guard case .success(let intent) = parsed else {
                 return (WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
@@ -60,15 +60,19 @@ extension RelayPipeline {
     /// Queues an item behind its device's earlier ones; returns it when it can start now.
     ///
     /// With lanes (`precedence`: each lane's precedence, ``RelayPipeline/lanePrecedence``), an
-    /// item waits behind its device's items of its own lane and of higher ones only: it goes
-    /// ahead of those of lower lanes that have not started (the queue's first item runs). So an
-    /// urgent intent does not wait for every bulk intent queued for its device, and each lane's
-    /// intents keep their order.
+    /// intent to send waits behind its device's items of its own lane and of higher precedence
+    /// only: it goes ahead of those of lower precedence that are sends not started (the queue's
+    /// first item runs). So an urgent intent does not wait for every bulk intent queued for its
+    /// device, and each lane's intents keep their order. It never goes ahead of an intent to
+    /// park (that one would park after it and displace it from the mailbox, newer as it is) or
+    /// of a mailbox delivery, and other admissions (a duplicate, a known 410) stay behind the
+    /// intent they answer for. Inserting copies the queue's storage: only overtaking pays it.
     static func enqueue(_ item: WorkItem, _ state: inout State, precedence: [Int] = []) -> WorkItem? {
         guard let token = item.queueToken else { return item }
         if state.devices[token] != nil {
             // No copy of the queue is held while it changes (that would copy its storage).
-            if precedence.count > 1, let position = Self.position(of: item, in: state.devices[token]!, precedence: precedence) {
+            if precedence.count > 1, case .send = item.admission, item.mailboxMember == nil,
+               let position = Self.position(of: item, in: state.devices[token]!, precedence: precedence) {
                 state.devices[token]!.insert(item, at: position)
             } else {
                 state.devices[token]!.append(item)
@@ -82,13 +86,16 @@ extension RelayPipeline {
         return item
     }
 
-    /// Where `item` goes in its device's queue when that is not the end: before the items of
-    /// lanes of lower precedence that have not started.
+    /// Where `item` goes in its device's queue when that is not the end: before the sends of
+    /// lower precedence that have not started, as far as the last intent to park or mailbox
+    /// delivery.
     static func position(of item: WorkItem, in queue: CircularBuffer<WorkItem>, precedence: [Int]) -> CircularBuffer<WorkItem>.Index? {
         let rank = precedence[item.lane]
         let first = queue.index(after: queue.startIndex)
         var position = queue.endIndex
-        while position > first, precedence[queue[queue.index(before: position)].lane] < rank {
+        while position > first {
+            let before = queue[queue.index(before: position)]
+            guard precedence[before.lane] < rank, case .send = before.admission, before.mailboxMember == nil else { break }
             position = queue.index(before: position)
         }
         return position == queue.endIndex ? nil : position

@@ -44,7 +44,8 @@ extension RelayPipeline {
         /// The device whose queue this item waits in: items that are sent or parked, and those
         /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
         /// outcome and invalidation record must follow the device's earlier ones (a replay's
-        /// 410 and the delivery after it end in that order on the invalidations topic).
+        /// 410 and the delivery after it end in that order on the invalidations topic; across
+        /// lanes an urgent send may overtake, see ``RelayPipeline/enqueue(_:_:precedence:)``).
         var queueToken: String? {
             guard case .success(let intent) = intent else { return nil }
             switch admission {
