@@ -115,6 +115,12 @@ public final class APNsSimulator: Sendable {
     /// Every notification answered 200, in order (when recording in memory).
     public var accepted: [AcceptedNotification] { state.locked { $0.accepted } }
 
+    /// Every broadcast answered 200, in order (when recording in memory).
+    public var broadcasts: [AcceptedBroadcast] { state.locked { $0.broadcasts } }
+
+    /// The broadcast channels of an app: channel id → message storage policy.
+    public func channels(of bundleID: String) -> [String: Int] { state.locked { $0.channels[bundleID] ?? [:] } }
+
     /// Answers by `"200"` or `"STATUS Reason"`.
     public var answers: [String: Int] {
         state.locked { state in

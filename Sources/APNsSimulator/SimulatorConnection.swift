@@ -45,6 +45,10 @@ final class SharedState: Sendable {
         var refused: [String] = []
         var dropped: [String] = []
         var handlers: [ObjectIdentifier: (NIOLoopBound<HTTP2ServerHandler>, any EventLoop)] = [:]
+        /// Broadcast channels per bundle id: channel id → message storage policy.
+        var channels: [String: [String: Int]] = [:]
+        /// Broadcasts answered 200, in order (when recording in memory).
+        var broadcasts: [AcceptedBroadcast] = []
         var recordFile: FileHandle?
     }
 
@@ -217,7 +221,7 @@ final class SharedState: Sendable {
 /// One client connection's APNs state: the provider token it uses, the team it is bound to,
 /// how many streams it has sent. Event-loop confined.
 final class SimulatorConnection: HTTP2ServerDelegate {
-    private let state: SharedState
+    let state: SharedState
     private let eventLoop: any EventLoop
     private var currentToken: String?
     private var currentIssuedAt: Int64 = 0
@@ -225,7 +229,7 @@ final class SimulatorConnection: HTTP2ServerDelegate {
     private var boundTeam: String?
     private var currentKey: SimulatorConfiguration.SigningKey?
     private var streamsProcessed = 0
-    private var raisedLimit = false
+    var raisedLimit = false
     private var identifiers = APNsIdentifiers()
     /// With certificate auth: what the connection's client certificate says (nil: it could not
     /// be read), looked up on the first request.
@@ -245,6 +249,9 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             return connection.abort()
         case nil:
             break
+        }
+        if let response = channelResponse(request, connection: connection) {
+            return connection.respond(streamID: streamID, response)
         }
         var accepted: AcceptedNotification?
         let early = check(request, apnsID: apnsID, connection: connection, accepted: &accepted)
@@ -309,17 +316,9 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         }
 
         var signingKey: SimulatorConfiguration.SigningKey?
-        if !state.keys.isEmpty {
-            switch authorize(headers["authorization"]) {
-            case .success(let key): signingKey = key
-            case .failure(let answer): return answer
-            }
-            if !raisedLimit {
-                // As APNs does: one stream until a request with a valid token arrives.
-                state.locked { $0.peakWhileLimitedToOne = max($0.peakWhileLimitedToOne, connection.peakConcurrentStreams) }
-                raisedLimit = true
-                connection.setMaxConcurrentStreams(state.maxConcurrentStreams)
-            }
+        switch authorized(headers, connection: connection) {
+        case .success(let key): signingKey = key
+        case .failure(let answer): return answer
         }
 
         if let id = headers["apns-id"], !APNsIdentifiers.isCanonicalUUID(id) { return SimulatorAnswer(400, .badMessageId) }
@@ -368,6 +367,24 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             payload: state.recordsPayloads ? Array(request.body!.readableBytesView) : [],
             receivedAt: APNsIdentifiers.epochMilliseconds(), clientCertificate: certificateSubject)
         return nil
+    }
+
+    /// With signing keys configured, the request's provider token (``authorize(_:)``), and the
+    /// connection's stream limit raised once one is valid, as APNs does (one stream until then).
+    /// Nil without keys (certificate-style).
+    func authorized(_ headers: HTTP2Headers, connection: HTTP2ServerHandler) -> Result<SimulatorConfiguration.SigningKey?, SimulatorAnswer> {
+        guard !state.keys.isEmpty else { return .success(nil) }
+        switch authorize(headers["authorization"]) {
+        case .success(let key):
+            if !raisedLimit {
+                state.locked { $0.peakWhileLimitedToOne = max($0.peakWhileLimitedToOne, connection.peakConcurrentStreams) }
+                raisedLimit = true
+                connection.setMaxConcurrentStreams(state.maxConcurrentStreams)
+            }
+            return .success(key)
+        case .failure(let answer):
+            return .failure(answer)
+        }
     }
 
     /// The connection's client certificate, read once.
