@@ -153,6 +153,37 @@ public final class APNsClient: Service, Sendable {
         }
     }
 
+    /// An answer to ``request(method:path:headers:body:)``.
+    public struct Answer: Sendable {
+        public var status: Int
+        public var headers: [(name: String, value: String)]
+        public var body: [UInt8]
+
+        public subscript(header name: String) -> String? { headers.first { $0.name == name }?.value }
+    }
+
+    /// Sends one request other than a push (channel management: `GET /1/apps/…`) on the
+    /// client's connections, with the provider token when the credential is a token, and
+    /// returns the answer, whatever its status. Throws ``APNsError/noAnswer(_:)`` when none came
+    /// within the request timeout, ``APNsError/shutdown`` after ``shutdown()``.
+    public func request(method: String, path: String, headers: [(String, String)] = [], body: [UInt8]? = nil) async throws -> Answer {
+        guard !isShutDown.load(ordering: .relaxed) else { throw APNsError.shutdown }
+        start()
+        var fields = HTTP2Headers(headers.map { (name: $0.0, value: $0.1) })
+        if case .token(let source) = configuration.credential {
+            fields.add("authorization", try await source.currentToken().authorization)
+        }
+        let request = HTTP2Request(method: method, scheme: "https", authority: configuration.endpoint.host, path: path,
+                                   headers: fields, body: body.map { ByteBuffer(bytes: $0) })
+        switch await pickConnection(avoiding: nil).execute(request, deadline: .now() + configuration.requestTimeout) {
+        case .success(let response):
+            return Answer(status: response.status, headers: response.headers.fields.map { ($0.name, $0.value) },
+                          body: response.body.map { Array($0.readableBytesView) } ?? [])
+        case .failure(let error):
+            throw APNsError.noAnswer(error.description)
+        }
+    }
+
     /// Closes every connection gracefully: in-flight requests finish, waiting ones fail.
     /// Requests still open `grace` after the call (10 s unless told) are cut: their sends end
     /// with a lost connection. Later calls wait for the first one to finish.

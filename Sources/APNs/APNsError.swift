@@ -12,6 +12,8 @@ public enum APNsError: Error, Sendable, Equatable, CustomStringConvertible {
     case badEndpoint(String)
     /// The proxy text is not http://[user[:password]@]host[:port] (shown with the password redacted).
     case badProxy(String)
+    /// A request other than a push got no answer (``APNsClient/request(method:path:headers:body:)``).
+    case noAnswer(String)
 
     public var description: String {
         switch self {
@@ -21,6 +23,7 @@ public enum APNsError: Error, Sendable, Equatable, CustomStringConvertible {
         case .credential(let why): why
         case .badEndpoint(let text): "endpoint '\(text)' is not production, development or https://HOST:PORT"
         case .badProxy(let text): "proxy '\(text)' is not http://[USER[:PASSWORD]@]HOST[:PORT]"
+        case .noAnswer(let why): "no answer: \(why)"
         }
     }
 }

@@ -99,19 +99,9 @@ struct SendCommand: AsyncParsableCommand {
         } catch {
             throw APNsError.invalidNotification(error)
         }
-        var configuration = APNsClientConfiguration(endpoint: try APNsEndpoint(parsing: endpoint),
-                                                    credential: try credentials.credential())
-        configuration.connections = 1
-        configuration.requestTimeout = .seconds(Int64(timeout))
-        configuration.connectTimeout = .seconds(Int64(timeout))
-        configuration.insecureSkipVerify = insecure
-        let environment = ProcessInfo.processInfo.environment
-        if let proxy = proxy ?? environment["APNS_RELAY_APNS_PROXY"], !proxy.isEmpty {
-            let noProxy = (environment["APNS_RELAY_APNS_NO_PROXY"] ?? "").split(separator: ",")
-                .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
-            configuration.proxy = try APNsProxy(parsing: proxy, noProxy: noProxy)
-        }
-        if insecure { Terminal.error("warning: --insecure: the server's TLS certificate is not verified") }
+        let configuration = try APNsClientConfiguration.forCommand(endpoint: try APNsEndpoint(parsing: endpoint),
+                                                                   credential: try credentials.credential(), timeout: timeout,
+                                                                   insecure: insecure, proxy: proxy)
         // The answer (or the error) is the output; the client's own logs would only repeat it
         // (so the command logs at critical unless --log-level says otherwise).
         let logger = Logger(label: "apns-relay.send")

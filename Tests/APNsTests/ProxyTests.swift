@@ -72,7 +72,8 @@ struct ProxyTests {
         await harness.stop()
     }
 
-    /// `send --proxy` (or `APNS_RELAY_APNS_PROXY`) tunnels the one push too.
+    /// `send --proxy` (or `APNS_RELAY_APNS_PROXY`) tunnels the one push too, and `channels
+    /// --proxy` its management request.
     @Test func sendTakesAProxy() async throws {
         let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", "s3cret"))
         let key = TestKey()
@@ -87,6 +88,13 @@ struct ProxyTests {
         #expect(viaEnvironment.status == 1 && viaEnvironment.stdout.contains("401"), "\(viaEnvironment.stdout)")
         #expect(!viaEnvironment.stdout.contains("wrong") && !viaEnvironment.stderr.contains("wrong"))
         #expect(simulator.accepted.count == 1)
+        // So does channel management.
+        let channels = ["channels", "create", "--storage-policy", "0", "--bundle-id", "com.example.live", "--environment", simulator.url,
+                        "--insecure", "--team-id", TestKey.teamID, "--key-id", TestKey.keyID, "--key-file", try key.writeP8(),
+                        "--proxy", "http://relay:s3cret@127.0.0.1:\(proxy.port)"]
+        let created = try await RelayBinary.run(channels)
+        #expect(created.status == 0 && simulator.channels(of: "com.example.live").count == 1, "\(created.stdout) \(created.stderr)")
+        #expect(proxy.log.contains("CONNECT 127.0.0.1:\(simulator.port)"))
         await simulator.stop()
     }
 
