@@ -25,24 +25,23 @@ struct InvalidationProcessTests {
             harness.cluster.setLeader(topic: harness.outcomesTopic, partition: partition, broker: 1 + partition % 2)
             harness.cluster.setLeader(topic: invalidations, partition: partition, broker: 3)
         }
-        // The first produce request broker 3 gets is refused, 120 s later: the record is held
+        // The intent is on the topic before anything can meet the error below: a CI run showed
+        // a test-side produce request reaching broker 3 and taking it.
+        let producer = try KafkaProducer(bootstrapServers: harness.cluster.bootstrapServers)
+        _ = try await producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))
+        // The first produce request broker 3 gets from now on — the relay's record, as nothing
+        // else produces until its outcome is read — is refused 120 s later: the record is held
         // while the outcome goes out, and until the relay is killed, however slowly a loaded
-        // machine gets through the checks in between (with 25 s a CI run read the outcome after
-        // the hold had ended and the record was out). The relay's request timeout is longer
+        // machine gets through the checks in between. The relay's request timeout is longer
         // still, so it does not give up on the request and send it again meanwhile.
         harness.cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce,
                                                 [(KafkaErrorCode.notEnoughReplicas, 120_000)])
-        // A producer made after the leaders moved: the harness's may have learnt broker 3 as a
-        // leader of the intents topic before, and its first produce would take the error meant
-        // for the record.
-        let producer = try KafkaProducer(bootstrapServers: harness.cluster.bootstrapServers)
         let redis = try await RedisServerProcess.started()
         let config = try writeConfig(harness: harness, redisURL: redis.url, invalidationsTopic: invalidations)
         try String(contentsOfFile: config, encoding: .utf8)
             .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    request.timeout.ms: 180000")
             .write(toFile: config, atomically: true, encoding: .utf8)
         let first = try RelayProcess.start(config: config)
-        _ = try await producer.send(topic: harness.intentsTopic, key: Array(gone.utf8), value: Array(intent("gone-1", token: gone).utf8))
         let answered = try await harness.outcomes(distinct: 1)
         #expect(answered.count == 1 && answered[0].contains(#""status":"unregistered""#), "\(answered)")
         // The record's request reached broker 3 (the error was taken) and is held there.
