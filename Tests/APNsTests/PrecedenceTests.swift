@@ -8,12 +8,13 @@ import TestSupport
 @Suite("Send precedence", .timeLimit(.minutes(1)))
 struct PrecedenceTests {
     @Test func aHigherPrecedenceSendStartsBeforeTheOnesWaitingAheadOfIt() async throws {
-        // One stream, 100 ms per answer: the low sends go out one at a time, for 3 s.
+        // One stream, 100 ms per answer: the low sends go out one at a time, for 6 s (a loaded
+        // CI run had answered 15 of 30 before the urgent send came).
         let harness = try await Harness.start {
             $0.maxConcurrentStreams = 1
             $0.behaviour.latency = .milliseconds(100)
         }
-        let low = 30
+        let low = 60
         // In the order the sends finished.
         let (answeredBefore, order) = try await withThrowingTaskGroup(of: String.self) { group in
             for index in 0..<low {
