@@ -38,6 +38,51 @@ struct CertificateTests {
         #expect(throws: APNsError.self) { try APNsCertificateInfo(derEncoded: [1, 2, 3]) }
     }
 
+    /// Apple's certificates carry RSA-2048 keys: one made by openssl, as PEM and as PKCS#12,
+    /// reads with its subject's UID and OU, its key is matched to it (another key is refused),
+    /// and the simulator takes a push over a connection that presents it.
+    @Test func anRSACertificateAsAppleIssuesThem() async throws {
+        let directory = TestFiles.path("rsa-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        func make(_ name: String, uid: String) throws -> (cert: String, key: String) {
+            let cert = directory.appendingPathComponent("\(name).pem").path, key = directory.appendingPathComponent("\(name).key").path
+            let made = try runProgram("/usr/bin/openssl", ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+                                                           "-subj", "/UID=\(uid)/CN=Apple Push Services: \(uid)/OU=TEAMRSA001/O=Example/C=US",
+                                                           "-keyout", key, "-out", cert])
+            #expect(made.status == 0, "\(made.stderr)")
+            return (cert, key)
+        }
+        let rsa = try make("rsa", uid: sampleTopic), other = try make("other", uid: "com.example.other")
+        let identity = try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: rsa.key)
+        #expect(identity.info.uid == sampleTopic && identity.info.organizationalUnit == "TEAMRSA001" && identity.info.topics == [sampleTopic])
+        #expect(identity.info.notValidAfter.timeIntervalSinceNow > 29 * 86_400)
+        #expect(throws: APNsError.self) { try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: other.key) }
+        let p12 = directory.appendingPathComponent("rsa.p12").path
+        let exported = try runProgram("/usr/bin/openssl", ["pkcs12", "-export", "-in", rsa.cert, "-inkey", rsa.key, "-out", p12, "-passout", "pass:pw"])
+        #expect(exported.status == 0, "\(exported.stderr)")
+        #expect(try APNsCertificateIdentity(certificateFile: p12, keyFile: nil, passphrase: "pw").info.uid == sampleTopic)
+
+        var configuration = SimulatorConfiguration()
+        configuration.clientCertificateTrustRoots = identity.chain
+        let simulator = try await APNsSimulator.start(configuration)
+        var clientConfiguration = APNsClientConfiguration(endpoint: APNsEndpoint(host: "127.0.0.1", port: simulator.port),
+                                                          credential: .certificate(chain: identity.chain, key: identity.key))
+        clientConfiguration.additionalTrustRoots = [simulator.certificate]
+        let client = try APNsClient(configuration: clientConfiguration)
+        let result: APNsResult
+        do {
+            result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        } catch {
+            await client.shutdown()
+            await simulator.stop()
+            throw error
+        }
+        await client.shutdown()
+        await simulator.stop()
+        #expect(result.classification == .delivered, "\(result)")
+        #expect(simulator.accepted.first?.clientCertificate == sampleTopic)
+    }
+
     @Test func mdmPayloadsAreExactlyThePushMagic() throws {
         func validate(_ payload: String, topic: String = Self.mdmTopic) -> String? {
             let notification = APNsNotification(deviceToken: sampleToken, topic: topic, pushType: .mdm, payload: ByteBuffer(string: payload))
