@@ -122,6 +122,8 @@ def intent_seeds():
     # VoIP allows 5 KB: a 4.5 KB payload is valid.
     write("intent", "voip-large", '{"id":"o-5","token":"' + TOKEN + '","topic":"com.example.app.voip","push_type":"voip",'
           '"payload":{"aps":{},"blob":"' + "x" * 4500 + '"}}')
+    write("intent", "channel", '{"id":"o-6","channel_id":"dHN0LTEyMzQ1Njc4OTAxMjM0NTY=","topic":"com.example.app",'
+          '"message_storage_policy":0,"payload":{"aps":{"event":"update","timestamp":1732000000,"content-state":{"s":1}}}}')
 
 
 def resp_seeds():

@@ -346,6 +346,7 @@ public final class APNsClient: Service, Sendable {
 
     /// The request without its `authorization` header (``Attempt/use(_:)`` adds it).
     private func makeRequest(_ notification: APNsNotification, apnsID: String) -> HTTP2Request {
+        if let channelID = notification.channelID { return makeBroadcastRequest(notification, channelID: channelID, requestID: apnsID) }
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(8)
         headers.add("apns-id", apnsID)
@@ -361,11 +362,30 @@ public final class APNsClient: Service, Sendable {
         return request
     }
 
-    /// Reads status, `apns-id` and the JSON error body (`reason`, and `timestamp` on 410).
+    /// A broadcast on a channel: `POST /4/broadcasts/apps/<bundle id>`, the id as
+    /// `apns-request-id`, no `apns-topic` (the bundle id is in the path).
+    private func makeBroadcastRequest(_ notification: APNsNotification, channelID: String, requestID: String) -> HTTP2Request {
+        var headers = HTTP2Headers()
+        headers.fields.reserveCapacity(7)
+        headers.add("apns-request-id", requestID)
+        headers.add("apns-channel-id", channelID)
+        headers.add("apns-push-type", PushType.liveactivity.rawValue)
+        headers.add("apns-priority", String(notification.effectivePriority))
+        headers.add("apns-expiration", String(notification.expiration ?? 0))
+        var request = HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
+                                   path: "/4/broadcasts/apps/" + notification.topic, headers: headers, body: notification.payload)
+        request.precedence = notification.precedence
+        return request
+    }
+
+    /// Reads status, `apns-id` (`apns-request-id` for broadcasts), `apns-unique-id` and the JSON
+    /// error body (`reason`, and `timestamp` on 410).
     package static func result(from response: HTTP2Response, apnsID: String, attempts: Int) -> APNsResult {
-        let echoedID = response.headers["apns-id"] ?? apnsID
+        let echoedID = response.headers["apns-id"] ?? response.headers["apns-request-id"] ?? apnsID
         guard response.status != 200 else {
-            return APNsResult(status: 200, reason: nil, apnsID: echoedID, timestamp: nil, attempts: attempts)
+            var result = APNsResult(status: 200, reason: nil, apnsID: echoedID, timestamp: nil, attempts: attempts)
+            result.uniqueID = response.headers["apns-unique-id"]
+            return result
         }
         var reason: APNsReason?
         var timestamp: Int64?

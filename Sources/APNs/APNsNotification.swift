@@ -6,9 +6,14 @@ public import NIOCore
 /// Named `APNsNotification` rather than `Notification` so it never clashes with
 /// `Foundation.Notification` in code that imports both.
 public struct APNsNotification: Sendable {
-    /// Hex of the device token.
+    /// Hex of the device token (empty for a broadcast).
     public var deviceToken: String
-    /// `apns-topic`: the bundle id plus the push type's suffix.
+    /// For a broadcast on a channel (iOS 18 Live Activities): the channel id APNs gave at its
+    /// creation (base64). The request then goes to `/4/broadcasts/apps/<topic>` with
+    /// `apns-channel-id`, and ``apnsID`` goes out as `apns-request-id`.
+    public var channelID: String?
+    /// `apns-topic`: the bundle id plus the push type's suffix; for a broadcast the plain
+    /// bundle id (it goes in the path).
     public var topic: String
     public var pushType: PushType
     /// `apns-priority`: 10, 5 or 1; nil means the push type's default (5 for background, else 10).
@@ -37,6 +42,16 @@ public struct APNsNotification: Sendable {
         self.payload = payload
     }
 
+    /// A broadcast on a channel: push type `liveactivity`, and an expiration APNs requires (0:
+    /// one attempt, not stored; the only one a No-Message-Stored channel accepts).
+    public static func broadcast(channelID: String, bundleID: String, priority: Int = 10, expiration: Int64,
+                                 apnsID: UUID? = nil, payload: ByteBuffer) -> APNsNotification {
+        var notification = APNsNotification(deviceToken: "", topic: bundleID, pushType: .liveactivity, priority: priority,
+                                            expiration: expiration, apnsID: apnsID, payload: payload)
+        notification.channelID = channelID
+        return notification
+    }
+
     /// A plain alert: `{"aps":{"alert":text}}`.
     public static func alert(_ text: String, deviceToken: String, topic: String) -> APNsNotification {
         let json = try! JSONSerialization.data(withJSONObject: ["aps": ["alert": text]], options: [.sortedKeys])
@@ -60,6 +75,10 @@ public struct APNsValidationError: Error, Sendable, Equatable, CustomStringConve
         case payloadTooLarge = "PayloadTooLarge"
         case badPayload = "BadPayload"
         case invalidPushType = "InvalidPushType"
+        case missingChannelId = "MissingChannelId"
+        case badChannelId = "BadChannelId"
+        case topicDisallowed = "TopicDisallowed"
+        case badRequestPayload = "BadRequestPayload"
     }
 
     public var code: Code
@@ -76,6 +95,7 @@ public struct APNsValidationError: Error, Sendable, Equatable, CustomStringConve
 extension APNsNotification {
     /// Checks everything APNs would reject, in APNs' order, and throws the first problem.
     public func validate() throws(APNsValidationError) {
+        if let channelID { return try validateBroadcast(channelID: channelID) }
         try Self.validateDeviceToken(deviceToken)
         if topic.isEmpty { throw APNsValidationError(.missingTopic, "topic is empty") }
         if !pushType.accepts(topic: topic) {
@@ -102,6 +122,76 @@ extension APNsNotification {
             throw APNsValidationError(.badCollapseId, "collapse id is \(collapseID.utf8.count) bytes, at most 64 allowed")
         }
         try validatePayload()
+    }
+
+    /// Largest broadcast payload APNs accepts, in bytes.
+    public static let maxBroadcastPayloadBytes = 5_120
+
+    /// A broadcast, as APNs checks it (protocol doc, "Broadcast push on channels"): the plain
+    /// bundle id, a base64 channel id, push type `liveactivity`, priority 10, 5 or 1, an
+    /// expiration, no collapse id, and at most 5,120 bytes of payload whose `aps` holds `event`
+    /// (`update` or `end`: a broadcast cannot start a Live Activity), an integer `timestamp`
+    /// and a `content-state` object.
+    private func validateBroadcast(channelID: String) throws(APNsValidationError) {
+        if topic.isEmpty { throw APNsValidationError(.missingTopic, "topic (the bundle id) is empty") }
+        if topic.hasSuffix(PushType.liveactivity.topicSuffix) {
+            throw APNsValidationError(.topicDisallowed, "a broadcast goes to the plain bundle id, without \(PushType.liveactivity.topicSuffix)")
+        }
+        if channelID.isEmpty { throw APNsValidationError(.missingChannelId, "channel id is empty") }
+        if Data(base64Encoded: channelID) == nil {
+            throw APNsValidationError(.badChannelId, "channel id is not base64 (APNs gives it at the channel's creation)")
+        }
+        if pushType != .liveactivity {
+            throw APNsValidationError(.invalidPushType, "broadcasts are liveactivity pushes, got \(pushType.rawValue)")
+        }
+        let priority = effectivePriority
+        guard [1, 5, 10].contains(priority) else {
+            throw APNsValidationError(.badPriority, "priority \(priority) is not one of 10, 5, 1")
+        }
+        guard let expiration, expiration >= 0 else {
+            throw APNsValidationError(.badExpirationDate, "a broadcast needs an expiration (epoch seconds, 0 for one attempt)")
+        }
+        if collapseID != nil { throw APNsValidationError(.badCollapseId, "broadcasts carry no collapse id") }
+        let size = payload.readableBytes
+        if size == 0 { throw APNsValidationError(.payloadEmpty, "payload is empty") }
+        if size > Self.maxBroadcastPayloadBytes {
+            throw APNsValidationError(.payloadTooLarge, "payload is \(size) bytes, at most \(Self.maxBroadcastPayloadBytes) allowed for a broadcast")
+        }
+        if let problem = payload.withUnsafeReadableBytes(Self.broadcastPayloadProblem) {
+            throw APNsValidationError(.badRequestPayload, problem)
+        }
+    }
+
+    /// What is wrong with a broadcast payload, or nil.
+    static func broadcastPayloadProblem(_ bytes: UnsafeRawBufferPointer) -> String? {
+        var event: JSONReader.Value?, timestamp: JSONReader.Value?, contentState: JSONReader.Value?
+        var aps: JSONReader.Value?
+        do {
+            try JSONReader.validate(bytes)
+            var reader = JSONReader(bytes)
+            guard reader.nextIs(UInt8(ascii: "{")) else { return "payload is not a JSON object" }
+            try reader.forEachMember { reader, key throws(JSONReader.Failure) in
+                if key == "aps" { aps = try reader.readValue(depth: 1) } else { try reader.skipValue(depth: 1) }
+            }
+            guard case .object(let range)? = aps else { return "payload has no \"aps\" dictionary" }
+            var inner = JSONReader(UnsafeRawBufferPointer(rebasing: bytes[range]))
+            try inner.forEachMember { reader, key throws(JSONReader.Failure) in
+                switch key {
+                case "event": event = try reader.readValue(depth: 2)
+                case "timestamp": timestamp = try reader.readValue(depth: 2)
+                case "content-state": contentState = try reader.readValue(depth: 2)
+                default: try reader.skipValue(depth: 2)
+                }
+            }
+        } catch {
+            return "payload is not valid JSON (\(error))"
+        }
+        guard case .string(let name)? = event, name == "update" || name == "end" else {
+            return #"aps.event must be "update" or "end" (a broadcast cannot start a Live Activity)"#
+        }
+        guard timestamp?.exactInteger != nil else { return "aps.timestamp must be an integer (epoch seconds)" }
+        guard case .object? = contentState else { return "aps.content-state must be an object" }
+        return nil
     }
 
     /// `com.apple.mgmt.External.` and a UUID: the UID of an MDM push certificate.

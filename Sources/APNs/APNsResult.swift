@@ -60,6 +60,9 @@ public struct APNsResult: Sendable, Equatable {
     public var apnsID: String
     /// 410 only: the last time APNs knew the token was invalid, ms since the epoch.
     public var timestamp: Int64?
+    /// `apns-unique-id` of an accepted notification (APNs sends it for broadcasts, and in its
+    /// development environment), if any.
+    public var uniqueID: String?
     /// Set when no answer came.
     public var failure: APNsTransportFailure?
     /// How many requests went out for this notification (retries after ExpiredProviderToken, or

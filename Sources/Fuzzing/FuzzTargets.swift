@@ -64,16 +64,22 @@ public enum FuzzTarget: String, CaseIterable, Sendable {
             let intent = try Intent.parse(Array(bytes), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
             let payload = Array(intent.payload.readableBytesView)
             // APNs' limits, written out rather than taken from the validator they check.
-            let limit = intent.pushType == .voip ? 5120 : 4096
+            let limit = intent.pushType == .voip || intent.channelID != nil ? 5120 : 4096
             precondition(payload.count <= limit, "a payload over its push type's limit passed validation")
             precondition(isJSONObject(payload), "a payload that passed validation is not a JSON object")
-            outcome = Outcome(id: intent.id, token: intent.token, topic: intent.topic, status: .delivered,
-                              httpStatus: 200, apnsID: Intent.apnsID(for: intent.id).uuidString.lowercased(),
-                              attempts: 1, latencyMilliseconds: 1, lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
+            precondition(intent.channelID == nil || (intent.token.isEmpty && intent.pushType == .liveactivity),
+                         "a channel intent with a token or another push type passed validation")
+            var delivered = Outcome(id: intent.id, token: intent.channelID == nil ? intent.token : nil, topic: intent.topic,
+                                    status: .delivered, httpStatus: 200, apnsID: Intent.apnsID(for: intent.id).uuidString.lowercased(),
+                                    attempts: 1, latencyMilliseconds: 1, lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
+            delivered.channelID = intent.channelID
+            outcome = delivered
         } catch {
-            outcome = Outcome(id: error.id, token: error.token, topic: error.topic, status: .invalid,
-                              reason: "\(error.reason): \(error.message)", attempts: 0, latencyMilliseconds: 0,
-                              lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
+            var invalid = Outcome(id: error.id, token: error.token, topic: error.topic, status: .invalid,
+                                  reason: "\(error.reason): \(error.message)", attempts: 0, latencyMilliseconds: 0,
+                                  lane: "fuzz", partition: 0, offset: 0, worker: "fuzz", at: 0)
+            invalid.channelID = error.channelID
+            outcome = invalid
         }
         precondition(isJSONObject(outcome.utf8), "an outcome is not a JSON object: \(outcome.json)")
         return outcome.status == .invalid ? 0 : 1

@@ -22,7 +22,7 @@ struct SimulatorChannelTests {
         static func start() async throws -> Channels {
             let harness = try await Harness.start()
             return Channels(harness: harness, raw: try await RawHTTP2Client.connect(port: harness.simulator.port),
-                            token: try await harness.source.currentToken().jwt)
+                            token: try harness.source.currentToken().jwt)
         }
 
         func send(_ method: String, _ path: String, _ headers: [(String, String)] = [], body: String? = nil) async throws -> HTTP2Response {

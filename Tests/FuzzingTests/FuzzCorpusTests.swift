@@ -28,6 +28,7 @@ struct FuzzCorpusTests {
     /// never completes a response, a decoder that reads nothing) would fuzz only its front door.
     @Test(arguments: [
         (FuzzTarget.intent, "alert", 1), (.intent, "everything", 1), (.intent, "invalid-utf8", 0), (.intent, "voip-large", 1),
+        (.intent, "channel", 1),
         (.resp, "simple", 5), (.resp, "arrays", 2), (.resp, "in-pieces", 1),
         (.http2Client, "answers", 3), (.http2Client, "answers-in-pieces", 3), (.http2Client, "limit-then-goaway", 1),
         (.http2Client, "reset-ping-split-body", 1),

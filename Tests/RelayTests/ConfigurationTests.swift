@@ -104,6 +104,11 @@ struct ConfigurationTests {
                 Issue.record("\(file.lastPathComponent): \(error.reason): \(error.message)")
             }
         }
+        // The broadcast on a channel.
+        let broadcast = try [UInt8](Data(contentsOf: directory.appendingPathComponent("broadcast.json")))
+        let intent = try Intent.parse(broadcast, key: nil, now: 1_732_000_000, defaultTTL: 86_400)
+        #expect(intent.channelID == "dHN0LTEyMzQ1Njc4OTAxMjM0NTY=" && intent.token.isEmpty && intent.pushType == .liveactivity)
+        #expect(intent.messageStoragePolicy == 1 && intent.expiration == 1_732_086_400)
     }
 
     @Test func policyRulesApplyPerTopicOverTheGlobalOnes() throws {

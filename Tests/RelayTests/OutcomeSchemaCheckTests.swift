@@ -6,8 +6,8 @@ import TestSupport
 @Suite("Outcome schema check", .timeLimit(.minutes(1)))
 struct OutcomeSchemaCheckTests {
     static let valid = #"""
-    {"v":1,"id":"a-1","token":"ab","topic":"com.example.app","status":"delivered","original_status":null,"http_status":200,
-     "reason":null,"apns_id":"5E4C7A9F-7E6B-4B3A-9C1D-2F8E6A5B4C3D","unregistered_at":null,"badge":null,"superseded_by":null,
+    {"v":1,"id":"a-1","token":"ab","channel_id":null,"topic":"com.example.app","status":"delivered","original_status":null,"http_status":200,
+     "reason":null,"apns_id":"5E4C7A9F-7E6B-4B3A-9C1D-2F8E6A5B4C3D","apns_unique_id":null,"unregistered_at":null,"badge":null,"superseded_by":null,
      "attempts":1,"latency_ms":3,"lane":"apns.intents","partition":0,"offset":7,"worker":"w","at":1700000000000}
     """#
 

@@ -34,7 +34,7 @@ extension RelayPipeline {
         guard var outcome = delivery.ending.outcome else { return }
         outcome.badge = delivery.badge
         delivery.ending.outcome = outcome
-        if outcome.status == .delivered {
+        if outcome.status == .delivered, delivery.intent.channelID == nil {
             delivery.ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
                                                               apnsID: outcome.apnsID, at: outcome.at)
         }
@@ -47,7 +47,8 @@ extension RelayPipeline {
         guard case .success(let intent) = item.intent else { return nil }
         switch item.admission {
         case .send, .park:
-            let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil,
+            // A channel has no mailbox: its retries end at the retry deadline.
+            let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil && intent.channelID == nil,
                                                      parkAfterDeadlineMilliseconds: Int64(configuration.retry.maxBackoffMilliseconds))
             let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits, backoff: backoff)
             return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine,

@@ -4,13 +4,18 @@ public import Foundation
 public import NIOCore
 
 /// A notification intent: one Kafka message on the intents topic (UTF-8 JSON, key = device
-/// token). docs/intents.md describes it; docs/intent.schema.json is its JSON Schema.
+/// token or channel id). docs/intents.md describes it; docs/intent.schema.json is its JSON Schema.
+///
+/// It goes to one device (`token`) or, as a broadcast, to everyone subscribed to a channel
+/// (`channel_id`, iOS 18 Live Activities): then ``token`` is empty, and of the per-device rules
+/// only dedupe applies (see ``recipient``).
 public struct Intent: Sendable {
     /// The last second of the year 9999: a parked intent's expiration is stored in Redis (a
     /// key's lifetime, in milliseconds) and read back, so later ones are refused as invalid.
     public static let latestExpiration: Int64 = 253_402_300_799
 
     public var id: String
+    /// The device token; empty for a channel intent.
     public var token: String
     public var topic: String
     public var pushType: PushType
@@ -28,13 +33,29 @@ public struct Intent: Sendable {
     /// `policy.skip_known_unregistered`, an intent whose token APNs answered 410 for is sent
     /// only when this is newer than the 410's timestamp.
     public var tokenRegisteredAt: Int64?
+    /// A broadcast's channel (base64, as APNs gave it at the channel's creation).
+    public var channelID: String?
+    /// The channel's message storage policy when the intent says it (0: No Message Stored,
+    /// which takes expiration 0 only; 1: the most recent message stored).
+    public var messageStoragePolicy: Int?
+
+    /// What the relay keys its per-recipient state by: the device token, or `channel:<id>`
+    /// for a channel intent (its device queue, its dedupe records; no token is ever spelled
+    /// so, hex has no colon). Rate limits, mailboxes, badges and remembered 410s are a
+    /// device's and never apply to a channel.
+    public var recipient: String { channelID.map { "channel:" + $0 } ?? token }
+
+    /// The Kafka key its outcome is published under: the token, or the channel id.
+    public var outcomeKey: String { channelID ?? token }
 
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.
     public var notification: APNsNotification {
-        APNsNotification(deviceToken: token, topic: topic, pushType: pushType, priority: priority,
-                         expiration: expiration, collapseID: collapseID, apnsID: Intent.apnsID(for: id),
-                         payload: payload)
+        var notification = APNsNotification(deviceToken: token, topic: topic, pushType: pushType, priority: priority,
+                                            expiration: expiration, collapseID: collapseID, apnsID: Intent.apnsID(for: id),
+                                            payload: payload)
+        notification.channelID = channelID
+        return notification
     }
 
     static func isBundleIDByte(_ byte: UInt8) -> Bool {
@@ -53,7 +74,12 @@ public struct Intent: Sendable {
     public var encoded: [UInt8] {
         var writer = JSONObjectWriter(capacity: 256 + payload.readableBytes)
         writer.add("id", id)
-        writer.add("token", token)
+        if let channelID {
+            writer.add("channel_id", channelID)
+            writer.addIfPresent("message_storage_policy", messageStoragePolicy)
+        } else {
+            writer.add("token", token)
+        }
         writer.add("topic", topic)
         writer.add("push_type", pushType.rawValue)
         writer.add("priority", priority)
@@ -128,9 +154,12 @@ public struct InvalidIntent: Error, Sendable, Equatable {
     public var message: String
     /// The intent id, when the message had a usable one.
     public var id: String?
-    /// The device token, when the message had one (else the Kafka key, if any).
+    /// The device token, when the message had one (else the Kafka key, if any, unless the
+    /// message names a channel).
     public var token: String?
     public var topic: String?
+    /// The channel, when the message names one (a string).
+    public var channelID: String?
 }
 
 extension Intent {
@@ -144,8 +173,10 @@ extension Intent {
     /// consumed message. The payload is sent as given with its insignificant whitespace removed.
     public static func parse(_ value: [UInt8], key: [UInt8]?, now: Int64, defaultTTL: Int64) throws(InvalidIntent) -> Intent {
         let keyToken = key.map { String(decoding: $0, as: UTF8.self) }
-        func invalid(_ reason: String, _ message: String, id: String? = nil, token: String? = nil, topic: String? = nil) -> InvalidIntent {
-            InvalidIntent(reason: reason, message: message, id: id, token: token ?? keyToken, topic: topic)
+        func invalid(_ reason: String, _ message: String, id: String? = nil, token: String? = nil, topic: String? = nil,
+                     channelID: String? = nil, namesChannel: Bool = false) -> InvalidIntent {
+            InvalidIntent(reason: reason, message: message, id: id, token: namesChannel ? token : token ?? keyToken, topic: topic,
+                          channelID: channelID)
         }
         guard value.count <= maxMessageBytes else {
             throw invalid("MessageTooLarge", "intent is \(value.count) bytes, at most \(maxMessageBytes) allowed")
@@ -163,8 +194,11 @@ extension Intent {
         let id = fields.string(.id)
         let token = fields.string(.token)
         let topic = fields.string(.topic)
+        let channelID = fields.string(.channelID)
+        let namesChannel = fields[.channelID] != nil
         func fail(_ reason: String, _ message: String) -> InvalidIntent {
-            invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic)
+            invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic,
+                    channelID: channelID, namesChannel: namesChannel)
         }
         guard let id else {
             throw fail("MissingField", fields[.id] == nil ? "\"id\" is missing" : "\"id\" must be a string")
@@ -172,8 +206,13 @@ extension Intent {
         guard (1...128).contains(id.count) else {
             throw fail("BadId", "\"id\" must be 1 to 128 characters, got \(id.count)")
         }
-        guard let token else {
-            throw fail("MissingField", fields[.token] == nil ? "\"token\" is missing" : "\"token\" must be a string")
+        if namesChannel {
+            guard fields[.token] == nil else {
+                throw fail("TokenAndChannelId", "an intent names a device (\"token\") or a channel (\"channel_id\"), not both")
+            }
+            guard channelID != nil else { throw fail("BadChannelId", "\"channel_id\" must be a string") }
+        } else if token == nil {
+            throw fail("MissingField", fields[.token] == nil ? "\"token\" (or \"channel_id\") is missing" : "\"token\" must be a string")
         }
         guard let topic, !topic.isEmpty else {
             throw fail("MissingField", fields[.topic] == nil ? "\"topic\" is missing" : "\"topic\" must be a non-empty string")
@@ -187,7 +226,7 @@ extension Intent {
         guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 
-        var pushType = PushType.alert
+        var pushType = namesChannel ? PushType.liveactivity : .alert
         if let value = fields[.pushType] {
             guard case .string(let text) = value, let parsed = PushType(rawValue: text) else {
                 throw fail("InvalidPushType", "\"push_type\" must be one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))")
@@ -211,10 +250,24 @@ extension Intent {
         if pushType == .mdm, environment == .development {
             throw fail("BadEnvironment", "MDM pushes go to APNs production only")
         }
-        var expiration = now + defaultTTL
+        var messageStoragePolicy: Int?
+        if let value = fields[.messageStoragePolicy] {
+            guard namesChannel else {
+                throw fail("BadMessageStoragePolicy", "\"message_storage_policy\" is a channel's: it goes with \"channel_id\" only")
+            }
+            guard let parsed = value.exactInteger, parsed == 0 || parsed == 1 else {
+                throw fail("BadMessageStoragePolicy", "\"message_storage_policy\" must be 0 (No Message Stored) or 1 (Most Recent Message Stored)")
+            }
+            messageStoragePolicy = Int(parsed)
+        }
+        // A No-Message-Stored channel takes expiration 0 only.
+        var expiration = messageStoragePolicy == 0 ? 0 : now + defaultTTL
         if let value = fields[.expiration] {
             guard let parsed = value.exactInteger, (0...Self.latestExpiration).contains(parsed) else {
                 throw fail("BadExpirationDate", "\"expiration\" must be epoch seconds up to the year 9999 (an integer, 0 for now-or-never)")
+            }
+            if messageStoragePolicy == 0, parsed != 0 {
+                throw fail("BadExpirationDate", "a No-Message-Stored channel (message_storage_policy 0) takes expiration 0 only")
             }
             expiration = parsed
         }
@@ -222,6 +275,13 @@ extension Intent {
         if let value = fields[.collapseID] {
             guard case .string(let text) = value else { throw fail("BadCollapseId", "\"collapse_id\" must be a string") }
             collapseID = text
+        }
+        if namesChannel {
+            // A device's own state: a channel has none.
+            if fields[.badge] != nil { throw fail("BadBadge", "\"badge\" counts a device's badge: it does not go with \"channel_id\"") }
+            if fields[.tokenRegisteredAt] != nil {
+                throw fail("BadTokenRegisteredAt", "\"token_registered_at\" is a device token's: it does not go with \"channel_id\"")
+            }
         }
         var badge: BadgeChange?
         if let badgeValue = fields[.badge] {
@@ -242,11 +302,13 @@ extension Intent {
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
         // One device, one spelling: hex tokens are kept in lower case (APNs reads either).
-        var intent = Intent(id: id, token: token.lowercased(), topic: topic, pushType: pushType, priority: priority,
+        var intent = Intent(id: id, token: token?.lowercased() ?? "", topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment,
                             payload: ByteBuffer(bytes: payload))
         intent.badge = badge
         intent.tokenRegisteredAt = tokenRegisteredAt
+        intent.channelID = channelID
+        intent.messageStoragePolicy = messageStoragePolicy
         do {
             try intent.notification.validate()
         } catch {
@@ -259,6 +321,7 @@ extension Intent {
     private struct Fields {
         enum Field: Int, CaseIterable {
             case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge, tokenRegisteredAt
+            case channelID, messageStoragePolicy
 
             init?(key: String) {
                 switch key {
@@ -273,6 +336,8 @@ extension Intent {
                 case "collapse_id": self = .collapseID
                 case "badge": self = .badge
                 case "token_registered_at": self = .tokenRegisteredAt
+                case "channel_id": self = .channelID
+                case "message_storage_policy": self = .messageStoragePolicy
                 default: return nil
                 }
             }

@@ -1,5 +1,6 @@
 import Common
-/// What became of one intent: one event on the outcomes topic per intent (key = device token).
+/// What became of one intent: one event on the outcomes topic per intent (key = device token,
+/// or channel id).
 /// docs/outcomes.md describes it; docs/outcome.schema.json is its JSON Schema.
 public struct Outcome: Sendable, Equatable {
     public enum Status: String, Sendable, CaseIterable {
@@ -25,12 +26,18 @@ public struct Outcome: Sendable, Equatable {
     }
 
     public var id: String?
+    /// The device token (nil for a channel intent, and for a message that named neither).
     public var token: String?
+    /// A channel intent's channel id.
+    public var channelID: String?
     public var topic: String?
     public var status: Status
     public var httpStatus: Int?
     public var reason: String?
+    /// `apns-id` (for a channel intent, `apns-request-id`).
     public var apnsID: String?
+    /// `apns-unique-id` APNs gave an accepted broadcast (and, in development, a device push).
+    public var apnsUniqueID: String?
     /// 410 only: when APNs last knew the token was invalid, ms since the epoch.
     public var unregisteredAt: Int64?
     /// For a `duplicate`: the status APNs' first answer gave it (`delivered`, `rejected`,
@@ -81,12 +88,14 @@ public struct Outcome: Sendable, Equatable {
         writer.add("v", 1)
         writer.addOrNull("id", id)
         writer.addOrNull("token", token)
+        writer.addOrNull("channel_id", channelID)
         writer.addOrNull("topic", topic)
         writer.add("status", status.rawValue)
         writer.addOrNull("original_status", originalStatus)
         writer.addOrNull("http_status", httpStatus)
         writer.addOrNull("reason", reason)
         writer.addOrNull("apns_id", apnsID)
+        writer.addOrNull("apns_unique_id", apnsUniqueID)
         writer.addOrNull("unregistered_at", unregisteredAt)
         writer.addOrNull("badge", badge)
         writer.addOrNull("superseded_by", supersededBy)

@@ -89,14 +89,18 @@ extension RelayPipeline {
 
     func invalidOutcome(_ item: WorkItem, _ invalid: InvalidIntent) -> Outcome {
         logger.debug("invalid intent", metadata: metadata(item, ["intent.reason": "\(invalid.reason)"]))
-        return makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
-                           reason: "\(invalid.reason): \(invalid.message)")
+        var outcome = makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
+                                  reason: "\(invalid.reason): \(invalid.message)")
+        outcome.channelID = invalid.channelID
+        return outcome
     }
 
     func makeOutcome(_ item: WorkItem, intent: Intent, status: Outcome.Status, result: APNsResult? = nil,
                              reason: String? = nil, attempts: Int = 0) -> Outcome {
-        var outcome = makeOutcome(item, id: intent.id, token: intent.token, topic: intent.topic, status: status,
-                                  reason: reason ?? result?.reason?.description ?? result?.failure.map { "\($0)" })
+        var outcome = makeOutcome(item, id: intent.id, token: intent.channelID == nil ? intent.token : nil, topic: intent.topic,
+                                  status: status, reason: reason ?? result?.reason?.description ?? result?.failure.map { "\($0)" })
+        outcome.channelID = intent.channelID
+        outcome.apnsUniqueID = result?.uniqueID
         outcome.httpStatus = result?.status
         outcome.apnsID = result?.apnsID ?? APNsIdentifiers.format(Intent.apnsID(for: intent.id))
         outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
@@ -146,7 +150,7 @@ extension RelayPipeline {
     @inline(never)
     static func encoded(_ ending: Ending) -> ([UInt8]?, [UInt8])? {
         guard let outcome = ending.outcome else { return nil }
-        return (outcome.token.map { Array($0.utf8) }, outcome.utf8)
+        return ((outcome.token ?? outcome.channelID).map { Array($0.utf8) }, outcome.utf8)
     }
 
     /// Counts a published outcome; at debug level, logs it (one line per outcome: the

@@ -67,7 +67,7 @@ extension RelayPipeline {
         let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
         let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
         let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
-            deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+            deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
                                 lastSent: ending.lastSent, unregistered: unregistered) { recorded in
                 if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
                 RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
@@ -92,7 +92,7 @@ extension RelayPipeline {
     func record(_ item: WorkItem, _ ending: Ending) async {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
-            try await deduplicator.record(token: intent.token, topic: intent.topic, id: intent.id, status: status, window: window,
+            try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
                                           lastSent: ending.lastSent, unregistered: unregisteredChange(ending))
         }
     }
@@ -108,10 +108,11 @@ extension RelayPipeline {
     /// APNs' 410 is remembered (its timestamp); a delivery forgets it whether the option is on
     /// or not (so that turning it off and on again, or relays of an older version during an
     /// upgrade, leave no 410 behind that a delivery since contradicts). A `KnownUnregistered`
-    /// answer (no request was made) changes nothing: the 410 keeps its own lifetime.
+    /// answer (no request was made) changes nothing: the 410 keeps its own lifetime. A channel
+    /// has no 410 to remember.
     @inline(never)
     func unregisteredChange(_ ending: Ending) -> Deduplicator.Unregistered? {
-        guard let outcome = ending.outcome else { return nil }
+        guard let outcome = ending.outcome, outcome.channelID == nil else { return nil }
         switch outcome.status {
         case .unregistered where outcome.httpStatus == 410 && configuration.policy.skipKnownUnregistered:
             return .remember(at: outcome.unregisteredAt ?? outcome.at, ttl: configuration.policy.knownUnregisteredTTLSeconds)

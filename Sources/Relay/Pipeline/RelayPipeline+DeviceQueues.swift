@@ -29,7 +29,7 @@ extension RelayPipeline {
             if deduplicator != nil, case .send = admission {
                 // A copy in flight here is in its device's queue (Redis learns of it only once
                 // APNs answered it).
-                if Self.isInFlight(intent, state.devices[intent.token]) {
+                if Self.isInFlight(intent, state.devices[intent.recipient]) {
                     admission = .duplicate(nil)
                 } else {
                     recordsAnswer = true

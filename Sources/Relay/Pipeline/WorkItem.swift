@@ -41,7 +41,7 @@ extension RelayPipeline {
             self.traced = traced
         }
 
-        /// The device whose queue this item waits in: items that are sent or parked, and those
+        /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those
         /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
         /// outcome and invalidation record must follow the device's earlier ones (a replay's
         /// 410 and the delivery after it end in that order on the invalidations topic; across
@@ -49,7 +49,7 @@ extension RelayPipeline {
         var queueToken: String? {
             guard case .success(let intent) = intent else { return nil }
             switch admission {
-            case .send, .park, .duplicate, .knownUnregistered: return intent.token
+            case .send, .park, .duplicate, .knownUnregistered: return intent.recipient
             default: return nil
             }
         }

@@ -27,7 +27,7 @@ extension RelayPipeline {
 enum BatchAdmission {
     typealias Admission = RelayPipeline.Admission
 
-    /// Groups the usable intents by device and topic, in batch order, and marks in each group
+    /// Groups the usable intents by device (or channel) and topic, in batch order, and marks in each group
     /// the older intents of a collapse id (where the topic coalesces) as collapsing into the
     /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
     /// the newest may turn out unable to go out.
@@ -54,15 +54,17 @@ enum BatchAdmission {
         for (index, entry) in parsed.enumerated() {
             guard case .success(let intent) = entry else { continue }
             if let key = collapseKey(intent), let last = newest[key], last != index { collapsing.append((index, last)) }
-            let key = GroupKey(token: intent.token, topic: intent.topic)
+            let key = GroupKey(token: intent.recipient, topic: intent.topic)
             let group: Int
             if let existing = groupIndex[key] {
                 group = existing
             } else {
                 group = groups.count
                 groupIndex[key] = group
-                groups.append(DevicePolicy.Group(token: intent.token, topic: intent.topic, rules: rules(intent.topic)))
-                groups[group].readsUnregistered = readsUnregistered
+                groups.append(DevicePolicy.Group(token: key.token, topic: intent.topic,
+                                                 rules: intent.channelID == nil ? rules(intent.topic) : channelRules(rules(intent.topic))))
+                // A channel has no 410 to remember.
+                groups[group].readsUnregistered = readsUnregistered && intent.channelID == nil
                 members.append([])
             }
             placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0,
@@ -73,6 +75,16 @@ enum BatchAdmission {
             guard let older = placed[index], let newer = placed[into] else { continue }
             groups[older.group].collapsesInto[older.position] = newer.position
         }
+    }
+
+    /// The rules for a channel's intents: its topic's dedupe window, and nothing of a device's
+    /// (no token bucket, no collapsing; a channel has no mailbox and no backoff).
+    static func channelRules(_ topicRules: RelayConfiguration.Policy.Rules) -> RelayConfiguration.Policy.Rules {
+        var rules = RelayConfiguration.Policy.Rules()
+        rules.dedupeWindowSeconds = topicRules.dedupeWindowSeconds
+        rules.rateLimit.burst = 0
+        rules.coalesce = false
+        return rules
     }
 
     /// Turns one group's answer into admissions: of the intents that must wait, the newest is

@@ -89,6 +89,7 @@ final class IntentTrace: Sendable {
             attributes["messaging.kafka.offset"] = offset
             if let topic = outcome.topic { attributes["apns.topic"] = topic }
             if let token = outcome.token { attributes["apns_relay.token.sha256"] = Self.tokenHash(token) }
+            if let channelID = outcome.channelID { attributes["apns_relay.channel_id"] = "\(channelID)" }
             if let reason = outcome.reason { attributes["apns_relay.outcome.reason"] = reason }
         }
         if outcome.status == .failed { span.setStatus(SpanStatus(code: .error, message: outcome.reason)) }
