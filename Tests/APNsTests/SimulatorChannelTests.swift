@@ -119,4 +119,29 @@ struct SimulatorChannelTests {
         #expect(anonymous.status == 403 && Self.reason(anonymous) == "MissingProviderToken")
         await channels.stop()
     }
+
+    /// The client's own broadcast request: path, headers and the answer's ids as APNs gives them.
+    @Test func theClientSendsABroadcastAndReadsItsAnswer() async throws {
+        let harness = try await Harness.start()
+        let created = try await harness.client.request(method: "POST", path: "/1/apps/\(Self.bundleID)/channels",
+                                                       body: Array(#"{"message-storage-policy":0,"push-type":"LiveActivity"}"#.utf8))
+        let channel = try #require(created[header: "apns-channel-id"])
+        let notification = APNsNotification.broadcast(channelID: channel, bundleID: Self.bundleID, priority: 5, expiration: 0,
+                                                      payload: ByteBuffer(string: Self.update))
+        let result = try await harness.client.send(notification)
+        #expect(result.status == 200 && result.apnsID == APNsIdentifiers.format(notification.apnsID), "\(result)")
+        let accepted = try #require(harness.simulator.broadcasts.first)
+        #expect(result.uniqueID == accepted.uniqueID && accepted.priority == 5 && accepted.expiration == 0 && accepted.channelID == channel)
+        // Refused before a request: what APNs would refuse.
+        var suffixed = notification
+        suffixed.topic += ".push-type.liveactivity"
+        await #expect(throws: APNsError.self) { try await harness.client.send(suffixed) }
+        // APNs' refusal of an unknown channel: a rejection with its reason.
+        let unknown = APNsNotification.broadcast(channelID: Data(repeating: 7, count: 16).base64EncodedString(), bundleID: Self.bundleID,
+                                                 expiration: 0, payload: ByteBuffer(string: Self.update))
+        let refused = try await harness.client.send(unknown)
+        #expect(refused.status == 400 && refused.reason?.description == "ChannelNotRegistered" && refused.classification == .rejected)
+        #expect(harness.simulator.broadcasts.count == 1)
+        await harness.stop()
+    }
 }
