@@ -22,6 +22,13 @@ let package = Package(
         .library(name: "KafkaTesting", targets: ["KafkaTesting"]),
         .library(name: "RedisTesting", targets: ["RedisTesting"]),
     ],
+    traits: [
+        .trait(name: "OTLPExport",
+               description: "Spans exported over OTLP/HTTP with swift-otel (tracing.otlp_endpoint). On by default; "
+                   + "sanitizer builds leave it out (swift-otel does not compile with -sanitize=thread), "
+                   + "and such a relay refuses tracing.otlp_endpoint."),
+        .default(enabledTraits: ["OTLPExport"]),
+    ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
@@ -142,7 +149,7 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
-                .product(name: "OTel", package: "swift-otel"),
+                .product(name: "OTel", package: "swift-otel", condition: .when(traits: ["OTLPExport"])),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
             resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token"].map {

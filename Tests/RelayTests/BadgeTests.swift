@@ -7,7 +7,7 @@ import RedisTesting
 import TestSupport
 import Testing
 
-@Suite("Server-side badges", .timeLimit(.minutes(3)))
+@Suite("Server-side badges", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct BadgeTests {
     @Test func theCountGoesIntoApsBadge() {
         func edited(_ json: String, _ count: Int64) -> String {

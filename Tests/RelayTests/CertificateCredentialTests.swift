@@ -9,7 +9,7 @@ import TestSupport
 /// Certificate credentials in `apns.credentials` (PEM or PKCS#12, topics from the certificate
 /// when left out, mixed with token credentials), their expiry checks, and MDM pushes, which go
 /// out only with a certificate.
-@Suite("Certificate credentials and MDM", .timeLimit(.minutes(3)))
+@Suite("Certificate credentials and MDM", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct CertificateCredentialTests {
     static let mdmTopic = "com.apple.mgmt.External.3fa85f64-5717-4562-b3fc-2c963f66afa6"
     static let tokenMDMTopic = "com.apple.mgmt.External.11111111-2222-4333-8444-555555555555"
@@ -249,7 +249,7 @@ struct CertificateCredentialTests {
 
 /// A certificate renewed behind a mounted Secret, and `check-config`'s word on expiry, through
 /// the `apns-relay` binary.
-@Suite("Certificate renewal and expiry, through the binary", .timeLimit(.minutes(3)))
+@Suite("Certificate renewal and expiry, through the binary", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct CertificateProcessTests {
     /// The Secret's files swap for a renewed certificate that also names the app's voip topic:
     /// the intent at APNs while the change is seen finishes on the old connection (answered

@@ -8,7 +8,7 @@ import Testing
 
 /// Intents on broadcast channels through the relay: the simulator over TLS + HTTP/2, channels
 /// managed with `apns-relay channels` as an operator would.
-@Suite("Channel intents through the relay", .timeLimit(.minutes(3)))
+@Suite("Channel intents through the relay", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct ChannelRelayTests {
     static let bundleID = "com.example.app"
     static let update = #"{"aps":{"event":"update","timestamp":1732000000,"content-state":{"score":"2-1"}}}"#

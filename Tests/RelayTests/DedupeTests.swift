@@ -9,7 +9,7 @@ import Testing
 import RedisTesting
 import KafkaTesting
 
-@Suite("Dedupe in Redis", .timeLimit(.minutes(3)))
+@Suite("Dedupe in Redis", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct DedupeTests {
     static func harness(_ redis: RedisServerProcess, failOpen: Bool = false,
                         simulator: (inout SimulatorConfiguration) -> Void = { _ in },

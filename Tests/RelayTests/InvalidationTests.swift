@@ -7,7 +7,7 @@ import TestSupport
 import Testing
 
 /// `kafka.invalidations_topic`: a record per 410, a tombstone per delivery, at least once.
-@Suite("The invalidations topic", .timeLimit(.minutes(3)))
+@Suite("The invalidations topic", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct InvalidationTests {
     static let gone = hexToken(0x410)
     static let key = "com.example.app/\(gone)"

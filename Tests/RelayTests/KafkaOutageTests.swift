@@ -5,7 +5,7 @@ import NIOCore
 import TestSupport
 import Testing
 
-@Suite("A Kafka outage while intents are in flight", .timeLimit(.minutes(2)))
+@Suite("A Kafka outage while intents are in flight", .stopsItsRelays, .timeLimit(.minutes(2)))
 struct KafkaOutageTests {
     /// Outcomes that cannot be published while the brokers refuse every produce: the intents
     /// stay in flight and uncommitted, none is sent to APNs again, and once Kafka takes

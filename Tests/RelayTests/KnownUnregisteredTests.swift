@@ -7,7 +7,7 @@ import Testing
 
 /// `policy.skip_known_unregistered`: a 410 remembered per (token, topic) answers later intents
 /// without asking APNs, unless they say the token was registered since.
-@Suite("Known unregistered tokens", .timeLimit(.minutes(3)))
+@Suite("Known unregistered tokens", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct KnownUnregisteredTests {
     static let gone = hexToken(0x410)
     static let unregisteredAt: Int64 = 1_732_400_000_000

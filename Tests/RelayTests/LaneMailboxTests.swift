@@ -7,7 +7,7 @@ import TestSupport
 
 /// Mailboxes with priority lanes: a parked intent remembers its lane, waits in that lane's due
 /// index, and its outcome names the lane.
-@Suite("Priority lanes and mailboxes", .timeLimit(.minutes(2)))
+@Suite("Priority lanes and mailboxes", .stopsItsRelays, .timeLimit(.minutes(2)))
 struct LaneMailboxTests {
     @Test func anIntentParkedFromALaneIsDeliveredFromItsLanesDueIndex() async throws {
         let redis = try await RedisServerProcess.started()

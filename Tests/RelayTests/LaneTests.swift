@@ -6,7 +6,7 @@ import Testing
 
 /// Priority lanes (`kafka.lanes`): urgent intents overtake a bulk backlog, the bulk lane keeps
 /// going, every intent of both lanes gets exactly one outcome that names its lane.
-@Suite("Priority lanes", .timeLimit(.minutes(3)))
+@Suite("Priority lanes", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct LaneTests {
     @Test func urgentIntentsOvertakeABulkBacklog() async throws {
         let bulk = 4000, bursts = 4, burst = 10

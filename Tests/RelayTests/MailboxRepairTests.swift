@@ -10,7 +10,7 @@ import Testing
 
 /// Mailboxes left in the states a crash, a rebalance or a race leaves them in (written straight
 /// into a real redis-server), and what the relay makes of them.
-@Suite("Mailboxes left half-written", .timeLimit(.minutes(3)))
+@Suite("Mailboxes left half-written", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct MailboxRepairTests {
     static func nowMilliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 

@@ -8,7 +8,7 @@ import Testing
 
 /// An intent parked in its device's mailbox and answered later, by whichever relay takes it,
 /// keeps its trace context: Redis holds it beside the entry.
-@Suite("Trace context through a device's mailbox", .timeLimit(.minutes(2)))
+@Suite("Trace context through a device's mailbox", .stopsItsRelays, .timeLimit(.minutes(2)), .enabled(if: RelayTracing.isBuiltIn, "built without OTLPExport"))
 struct MailboxTraceTests {
     static let traceID = "0af7651916cd43dd8448eb211c80319c", parentID = "b7ad6b7169203331"
 

@@ -6,7 +6,7 @@ import TestSupport
 import Testing
 
 /// `redis.park_min_replicas` against a redis-server primary and a real replica of it.
-@Suite("Parks acknowledged by replicas", .timeLimit(.minutes(3)))
+@Suite("Parks acknowledged by replicas", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct ParkReplicationTests {
     /// A primary and one replica of it, in sync.
     static func primaryWithReplica() async throws -> (primary: RedisServerProcess, replica: RedisServerProcess) {

@@ -10,7 +10,7 @@ import RedisTesting
 
 /// Rate limits, mailboxes and coalescing against a real redis-server, the simulator and the
 /// mock Kafka cluster.
-@Suite("Per-device policy: rate limit, mailboxes, coalescing", .timeLimit(.minutes(3)))
+@Suite("Per-device policy: rate limit, mailboxes, coalescing", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct PolicyTests {
     static func harness(_ redis: RedisServerProcess, burst: Int, refill: Double,
                         configure: (inout RelayConfiguration) -> Void = { _ in },
@@ -164,8 +164,7 @@ struct PolicyTests {
         #expect(second.outcomeCounts == ["delivered": 1])
         second.requestStop()
         await running.value
-        await harness.producer.close()
-        await harness.simulator.stop()
+        await harness.stop()
     }
 
     @Test func a429BacksTheDeviceOffAndTheNewestIntentWaitsItOut() async throws {

@@ -4,7 +4,7 @@ import TestSupport
 import Testing
 
 /// `apns.proxy` in `run`: the relay's APNs connections tunnel through a real HTTP proxy.
-@Suite("The relay behind an HTTP proxy", .timeLimit(.minutes(2)))
+@Suite("The relay behind an HTTP proxy", .stopsItsRelays, .timeLimit(.minutes(2)))
 struct ProxyRelayTests {
     @Test func intentsAreDeliveredThroughTheProxy() async throws {
         let proxy = try await TinyproxyProcess.started(basicAuth: ("relay", "s3cret"))

@@ -5,7 +5,7 @@ import Testing
 
 /// Review 1.3: parked intents live only in Redis once their offsets are committed, so the relay
 /// refuses a Redis that may evict them.
-@Suite("Redis guarantees for parked intents", .timeLimit(.minutes(3)))
+@Suite("Redis guarantees for parked intents", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct RedisGuaranteesTests {
     @Test func infoIsReadForThePolicyAndAppendOnly() {
         let info = "# Memory\r\nused_memory:1\r\nmaxmemory_policy:volatile-lru\r\n\r\n# Persistence\r\naof_enabled:1\r\n"
@@ -31,8 +31,7 @@ struct RedisGuaranteesTests {
         #expect(harness.pipeline.notAliveReason == refusal)
         #expect(harness.pipeline.outcomeCounts.isEmpty)
         #expect(harness.simulator.accepted.isEmpty)
-        await harness.producer.close()
-        await harness.simulator.stop()
+        await harness.stop()
     }
 
     @Test func anOperatorMayAcceptEviction() async throws {

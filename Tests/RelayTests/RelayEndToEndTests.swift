@@ -23,6 +23,7 @@ struct RelayHarness {
     let intentsTopic: String
     let outcomesTopic: String
     let running: Task<Void, Never>
+    let stopState = HarnessStopState()
 
     /// - Parameter preload: intents (JSON, key) on the topic before the relay starts, so that it
     ///   consumes them in one batch.
@@ -68,8 +69,10 @@ struct RelayHarness {
         let application = try RelayApplication(configuration: configuration, worker: "test-worker", published: published)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
-        return RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration, producer: producer,
-                            intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
+        let harness = RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration,
+                                   producer: producer, intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
+        StartedHarnesses.current?.add(harness)
+        return harness
     }
 
     /// Produces one intent to `topic` (the intents topic unless told).
@@ -83,7 +86,9 @@ struct RelayHarness {
         return try messages.map { try #require(try JSONSerialization.jsonObject(with: Data($0.value)) as? [String: Any]) }
     }
 
+    /// Stops the relay and its peers (once: a test's `.stopsItsRelays` calls it again).
     func stop() async {
+        guard stopState.markStopped() else { return }
         pipeline.requestStop()
         await running.value
         await producer.close()
@@ -136,7 +141,7 @@ func intent(_ id: String, token: String, extra: String = "", payload: String = #
     #"{"id":"\#(id)","token":"\#(token)","topic":"com.example.app","payload":\#(payload)\#(extra)}"#
 }
 
-@Suite("Relay end to end: mock Kafka, the simulator, the pipeline", .timeLimit(.minutes(3)))
+@Suite("Relay end to end: mock Kafka, the simulator, the pipeline", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct RelayEndToEndTests {
     @Test func everyIntentGetsItsOutcome() async throws {
         let gone = hexToken(0xdead)
@@ -258,8 +263,7 @@ struct RelayEndToEndTests {
         let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
         #expect(committed.values.allSatisfy { $0 <= 0 })
         await reader.close()
-        await harness.producer.close()
-        await harness.simulator.stop()
+        await harness.stop()
     }
 
     /// Review 3.3: intents waiting behind their device take no send slot. With 100 slots, a

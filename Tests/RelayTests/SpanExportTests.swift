@@ -116,7 +116,7 @@ final class OTLPReceiver: Sendable {
     }
 }
 
-@Suite("Spans to an OTLP/HTTP collector", .timeLimit(.minutes(2)))
+@Suite("Spans to an OTLP/HTTP collector", .stopsItsRelays, .timeLimit(.minutes(2)), .enabled(if: RelayTracing.isBuiltIn, "built without OTLPExport"))
 struct SpanExportTests {
     static func attributes(_ span: [String: Any]) -> [String: String] { OTLPReceiver.attributes(span) }
 
@@ -239,7 +239,7 @@ struct SpanExportTests {
     }
 }
 
-@Suite("Tracing configuration", .timeLimit(.minutes(1)))
+@Suite("Tracing configuration", .stopsItsRelays, .timeLimit(.minutes(1)))
 struct TracingConfigurationTests {
     /// Both keys read, written back by the redacted YAML, and their bad values refused by name.
     @Test func theTracingKeysAreReadAndChecked() throws {

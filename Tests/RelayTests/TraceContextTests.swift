@@ -3,7 +3,7 @@ import Kafka
 import RedisTesting
 import Testing
 
-@Suite("W3C trace context from intent to outcome", .timeLimit(.minutes(2)))
+@Suite("W3C trace context from intent to outcome", .stopsItsRelays, .timeLimit(.minutes(2)))
 struct TraceContextTests {
     static let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -2,7 +2,9 @@ import BuildInfo
 import Foundation
 import Kafka
 public import Logging
+#if OTLPExport
 import OTel
+#endif
 public import ServiceLifecycle
 public import Tracing
 import W3CTraceContext
@@ -58,6 +60,7 @@ public struct RelayTracing: Sendable {
         if let problem = Self.environmentProblems(environment ?? ProcessInfo.processInfo.environment).first {
             throw RelayTracingError.environment(problem)
         }
+        #if OTLPExport
         var configuration = OTel.Configuration.default
         configuration.serviceName = "apns-relay"
         configuration.resourceAttributes = ["service.version": BuildInfo.version]
@@ -79,6 +82,18 @@ public struct RelayTracing: Sendable {
         let backend = try OTel.makeTracingBackend(configuration: configuration)
         tracer = backend.factory
         service = backend.service
+        #else
+        throw RelayTracingError.notBuiltIn
+        #endif
+    }
+
+    /// Whether this build exports spans (the package's `OTLPExport` trait, on by default).
+    public static var isBuiltIn: Bool {
+        #if OTLPExport
+        true
+        #else
+        false
+        #endif
     }
 }
 
@@ -117,11 +132,14 @@ extension RelayTracing {
 enum RelayTracingError: Error, CustomStringConvertible {
     case badEndpoint(String)
     case environment(String)
+    /// Built without the `OTLPExport` trait (sanitizer builds).
+    case notBuiltIn
 
     var description: String {
         switch self {
         case .badEndpoint(let text): "tracing.otlp_endpoint \(text) is not http(s)://HOST:PORT[/PREFIX]"
         case .environment(let problem): problem
+        case .notBuiltIn: "tracing.otlp_endpoint is set, but this build exports no spans (built without the OTLPExport trait)"
         }
     }
 }
