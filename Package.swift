@@ -47,6 +47,8 @@ let package = Package(
         // OTLP/HTTP only: the gRPC exporter's packages add about 76 s more to a first build on
         // two cores, over the 107 s these take (docs/operations.md, "Tracing").
         .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
+        // Benchmarks/ only: time and allocations of the per-intent steps (docs/performance.md).
+        .package(url: "https://github.com/ordo-one/benchmark.git", from: "1.38.1", traits: ["MallocInterposer"]),
         // Tests only: property-based checks with shrinking and reproducible seeds.
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
@@ -324,5 +326,25 @@ if Context.environment["APNS_RELAY_FUZZ"] == "1" {
     package.targets += [
         .target(name: "CFuzzerDriver"),
         .executableTarget(name: "FuzzTarget", dependencies: ["CFuzzerDriver", "Fuzzing"], swiftSettings: strict),
+    ]
+}
+
+// The micro-benchmarks (`swift package benchmark`, ordo-one/benchmark): built by every build so
+// that they keep compiling, timed only when run. Left out of sanitizer and fuzz builds
+// (APNS_RELAY_NO_BENCHMARKS=1, which scripts/test sets for them, and APNS_RELAY_FUZZ=1): the malloc interposer
+// they measure allocations with is not for instrumented binaries.
+if Context.environment["APNS_RELAY_NO_BENCHMARKS"] != "1" && Context.environment["APNS_RELAY_FUZZ"] != "1" {
+    package.targets += [
+        .executableTarget(
+            name: "RelayBenchmarks",
+            dependencies: [
+                "APNs", "Redis", "Relay",
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            path: "Benchmarks/RelayBenchmarks",
+            swiftSettings: strict,
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]),
     ]
 }

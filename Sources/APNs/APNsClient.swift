@@ -346,7 +346,14 @@ public final class APNsClient: Service, Sendable {
 
     /// The request without its `authorization` header (``Attempt/use(_:)`` adds it).
     private func makeRequest(_ notification: APNsNotification, apnsID: String) -> HTTP2Request {
-        if let channelID = notification.channelID { return makeBroadcastRequest(notification, channelID: channelID, requestID: apnsID) }
+        Self.request(for: notification, apnsID: apnsID, authority: configuration.endpoint.host)
+    }
+
+    /// The request for `notification` to `authority`, without its `authorization` header.
+    package static func request(for notification: APNsNotification, apnsID: String, authority: String) -> HTTP2Request {
+        if let channelID = notification.channelID {
+            return broadcastRequest(notification, channelID: channelID, requestID: apnsID, authority: authority)
+        }
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(8)
         headers.add("apns-id", apnsID)
@@ -355,7 +362,7 @@ public final class APNsClient: Service, Sendable {
         headers.add("apns-priority", String(notification.effectivePriority))
         if let expiration = notification.expiration { headers.add("apns-expiration", String(expiration)) }
         if let collapseID = notification.collapseID { headers.add("apns-collapse-id", collapseID) }
-        var request = HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
+        var request = HTTP2Request(method: "POST", scheme: "https", authority: authority,
                                    path: "/3/device/" + notification.deviceToken, headers: headers,
                                    body: notification.payload)
         request.precedence = notification.precedence
@@ -364,7 +371,8 @@ public final class APNsClient: Service, Sendable {
 
     /// A broadcast on a channel: `POST /4/broadcasts/apps/<bundle id>`, the id as
     /// `apns-request-id`, no `apns-topic` (the bundle id is in the path).
-    private func makeBroadcastRequest(_ notification: APNsNotification, channelID: String, requestID: String) -> HTTP2Request {
+    private static func broadcastRequest(_ notification: APNsNotification, channelID: String, requestID: String,
+                                         authority: String) -> HTTP2Request {
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(7)
         headers.add("apns-request-id", requestID)
@@ -372,7 +380,7 @@ public final class APNsClient: Service, Sendable {
         headers.add("apns-push-type", PushType.liveactivity.rawValue)
         headers.add("apns-priority", String(notification.effectivePriority))
         headers.add("apns-expiration", String(notification.expiration ?? 0))
-        var request = HTTP2Request(method: "POST", scheme: "https", authority: configuration.endpoint.host,
+        var request = HTTP2Request(method: "POST", scheme: "https", authority: authority,
                                    path: "/4/broadcasts/apps/" + notification.topic, headers: headers, body: notification.payload)
         request.precedence = notification.precedence
         return request

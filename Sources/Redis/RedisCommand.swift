@@ -104,6 +104,9 @@ public struct RedisCommandBuffer: Sendable {
 
     public var isEmpty: Bool { count == 0 }
 
+    /// How many bytes the commands take as they go out.
+    package var encodedByteCount: Int { bytes.readableBytes }
+
     public mutating func append(_ command: RedisCommand) {
         RESPEncoder.encode(command, into: &bytes)
         count += 1

@@ -1,0 +1,84 @@
+import APNs
+import Benchmark
+import Crypto
+import Foundation
+import NIOCore
+import Redis
+import Relay
+
+/// The per-intent steps measured alone: time and allocations each (docs/performance.md keeps
+/// the baselines). `swift package benchmark --target RelayBenchmarks` runs them; CI builds them
+/// and never times them.
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(metrics: [.wallClock, .cpuTotal, .mallocCountTotal, .throughput],
+                                           maxDuration: .seconds(3), maxIterations: 1_000_000)
+
+    let token = String(repeating: "7a3e", count: 16)
+    let intent = Array(#"""
+        {"id":"order-shipped-123","token":"\#(token)","topic":"com.example.app","push_type":"alert","priority":10,
+         "collapse_id":"chat-42","payload":{"aps":{"alert":{"title":"Shipped","body":"Your order is on its way"},"sound":"default"},
+         "order":"123","links":["https://example.com/o/123"]}}
+        """#.utf8)
+
+    Benchmark("Intent parse and validation") { benchmark in
+        for _ in benchmark.scaledIterations {
+            blackHole(try? Intent.parse(intent, key: nil, now: 1_700_000_000, defaultTTL: 86_400))
+        }
+    }
+
+    Benchmark("Outcome encode") { benchmark in
+        var outcome = Outcome(id: "order-shipped-123", token: token, topic: "com.example.app", status: .delivered, httpStatus: 200,
+                              apnsID: "5e4c7a9f-7e6b-4b3a-9c1d-2f8e6a5b4c3d", attempts: 1, latencyMilliseconds: 12,
+                              lane: "apns.intents", partition: 3, offset: 1042, worker: "relay-7d9f-1", at: 1_732_000_000_456)
+        outcome.badge = nil
+        for _ in benchmark.scaledIterations {
+            blackHole(outcome.utf8)
+        }
+    }
+
+    // An admission batch as the pipeline asks it: per device one MGET of its bucket, backoff,
+    // mailbox ids and one dedupe record.
+    let devices = (0..<128).map { String(format: "%064x", $0) }
+    Benchmark("RESP encode: a batch's admission reads (128 devices)") { benchmark in
+        for _ in benchmark.scaledIterations {
+            var reads = RedisCommandBuffer(reservingBytes: 256 * devices.count)
+            for device in devices {
+                reads.append("MGET") { command in
+                    command.append("apns-relay:rate:{\(device)}")
+                    command.append("apns-relay:backoff:{\(device)}")
+                    command.append("apns-relay:waiting:{\(device)}:com.example.app")
+                    command.append("apns-relay:seen:{\(device)}:com.example.app:order-shipped-123")
+                }
+            }
+            blackHole(reads.encodedByteCount)
+        }
+    }
+
+    // Their answers: for each device four values, one of them a record.
+    var replies = ByteBuffer()
+    for _ in devices {
+        replies.writeString("*4\r\n:1732000000123\r\n$-1\r\n$-1\r\n$32\r\ndelivered 200 5e4c7a9f7e6b4b3a9c\r\n")
+    }
+    Benchmark("RESP decode: a batch's admission replies (128 devices)") { benchmark in
+        for _ in benchmark.scaledIterations {
+            let decoder = RESPDecoder()
+            try decoder.feed(replies)
+            while let value = try decoder.next() { blackHole(value) }
+        }
+    }
+
+    let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+    Benchmark("Provider token signing (ES256)") { benchmark in
+        for _ in benchmark.scaledIterations {
+            blackHole(try signer.mint(issuedAt: 1_732_000_000))
+        }
+    }
+
+    let notification = try! Intent.parse(intent, key: nil, now: 1_700_000_000, defaultTTL: 86_400).notification
+    let apnsID = APNsIdentifiers.format(notification.apnsID)
+    Benchmark("Request and headers built") { benchmark in
+        for _ in benchmark.scaledIterations {
+            blackHole(APNsClient.request(for: notification, apnsID: apnsID, authority: "api.push.apple.com"))
+        }
+    }
+}
