@@ -19,7 +19,6 @@ struct ChannelIntentTests {
     @Test func aChannelIntentIsALiveActivityBroadcast() throws {
         let intent = try IntentTests.parse(Self.json(), key: Self.channel).get()
         #expect(intent.channelID == Self.channel && intent.token.isEmpty && intent.recipient == "channel:\(Self.channel)")
-        #expect(intent.outcomeKey == Self.channel)
         #expect(intent.pushType == .liveactivity && intent.priority == 10 && intent.messageStoragePolicy == nil)
         #expect(intent.expiration == IntentTests.now + 86_400)
         let notification = intent.notification

@@ -45,9 +45,6 @@ public struct Intent: Sendable {
     /// device's and never apply to a channel.
     public var recipient: String { channelID.map { "channel:" + $0 } ?? token }
 
-    /// The Kafka key its outcome is published under: the token, or the channel id.
-    public var outcomeKey: String { channelID ?? token }
-
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.
     public var notification: APNsNotification {
