@@ -330,9 +330,10 @@ if Context.environment["APNS_RELAY_FUZZ"] == "1" {
 }
 
 // The micro-benchmarks (`swift package benchmark`, ordo-one/benchmark): built by every build so
-// that they keep compiling, timed only when run. Left out of sanitizer and fuzz builds
-// (APNS_RELAY_NO_BENCHMARKS=1, which scripts/test sets for them, and APNS_RELAY_FUZZ=1): the malloc interposer
-// they measure allocations with is not for instrumented binaries.
+// that they keep compiling, timed only when run. Left out of sanitizer builds
+// (APNS_RELAY_NO_BENCHMARKS=1, which scripts/test sets for them) and fuzz builds
+// (APNS_RELAY_FUZZ=1): the malloc interposer they count allocations with is not for
+// instrumented binaries.
 if Context.environment["APNS_RELAY_NO_BENCHMARKS"] != "1" && Context.environment["APNS_RELAY_FUZZ"] != "1" {
     package.targets += [
         .executableTarget(
