@@ -2,6 +2,8 @@ public import Foundation
 public import NIOSSL
 public import SwiftASN1
 import X509
+import Crypto
+import _CryptoExtras
 
 /// What an APNs client certificate says about itself: the topics it may push to, the
 /// environments it is for, its subject and validity.
@@ -123,21 +125,43 @@ public struct APNsCertificateIdentity: Sendable {
     public var key: NIOSSLPrivateKey
     public var info: APNsCertificateInfo
 
-    /// Checks that `key` is the certificate's (a TLS context is made with both: BoringSSL
-    /// refuses a key that does not match the leaf).
+    /// Checks that `key` is the certificate's: the public key made from it is the leaf's.
     public init(chain: [NIOSSLCertificate], key: NIOSSLPrivateKey) throws(APNsError) {
         guard let leaf = chain.first else { throw .credential("no certificate") }
-        var tls = TLSConfiguration.makeClientConfiguration()
-        tls.certificateChain = chain.map { .certificate($0) }
-        tls.privateKey = .privateKey(key)
-        do {
-            _ = try NIOSSLContext(configuration: tls)
-        } catch {
-            throw .credential("the key does not belong to the certificate (\(error))")
-        }
+        try Self.check(key, belongsTo: leaf)
         self.chain = chain
         self.key = key
         self.info = try APNsCertificateInfo(leaf)
+    }
+
+    /// Throws unless `key`'s public half is `leaf`'s public key. Read with swift-crypto (RSA of
+    /// 1,024 bits or more, ECDSA on P-256, P-384, P-521), not by making a TLS context with both:
+    /// swift-nio-ssl's `NIOSSLContext` leaks its `SSL_CTX` (and the trust store in it) when it
+    /// refuses a key, as it does for every mismatch.
+    static func check(_ key: NIOSSLPrivateKey, belongsTo leaf: NIOSSLCertificate) throws(APNsError) {
+        let certificateKey: Certificate.PublicKey
+        do {
+            certificateKey = try Certificate(derEncoded: leaf.toDERBytes()).publicKey
+        } catch {
+            throw .credential("cannot read the certificate: \(error)")
+        }
+        let unsupported = APNsError.credential("the key is neither RSA nor ECDSA on P-256, P-384 or P-521")
+        // BoringSSL writes no DER for the kinds it cannot (Ed25519 keys, for one).
+        guard let der = try? key.derBytes else { throw unsupported }
+        let keysPublicHalf: Certificate.PublicKey
+        if let p256 = try? P256.Signing.PrivateKey(derRepresentation: der) {
+            keysPublicHalf = Certificate.PublicKey(p256.publicKey)
+        } else if let p384 = try? P384.Signing.PrivateKey(derRepresentation: der) {
+            keysPublicHalf = Certificate.PublicKey(p384.publicKey)
+        } else if let p521 = try? P521.Signing.PrivateKey(derRepresentation: der) {
+            keysPublicHalf = Certificate.PublicKey(p521.publicKey)
+        } else if let rsa = try? _RSA.Signing.PrivateKey(
+            unsafePEMRepresentation: PEMDocument(type: "RSA PRIVATE KEY", derBytes: der).pemString) {
+            keysPublicHalf = Certificate.PublicKey(rsa.publicKey)
+        } else {
+            throw unsupported
+        }
+        guard keysPublicHalf == certificateKey else { throw .credential("the key does not belong to the certificate") }
     }
 
     /// Reads a PKCS#12 bundle (`.p12`/`.pfx`: `keyFile` nil, optional passphrase) or PEM

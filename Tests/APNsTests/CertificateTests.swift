@@ -56,7 +56,18 @@ struct CertificateTests {
         let identity = try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: rsa.key)
         #expect(identity.info.uid == sampleTopic && identity.info.organizationalUnit == "TEAMRSA001" && identity.info.topics == [sampleTopic])
         #expect(identity.info.notValidAfter.timeIntervalSinceNow > 29 * 86_400)
-        #expect(throws: APNsError.self) { try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: other.key) }
+        #expect(throws: APNsError.credential("certificate \(rsa.cert): the key does not belong to the certificate")) {
+            try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: other.key)
+        }
+        // An ECDSA key for an RSA certificate, and the other way round.
+        let ecdsa = try CertificateAuthority().issue(uid: sampleTopic)
+        let rsaIdentity = try APNsCertificateIdentity(certificateFile: rsa.cert, keyFile: rsa.key)
+        #expect(throws: APNsError.credential("the key does not belong to the certificate")) {
+            try APNsCertificateIdentity(chain: rsaIdentity.chain, key: ecdsa.key)
+        }
+        #expect(throws: APNsError.credential("the key does not belong to the certificate")) {
+            try APNsCertificateIdentity(chain: ecdsa.chain, key: rsaIdentity.key)
+        }
         let p12 = directory.appendingPathComponent("rsa.p12").path
         let exported = try runProgram("/usr/bin/openssl", ["pkcs12", "-export", "-in", rsa.cert, "-inkey", rsa.key, "-out", p12, "-passout", "pass:pw"])
         #expect(exported.status == 0, "\(exported.stderr)")
@@ -81,6 +92,32 @@ struct CertificateTests {
         await simulator.stop()
         #expect(result.classification == .delivered, "\(result)")
         #expect(simulator.accepted.first?.clientCertificate == sampleTopic)
+    }
+
+    /// A certificate's key is matched by its public half: the issued ECDSA key matches its own
+    /// certificate only (P-256 here, P-384 from openssl), a key of no kind APNs uses is named.
+    @Test func keysAreMatchedToTheirCertificate() throws {
+        let authority = try CertificateAuthority()
+        let one = try authority.issue(uid: sampleTopic), two = try authority.issue(uid: sampleTopic)
+        #expect(try APNsCertificateIdentity(chain: one.chain, key: one.key).info.uid == sampleTopic)
+        #expect(throws: APNsError.credential("the key does not belong to the certificate")) {
+            try APNsCertificateIdentity(chain: one.chain, key: two.key)
+        }
+        let directory = TestFiles.path("keys-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        func make(_ name: String, _ newkey: [String]) throws -> (cert: String, key: String) {
+            let cert = directory.appendingPathComponent("\(name).pem").path, key = directory.appendingPathComponent("\(name).key").path
+            let made = try runProgram("/usr/bin/openssl", ["req", "-x509"] + newkey + ["-nodes", "-days", "30",
+                                                           "-subj", "/UID=\(sampleTopic)/CN=\(name)", "-keyout", key, "-out", cert])
+            #expect(made.status == 0, "\(made.stderr)")
+            return (cert, key)
+        }
+        let p384 = try make("p384", ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-384"])
+        #expect(try APNsCertificateIdentity(certificateFile: p384.cert, keyFile: p384.key).info.uid == sampleTopic)
+        let ed25519 = try make("ed25519", ["-newkey", "ed25519"])
+        #expect(throws: APNsError.credential("certificate \(ed25519.cert): the key is neither RSA nor ECDSA on P-256, P-384 or P-521")) {
+            try APNsCertificateIdentity(certificateFile: ed25519.cert, keyFile: ed25519.key)
+        }
     }
 
     @Test func mdmPayloadsAreExactlyThePushMagic() throws {
