@@ -36,17 +36,37 @@ final class RedisSlot: @unchecked Sendable {
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
         eventLoop.flatSubmit {
             self.connection(deadline: deadline).flatMap { channel, handler in
-                let promise = self.eventLoop.makePromise(of: [RESPValue].self)
-                let timeout = self.eventLoop.scheduleTask(deadline: deadline) {
-                    // Replies behind a late one are out of step: fail what waits, start over.
-                    handler.failAll(.timedOut)
-                    channel.close(promise: nil)
-                }
-                promise.futureResult.whenComplete { _ in timeout.cancel() }
-                channel.writeAndFlush(RedisBatch(commands: commands, promise: promise), promise: nil)
-                return promise.futureResult
+                Self.send(commands, on: channel, handler: handler, deadline: deadline)
             }
         }
+    }
+
+    /// Writes a batch to a connection and returns its replies, failed at `deadline` (the
+    /// connection is closed then: replies behind a late one are out of step). A batch the
+    /// connection never took (closed before the write reached the handler) fails as
+    /// `unavailable`: nothing of it was sent.
+    static func send(_ commands: RedisCommandBuffer, on channel: any Channel, handler: RedisHandler,
+                     deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
+        let loop = channel.eventLoop
+        loop.assertInEventLoop()
+        let promise = loop.makePromise(of: [RESPValue].self)
+        let timeout = loop.scheduleTask(deadline: deadline) {
+            handler.failAll(.timedOut)
+            channel.close(promise: nil)
+        }
+        promise.futureResult.whenComplete { _ in timeout.cancel() }
+        // The handler completes the batch (a failed write included); a write that never reached
+        // it would leave the batch waiting forever.
+        let written = loop.makePromise(of: Void.self)
+        written.futureResult.whenFailure { error in
+            if let error = error as? ChannelError, error == .ioOnClosedChannel {
+                promise.fail(RedisError.unavailable("connection closed before the commands were written"))
+            } else {
+                promise.fail(error as? RedisError ?? .connectionLost("\(error)"))
+            }
+        }
+        channel.writeAndFlush(RedisBatch(commands: commands, promise: promise), promise: written)
+        return promise.futureResult
     }
 
     func shutdown() -> EventLoopFuture<Void> {
@@ -147,14 +167,7 @@ final class RedisSlot: @unchecked Sendable {
             commands.append(RedisCommand("SELECT", [url.database]))
         }
         guard !commands.isEmpty else { return eventLoop.makeSucceededVoidFuture() }
-        let promise = eventLoop.makePromise(of: [RESPValue].self)
-        let timeout = eventLoop.scheduleTask(deadline: deadline) {
-            handler.failAll(.timedOut)
-            channel.close(promise: nil)
-        }
-        promise.futureResult.whenComplete { _ in timeout.cancel() }
-        channel.writeAndFlush(RedisBatch(commands: RedisCommandBuffer(commands), promise: promise), promise: nil)
-        return promise.futureResult.flatMapThrowing { replies in
+        return Self.send(RedisCommandBuffer(commands), on: channel, handler: handler, deadline: deadline).flatMapThrowing { replies in
             for reply in replies {
                 // The reply never echoes the password.
                 if case .error(let message) = reply { throw RedisError.unavailable(message) }

@@ -1,6 +1,8 @@
+import Common
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
+import NIOPosix
 @testable import Redis
 import Testing
 
@@ -71,6 +73,34 @@ struct RedisHandlerTests {
         #expect(throws: RedisError.connectionLost("connection closed")) { try Self.result(waiting)?.get() }
         let later = Self.write([RedisCommand("PING")], to: channel)
         #expect(throws: RedisError.connectionLost("connection closed")) { try Self.result(later)?.get() }
+        _ = try channel.finish()
+    }
+
+    /// A batch written to a connection already closed fails at once as never sent, instead of
+    /// waiting for a reply that cannot come: a socket's pipeline loses its handlers when it
+    /// closes, so the write reaches no handler to fail the batch (a real socket: an embedded
+    /// channel keeps its handlers and takes writes after it closed).
+    @Test func aBatchForAClosedConnectionFailsAsNeverSent() async throws {
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .childChannelInitializer { $0.eventLoop.makeSucceededVoidFuture() }
+            .bind(host: "127.0.0.1", port: 0).get()
+        let port = try #require(server.localAddress?.port)
+        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .channelInitializer { $0.pipeline.addHandler(RedisHandler()) }
+            .connect(host: "127.0.0.1", port: port).get()
+        try await channel.close()
+        let replies = channel.eventLoop.flatSubmit {
+            RedisSlot.send(RedisCommandBuffer([RedisCommand("PING")]), on: channel, handler: RedisHandler(),
+                           deadline: .now() + .seconds(60))
+        }
+        let answer = AsyncWatched<Result<[RESPValue], any Error>?>(nil)
+        replies.whenComplete { result in answer.update { $0 = result } }
+        // Far inside the batch's 60 s deadline.
+        #expect(await answer.wait(atMost: .seconds(10)) { $0 != nil }, "still waiting")
+        var failed: RedisError?
+        if case .failure(let error as RedisError)? = answer.value { failed = error }
+        #expect(failed == .unavailable("connection closed before the commands were written"))
+        try await server.close()
     }
 
     /// A reply with no command waiting: the stream cannot be trusted any more, so the
@@ -82,6 +112,7 @@ struct RedisHandlerTests {
         #expect(try Self.result(asked)?.get() == [.status("OK")])
         #expect(!channel.isActive, "the connection was closed")
         Self.expectProtocolError(Self.result(Self.write([RedisCommand("PING")], to: channel)))
+        _ = try channel.finish(acceptAlreadyClosed: true)
     }
 
     /// Bytes that are no reply fail what waits (and what comes) as a protocol error.
@@ -94,6 +125,7 @@ struct RedisHandlerTests {
         Self.expectProtocolError(Self.result(waiting))
         #expect(!channel.isActive, "the connection was closed")
         Self.expectProtocolError(Self.result(Self.write([RedisCommand("PING")], to: channel)))
+        _ = try channel.finish(acceptAlreadyClosed: true)
     }
 
     static func expectProtocolError(_ result: Result<[RESPValue], any Error>?, sourceLocation: SourceLocation = #_sourceLocation) {
