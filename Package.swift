@@ -270,7 +270,7 @@ let package = Package(
         // Helpers the test targets share.
         .target(
             name: "TestSupport",
-            dependencies: ["Spawn"],
+            dependencies: ["Spawn", "Common"],
             path: "Tests/TestSupport",
             swiftSettings: strict),
         .testTarget(
@@ -283,7 +283,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "CommonTests",
-            dependencies: ["Common"],
+            dependencies: ["Common", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "SpawnTests",

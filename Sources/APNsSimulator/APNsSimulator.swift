@@ -130,6 +130,13 @@ public final class APNsSimulator: Sendable {
         }
     }
 
+    /// Waits until the simulator has answered `count` requests in all (what ``answers`` sums:
+    /// a request held unanswered by `blackHole` counts once its answer was chosen); false when
+    /// `timeout` passed first.
+    public func waitForAnswers(atLeast count: Int, within timeout: Duration) async -> Bool {
+        await state.answered.wait(atMost: timeout) { $0 >= count }
+    }
+
     /// Connections accepted so far.
     public var connectionsAccepted: Int { state.locked { $0.connectionsAccepted } }
 

@@ -42,6 +42,7 @@ extension SimulatorConnection {
         let requestID = request.headers["apns-request-id"] ?? UUID().uuidString.lowercased()
         func failure(_ status: Int, _ reason: String) -> HTTP2Response {
             state.locked { $0.answers["\(status) \(reason)", default: 0] += 1 }
+            state.answered.update { $0 += 1 }
             return HTTP2Response(status: status, headers: HTTP2Headers([("apns-request-id", requestID), ("content-type", "application/json")]),
                                  body: ByteBuffer(string: #"{"reason":"\#(reason)"}"#))
         }
@@ -123,6 +124,7 @@ extension SimulatorConnection {
                                                           payload: Array(request.body!.readableBytesView), uniqueID: uniqueID))
             }
         }
+        state.answered.update { $0 += 1 }
         return HTTP2Response(status: 200, headers: HTTP2Headers([("apns-request-id", requestID), ("apns-unique-id", uniqueID)]))
     }
 

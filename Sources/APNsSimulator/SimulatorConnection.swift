@@ -1,4 +1,5 @@
 import APNs
+import Common
 import Crypto
 import Foundation
 package import HTTP2
@@ -63,6 +64,8 @@ final class SharedState: Sendable {
     /// Whether accepted payloads are kept at all (in memory or in the record file).
     let recordsPayloads: Bool
     let clock: @Sendable () -> Int64
+    /// Answers so far (what ``APNsSimulator/answers`` sums), to be waited on.
+    let answered = AsyncWatched(0)
     private let mutex: Mutex<Locked>
 
     init(_ configuration: SimulatorConfiguration) throws {
@@ -147,7 +150,8 @@ final class SharedState: Sendable {
     /// the device's topic binding and the scripted behaviour; counts the answer and records what
     /// was accepted.
     func settle(_ early: SimulatorAnswer?, openStreams: Int, _ notification: () -> AcceptedNotification) -> Settled {
-        locked { state in
+        defer { answered.update { $0 += 1 } }
+        return locked { state in
             state.peakOverall = max(state.peakOverall, openStreams)
             var answer: SimulatorAnswer
             if let early {

@@ -24,7 +24,7 @@ struct PrecedenceTests {
                 }
             }
             // The first low send was answered: the others wait for the stream.
-            try await waitUntil { harness.simulator.accepted.count >= 1 }
+            try #require(await harness.simulator.waitForAnswers(atLeast: 1, within: .seconds(20)))
             let answeredBefore = harness.simulator.accepted.count
             group.addTask {
                 var urgent = APNsNotification.alert("x", deviceToken: token(999), topic: sampleTopic)

@@ -1,5 +1,6 @@
 import Common
 import Testing
+import TestSupport
 
 @Suite("AsyncWatched", .timeLimit(.minutes(3)))
 struct AsyncWatchedTests {
@@ -31,5 +32,24 @@ struct AsyncWatchedTests {
         // A later change resumes nothing left behind.
         watched.update { $0 = "set" }
         #expect(watched.value == "set")
+    }
+
+    /// A wait that times out says where, what it waited for (its source line) and the value
+    /// it saw last; so does a polling one, without the value.
+    @Test func aTimedOutWaitSaysWhatItWaitedForAndWhatItSaw() async {
+        let count = AsyncWatched(3)
+        let line = #line + 2
+        do {
+            try await count.waitUntil(timeout: .milliseconds(30)) { $0 > 5 }
+            Issue.record("no timeout")
+        } catch {
+            #expect("\(error)".hasSuffix("AsyncWatchedTests.swift:\(line) did not hold within 0.03 seconds: try await count.waitUntil(timeout: .milliseconds(30)) { $0 > 5 }; last seen: 3"), "\(error)")
+        }
+        do {
+            try await waitUntil(timeout: .milliseconds(30)) { count.value > 5 }
+            Issue.record("no timeout")
+        } catch {
+            #expect("\(error)".hasSuffix("did not hold within 0.03 seconds: try await waitUntil(timeout: .milliseconds(30)) { count.value > 5 }"), "\(error)")
+        }
     }
 }

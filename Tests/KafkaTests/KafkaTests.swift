@@ -33,7 +33,7 @@ func collect(_ consumer: KafkaConsumer, timeout: Duration = .seconds(30),
 struct TimedOut: Error {}
 
 /// The mock cluster rebalances only when a member's session times out; keep that short.
-let fastGroup = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
+let fastGroup = ["session.timeout.ms": "3000", "heartbeat.interval.ms": "500"]
 
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
 

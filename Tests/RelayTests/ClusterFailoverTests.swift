@@ -40,7 +40,7 @@ struct ClusterFailoverTests {
         }
         try await produce(0)
         try await produce(1)
-        try await waitUntil { harness.pipeline.outcomeCounts["delivered", default: 0] >= devices.count }
+        try await harness.published.waitUntil { [count = devices.count] in $0.count("delivered") >= count }
         // A master goes while the second round waits in mailboxes and more comes in.
         let victim = try await onOwnThread { Result { try cluster.masterPort(forSlot: RedisHashSlot.of(devices[0])) } }.get()
         let server = try #require(cluster.servers.first { $0.port == victim })
@@ -54,9 +54,9 @@ struct ClusterFailoverTests {
             return owner != nil && owner != victim
         })
         // The new master has no replica: the third round's parks there are not acknowledged.
-        // Some time for them to be tried so (the status shows it only until the next call Redis
-        // answers, so on a loaded machine it may not be seen: then the test goes on).
-        try? await waitUntil(timeout: .seconds(10)) { harness.pipeline.dependencyProblems.contains { $0.contains("NOREPLICAS") } }
+        // Some time for them to be tried so (the trouble lasts only until the next call Redis
+        // answers; on a loaded machine they may not be tried within it: then the test goes on).
+        _ = await harness.pipeline.incidents.wait(atMost: .seconds(10)) { $0.redisTrouble?.contains("NOREPLICAS") == true }
         try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
         // Alone it takes about 25 s; with the whole suite running on two cores, more than 60.
         let outcomes = try await harness.outcomes(distinct: 3 * devices.count, timeout: .seconds(150))
@@ -71,7 +71,7 @@ struct ClusterFailoverTests {
         }
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == Set(sent).count, "\(sent.count - Set(sent).count) intents reached APNs twice")
-        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
         // Every intent answered. Redis replicates asynchronously: a write the killed master
         // acknowledged but never passed on (a claim's release, say) is lost, and the intent is
         // taken from its mailbox again, found answered and answered again — `duplicate`, never
@@ -142,7 +142,7 @@ struct ClusterFailoverTests {
         let down = Array(cluster.servers.prefix(2))
         await onOwnThread { for server in down { server.stop() } }
         try await produce("during")
-        try await waitUntil { harness.pipeline.dependencyProblems.contains { $0.contains("Redis") } }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble != nil }
         try await onOwnThread { Result { for server in down { try server.start() }; try cluster.waitUntilConsistent() } }.get()
         let outcomes = try await harness.outcomes(count: 100)
         let ids = outcomes.compactMap { $0["id"] as? String }
@@ -150,7 +150,7 @@ struct ClusterFailoverTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         let sent = harness.simulator.accepted.map(\.apnsID)
         #expect(sent.count == 100 && Set(sent).count == 100)
-        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
         #expect(harness.pipeline.redisOutages >= 1)
         try await harness.stopExpectingOneOutcomeEach()
     }

@@ -104,7 +104,8 @@ struct DedupeTests {
         for index in 0..<50 {
             try await harness.produce(intent("r-\(index)", token: hexToken(100 + index % 7)), key: hexToken(100 + index % 7))
         }
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.dependencyProblems.contains { $0.contains("Redis unreachable") } }
+        try await harness.pipeline.incidents.waitUntil(timeout: .seconds(30)) { $0.redisTrouble != nil }
+        #expect(harness.pipeline.dependencyProblems.contains { $0.contains("Redis unreachable") }, "\(harness.pipeline.dependencyProblems)")
         // Still ready: a Redis outage makes every relay wait at once, and unready ones would keep
         // a drain from evicting any of them.
         #expect(harness.pipeline.notReadyReason == nil)
@@ -115,7 +116,7 @@ struct DedupeTests {
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         #expect(Set(harness.simulator.accepted.map(\.apnsID)).count == 51)
         #expect(harness.simulator.accepted.count == 51)
-        try await waitUntil(timeout: .seconds(10)) { harness.pipeline.dependencyProblems.isEmpty }
+        try await harness.pipeline.incidents.waitUntil(timeout: .seconds(10)) { $0.redisTrouble == nil }
         #expect(try await harness.stopExpectingOneOutcomeEach().count == 51)
     }
 
@@ -130,9 +131,10 @@ struct DedupeTests {
             }
         }
         // Restart Redis (empty: no persistence) while intents are flowing.
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.outcomeCounts.values.reduce(0, +) >= 50 }
+        try await harness.published.waitUntil(timeout: .seconds(30)) { $0.all.count >= 50 }
         redis.stop()
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.dependencyProblems.contains { $0.contains("Redis unreachable") } }
+        try await harness.pipeline.incidents.waitUntil(timeout: .seconds(30)) { $0.redisTrouble != nil }
+        #expect(harness.pipeline.dependencyProblems.contains { $0.contains("Redis unreachable") }, "\(harness.pipeline.dependencyProblems)")
         try await redis.restart()
         try await producing.value
         let outcomes = try await harness.outcomes(count: total)
@@ -169,7 +171,7 @@ struct DedupeTests {
             $0.kafka.properties["message.timeout.ms"] = "1000"
         }, preload: (0..<20).map { (intent("late-\($0)", token: hexToken(700 + $0)), hexToken(700 + $0)) })
         harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notEnoughReplicas)
-        try await waitUntil { harness.pipeline.publishFailures >= 20 }  // every outcome failed at least once
+        try await harness.pipeline.incidents.waitUntil { $0.publishFailures >= 20 }  // every outcome failed at least once
         harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
         let outcomes = try await harness.outcomes(count: 20)
         #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == 20)

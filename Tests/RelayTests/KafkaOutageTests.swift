@@ -26,7 +26,7 @@ struct KafkaOutageTests {
         try await waitUntil { harness.pipeline.inFlight == 100 }
         harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
         // The outage: APNs answers, the outcomes' deliveries fail (and are tried again).
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.publishFailures > 0 }
+        try await harness.pipeline.incidents.waitUntil(timeout: .seconds(30)) { $0.publishFailures > 0 }
         #expect(harness.pipeline.outcomeCounts.values.reduce(0, +) == 100)
         #expect(harness.pipeline.inFlight == 100)
         #expect(try await harness.committedTotal() == 100)

@@ -75,7 +75,7 @@ struct MailboxRepairTests {
         ])
         // Taken (it became the take's claim), its outcome not out: still in the mailbox.
         try await waitUntil(asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "cid"])))?.string == "answered-1" })
-        try await waitUntil { harness.pipeline.publishFailures > 0 }
+        try await harness.pipeline.incidents.waitUntil { $0.publishFailures > 0 }
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "cid"])).string == "answered-1")
         harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
         let outcomes = try await harness.outcomes(count: 2)

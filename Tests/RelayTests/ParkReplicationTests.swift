@@ -49,8 +49,8 @@ struct ParkReplicationTests {
         try await harness.produce(intent("parked-2", token: second), key: second)
         // Counted as an outage (the status itself turns back with every read Redis answers, so
         // the count is what is waited for).
-        try await waitUntil { harness.pipeline.redisOutages > outagesBefore }
-        try await waitUntil { harness.pipeline.outcomeCounts["delivered"] == 3 }
+        try await harness.pipeline.incidents.waitUntil { $0.redisOutages > outagesBefore }
+        try await harness.published.waitUntil { $0.count("delivered") == 3 }
         #expect(PolicyTests.sent(harness, "parked-2") == 0)
 
         // A replica back and in sync: the park is asked again, counts, and the intent goes out.
@@ -63,7 +63,7 @@ struct ParkReplicationTests {
         let after = PolicyTests.byID(try await harness.outcomes(count: 4))
         #expect(after["parked-2"]?["status"] as? String == "delivered")
         #expect(PolicyTests.sent(harness, "parked-2") == 1)
-        try await waitUntil { harness.pipeline.dependencyProblems.isEmpty }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
         try await harness.stopExpectingOneOutcomeEach()
     }
 }

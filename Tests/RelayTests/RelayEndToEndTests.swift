@@ -23,6 +23,8 @@ struct RelayHarness {
     let intentsTopic: String
     let outcomesTopic: String
     let running: Task<Void, Never>
+    /// The outcomes published so far, to be waited on.
+    let published: AsyncWatched<PublishedOutcomes>
     let stopState = HarnessStopState()
 
     /// - Parameter preload: intents (JSON, key) on the topic before the relay starts, so that it
@@ -49,7 +51,9 @@ struct RelayHarness {
         configuration.kafka.groupID = "relay-\(suffix)"
         configuration.kafka.intentsTopic = intentsTopic
         configuration.kafka.outcomesTopic = outcomesTopic
-        configuration.kafka.properties = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
+        // The mock cluster's rebalance waits a second less than the session (a member's leaving
+        // or eviction included): 2 s.
+        configuration.kafka.properties = ["session.timeout.ms": "3000", "heartbeat.interval.ms": "500"]
         configuration.apns.endpoint = simulator.url
         configuration.apns.insecureSkipVerify = true
         configuration.apns.credentials = [.init(teamID: teamID, keyID: keyID, keyFile: keyFile, topics: ["com.example.app"])]
@@ -66,11 +70,16 @@ struct RelayHarness {
         // All at once, in order: the producer puts them in one record batch (the mock cluster
         // answers a fetch with one record batch per partition).
         _ = try await producer.send(topic: intentsTopic, records: preload.map { (Array($0.key.utf8), Array($0.json.utf8)) })
-        let application = try RelayApplication(configuration: configuration, worker: "test-worker", published: published)
+        let seen = AsyncWatched(PublishedOutcomes())
+        let application = try RelayApplication(configuration: configuration, worker: "test-worker", published: { outcome in
+            seen.update { $0.all.append(outcome) }
+            published?(outcome)
+        })
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         let harness = RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration,
-                                   producer: producer, intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running)
+                                   producer: producer, intentsTopic: intentsTopic, outcomesTopic: outcomesTopic, running: running,
+                                   published: seen)
         StartedHarnesses.current?.add(harness)
         return harness
     }
@@ -248,7 +257,7 @@ struct RelayEndToEndTests {
             relay.apns.requestTimeoutSeconds = 60
         }
         try await harness.produce(intent("stuck-1", token: hexToken(1)), key: hexToken(1))
-        try await waitUntil { harness.simulator.accepted.count == 1 }
+        try #require(await harness.simulator.waitForAnswers(atLeast: 1, within: .seconds(20)))
         let stopped = ContinuousClock.now
         harness.pipeline.requestStop()
         await harness.running.value

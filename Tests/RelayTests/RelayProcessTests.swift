@@ -98,6 +98,8 @@ func writeConfig(harness: ProcessHarness, shutdownDeadline: Int = 10, httpPort: 
           outcomes_topic: \(harness.outcomesTopic)
           invalidations_topic: "\(invalidationsTopic)"
           config:
+            # 6 s, not the in-process tests' 3 s: relay processes on a loaded machine missed
+            # 3 s of heartbeats once and were evicted mid-rebalance.
             session.timeout.ms: 6000
             heartbeat.interval.ms: 500
         apns:

@@ -143,7 +143,7 @@ extension RelayPipeline {
     func publishFailed(_ item: WorkItem, _ error: KafkaError) {
         logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
         RelayMetrics.publishFailures.increment()
-        state.withLock { $0.publishFailures += 1 }
+        incidents.update { $0.publishFailures += 1 }
     }
 
     /// The outcome as published: key and value (kept out of `publish`'s frame).

@@ -1,4 +1,4 @@
-import Common
+public import Common
 import APNs
 import Foundation
 import Kafka
@@ -76,6 +76,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// until it stops.
     let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
+    /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
+    /// the accessors below, waited on by whoever needs to see one begin or end.
+    public let incidents = AsyncWatched(RelayIncidents())
     /// Nil unless `tracing.otlp_endpoint` is set: then sampled intents record spans.
     let tracer: (any Tracer)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
@@ -100,13 +103,9 @@ public final class RelayPipeline: RelayStatus, Service {
         var nextIdleWaiter = 0
         var credentialFaults: CredentialFaultBreaker
         var outcomeCounts: [String: Int] = [:]
-        var publishFailures = 0
         /// The consumer's count of failed revocation commits the metric has seen.
         var revocationCommitFailuresCounted = 0
         var firstConsumedAt: ContinuousClock.Instant?
-        /// Why Redis is failing, while it is.
-        var redisTrouble: String?
-        var redisOutages = 0
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
         /// Why the relay refused to go on (its Redis can evict parked intents).
@@ -176,9 +175,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Outcomes published so far, by status.
     public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
-    public var publishFailures: Int { state.withLock { $0.publishFailures } }
+    public var publishFailures: Int { incidents.value.publishFailures }
     /// Times Redis started failing (each outage counted once, when it begins).
-    public var redisOutages: Int { state.withLock { $0.redisOutages } }
+    public var redisOutages: Int { incidents.value.redisOutages }
     /// Revocations whose commit the coordinator refused (their work may be sent again by the
     /// partitions' next owners).
     public var revocationCommitFailures: Int { consumer.revocationCommitFailures }
@@ -214,7 +213,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// their alerts say the same to Prometheus.
     public var dependencyProblems: [String] {
         var problems: [String] = []
-        if let trouble = state.withLock({ $0.redisTrouble }) {
+        if let trouble = incidents.value.redisTrouble {
             problems.append(configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)"
                                                          : "Redis unreachable (not consuming): \(trouble)")
         }

@@ -3,10 +3,10 @@ import Redis
 
 extension RelayPipeline {
     func redisFailed(_ error: RedisError) {
-        let isNew = state.withLock { state in
-            defer { state.redisTrouble = "\(error)" }
-            if state.redisTrouble == nil { state.redisOutages += 1 }
-            return state.redisTrouble == nil
+        let isNew = incidents.update { incidents in
+            defer { incidents.redisTrouble = "\(error)" }
+            if incidents.redisTrouble == nil { incidents.redisOutages += 1 }
+            return incidents.redisTrouble == nil
         }
         RelayMetrics.redisError(error)
         if isNew {
@@ -17,9 +17,9 @@ extension RelayPipeline {
     }
 
     func redisRecovered() {
-        let wasDown = state.withLock { state in
-            defer { state.redisTrouble = nil }
-            return state.redisTrouble != nil
+        let wasDown = incidents.update { incidents in
+            defer { incidents.redisTrouble = nil }
+            return incidents.redisTrouble != nil
         }
         if wasDown { logger.warning("Redis answers again") }
     }
