@@ -181,7 +181,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
             fail(context, error)
             return
         }
-        machine.frameReceived(now: .now())
+        machine.frameReceived(now: context.eventLoop.now)
         scheduleTimer(context)
         flush(context)
     }
@@ -197,7 +197,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard let session, machine.phase != .closed else { return }
-        machine.frameReceived(now: .now())
+        machine.frameReceived(now: context.eventLoop.now)
         do {
             try session.receive(unwrapInboundIn(data))
         } catch {
@@ -270,7 +270,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         guard let exchange = streams.removeValue(forKey: streamID) else { return }
         let end = machine.streamClosed(streamID, errorCode: errorCode, complete: exchange.isComplete,
                                        headersSent: exchange.headersSent,
-                                       deadlinePassed: exchange.completion != nil && exchange.deadline <= .now())
+                                       deadlinePassed: exchange.completion != nil && exchange.deadline <= now)
         exchange.end(end)
         startPendingStreams()
     }
@@ -295,6 +295,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     // MARK: Internals
+
+    /// The time by the connection's event loop (an embedded loop's in tests, which move it by
+    /// hand).
+    private var now: NIODeadline { context?.eventLoop.now ?? .now() }
 
     private func startPendingStreams() {
         guard let session, let context else { return }
@@ -355,7 +359,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     /// Fires deadlines and keeps the idle PING going.
     private func tick(_ context: ChannelHandlerContext) {
-        let now = NIODeadline.now()
+        let now = context.eventLoop.now
         // Requests whose deadline passed while they waited for a stream end, and leave the queue.
         if pending.contains(where: { $0.completion == nil || $0.deadline <= now }) {
             pending.filter { exchange in
