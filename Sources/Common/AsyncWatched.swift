@@ -58,7 +58,8 @@ public final class AsyncWatched<Value: Sendable>: Sendable {
             }
             let first = await group.next() ?? false
             group.cancelAll()
-            return first
+            // A change at the deadline's moment still counts.
+            return first || condition(value)
         }
     }
 

@@ -67,6 +67,7 @@ final class HTTP2Pair {
     }
 
     /// Hands what `from` wrote to `to`; true when there was something.
+    @discardableResult
     func move(from: EmbeddedChannel, to: EmbeddedChannel, chunk: Int? = nil) throws -> Bool {
         loop.run()  // the handlers flush from tasks they put on the loop
         var moved = false
