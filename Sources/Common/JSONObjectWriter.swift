@@ -16,7 +16,8 @@ public struct JSONObjectWriter: Sendable {
         empty = false
         bytes.append(UInt8(ascii: "\""))
         bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
-        bytes.append(contentsOf: #"":"#.utf8)
+        bytes.append(UInt8(ascii: "\""))
+        bytes.append(UInt8(ascii: ":"))
     }
 
     /// A key known only at run time (log metadata, say), escaped as JSON needs.
@@ -74,7 +75,8 @@ public struct JSONObjectWriter: Sendable {
 
     public mutating func addNull(_ name: StaticString) {
         key(name)
-        bytes.append(contentsOf: "null".utf8)
+        let null: StaticString = "null"
+        bytes.append(contentsOf: UnsafeBufferPointer(start: null.utf8Start, count: null.utf8CodeUnitCount))
     }
 
     /// The finished object as UTF-8 bytes (closes the object in place: no copy).

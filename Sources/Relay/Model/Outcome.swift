@@ -84,7 +84,8 @@ public struct Outcome: Sendable, Equatable {
 
     /// ``json`` as the UTF-8 bytes published.
     public var utf8: [UInt8] {
-        var writer = JSONObjectWriter()
+        // An outcome is 400-500 bytes: one buffer, never grown.
+        var writer = JSONObjectWriter(capacity: 512)
         writer.add("v", 1)
         writer.addOrNull("id", id)
         writer.addOrNull("token", token)
