@@ -1,3 +1,4 @@
+public import NIOCore
 /// A single-pass JSON reader over bytes, for the hot paths (every intent, every payload) where
 /// building a Foundation object tree costs more than the rest of the work.
 ///
@@ -57,30 +58,35 @@ public struct JSONReader {
         try reader.expectEnd()
     }
 
-    /// Well-formed JSON without its insignificant whitespace (whitespace inside strings stays).
+    /// Well-formed JSON without its insignificant whitespace (whitespace inside strings stays),
+    /// written straight into the buffer a request's body is sent from (no copy in between).
     /// Only for bytes that already passed the reader.
-    public static func compacted(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count)
-        var inString = false
-        var escaped = false
-        for byte in bytes {
-            if inString {
-                if escaped {
-                    escaped = false
-                } else if byte == UInt8(ascii: "\\") {
-                    escaped = true
+    public static func compacted(_ bytes: UnsafeRawBufferPointer) -> ByteBuffer {
+        var buffer = ByteBufferAllocator().buffer(capacity: bytes.count)
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: bytes.count) { out in
+            var written = 0
+            var inString = false
+            var escaped = false
+            for byte in bytes {
+                if inString {
+                    if escaped {
+                        escaped = false
+                    } else if byte == UInt8(ascii: "\\") {
+                        escaped = true
+                    } else if byte == UInt8(ascii: "\"") {
+                        inString = false
+                    }
+                } else if byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D {
+                    continue
                 } else if byte == UInt8(ascii: "\"") {
-                    inString = false
+                    inString = true
                 }
-            } else if byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D {
-                continue
-            } else if byte == UInt8(ascii: "\"") {
-                inString = true
+                out[written] = byte
+                written += 1
             }
-            out.append(byte)
+            return written
         }
-        return out
+        return buffer
     }
 
     // MARK: Structure

@@ -301,7 +301,7 @@ extension Intent {
         // One device, one spelling: hex tokens are kept in lower case (APNs reads either).
         var intent = Intent(id: id, token: token?.lowercased() ?? "", topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment,
-                            payload: ByteBuffer(bytes: payload))
+                            payload: payload)
         intent.badge = badge
         intent.tokenRegisteredAt = tokenRegisteredAt
         intent.channelID = channelID
