@@ -21,7 +21,7 @@ struct ChannelRelayTests {
     /// the exit status and the JSON lines printed.
     static func channels(_ harness: RelayHarness, _ arguments: [String]) async throws -> (status: Int32, lines: [[String: Any]]) {
         guard case .token(let teamID, let keyID, let keyFile) = harness.configuration.apns.credentials[0].kind else {
-            throw CancellationError()
+            throw HarnessCredentialIsNotAToken()
         }
         let output = try await RelayBinary.run(["channels"] + arguments + [
             "--environment", harness.simulator.url, "--insecure", "--bundle-id", bundleID,
@@ -142,3 +142,6 @@ struct ChannelRelayTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 }
+
+/// `apns-relay channels` signs with a key; the harness's first credential was a certificate.
+struct HarnessCredentialIsNotAToken: Error {}
