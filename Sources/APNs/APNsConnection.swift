@@ -73,7 +73,7 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var spareSubmissions: [Submission] = []
 
     // Shared with any thread.
-    private let inbox = Mutex(Inbox())
+    private let inbox = Locked(Inbox())
     /// Requests handed to this slot and not yet answered.
     let load = Atomic<Int>(0)
     let isReady = Atomic<Bool>(false)

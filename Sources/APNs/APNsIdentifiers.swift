@@ -1,5 +1,5 @@
 public import Foundation
-import Synchronization
+import Common
 
 #if canImport(Glibc)
 import Glibc
@@ -16,7 +16,7 @@ public struct APNsIdentifiers: Sendable {
     private var state: UInt64 = UInt64.random(in: .min ... .max)
     private static let upperHex = Array("0123456789ABCDEF".utf8)
     private static let lowerHex = Array("0123456789abcdef".utf8)
-    private static let shared = Mutex(APNsIdentifiers())
+    private static let shared = Locked(APNsIdentifiers())
 
     public init() {}
 

@@ -1,5 +1,5 @@
 import HTTP2
-import Synchronization
+import Common
 
 /// Where one request's answer goes: resumed exactly once, by the answer or by the waiting task's
 /// cancellation, whichever comes first (a late answer is dropped).
@@ -15,7 +15,7 @@ final class PendingAnswer: Sendable {
         case done
     }
 
-    private let state = Mutex(State.new)
+    private let state = Locked(State.new)
 
     /// Hands over the continuation to resume. False when the task was cancelled first: the
     /// continuation is resumed with ``cancelled`` here and nothing is to be sent.

@@ -1,6 +1,6 @@
 public import Crypto
 import Foundation
-import Synchronization
+import Common
 public import Metrics
 
 /// Where connections get the `authorization: bearer` JWT from.
@@ -110,7 +110,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     private let signer: ProviderTokenSigner
     private let refreshAge: Int64
     private let clock: @Sendable () -> Int64
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Counts ``currentToken()`` calls (one per `APNsClient.send`); nil when a source wrapping
     /// this one counts them.
     private let requests: Counter?

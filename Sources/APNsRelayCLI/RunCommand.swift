@@ -7,6 +7,7 @@ import Metrics
 import Prometheus
 import Relay
 import ServiceLifecycle
+import Common
 import Synchronization
 import CommandLineSupport
 
@@ -91,19 +92,19 @@ struct RunCommand: AsyncParsableCommand {
 
 /// The relay running now: the status endpoints follow it across reloads.
 final class CurrentApplication: RelayStatus, Sendable {
-    private let current: Mutex<RelayApplication>
+    private let current: Locked<RelayApplication>
     /// A reload under way: the draining relay's pipeline, and when the next one was installed
     /// (nil while draining). Its drain ("stopping") and the next one's start ("starting", for
     /// at most ``reloadGrace``) are not a reason to be unready: a ConfigMap edit reaches every
     /// pod at once.
-    private let reloading = Mutex<(draining: ObjectIdentifier, installed: ContinuousClock.Instant?)?>(nil)
+    private let reloading = Locked<(draining: ObjectIdentifier, installed: ContinuousClock.Instant?)?>(nil)
     /// How long a relay started by a reload may take to consume before it counts as unready.
     static let reloadGrace: Duration = .seconds(60)
     /// Set when a reload could start neither the new configuration nor the previous one.
     let restartFailed = Atomic<Bool>(false)
 
     init(_ application: RelayApplication) {
-        current = Mutex(application)
+        current = Locked(application)
     }
 
     var application: RelayApplication {

@@ -3,7 +3,7 @@ import CommandLineSupport
 import Foundation
 import Logging
 import Relay
-import Synchronization
+import Common
 
 /// `apns-relay-dev bench lanes`: priority lanes under a bulk backlog. A bulk backlog is on the
 /// workload's intents topic (weight 1) before the relay starts; once a tenth of it is answered,
@@ -64,7 +64,7 @@ struct BenchLanesCommand: AsyncParsableCommand {
         defer { stack.stop() }
         let configuration = try stack.relayConfiguration()
         let latencies = LatencyRecorder(capacity: urgent)
-        let progress = Mutex(Progress())
+        let progress = Locked(Progress())
         let urgentCount = urgent
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             progress.withLock { progress in

@@ -8,7 +8,7 @@ import KafkaTesting
 import Relay
 import RedisTesting
 import Spawn
-import Synchronization
+import Common
 
 /// `apns-relay-dev soak`: relay processes (`apns-relay run`, next to this executable) under a
 /// steady load while faults come one after another — a relay killed with SIGKILL and started
@@ -111,8 +111,8 @@ final class Soak: Sendable {
     private let relayBinary: String
     private let configFile: String
     private let maxInFlight: Int
-    private let processes: Mutex<[ChildProcess?]>
-    private let seen = Mutex(Seen())
+    private let processes: Locked<[ChildProcess?]>
+    private let seen = Locked(Seen())
 
     init(stack: EmbeddedStack, relayBinary: String, relays: Int, maxInFlight: Int) throws {
         self.stack = stack
@@ -129,7 +129,7 @@ final class Soak: Sendable {
         configuration.retry.maxBackoffMilliseconds = 500
         configFile = stack.directory.appendingPathComponent("relay.yaml").path
         try configuration.redactedYAML.write(toFile: configFile, atomically: true, encoding: .utf8)
-        processes = Mutex(Array(repeating: nil, count: relays))
+        processes = Locked(Array(repeating: nil, count: relays))
         do {
             for index in 0..<relays { try startRelay(index) }
         } catch {

@@ -5,7 +5,6 @@ import Foundation
 package import HTTP2
 package import NIOCore
 import NIOSSL
-import Synchronization
 
 /// One answer the simulator gives.
 struct SimulatorAnswer: Error {
@@ -30,7 +29,7 @@ struct SimulatorAnswer: Error {
 
 /// State shared by every connection of one simulator, behind one lock.
 final class SharedState: Sendable {
-    struct Locked {
+    struct Fields {
         var behaviour: SimulatorConfiguration.Behaviour
         var accepted: [AcceptedNotification] = []
         /// Answers other than 200, by "STATUS Reason".
@@ -66,7 +65,7 @@ final class SharedState: Sendable {
     let clock: @Sendable () -> Int64
     /// Answers so far (what ``APNsSimulator/answers`` sums), to be waited on.
     let answered = AsyncWatched(0)
-    private let mutex: Mutex<Locked>
+    private let mutex: Locked<Fields>
 
     init(_ configuration: SimulatorConfiguration) throws {
         var keys: [String: SimulatorConfiguration.SigningKey] = [:]
@@ -79,7 +78,7 @@ final class SharedState: Sendable {
         self.recordInMemory = configuration.recordInMemory
         self.recordsPayloads = configuration.recordInMemory || configuration.recordFile != nil
         self.clock = configuration.clock
-        var locked = Locked(behaviour: configuration.behaviour)
+        var locked = Fields(behaviour: configuration.behaviour)
         if let path = configuration.recordFile {
             if !FileManager.default.fileExists(atPath: path) {
                 _ = FileManager.default.createFile(atPath: path, contents: nil)
@@ -90,10 +89,10 @@ final class SharedState: Sendable {
             handle.seekToEndOfFile()
             locked.recordFile = handle
         }
-        self.mutex = Mutex(locked)
+        self.mutex = Locked(locked)
     }
 
-    func locked<R>(_ body: (inout Locked) throws -> R) rethrows -> R {
+    func locked<R>(_ body: (inout Fields) throws -> R) rethrows -> R {
         try mutex.withLock { try body(&$0) }
     }
 
@@ -179,7 +178,7 @@ final class SharedState: Sendable {
         }
     }
 
-    private func scripted(_ state: inout Locked, token: String) -> SimulatorAnswer {
+    private func scripted(_ state: inout Fields, token: String) -> SimulatorAnswer {
         if let timestamp = state.behaviour.unregistered[token] {
             return SimulatorAnswer(status: 410, reason: APNsReason.unregistered.description, timestamp: timestamp)
         }

@@ -2,7 +2,6 @@ public import ArgumentParser
 import Common
 import Foundation
 public import Logging
-import Synchronization
 
 /// How much a command logs: `trace` … `critical`.
 public enum LogLevel: String, CaseIterable, ExpressibleByArgument, Sendable {
@@ -165,7 +164,7 @@ public struct JSONLogHandler: LogHandler {
 /// interleave.
 public final class LogOutput: Sendable {
     private let descriptor: Int32
-    private let lock = Mutex(())
+    private let lock = Locked(())
 
     public static let standardError = LogOutput(descriptor: 2)
 

@@ -20,7 +20,7 @@ public final class AsyncBoundedQueue<Element: Sendable>: Sendable {
 
     public let capacity: Int
     private let weight: (@Sendable (Element) -> Int)?
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     /// - Parameter weight: an element's share of `capacity` (nil: 1 each).
     public init(capacity: Int, weight: (@Sendable (Element) -> Int)? = nil) {

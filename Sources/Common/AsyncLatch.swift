@@ -9,7 +9,7 @@ public final class AsyncLatch: Sendable {
         var waiters: [Int: CheckedContinuation<Bool, Never>] = [:]
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     public init() {}
 

@@ -10,7 +10,7 @@ public final class AsyncSerialGate: Sendable {
         var queue: [(id: Int, continuation: CheckedContinuation<Bool, Never>)] = []
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
 
     public init() {}
 

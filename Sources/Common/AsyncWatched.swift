@@ -19,10 +19,10 @@ public final class AsyncWatched<Value: Sendable>: Sendable {
         var waiters: [Int: Waiter] = [:]
     }
 
-    private let state: Mutex<State>
+    private let state: Locked<State>
 
     public init(_ value: Value) {
-        state = Mutex(State(value: value))
+        state = Locked(State(value: value))
     }
 
     /// The value now.

@@ -9,9 +9,9 @@ import Synchronization
 final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// Events for the application; its size counts records (batches weigh their length).
     let queue: AsyncBoundedQueue<KafkaConsumerEvent>
-    let flow: Mutex<ConsumerFlowControl>
+    let flow: Locked<ConsumerFlowControl>
     /// Told of a revocation on the poll thread before its commit (``KafkaConsumer/onRevoking(_:)``).
-    let revocationHandler = Mutex<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
+    let revocationHandler = Locked<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
     /// Revocations whose commit failed (``KafkaConsumer/revocationCommitFailures``).
     let revocationCommitFailures = Atomic<Int>(0)
     /// With topic queues (``KafkaConsumer`` `topicQueues`): each topic's own librdkafka queue,
@@ -21,7 +21,7 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     private let topicQueuesDestroyed = Atomic<Bool>(false)
     /// Per topic queue, records handed over and not released by the application yet, and how
     /// many may be.
-    let outstanding: Mutex<[Int]>
+    let outstanding: Locked<[Int]>
     let outstandingLimit: Int
     /// Poll thread only: what was handed over per partition, so that a record librdkafka
     /// delivers a second time within one assignment is skipped (``HandedOverOffsets``).
@@ -32,8 +32,8 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
             if case .messages(let batch) = event { return batch.count }
             return 0
         }
-        flow = Mutex(ConsumerFlowControl(capacity: capacity))
-        outstanding = Mutex([])
+        flow = Locked(ConsumerFlowControl(capacity: capacity))
+        outstanding = Locked([])
         self.outstandingLimit = max(outstandingLimit, 1)
         super.init(logger: logger)
     }

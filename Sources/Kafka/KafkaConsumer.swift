@@ -3,7 +3,6 @@ import CRdKafka
 import Foundation
 public import Logging
 public import ServiceLifecycle
-import Synchronization
 
 /// A consumer-group member (cooperative-sticky assignment) that hands records and rebalances to
 /// Swift as an `AsyncSequence`, in batches pulled on a dedicated thread.
@@ -26,10 +25,10 @@ public final class KafkaConsumer: Service, Sendable {
     private let topics: [String]
     private let batchSize: Int
     /// The poll thread, once started; nil again after ``close()``.
-    private let polling = Mutex<Polling>(.notStarted)
+    private let polling = Locked<Polling>(.notStarted)
     /// Opened by ``close()``.
     private let closed = AsyncLatch()
-    private let subscriptionFailure = Mutex<KafkaError?>(nil)
+    private let subscriptionFailure = Locked<KafkaError?>(nil)
 
     /// Why librdkafka refused the subscription, if it did: the consumer never gets a record.
     public var failure: KafkaError? { subscriptionFailure.withLock { $0 } }

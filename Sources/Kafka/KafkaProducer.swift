@@ -21,8 +21,8 @@ public final class KafkaProducer: Service, Sendable {
 
     private let handle: KafkaHandle
     private let callbacks: ProducerCallbacks
-    private let topics: Mutex<[String: TopicHandle]>
-    private let poller = Mutex<PollThread?>(nil)
+    private let topics: Locked<[String: TopicHandle]>
+    private let poller = Locked<PollThread?>(nil)
     /// Set once the poll thread runs: the send path checks it without taking the lock.
     private let polling = Atomic<Bool>(false)
     private let logger: Logger
@@ -55,7 +55,7 @@ public final class KafkaProducer: Service, Sendable {
         }
         self.handle = try KafkaHandle(type: RD_KAFKA_PRODUCER, configuration: builder, context: callbacks)
         self.callbacks = callbacks
-        self.topics = Mutex([:])
+        self.topics = Locked([:])
         self.logger = logger
     }
 
@@ -242,11 +242,11 @@ private final class DeliveryCallback: DeliveryTarget {
 
 /// Gathers the delivery reports of a batch of records; resumes its task with the last one.
 private final class DeliveryCollector: Sendable {
-    private let state: Mutex<(results: [Result<KafkaProducer.Delivery, KafkaError>?], missing: Int)>
+    private let state: Locked<(results: [Result<KafkaProducer.Delivery, KafkaError>?], missing: Int)>
     private let continuation: UnsafeContinuation<[Result<KafkaProducer.Delivery, KafkaError>], Never>
 
     init(count: Int, _ continuation: UnsafeContinuation<[Result<KafkaProducer.Delivery, KafkaError>], Never>) {
-        self.state = Mutex((Array(repeating: nil, count: count), count))
+        self.state = Locked((Array(repeating: nil, count: count), count))
         self.continuation = continuation
     }
 
@@ -275,7 +275,7 @@ private final class CollectedDelivery: DeliveryTarget {
 
 /// State the C callbacks reach through the configuration's opaque pointer.
 final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
-    let fatal = Mutex<KafkaError?>(nil)
+    let fatal = Locked<KafkaError?>(nil)
 }
 
 private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, _ in

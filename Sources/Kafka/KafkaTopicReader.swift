@@ -2,7 +2,6 @@ import Common
 import CRdKafka
 import Foundation
 public import Logging
-import Synchronization
 
 /// Reads one topic from its start without joining a consumer group: every partition is assigned
 /// by hand, so there is no group join (the few seconds a subscription waits for its first
@@ -16,9 +15,9 @@ public final class KafkaTopicReader: Sendable {
     public let topic: String
     private let handle: KafkaHandle
     /// The partitions (from the topic's metadata) and the next offset of each, once assigned.
-    private let state = Mutex<State?>(nil)
+    private let state = Locked<State?>(nil)
     /// Held for a whole read: reads share the assignment and the positions.
-    private let reading = Mutex(())
+    private let reading = Locked(())
 
     private struct State {
         var next: [Int32: Int64]
@@ -83,7 +82,7 @@ public final class KafkaTopicReader: Sendable {
     /// Reads up to the end of every partition as it is when the call starts (its high
     /// watermarks). Throws a timed-out ``KafkaError`` if that takes longer than `timeout`.
     public func readToEnd(timeout: Duration) async throws(KafkaError) -> [KafkaMessage] {
-        let collected = Mutex<[KafkaMessage]>([])
+        let collected = Locked<[KafkaMessage]>([])
         try await readToEnd(timeout: timeout) { batch in collected.withLock { $0 += batch } }
         return collected.withLock { $0 }
     }

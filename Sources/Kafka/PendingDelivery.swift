@@ -1,4 +1,4 @@
-import Synchronization
+import Common
 
 /// A record handed to the producer whose delivery report one task awaits later
 /// (``KafkaProducer/startSending(topic:key:value:headers:)``): the report may come before the
@@ -15,7 +15,7 @@ public final class PendingDelivery: Sendable {
         case reported(Report)
     }
 
-    private let state = Mutex(State.sent)
+    private let state = Locked(State.sent)
 
     init() {}
 

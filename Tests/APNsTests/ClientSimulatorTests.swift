@@ -4,7 +4,6 @@ import APNsSimulator
 import Foundation
 import HTTP2
 import NIOCore
-import Synchronization
 import TestSupport
 import Testing
 
@@ -118,7 +117,7 @@ struct ClientSimulatorTests {
         // A source that (wrongly) mints on every call: APNs punishes it, and so does the simulator.
         final class Careless: ProviderTokenSource {
             let signer: ProviderTokenSigner
-            let counter = Mutex(Int64(0))
+            let counter = Locked(Int64(0))
             init(signer: ProviderTokenSigner) { self.signer = signer }
             func currentToken() throws -> ProviderToken {
                 let now = Int64(Date().timeIntervalSince1970) - counter.withLock { $0 += 1; return $0 }

@@ -5,7 +5,7 @@ import NIOCore
 import NIOEmbedded
 import NIOPosix
 import NIOSSL
-import Synchronization
+import Common
 import Testing
 
 /// The nghttp2 engine on its own: limits that protect both sides from odd peers.
@@ -114,7 +114,7 @@ struct HTTP2EngineTests {
 
     /// Records the size of every request body it is handed.
     final class BodySizes: HTTP2ServerDelegate, Sendable {
-        let sizes = Mutex<[Int]>([])
+        let sizes = Locked<[Int]>([])
         func handle(_ request: HTTP2Request, streamID: Int32, connection: HTTP2ServerHandler) {
             sizes.withLock { $0.append(request.body?.readableBytes ?? 0) }
             connection.respond(streamID: streamID, HTTP2Response(status: 413))

@@ -3,7 +3,7 @@ import APNsSimulator
 import Crypto
 import Foundation
 import NIOCore
-import Synchronization
+import Common
 import TestSupport
 
 /// A fixed team and key id, a fresh key pair per use.
@@ -27,8 +27,8 @@ struct TestKey {
 
 /// A clock tests move by hand (epoch seconds).
 final class ManualClock: Sendable {
-    private let now: Mutex<Int64>
-    init(_ start: Int64 = Int64(Date().timeIntervalSince1970)) { now = Mutex(start) }
+    private let now: Locked<Int64>
+    init(_ start: Int64 = Int64(Date().timeIntervalSince1970)) { now = Locked(start) }
     var seconds: Int64 { now.withLock { $0 } }
     func advance(_ seconds: Int64) { now.withLock { $0 += seconds } }
     func set(_ seconds: Int64) { now.withLock { $0 = seconds } }
@@ -37,8 +37,8 @@ final class ManualClock: Sendable {
 
 /// A clock that reads the given values in turn, then keeps reading the last one.
 final class ScriptedClock: Sendable {
-    private let readings: Mutex<[Int64]>
-    init(_ readings: [Int64]) { self.readings = Mutex(readings) }
+    private let readings: Locked<[Int64]>
+    init(_ readings: [Int64]) { self.readings = Locked(readings) }
     var function: @Sendable () -> Int64 {
         { self.readings.withLock { $0.count > 1 ? $0.removeFirst() : $0[0] } }
     }

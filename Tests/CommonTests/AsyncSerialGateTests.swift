@@ -1,12 +1,11 @@
 import Common
-import Synchronization
 import Testing
 
 @Suite("AsyncSerialGate", .timeLimit(.minutes(1)))
 struct AsyncSerialGateTests {
     /// Tasks inside the gate now, and the most there ever were.
     final class Occupancy: Sendable {
-        let counts = Mutex((inside: 0, most: 0))
+        let counts = Locked((inside: 0, most: 0))
         func enter() { counts.withLock { $0.inside += 1; $0.most = max($0.most, $0.inside) } }
         func leave() { counts.withLock { $0.inside -= 1 } }
     }

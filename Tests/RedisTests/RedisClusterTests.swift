@@ -4,7 +4,6 @@ import Foundation
 import NIOCore
 import NIOPosix
 import RedisTesting
-import Synchronization
 import Testing
 import TestSupport
 
@@ -253,7 +252,7 @@ struct RedisClusterClientTests {
         let seeds = silent.compactMap { $0.localAddress?.port }.map { RedisNodeAddress(host: "127.0.0.1", port: $0) }
         // From the call to its failure (the client's shutdown after it is not the call's: a
         // loaded clean-clone run spent over 2 s there).
-        let failedAfter = Mutex<Duration?>(nil)
+        let failedAfter = Locked<Duration?>(nil)
         await #expect(throws: RedisError.self) {
             try await withClusterClient("redis://127.0.0.1:\(seeds[0].port)/0", timeout: .seconds(1), seeds: seeds) { client in
                 let started = ContinuousClock.now

@@ -1,3 +1,4 @@
+import Common
 import Synchronization
 import Testing
 
@@ -7,7 +8,7 @@ import Testing
 final class StartedHarnesses: Sendable {
     @TaskLocal static var current: StartedHarnesses?
 
-    private let started = Mutex<[RelayHarness]>([])
+    private let started = Locked<[RelayHarness]>([])
 
     func add(_ harness: RelayHarness) {
         started.withLock { $0.append(harness) }

@@ -1,4 +1,4 @@
-import Synchronization
+import Common
 import Testing
 
 /// `.stopsItsRelays`: a test that throws half-way still stops the relay it started.
@@ -7,7 +7,7 @@ struct HarnessTeardownTests {
     struct HalfWay: Error {}
 
     @Test func aTestThatThrowsStillStopsItsRelay() async throws {
-        let started = Mutex<RelayHarness?>(nil)
+        let started = Locked<RelayHarness?>(nil)
         let scope = StopsItsRelays()
         await #expect(throws: HalfWay.self) {
             try await scope.provideScope(for: Test.current!, testCase: Test.Case.current) {

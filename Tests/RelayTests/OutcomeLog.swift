@@ -1,6 +1,6 @@
 import Foundation
 import Kafka
-import Synchronization
+import Common
 import Testing
 import TestSupport
 
@@ -90,7 +90,7 @@ struct OutcomeLog {
 /// does not count twice); every outcome read, as published.
 func readOutcomes(_ bootstrapServers: String, _ topic: String, distinct count: Int,
                   timeout: Duration = .seconds(90)) async throws -> [KafkaMessage] {
-    let ids = Mutex(Set<String>())
+    let ids = Locked(Set<String>())
     return try await readTopic(bootstrapServers, topic, timeout: timeout) { batch, _ in
         ids.withLock { ids in
             for message in batch {

@@ -5,7 +5,6 @@ import Crypto
 import Foundation
 import Kafka
 import NIOCore
-import Synchronization
 import Relay
 import Testing
 import KafkaTesting
@@ -281,7 +280,7 @@ struct RelayEndToEndTests {
     @Test(arguments: [false, true])
     func aDeviceWithABacklogDoesNotStallTheOthers(tooManyRequests: Bool) async throws {
         let hot = hexToken(0xa), other = hexToken(0xb)
-        let firstOutcome = Mutex<[String: ContinuousClock.Instant]>([:])
+        let firstOutcome = Locked<[String: ContinuousClock.Instant]>([:])
         let harness = try await RelayHarness.start(configure: { simulator in
             simulator.behaviour.latency = .milliseconds(50)
             if tooManyRequests {

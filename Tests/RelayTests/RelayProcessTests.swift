@@ -9,7 +9,6 @@ import Relay
 import TestSupport
 import Testing
 import Spawn
-import Synchronization
 import RedisTesting
 import KafkaTesting
 
@@ -135,7 +134,7 @@ func freePort() async throws -> Int {
     }
 }
 
-private let handedOutPorts = Mutex(Set<Int>())
+private let handedOutPorts = Locked(Set<Int>())
 
 struct ProcessHarness {
     let cluster: KafkaMockCluster

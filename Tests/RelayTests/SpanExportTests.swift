@@ -6,7 +6,7 @@ import NIOHTTP1
 import NIOPosix
 @testable import Relay
 import RedisTesting
-import Synchronization
+import Common
 import TestSupport
 import Testing
 import W3CTraceContext
@@ -22,7 +22,7 @@ final class OTLPReceiver: Sendable {
     /// What the connections' handlers share.
     final class Store: Sendable {
         /// The requests, as received (parsed when read).
-        let received = Mutex<[Request]>([])
+        let received = Locked<[Request]>([])
 
         func take(_ path: String, _ request: Request) -> Int {
             guard path == "/v1/traces" else { return 404 }

@@ -1,7 +1,7 @@
 import NIOCore
 import NIOPosix
 @testable import Relay
-import Synchronization
+import Common
 import Testing
 
 /// A request head that arrives in pieces is answered once it is whole.
@@ -10,7 +10,7 @@ struct StatusServerSplitTests {
     /// Collects what the server sends; `head` completes once a whole response head arrived.
     final class Collector: ChannelInboundHandler, Sendable {
         typealias InboundIn = ByteBuffer
-        let received = Mutex<[UInt8]>([])
+        let received = Locked<[UInt8]>([])
         let head: EventLoopPromise<String>
 
         init(_ head: EventLoopPromise<String>) {

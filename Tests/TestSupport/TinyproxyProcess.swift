@@ -1,6 +1,6 @@
 import Foundation
 import Spawn
-import Synchronization
+import Common
 
 /// A private `tinyproxy` (Debian's package) on a free loopback port: a real HTTP proxy that
 /// answers `CONNECT`, for the egress-proxy tests. Killed when released.
@@ -11,7 +11,7 @@ public final class TinyproxyProcess: Sendable {
     private let logged = Logged()
 
     private final class Logged: Sendable {
-        let bytes = Mutex<[UInt8]>([])
+        let bytes = Locked<[UInt8]>([])
     }
 
     /// - Parameters:

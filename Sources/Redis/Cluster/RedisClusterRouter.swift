@@ -84,7 +84,7 @@ final class RedisClusterRouter: Sendable {
         var isShutDown = false
     }
 
-    let state = Mutex(State())
+    let state = Locked(State())
     /// Counters for tests; the same go to metrics: `relay_redis_redirects_total{kind}`,
     /// `relay_redis_topology_refreshes_total`, and `relay_redis_cluster_masters`.
     let refreshes = Atomic<Int>(0)

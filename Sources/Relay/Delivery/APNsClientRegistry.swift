@@ -1,7 +1,6 @@
 import APNs
 import Common
 import ServiceLifecycle
-import Synchronization
 
 /// The relay's APNs clients, one per credential and endpoint, opened on first use (nothing
 /// connects before an intent needs it). A `Service`: when its group shuts down gracefully it
@@ -17,7 +16,7 @@ final class APNsClientRegistry: Service, Sendable {
         var shutDown = false
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     private let make: @Sendable (Key) throws -> APNsClient
     private let closed = AsyncLatch()
 

@@ -3,6 +3,7 @@ import Foundation
 import Metrics
 public import Logging
 public import Redis
+import Common
 import Synchronization
 
 /// One provider token per (team, key) for the whole fleet, kept in Redis.
@@ -28,9 +29,9 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     private let clock: @Sendable () -> Int64
     private let fallback: LocalProviderTokenSource
     private let logger: Logger
-    private let local = Mutex<ProviderToken?>(nil)
+    private let local = Locked<ProviderToken?>(nil)
     /// The one Redis exchange under way, shared by every caller meanwhile (single flight).
-    private let asking = Mutex<Task<ProviderToken, any Error>?>(nil)
+    private let asking = Locked<Task<ProviderToken, any Error>?>(nil)
     private let redisFailing = Atomic<Bool>(false)
     private let mints = Atomic<Int>(0)
     /// `apns_requests_total` for this key: every ``currentToken()`` (one per send).

@@ -3,7 +3,7 @@ import Foundation
 import Kafka
 import Metrics
 import Redis
-import Synchronization
+import Common
 
 /// The metrics the relay emits; names live here only (docs/operations.md and dashboards read
 /// them from here).
@@ -79,7 +79,7 @@ enum RelayMetrics {
     /// At most `limit` distinct reason codes get a label of their own; later new ones are `other`.
     final class ReasonLabels: Sendable {
         let limit: Int
-        private let seen = Mutex(Set<String>())
+        private let seen = Locked(Set<String>())
 
         init(limit: Int) {
             self.limit = limit
@@ -98,7 +98,7 @@ enum RelayMetrics {
     }
 
     /// Partitions whose lag this process shows.
-    private static let lagPartitions = Mutex(Set<TopicPartition>())
+    private static let lagPartitions = Locked(Set<TopicPartition>())
 
     /// `relay_consumer_lag{lane,partition}` for the partitions this relay owns now (`owned`: its
     /// assignment; `lag` may miss one whose position is not known yet); the series of a
@@ -150,7 +150,7 @@ enum RelayMetrics {
         for certificate in certificates { gauge(certificate.subject).record(certificate.notValidAfter.timeIntervalSince1970.rounded(.down)) }
     }
 
-    private static let certificateSubjects = Mutex(Set<String>())
+    private static let certificateSubjects = Locked(Set<String>())
 
     static func credentialFault(teamID: String) {
         Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment()

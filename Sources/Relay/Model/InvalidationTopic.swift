@@ -1,6 +1,6 @@
 import Foundation
 public import Kafka
-import Synchronization
+import Common
 
 /// What the invalidations topic says now: the (topic, token) pairs currently known dead, as a
 /// compacted topic keeps them (the last record per key wins; a tombstone removes the key).
@@ -39,7 +39,7 @@ public struct InvalidationTopic: Sendable {
     public static func read(bootstrapServers: String, topic: String, properties: [String: String] = [:],
                             timeout: Duration) async throws(KafkaError) -> InvalidationTopic {
         let reader = try KafkaTopicReader(bootstrapServers: bootstrapServers, topic: topic, properties: properties)
-        let state = Mutex(InvalidationTopic())
+        let state = Locked(InvalidationTopic())
         do {
             try await reader.readToEnd(timeout: timeout) { batch in
                 state.withLock { topic in for message in batch { topic.apply(message) } }

@@ -6,7 +6,6 @@ import Logging
 import NIOCore
 import Redis
 public import ServiceLifecycle
-import Synchronization
 import Tracing
 
 /// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
@@ -58,8 +57,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let laneMetrics: [RelayMetrics.Lane]
     /// The partitions paused now (held by the ledger), as last applied; its lock serializes
     /// ``reconcilePauses(_:)``.
-    let pauses = Mutex(Set<TopicPartition>())
-    let state: Mutex<State>
+    let pauses = Locked(Set<TopicPartition>())
+    let state: Locked<State>
     let logger: Logger
     let clock: @Sendable () -> Int64
     let backoff: Backoff
@@ -125,7 +124,7 @@ public final class RelayPipeline: RelayStatus, Service {
         self.logger = logger
         self.clock = clock
         self.published = published
-        self.state = Mutex(State(
+        self.state = Locked(State(
             partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting),

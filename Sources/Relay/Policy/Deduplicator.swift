@@ -1,7 +1,6 @@
 import Common
 import Foundation
 import Redis
-import Synchronization
 
 /// Records which intents APNs already answered (see ``RedisKeys`` for the key and ``DevicePolicy``
 /// for the check, which is part of every batch's admission).
@@ -99,7 +98,7 @@ final class GroupCommit: Sendable {
     }
 
     private let client: RedisClient
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// Commands per round trip at most (one submission is never split).
     private let maxBatch = 1000
     /// Round trips under way at once. Two keep Redis busy while the relay hands one round's

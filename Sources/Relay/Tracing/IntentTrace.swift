@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import Kafka
+import Common
 import Synchronization
 import Tracing
 import W3CTraceContext
@@ -28,7 +29,7 @@ final class IntentTrace: Sendable {
     /// `apns-relay intent`.
     let span: any Span
     let policy: (start: UInt64, end: UInt64)?
-    private let marks = Mutex(Marks())
+    private let marks = Locked(Marks())
     /// Set once the intent span ended (by whichever of ``finish(_:partition:offset:)`` and
     /// ``end(without:)`` came first).
     private let ended = Atomic<Bool>(false)
