@@ -29,7 +29,7 @@ RUN APNS_RELAY_COMMIT="${APNS_RELAY_COMMIT}" swift build -c release --product ap
 FROM ${RUNTIME_IMAGE} AS runtime
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends librdkafka1 libnghttp2-14 libhiredis1.1.0 ca-certificates \
+    && apt-get install -y --no-install-recommends librdkafka1 libnghttp2-14 libhiredis1.1.0 libjemalloc2 ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin apns-relay
 COPY --from=build /out/apns-relay /usr/local/bin/apns-relay
