@@ -32,14 +32,18 @@ struct InvalidationProcessTests {
         // The first produce request broker 3 gets from now on — the relay's record, as nothing
         // else produces until its outcome is read — is refused 120 s later: the record is held
         // while the outcome goes out, and until the relay is killed, however slowly a loaded
-        // machine gets through the checks in between. The relay's request timeout is longer
-        // still, so it does not give up on the request and send it again meanwhile.
+        // machine gets through the checks in between. The relay's producer waits longer still
+        // for the answer, so it does not give up on the request and send it again meanwhile:
+        // librdkafka times a produce request out after `socket.timeout.ms` (60 s by default),
+        // whatever `request.timeout.ms` (the acknowledgement timeout it asks of the broker) says.
+        // With 60 s, a loaded run (the thread sanitizer's) saw the request resent and the record
+        // stored before the kill, in 2 of 4 runs.
         harness.cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce,
                                                 [(KafkaErrorCode.notEnoughReplicas, 120_000)])
         let redis = try await RedisServerProcess.started()
         let config = try writeConfig(harness: harness, redisURL: redis.url, invalidationsTopic: invalidations)
         try String(contentsOfFile: config, encoding: .utf8)
-            .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    request.timeout.ms: 180000")
+            .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    request.timeout.ms: 180000\n    socket.timeout.ms: 180000")
             .write(toFile: config, atomically: true, encoding: .utf8)
         let first = try RelayProcess.start(config: config)
         let answered = try await harness.outcomes(distinct: 1)
