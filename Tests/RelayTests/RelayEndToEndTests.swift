@@ -264,7 +264,7 @@ struct RelayEndToEndTests {
         // The 1 s deadline, then the clients close (an open APNs request is cut a second later):
         // far below the request's 60 s (a generous bound: the suite runs many tests at once).
         #expect(took >= .seconds(1))
-        #expect(took < .seconds(10))
+        #expect(took < slowed(.seconds(10)))
         #expect(harness.pipeline.outcomeCounts.isEmpty)
         let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
                                        groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
@@ -316,7 +316,7 @@ struct RelayEndToEndTests {
         // 50 ms at best) had answered only a few of its 5,000 by then. (About 1 s after they were
         // produced on a quiet machine; the bound below leaves room for a loaded one.)
         #expect(hotBefore < 200)
-        #expect(last - produced < .seconds(10))
+        #expect(last - produced < slowed(.seconds(10)))
         await harness.stop()
     }
 
