@@ -12,8 +12,8 @@ let strict: [SwiftSetting] = [
 
 // The executables allocate with jemalloc (Debian's libjemalloc-dev; linked, its malloc comes
 // before the C library's): intents free on other threads than they allocate on, which glibc's
-// malloc serves slowly. Measured with `apns-relay-dev bench e2e` (docs/performance.md): 10% less
-// relay CPU per intent with the policy off, 12% with it on. The test binaries keep glibc's.
+// malloc serves slowly. Measured with `apns-relay-dev bench e2e` (docs/performance.md): 17% less
+// relay CPU per intent with the policy off, 16% with it on. The test binaries keep glibc's.
 let jemalloc: [LinkerSetting] = [.linkedLibrary("jemalloc", .when(platforms: [.linux]))]
 
 let package = Package(
