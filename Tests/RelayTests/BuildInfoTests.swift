@@ -36,6 +36,16 @@ struct BuildInfoTests {
         #expect(Self.names(dev.stdout.trimmingCharacters(in: .newlines), "apns-relay-dev", expected), "\(dev.stdout)")
     }
 
+    /// `apns-relay` allocates with jemalloc (linked, Package.swift; docs/performance.md has the
+    /// figures): asked to (`MALLOC_CONF`), jemalloc prints its statistics as the process ends.
+    /// Under a sanitizer the sanitizer's allocator comes first, so not there.
+    @Test(.disabled(if: sanitizerSlowdown > 1, "a sanitizer's allocator replaces jemalloc"))
+    func theRelayAllocatesWithJemalloc() async throws {
+        let relay = try await RelayBinary.run(["--version"], environment: ["MALLOC_CONF": "stats_print:true"])
+        #expect(relay.status == 0)
+        #expect(relay.stderr.contains("Begin jemalloc statistics"), "\(relay.stderr.prefix(300))")
+    }
+
     /// The chart installs the image of its `appVersion`: the same version the binary reports.
     @Test func theChartsAppVersionIsTheVersionFile() async throws {
         let expected = try await Self.expected()
