@@ -63,30 +63,34 @@ public final class RedisClusterProcess: Sendable {
         while Date() < deadline {
             var views: Set<String> = []
             var ok = true
+            var unanswered: [String] = []
             for server in servers where server.isRunning {
-                let info = try cli(port: server.port, ["CLUSTER", "INFO"])
-                if !info.contains("cluster_state:ok") { ok = false }
-                // A replica counts once it finished syncing with its master.
-                let replication = try cli(port: server.port, ["INFO", "replication"])
-                if replication.contains("role:slave"), !replication.contains("master_link_status:up") { ok = false }
-                views.insert(try cli(port: server.port, ["CLUSTER", "SLOTS"]).split(separator: "\n").sorted().joined(separator: ","))
+                do {
+                    let info = try cli(port: server.port, ["CLUSTER", "INFO"])
+                    if !info.contains("cluster_state:ok") { ok = false }
+                    // A replica counts once it finished syncing with its master.
+                    let replication = try cli(port: server.port, ["INFO", "replication"])
+                    if replication.contains("role:slave"), !replication.contains("master_link_status:up") { ok = false }
+                    views.insert(try cli(port: server.port, ["CLUSTER", "SLOTS"]).split(separator: "\n").sorted().joined(separator: ","))
+                } catch {
+                    // A node that does not answer (yet) is not settled.
+                    ok = false
+                    unanswered.append("\(error)")
+                }
             }
             if ok && views.count == 1 { return }
-            last = "states ok: \(ok), distinct slot maps: \(views.count)"
+            last = "states ok: \(ok), distinct slot maps: \(views.count)" + (unanswered.isEmpty ? "" : ", \(unanswered.joined(separator: "; "))")
             // No event to await: the nodes gossip on their own schedule.
             Thread.sleep(forTimeInterval: 0.1)
         }
         throw RedisServerProcess.ServerFailed(log: "the Redis Cluster did not settle in 20 s (\(last))")
     }
 
-    /// Runs `redis-cli -p port args...` and returns its output (raw replies, one per line).
+    /// Sends one command to the node on `port` and returns its reply as `redis-cli -p port
+    /// args...` prints it (see ``LoopbackRedisCommand``); throws when the node does not answer.
     @discardableResult
     public func cli(port: Int, _ arguments: [String]) throws -> String {
-        let run = try ChildProcess.capturingOutput(executable: try Self.redisCLI(),
-                                                   arguments: ["-h", "127.0.0.1", "-p", "\(port)"] + arguments)
-        let output = String(decoding: ChildProcess.readToEnd(run.output), as: UTF8.self)
-        _ = run.process.wait()
-        return output
+        try LoopbackRedisCommand.run(port: port, arguments)
     }
 
     /// Per slot, the port of the master serving it now (0: none), as the first running node

@@ -403,3 +403,31 @@ struct RedisClusterChangeTests {
         }
     }
 }
+
+/// The test clusters' bookkeeping command, against a real redis-server: replies read as
+/// `redis-cli` prints them off a terminal, and a node that is not there is an error, not an
+/// empty answer.
+@Suite("Loopback Redis command (test tooling)", .timeLimit(.minutes(1)))
+struct LoopbackRedisCommandTests {
+    @Test func repliesReadAsRedisCLIPrintsThem() async throws {
+        let server = try await RedisServerProcess.started()
+        let port = server.port
+        try await offPool {
+            #expect(try LoopbackRedisCommand.run(port: port, ["SET", "k", "a\nb"]) == "OK\n")
+            #expect(try LoopbackRedisCommand.run(port: port, ["GET", "k"]) == "a\nb\n")
+            #expect(try LoopbackRedisCommand.run(port: port, ["GET", "missing"]) == "\n")
+            #expect(try LoopbackRedisCommand.run(port: port, ["RPUSH", "l", "x", "", "z"]) == "3\n")
+            #expect(try LoopbackRedisCommand.run(port: port, ["LRANGE", "l", "0", "-1"]) == "x\n\nz\n")
+            // Nested arrays come out flat, one element per line.
+            let nested = try LoopbackRedisCommand.run(port: port, ["EVAL", "return {1, {'two', 3}}", "0"])
+            #expect(nested == "1\ntwo\n3\n")
+            #expect(try LoopbackRedisCommand.run(port: port, ["NOSUCHCOMMAND"]).hasPrefix("ERR unknown command"))
+            // A reply larger than one read.
+            let large = String(repeating: "v", count: 100_000)
+            _ = try LoopbackRedisCommand.run(port: port, ["SET", "large", large])
+            #expect(try LoopbackRedisCommand.run(port: port, ["GET", "large"]) == large + "\n")
+            server.stop()
+            #expect(throws: LoopbackRedisCommand.Failed.self) { try LoopbackRedisCommand.run(port: port, ["PING"]) }
+        }
+    }
+}
