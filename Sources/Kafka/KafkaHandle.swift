@@ -1,4 +1,5 @@
 import CRdKafka
+import Foundation
 import Logging
 
 /// What librdkafka's callbacks reach through the client's opaque pointer: at least a logger.
@@ -105,6 +106,31 @@ final class KafkaHandle: @unchecked Sendable {
     /// A topic handle for producing; it keeps this client alive.
     func topic(_ name: String) -> TopicHandle? {
         rd_kafka_topic_new(handle, name, nil).map { TopicHandle($0, client: self) }
+    }
+
+    /// The number of partitions of `topic`, asked of the cluster: a metadata request, blocking
+    /// until `deadline`, asked again every 50 ms while the topic or its leaders are not known
+    /// (a topic being created, a broker not reachable yet). The answer also fills librdkafka's
+    /// metadata cache, so a producer knows the topic's leaders from then on.
+    func partitionCount(of topic: String, deadline: ContinuousClock.Instant) throws(KafkaError) -> Int {
+        guard let topicHandle = rd_kafka_topic_new(handle, topic, nil) else {
+            throw KafkaError(rd_kafka_last_error(), context: "topic \(topic)")
+        }
+        defer { rd_kafka_topic_destroy(topicHandle) }
+        while true {
+            var metadata: UnsafePointer<rd_kafka_metadata>?
+            var error = rd_kafka_metadata(handle, 0, topicHandle, &metadata, remainingMilliseconds(deadline))
+            if error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata {
+                defer { rd_kafka_metadata_destroy(metadata) }
+                let described = metadata.pointee.topic_cnt > 0 ? metadata.pointee.topics[0] : nil
+                if let described, described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 {
+                    return Int(described.partition_cnt)
+                }
+                error = described?.err ?? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC
+            }
+            guard ContinuousClock.now < deadline else { throw KafkaError(error, context: "metadata of \(topic)") }
+            usleep(50_000)
+        }
     }
 
     func withHandle<R, E: Error>(_ body: (OpaquePointer) throws(E) -> R) throws(E) -> R {

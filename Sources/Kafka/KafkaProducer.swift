@@ -84,6 +84,25 @@ public final class KafkaProducer: Service, Sendable {
         await close()
     }
 
+    /// Asks the cluster for `topics` now (their partitions and leaders), each until `timeout`,
+    /// and keeps their handles: the first record of each then goes straight to its leader. A
+    /// topic first met by a record waits for a metadata request, and librdkafka sends that on a
+    /// connection already in use, where it waits behind whatever that broker is slow to answer
+    /// (another topic's produce request, say). Returns each topic's partition count; throws for
+    /// the first topic not known by the deadline.
+    @discardableResult
+    public func prepare(topics names: [String], timeout: Duration = .seconds(10)) async throws(KafkaError) -> [String: Int] {
+        for name in names { _ = try topic(name) }
+        let deadline = ContinuousClock.now + timeout, handle = self.handle
+        return try await runBlocking {
+            Result { () throws(KafkaError) -> [String: Int] in
+                var counts: [String: Int] = [:]
+                for name in names { counts[name] = try handle.partitionCount(of: name, deadline: deadline) }
+                return counts
+            }
+        }.get()
+    }
+
     /// Appends a record and waits for its delivery report.
     ///
     /// Throws when librdkafka refuses the record at once (its local queue is full:

@@ -155,38 +155,13 @@ public final class KafkaTopicReader: Sendable {
     /// Asks for the topic's partitions and assigns all of them from their start, once.
     private func assignIfNeeded(deadline: ContinuousClock.Instant) throws(KafkaError) {
         guard state.withLock({ $0 == nil }) else { return }
-        let count = try partitionCount(deadline: deadline)
+        let count = try handle.partitionCount(of: topic, deadline: deadline)
         let partitions = (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
         let error = handle.withHandle { rk in
             withPartitionList(partitions, offsets: partitions.map { _ in Int64(RD_KAFKA_OFFSET_BEGINNING) }) { rd_kafka_assign(rk, $0) }
         }
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "assign \(topic)") }
         state.withLock { $0 = State(next: Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, 0) }), lastError: nil) }
-    }
-
-    private func partitionCount(deadline: ContinuousClock.Instant) throws(KafkaError) -> Int {
-        try handle.withHandle { rk throws(KafkaError) in
-            guard let topicHandle = rd_kafka_topic_new(rk, topic, nil) else {
-                throw KafkaError(rd_kafka_last_error(), context: "topic \(topic)")
-            }
-            defer { rd_kafka_topic_destroy(topicHandle) }
-            while true {
-                var metadata: UnsafePointer<rd_kafka_metadata>?
-                var error = rd_kafka_metadata(rk, 0, topicHandle, &metadata, remainingMilliseconds(deadline))
-                if error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata {
-                    defer { rd_kafka_metadata_destroy(metadata) }
-                    let described = metadata.pointee.topic_cnt > 0 ? metadata.pointee.topics[0] : nil
-                    if let described, described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 {
-                        return Int(described.partition_cnt)
-                    }
-                    error = described?.err ?? RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC
-                }
-                // Asked again until the deadline: a topic being created (its leaders not known
-                // yet), a broker not reachable yet.
-                guard ContinuousClock.now < deadline else { throw KafkaError(error, context: "metadata of \(topic)") }
-                usleep(50_000)
-            }
-        }
     }
 
     /// One poll (up to 100 ms, or less before the deadline), then whatever else is ready.
@@ -220,6 +195,6 @@ public final class KafkaTopicReader: Sendable {
     }
 }
 
-private func remainingMilliseconds(_ deadline: ContinuousClock.Instant) -> Int32 {
+func remainingMilliseconds(_ deadline: ContinuousClock.Instant) -> Int32 {
     Int32(clamping: max((deadline - .now).totalMilliseconds, 0))
 }

@@ -295,6 +295,37 @@ struct KafkaTests {
         await second.close()
     }
 
+    /// A producer that prepared its topics knows their partitions' leaders before its first
+    /// record: a record for another broker does not wait on a metadata request that went out
+    /// behind a produce a slow broker holds (the mock answers a connection's requests in
+    /// order). Here the producer knows only broker 3, which holds the first record's produce
+    /// request for 12 s; the second record's topic is led by broker 1. (Without the preparation
+    /// the second record waited the whole 12 s.)
+    @Test func aProducersTopicsAreKnownBeforeItsFirstRecord() async throws {
+        let cluster = try KafkaMockCluster(brokers: 3)
+        let held = uniqueName("invalidations"), other = uniqueName("outcomes")
+        try cluster.createTopic(held, partitions: 1)
+        try cluster.createTopic(other, partitions: 1)
+        cluster.setLeader(topic: held, partition: 0, broker: 3)
+        cluster.setLeader(topic: other, partition: 0, broker: 1)
+        let brokerThree = String(try #require(cluster.bootstrapServers.split(separator: ",").last))
+        let producer = try KafkaProducer(bootstrapServers: brokerThree, properties: ["socket.timeout.ms": "60000"])
+        #expect(try await producer.prepare(topics: [held, other]) == [held: 1, other: 1])
+        // A topic that cannot be (librdkafka refuses names over 512 bytes) is an error.
+        let impossible = String(repeating: "t", count: 600)
+        await #expect(throws: KafkaError.self) { try await producer.prepare(topics: [impossible], timeout: .milliseconds(500)) }
+        cluster.pushBrokerRequestErrors(broker: 3, apiKey: KafkaMockCluster.APIKey.produce, [(0, 12_000)])
+        let start = ContinuousClock.now
+        let first = Task { try await producer.send(topic: held, key: nil, value: [1]) }
+        try await waitUntil { cluster.brokerErrorsLeft(broker: 3, apiKey: KafkaMockCluster.APIKey.produce) == 0 }
+        _ = try await producer.send(topic: other, key: nil, value: [2])
+        let elapsed = ContinuousClock.now - start
+        #expect(elapsed < .seconds(8), "the second record waited for the first one's broker: \(elapsed)")
+        _ = try await first.value
+        #expect(ContinuousClock.now - start >= .seconds(12), "the first record was held")
+        await producer.close()
+    }
+
     @Test func sendingAfterCloseFailsAtOnce() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let topic = uniqueName("outcomes")

@@ -46,7 +46,14 @@ struct InvalidationProcessTests {
             .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    request.timeout.ms: 180000\n    socket.timeout.ms: 180000")
             .write(toFile: config, atomically: true, encoding: .utf8)
         let first = try RelayProcess.start(config: config)
-        let answered = try await harness.outcomes(distinct: 1)
+        let answered: [String]
+        do {
+            answered = try await harness.outcomes(distinct: 1)
+        } catch {
+            first.kill9()
+            Issue.record("no outcome from the first relay; it printed:\n\(first.printed.suffix(12_000))")
+            throw error
+        }
         #expect(answered.count == 1 && answered[0].contains(#""status":"unregistered""#), "\(answered)")
         // The record's request reached broker 3 (the error was taken) and is held there.
         try await waitUntil { harness.cluster.brokerErrorsLeft(broker: 3, apiKey: KafkaMockCluster.APIKey.produce) == 0 }

@@ -139,6 +139,22 @@ extension RelayPipeline {
         return true
     }
 
+    /// Before consuming: asks the cluster for the topics the relay produces to (outcomes, and
+    /// invalidations when set), so that their first records go straight to their leaders. A
+    /// topic first met by a record waits for a metadata request, which librdkafka may send on
+    /// a connection where it queues behind a slow broker's answer to another topic's produce.
+    /// Bounded by 10 s: a topic not known by then is named in a warning, and the relay goes on
+    /// (its records wait and are retried as any whose delivery fails).
+    func prepareProducedTopics() async {
+        let topics = [configuration.kafka.outcomesTopic, configuration.kafka.invalidationsTopic].filter { !$0.isEmpty }
+        do {
+            let partitions = try await producer.prepare(topics: topics, timeout: .seconds(10))
+            logger.info("topics to produce to are known", metadata: ["kafka.partitions": "\(partitions)"])
+        } catch {
+            logger.warning("a topic to produce to is not known yet; its records wait", metadata: ["kafka.error": "\(error)"])
+        }
+    }
+
     /// An outcome's delivery failed (it is tried again).
     func publishFailed(_ item: WorkItem, _ error: KafkaError) {
         logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))

@@ -296,6 +296,7 @@ public final class RelayPipeline: RelayStatus, Service {
             abandoning.open()
             return
         }
+        await prepareProducedTopics()
         consuming.open()
         let left = await withTaskGroup(of: Void.self) { group -> Int in
             group.addTask { await self.consumeAndWork() }
