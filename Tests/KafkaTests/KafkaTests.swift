@@ -37,9 +37,9 @@ let fastGroup = ["session.timeout.ms": "3000", "heartbeat.interval.ms": "500"]
 
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
 
-/// One test at a time: several mock clusters' coordinators at once on two loaded cores can
-/// stretch a rebalance into the next one, which the rebalance tests below do not expect.
-@Suite("Kafka over librdkafka's mock cluster", .serialized, .timeLimit(.minutes(3)))
+/// Each test has a mock cluster of its own; they run beside each other. The rebalance tests
+/// are in ``KafkaRebalanceTests``.
+@Suite("Kafka over librdkafka's mock cluster", .timeLimit(.minutes(3)))
 struct KafkaTests {
     @Test func producesAndConsumesInKeyOrder() async throws {
         let cluster = try KafkaMockCluster(brokers: 3)
@@ -87,60 +87,6 @@ struct KafkaTests {
         }
         #expect(consumer.failure == error)
         await consumer.close()
-    }
-
-    /// With librdkafka's auto-commit off, a partition taken away by a rebalance has its stored
-    /// offset committed before it goes: its next owner starts exactly behind the work finished
-    /// here.
-    @Test func aRevokedPartitionsStoredOffsetIsCommittedBeforeItMoves() async throws {
-        let cluster = try KafkaMockCluster(brokers: 1)
-        let topic = uniqueName("intents")
-        try cluster.createTopic(topic, partitions: 2)
-        let group = uniqueName("group")
-        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
-        var produced: [Int32: Int64] = [:]
-        for index in 0..<60 {
-            let delivery = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: Array("\(index)".utf8))
-            produced[delivery.partition, default: 0] += 1
-        }
-        await producer.close()
-        #expect(produced.count == 2)
-        // A session that survives a loaded machine: only the second member's join rebalances.
-        let manual = ["session.timeout.ms": "10000", "heartbeat.interval.ms": "500", "enable.auto.commit": "false"]
-        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
-        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 60 }
-        // Everything is finished here; nothing is committed yet (auto-commit is off).
-        for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
-        let partitions = (0..<2).map { TopicPartition(topic: topic, partition: $0) }
-        #expect(try await first.committed(partitions).values.allSatisfy { $0 < 0 })
-
-        // A second member joins: one partition moves to it.
-        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
-        async let joined = collect(second) { _, events in
-            events.contains { if case .assigned(let assigned) = $0 { return !assigned.isEmpty }; return false }
-        }
-        let (_, events) = try await collect(first, timeout: .seconds(60)) { _, events in
-            events.contains { if case .revoked(let revoked) = $0 { return !revoked.isEmpty }; return false }
-        }
-        let revoked = events.compactMap { event -> [TopicPartition]? in
-            if case .revoked(let partitions) = event { return partitions }
-            return nil
-        }.flatMap { $0 }
-        #expect(revoked.count == 1)
-        let committed = try await first.committed(revoked)
-        // The mock coordinator refuses commits while the group is joining or syncing (real
-        // Kafka accepts them while preparing a rebalance): a refusal is counted, and only then
-        // is a missing commit a known issue of the test cluster.
-        withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
-            for partition in revoked {
-                #expect(committed[partition] == produced[partition.partition], "\(partition)")
-            }
-        } when: {
-            first.revocationCommitFailures > 0
-        }
-        _ = try await joined
-        await second.close()
-        await first.close()
     }
 
     @Test func storedOffsetsAreCommittedAndResumedFrom() async throws {
@@ -243,58 +189,6 @@ struct KafkaTests {
         await producer.close()
     }
 
-    /// A member of a fresh group that consumed all 40 records of a 4-partition topic, then a
-    /// second member that joins: `beforeJoin` runs between the two. Returns both consumers,
-    /// what the first consumed and the partitions revoked from it (once the second has some).
-    static func rebalance(_ cluster: KafkaMockCluster, properties: [String: String],
-                          beforeJoin: (KafkaConsumer, [KafkaMessage]) throws -> Void = { _, _ in })
-        async throws -> (first: KafkaConsumer, second: KafkaConsumer, consumed: [KafkaMessage], revoked: [TopicPartition]) {
-        let topic = uniqueName("intents")
-        try cluster.createTopic(topic, partitions: 4)
-        let group = uniqueName("group")
-        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
-        for index in 0..<40 { _ = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: [1]) }
-        await producer.close()
-        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
-        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 40 }
-        try beforeJoin(first, messages)
-        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
-        let secondAssigned = Task { try await collect(second) { _, events in events.contains { if case .assigned(let p) = $0 { return !p.isEmpty }; return false } } }
-        let (_, events) = try await collect(first) { _, events in events.contains { if case .revoked(let p) = $0 { return !p.isEmpty }; return false } }
-        _ = try await secondAssigned.value
-        let revoked = events.compactMap { if case .revoked(let p) = $0 { return p }; return nil }.flatMap { $0 }
-        return (first, second, messages, revoked)
-    }
-
-    @Test func revokedPartitionsRefuseOffsets() async throws {
-        let cluster = try KafkaMockCluster(brokers: 1)
-        let (first, second, messages, revoked) = try await Self.rebalance(cluster, properties: fastGroup)
-        #expect(messages.count == 40)
-        #expect(!revoked.isEmpty)
-        let old = try #require(messages.first { revoked.contains($0.topicPartition) })
-        #expect(throws: KafkaError.self) { try first.storeOffset(old.topicPartition, offset: old.offset) }
-        await first.close()
-        await second.close()
-    }
-
-    /// A revocation whose commit the coordinator refuses is counted (the partition's next
-    /// owner starts from the last commit: what was finished since is sent again), so that the
-    /// relay can show it.
-    @Test func aRevocationWhoseCommitIsRefusedIsCounted() async throws {
-        let cluster = try KafkaMockCluster(brokers: 1)
-        let manual = fastGroup.merging(["enable.auto.commit": "false"]) { $1 }
-        let (first, second, _, revoked) = try await Self.rebalance(cluster, properties: manual) { first, messages in
-            for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
-            #expect(first.revocationCommitFailures == 0)
-            cluster.failRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit, errorCode: KafkaErrorCode.groupAuthorizationFailed)
-        }
-        #expect(!revoked.isEmpty)
-        #expect(first.revocationCommitFailures == 1)
-        cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit)
-        await first.close()
-        await second.close()
-    }
-
     /// A producer that prepared its topics knows their partitions' leaders before its first
     /// record: a record for another broker does not wait on a metadata request that went out
     /// behind a produce a slow broker holds (the mock answers a connection's requests in
@@ -382,5 +276,116 @@ struct KafkaTests {
         } catch {
             #expect(error.description.contains("no.such.setting"))
         }
+    }
+}
+
+/// Rebalances, one test at a time: several mock clusters' coordinators at once on two loaded
+/// cores can stretch a rebalance into the next one, which these tests do not expect.
+@Suite("Kafka rebalances over librdkafka's mock cluster", .serialized, .timeLimit(.minutes(3)))
+struct KafkaRebalanceTests {
+    /// With librdkafka's auto-commit off, a partition taken away by a rebalance has its stored
+    /// offset committed before it goes: its next owner starts exactly behind the work finished
+    /// here.
+    @Test func aRevokedPartitionsStoredOffsetIsCommittedBeforeItMoves() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let group = uniqueName("group")
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        var produced: [Int32: Int64] = [:]
+        for index in 0..<60 {
+            let delivery = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: Array("\(index)".utf8))
+            produced[delivery.partition, default: 0] += 1
+        }
+        await producer.close()
+        #expect(produced.count == 2)
+        // A session that survives a loaded machine: only the second member's join rebalances.
+        let manual = ["session.timeout.ms": "10000", "heartbeat.interval.ms": "500", "enable.auto.commit": "false"]
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
+        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 60 }
+        // Everything is finished here; nothing is committed yet (auto-commit is off).
+        for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
+        let partitions = (0..<2).map { TopicPartition(topic: topic, partition: $0) }
+        #expect(try await first.committed(partitions).values.allSatisfy { $0 < 0 })
+
+        // A second member joins: one partition moves to it.
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: manual)
+        async let joined = collect(second) { _, events in
+            events.contains { if case .assigned(let assigned) = $0 { return !assigned.isEmpty }; return false }
+        }
+        let (_, events) = try await collect(first, timeout: .seconds(60)) { _, events in
+            events.contains { if case .revoked(let revoked) = $0 { return !revoked.isEmpty }; return false }
+        }
+        let revoked = events.compactMap { event -> [TopicPartition]? in
+            if case .revoked(let partitions) = event { return partitions }
+            return nil
+        }.flatMap { $0 }
+        #expect(revoked.count == 1)
+        let committed = try await first.committed(revoked)
+        // The mock coordinator refuses commits while the group is joining or syncing (real
+        // Kafka accepts them while preparing a rebalance): a refusal is counted, and only then
+        // is a missing commit a known issue of the test cluster.
+        withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
+            for partition in revoked {
+                #expect(committed[partition] == produced[partition.partition], "\(partition)")
+            }
+        } when: {
+            first.revocationCommitFailures > 0
+        }
+        _ = try await joined
+        await second.close()
+        await first.close()
+    }
+
+    /// A member of a fresh group that consumed all 40 records of a 4-partition topic, then a
+    /// second member that joins: `beforeJoin` runs between the two. Returns both consumers,
+    /// what the first consumed and the partitions revoked from it (once the second has some).
+    static func rebalance(_ cluster: KafkaMockCluster, properties: [String: String],
+                          beforeJoin: (KafkaConsumer, [KafkaMessage]) throws -> Void = { _, _ in })
+        async throws -> (first: KafkaConsumer, second: KafkaConsumer, consumed: [KafkaMessage], revoked: [TopicPartition]) {
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 4)
+        let group = uniqueName("group")
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for index in 0..<40 { _ = try await producer.send(topic: topic, key: Array("k\(index)".utf8), value: [1]) }
+        await producer.close()
+        let first = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
+        let (messages, _) = try await collect(first) { messages, _ in messages.count >= 40 }
+        try beforeJoin(first, messages)
+        let second = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
+        let secondAssigned = Task { try await collect(second) { _, events in events.contains { if case .assigned(let p) = $0 { return !p.isEmpty }; return false } } }
+        let (_, events) = try await collect(first) { _, events in events.contains { if case .revoked(let p) = $0 { return !p.isEmpty }; return false } }
+        _ = try await secondAssigned.value
+        let revoked = events.compactMap { if case .revoked(let p) = $0 { return p }; return nil }.flatMap { $0 }
+        return (first, second, messages, revoked)
+    }
+
+    @Test func revokedPartitionsRefuseOffsets() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let (first, second, messages, revoked) = try await Self.rebalance(cluster, properties: fastGroup)
+        #expect(messages.count == 40)
+        #expect(!revoked.isEmpty)
+        let old = try #require(messages.first { revoked.contains($0.topicPartition) })
+        #expect(throws: KafkaError.self) { try first.storeOffset(old.topicPartition, offset: old.offset) }
+        await first.close()
+        await second.close()
+    }
+
+    /// A revocation whose commit the coordinator refuses is counted (the partition's next
+    /// owner starts from the last commit: what was finished since is sent again), so that the
+    /// relay can show it.
+    @Test func aRevocationWhoseCommitIsRefusedIsCounted() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let manual = fastGroup.merging(["enable.auto.commit": "false"]) { $1 }
+        let (first, second, _, revoked) = try await Self.rebalance(cluster, properties: manual) { first, messages in
+            for message in messages { try first.storeOffset(message.topicPartition, offset: message.offset) }
+            #expect(first.revocationCommitFailures == 0)
+            cluster.failRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit, errorCode: KafkaErrorCode.groupAuthorizationFailed)
+        }
+        #expect(!revoked.isEmpty)
+        #expect(first.revocationCommitFailures == 1)
+        cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit)
+        await first.close()
+        await second.close()
     }
 }

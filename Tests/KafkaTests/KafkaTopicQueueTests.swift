@@ -90,7 +90,7 @@ struct KafkaTopicQueueTests {
     /// when a rebalance took it must not come back paused.
     @Test func aPartitionRevokedWhilePausedComesBackUnpaused() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
-        let (first, second, _, revoked) = try await KafkaTests.rebalance(cluster, properties: fastGroup) { first, _ in
+        let (first, second, _, revoked) = try await KafkaRebalanceTests.rebalance(cluster, properties: fastGroup) { first, _ in
             first.pause(first.assignment)
         }
         #expect(!revoked.isEmpty)

@@ -8,7 +8,8 @@ import TestSupport
 import Testing
 
 /// The relay on a Redis Cluster that changes while intents flow: slots move, masters fail.
-@Suite("Relay on a Redis Cluster that changes", .stopsItsRelays, .serialized, .timeLimit(.minutes(4)))
+/// Each test has a cluster of its own, and they run beside each other.
+@Suite("Relay on a Redis Cluster that changes", .stopsItsRelays, .timeLimit(.minutes(4)))
 struct ClusterFailoverTests {
     /// Three masters with a replica each; a master killed (SIGKILL) mid-stream: its replica
     /// takes over, and once the old master is back as its replica every intent has its

@@ -201,7 +201,8 @@ struct ProcessHarness {
     }
 }
 
-@Suite("apns-relay run as a process", .serialized, .timeLimit(.minutes(3)))
+/// A relay process's status endpoints and its SIGTERM; each test has a harness of its own.
+@Suite("apns-relay run as a process: status and SIGTERM", .timeLimit(.minutes(3)))
 struct RelayProcessTests {
     /// A relay process answers everything, shows it on its status endpoints, and exits 0 on
     /// SIGTERM with everything committed (SIGTERM with work in flight: the next test).
@@ -281,6 +282,12 @@ struct RelayProcessTests {
         await harness.simulator.stop()
     }
 
+}
+
+/// A relay killed mid-stream and relays sharing a consumer group, one test at a time: several
+/// mock coordinators rebalancing at once on two loaded cores stretch each other's rebalances.
+@Suite("apns-relay run as a process: kills and rebalances", .serialized, .timeLimit(.minutes(3)))
+struct RelayProcessGroupTests {
     /// A relay killed (-9) mid-stream, after it committed part of the stream and before APNs saw
     /// all of it: the next one redoes what was not committed, every intent reaches APNs, and an
     /// intent reaches it twice only if it was sent but not committed when the relay died.
