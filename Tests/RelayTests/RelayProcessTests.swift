@@ -201,8 +201,9 @@ struct ProcessHarness {
     }
 }
 
-/// A relay process's status endpoints and its SIGTERM; each test has a harness of its own.
-@Suite("apns-relay run as a process: status and SIGTERM", .timeLimit(.minutes(3)))
+/// A relay process's status endpoints, its SIGTERM, two processes sharing a provider token; each
+/// test has a harness of its own.
+@Suite("apns-relay run as a process", .timeLimit(.minutes(3)))
 struct RelayProcessTests {
     /// A relay process answers everything, shows it on its status endpoints, and exits 0 on
     /// SIGTERM with everything committed (SIGTERM with work in flight: the next test).
