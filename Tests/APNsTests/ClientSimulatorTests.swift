@@ -4,6 +4,7 @@ import APNsSimulator
 import Foundation
 import HTTP2
 import NIOCore
+import Spawn
 import TestSupport
 import Testing
 
@@ -241,11 +242,14 @@ struct ClientSimulatorTests {
     @Test func reconnectsWithBackoffAfterASimulatorRestart() async throws {
         let made = try APNsSimulator.makeSelfSignedIdentity()
         let identity = (chain: made.chain, key: made.key)
-        let harness = try await Harness.start(configure: { $0.tlsIdentity = identity }, configureClient: {
+        // Started again below on the same port: one below the ephemeral range, which no
+        // client's connection takes meanwhile (with many tests at once one did).
+        let port = try LoopbackPort.free()
+        let harness = try await Harness.start(configure: { $0.tlsIdentity = identity; $0.port = port }, configureClient: {
             $0.reconnectBackoff = Backoff(base: .milliseconds(100), maximum: .milliseconds(400), jitter: false)
         })
         #expect(try await harness.client.send(.alert("a", deviceToken: sampleToken, topic: sampleTopic)).classification == .delivered)
-        let port = harness.simulator.port
+        #expect(harness.simulator.port == port)
         // No event marks a connection attempt: its counter is read every 5 ms, from before the
         // simulator stops (its stop takes a while: attempts start meanwhile).
         let client = harness.client
