@@ -32,6 +32,9 @@ struct ClusterFailoverTests {
             $0.policy.defaults.rateLimit = .init(burst: 1, refillPerSecond: 1)
             $0.policy.defaults.coalesce = false
             $0.policy.mailboxPollMilliseconds = 100
+            // A claim whose release the killed master never passed on runs out in 10 s, not the
+            // default 2 minutes (the entry is then taken again and answered `duplicate`).
+            $0.policy.mailboxClaimLeaseSeconds = 10
         })
         let devices = (0..<16).map { hexToken(0xc000 + $0) }
         func produce(_ round: Int) async throws {
@@ -60,6 +63,8 @@ struct ClusterFailoverTests {
         _ = await harness.pipeline.incidents.wait(atMost: .seconds(10)) { $0.redisTrouble?.contains("NOREPLICAS") == true }
         try await onOwnThread { Result { try server.start(); try cluster.waitUntilConsistent() } }.get()
         // Alone it takes about 25 s; with the whole suite running on two cores, more than 60.
+        // (With the default lease, a lost release held an entry 2 minutes: 3 runs in 10 took
+        // 144-160 s.)
         let outcomes = try await harness.outcomes(distinct: 3 * devices.count, timeout: .seconds(150))
         let ids = outcomes.compactMap { $0["id"] as? String }
         #expect(Set(ids).count == 3 * devices.count, "missing: \(Set((0..<3).flatMap { r in devices.indices.map { "f-\(r)-\($0)" } }).subtracting(ids).sorted().prefix(10))")

@@ -34,6 +34,7 @@ struct ConfigurationTests {
         #expect(configuration.policy.defaults == defaults.policy.defaults)
         #expect(configuration.policy.topics.isEmpty)
         #expect(configuration.policy.mailboxPollMilliseconds == defaults.policy.mailboxPollMilliseconds)
+        #expect(configuration.policy.mailboxClaimLeaseSeconds == 120 && defaults.policy.mailboxClaimLeaseSeconds == 120)
         #expect(configuration.policy.backoffInitialSeconds == defaults.policy.backoffInitialSeconds)
         #expect(configuration.policy.backoffMaxSeconds == defaults.policy.backoffMaxSeconds)
     }
@@ -179,11 +180,13 @@ struct ConfigurationTests {
                   connections: 0
                 policy:
                   dedupe_window_seconds: 0
+                  mailbox_claim_lease_seconds: 4
                   surprise: 1
                 """, environment: [:])
             Issue.record("a bad redis configuration was accepted")
         } catch let error as ConfigurationError {
-            #expect(Set(error.issues.map(\.key)) == ["redis.url", "redis.connections", "policy.dedupe_window_seconds", "policy.surprise"])
+            #expect(Set(error.issues.map(\.key)) == ["redis.url", "redis.connections", "policy.dedupe_window_seconds",
+                                                     "policy.mailbox_claim_lease_seconds", "policy.surprise"])
             #expect(!error.description.contains("pa55word"))
         }
     }

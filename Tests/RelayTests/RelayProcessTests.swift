@@ -285,9 +285,9 @@ struct RelayProcessTests {
 
 }
 
-/// A relay killed mid-stream and relays sharing a consumer group, one test at a time: several
-/// mock coordinators rebalancing at once on two loaded cores stretch each other's rebalances.
-@Suite("apns-relay run as a process: kills and rebalances", .serialized, .timeLimit(.minutes(3)))
+/// A relay killed mid-stream, and relays sharing a consumer group; each test has a harness (and
+/// a mock cluster) of its own.
+@Suite("apns-relay run as a process: kills and rebalances", .timeLimit(.minutes(3)))
 struct RelayProcessGroupTests {
     /// A relay killed (-9) mid-stream, after it committed part of the stream and before APNs saw
     /// all of it: the next one redoes what was not committed, every intent reaches APNs, and an

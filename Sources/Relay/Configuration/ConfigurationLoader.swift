@@ -175,10 +175,12 @@ struct ConfigurationReader {
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
         checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",
+                                                           "mailbox_claim_lease_seconds",
                                                            "backoff_initial_seconds", "backoff_max_seconds", "skip_known_unregistered",
                                                            "known_unregistered_ttl_seconds"])
         configuration.policy.defaults = readRules(policy, prefix: "policy.", base: RelayConfiguration.Policy.Rules())
         configuration.policy.mailboxPollMilliseconds = integer(policy, "policy.mailbox_poll_ms", default: 1000, range: 10...60_000)
+        configuration.policy.mailboxClaimLeaseSeconds = integer(policy, "policy.mailbox_claim_lease_seconds", default: 120, range: 5...3600)
         configuration.policy.backoffInitialSeconds = Int64(integer(policy, "policy.backoff_initial_seconds", default: 60, range: 1...86_400))
         configuration.policy.backoffMaxSeconds = Int64(integer(policy, "policy.backoff_max_seconds", default: 3600, range: 1...86_400))
         requireAtLeast("policy.backoff_max_seconds", configuration.policy.backoffMaxSeconds,

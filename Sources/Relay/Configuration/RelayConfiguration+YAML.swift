@@ -76,6 +76,7 @@ extension RelayConfiguration {
         }
         rules(policy.defaults, indent: "  ")
         lines.append("  mailbox_poll_ms: \(policy.mailboxPollMilliseconds)")
+        lines.append("  mailbox_claim_lease_seconds: \(policy.mailboxClaimLeaseSeconds)")
         lines.append("  backoff_initial_seconds: \(policy.backoffInitialSeconds)")
         lines.append("  backoff_max_seconds: \(policy.backoffMaxSeconds)")
         lines.append("  skip_known_unregistered: \(policy.skipKnownUnregistered)")

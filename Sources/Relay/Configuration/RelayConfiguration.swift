@@ -225,6 +225,10 @@ public struct RelayConfiguration: Sendable {
         public var topics: [String: Rules] = [:]
         /// How often the owner of a partition looks for mailboxes that became due.
         public var mailboxPollMilliseconds = 1000
+        /// How long a mailbox entry being sent stays claimed: if the relay sending it dies (or
+        /// Redis loses the claim's release in a failover), the partition's owner takes it
+        /// again after this.
+        public var mailboxClaimLeaseSeconds = 120
         /// A device APNs answers 429 TooManyRequests waits this long, doubling while 429s
         /// repeat, up to the maximum.
         public var backoffInitialSeconds: Int64 = 60

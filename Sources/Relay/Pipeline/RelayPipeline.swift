@@ -146,6 +146,7 @@ public final class RelayPipeline: RelayStatus, Service {
             // too few replicas holds the calls pipelined behind it on its connection briefly.
             policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 4, 1))
             policy.namesLanes = !configuration.kafka.lanes.isEmpty
+            policy.claimLeaseMilliseconds = Int64(configuration.policy.mailboxClaimLeaseSeconds) * 1000
             policy.bucketWriteFailed = { [logger] error in
                 RelayMetrics.redisError(error)
                 logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])

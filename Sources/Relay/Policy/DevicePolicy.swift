@@ -20,8 +20,9 @@ struct DevicePolicy: Sendable {
     /// asked fail the park (``RedisError/server(_:)`` `NOREPLICAS`, an outage: it is tried
     /// again, and the intent's offset stays uncommitted meanwhile).
     var parkReplicas: (count: Int, timeoutMilliseconds: Int) = (0, 0)
-    /// How long a mailbox entry being sent stays claimed before another attempt may take it.
-    static let claimLeaseMilliseconds: Int64 = 120_000
+    /// How long a mailbox entry being sent stays claimed before another attempt may take it
+    /// (`policy.mailbox_claim_lease_seconds`).
+    var claimLeaseMilliseconds: Int64 = 120_000
 
     /// The due index of an intents partition (one per lane's partition).
     func dueKey(partition: TopicPartition) -> String { RedisKeys.due(intentsTopic: partition.topic, partition: partition.partition) }
@@ -211,13 +212,13 @@ struct DevicePolicy: Sendable {
         let member = RedisKeys.member(token: token, topic: topic, id: id)
         let limit = rules.rateLimit
         let replies = try await client.pipelineLoading([Self.takeScript], [
-            RedisCommand("ZADD", [dueKey(partition: partition), now + Self.claimLeaseMilliseconds, member]),
+            RedisCommand("ZADD", [dueKey(partition: partition), now + claimLeaseMilliseconds, member]),
             RedisCommand.evalsha(Self.takeScript,
                                  keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.rate(token: token),
                                         RedisKeys.seen(token: token, topic: topic, id: id), RedisKeys.backoff(token: token),
                                         RedisKeys.waiting(token: token, topic: topic)],
                                  arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
-                                             Self.claimLeaseMilliseconds]),
+                                             claimLeaseMilliseconds]),
         ])
         for case .error(let message) in replies { throw .server(message) }
         guard case .array(let values) = replies[1], let code = values.first?.integer else {
