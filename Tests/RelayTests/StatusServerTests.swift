@@ -72,6 +72,9 @@ struct StatusServerTests {
         let server = try await Self.start(.init(requestTimeout: .seconds(120), maxConnections: 10))
         var held: [any Channel] = []
         for _ in 0..<10 { held.append(try await Self.connect(server.port)) }
+        // A connect returns once the kernel took it; the server counts it when it accepts it
+        // (one run with many tests at once had the eleventh arrive before the tenth counted).
+        try await waitUntil { server.openConnections == 10 }
         // The eleventh is accepted by the kernel and closed by the server at once.
         let extra = try await Self.connect(server.port)
         try await extra.closeFuture.get()
