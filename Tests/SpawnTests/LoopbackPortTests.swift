@@ -1,0 +1,29 @@
+import Foundation
+import Testing
+import Spawn
+
+@Suite("Loopback ports for test servers", .timeLimit(.minutes(1)))
+struct LoopbackPortTests {
+    /// Ports come from below the kernel's ephemeral range, which outgoing connections and binds
+    /// to port 0 draw from: a server started again on its port does not find a client's
+    /// connection holding it. Each is free to listen on when handed out.
+    @Test func portsAreFreeAndBelowTheEphemeralRange() throws {
+        let range = try String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)
+        let low = try #require(range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) })
+        try #require(low > 10_000, "this machine leaves no room below its ephemeral range (\(low))")
+        for _ in 0..<50 {
+            let port = try LoopbackPort.free()
+            #expect((10_000..<low).contains(port), "\(port)")
+            let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(descriptor) }
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = UInt16(port).bigEndian
+            let bound = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+            }
+            #expect(bound, "port \(port) was handed out but could not be bound")
+        }
+    }
+}
