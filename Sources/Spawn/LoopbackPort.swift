@@ -1,4 +1,4 @@
-internal import Glibc
+public import Glibc
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now, for a child process (a server
 /// started for a test, the demo or a benchmark) to listen on: bound and released with plain
@@ -33,15 +33,21 @@ public enum LoopbackPort {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { throw Unavailable(description: "socket: errno \(errno)") }
         defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = UInt16(port).bigEndian
+        var address = address(port: port)
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
         let bound = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
         }
         return bound ? Int(UInt16(bigEndian: address.sin_port)) : nil
+    }
+
+    /// 127.0.0.1:`port` as a socket address, for `bind` and `connect`.
+    public static func address(port: Int) -> sockaddr_in {
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = UInt16(port).bigEndian
+        return address
     }
 
     /// The first port of the kernel's ephemeral range (32768 when it cannot be read).

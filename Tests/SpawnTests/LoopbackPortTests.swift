@@ -16,10 +16,7 @@ struct LoopbackPortTests {
             #expect((10_000..<low).contains(port), "\(port)")
             let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
             defer { close(descriptor) }
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            address.sin_port = UInt16(port).bigEndian
+            var address = LoopbackPort.address(port: port)
             let bound = withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
             }
