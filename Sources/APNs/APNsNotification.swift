@@ -118,10 +118,25 @@ extension APNsNotification {
         if let expiration, expiration < 0 {
             throw APNsValidationError(.badExpirationDate, "expiration \(expiration) is negative")
         }
-        if let collapseID, collapseID.utf8.count > 64 {
-            throw APNsValidationError(.badCollapseId, "collapse id is \(collapseID.utf8.count) bytes, at most 64 allowed")
-        }
+        if let collapseID { try Self.validateCollapseID(collapseID) }
         try validatePayload()
+    }
+
+    /// `apns-collapse-id`: at most 64 bytes, and a valid HTTP/2 field value (RFC 9113 8.2.1: no
+    /// CR, LF or NUL, no leading or trailing space or tab). Other control characters are refused
+    /// too: such a header is cut or refused on the way (nghttp2, proxies) and the request reset,
+    /// which would be retried until the intent expires.
+    static func validateCollapseID(_ collapseID: String) throws(APNsValidationError) {
+        let bytes = collapseID.utf8
+        if bytes.count > 64 {
+            throw APNsValidationError(.badCollapseId, "collapse id is \(bytes.count) bytes, at most 64 allowed")
+        }
+        if let control = bytes.first(where: { $0 < 0x20 || $0 == 0x7F }) {
+            throw APNsValidationError(.badCollapseId, "collapse id holds the control character 0x\(String(control, radix: 16, uppercase: true))")
+        }
+        if let first = bytes.first, let last = bytes.last, first == 0x20 || last == 0x20 {
+            throw APNsValidationError(.badCollapseId, "collapse id starts or ends with a space")
+        }
     }
 
     /// Largest broadcast payload APNs accepts, in bytes.

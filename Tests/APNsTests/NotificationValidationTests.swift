@@ -28,6 +28,11 @@ struct NotificationValidationTests {
                                   payload: ByteBuffer(string: #"{"aps":{"content-available":1}}"#)), .badPriority),
         ("negative expiration", make(expiration: -1), .badExpirationDate),
         ("65-byte collapse id", make(collapseID: String(repeating: "c", count: 65)), .badCollapseId),
+        // A header value may not hold CR, LF or NUL (RFC 9113 8.2.1): nghttp2 refuses the request.
+        ("collapse id with CR LF", make(collapseID: "a\r\nx-injected: 1"), .badCollapseId),
+        ("collapse id with LF", make(collapseID: "a\nb"), .badCollapseId),
+        ("collapse id with NUL", make(collapseID: "a\u{0}b"), .badCollapseId),
+        ("collapse id with a leading space", make(collapseID: " a"), .badCollapseId),
         ("empty payload", make(payload: ByteBuffer()), .payloadEmpty),
         ("4097-byte alert", make(payload: padded(4097)), .payloadTooLarge),
         ("5121-byte voip", make(topic: "com.example.app.voip", pushType: .voip, payload: padded(5121)), .payloadTooLarge),

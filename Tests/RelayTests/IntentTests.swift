@@ -161,6 +161,8 @@ struct IntentTests {
             (#"{"id":"a","token":"\#(t)","topic":"com.x","token_registered_at":253402300800000,"payload":{"aps":{}}}"#, "BadTokenRegisteredAt"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":5,"payload":{"aps":{}}}"#, "BadCollapseId"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":"\#(String(repeating: "c", count: 65))","payload":{"aps":{}}}"#, "BadCollapseId"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":"a\r\nb","payload":{"aps":{}}}"#, "BadCollapseId"),
+            (#"{"id":"a","token":"\#(t)","topic":"com.x","collapse_id":"a\u0000b","payload":{"aps":{}}}"#, "BadCollapseId"),
             (#"{"id":"a","token":"zz","topic":"com.x","payload":{"aps":{}}}"#, "BadDeviceToken"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","push_type":"voip","payload":{"aps":{}}}"#, "BadTopic"),
             (#"{"id":"a","token":"\#(t)","topic":"com.x","payload":{"aps":{"alert":"\#(String(repeating: "x", count: 4100))"}}}"#, "PayloadTooLarge"),
