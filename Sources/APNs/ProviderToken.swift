@@ -100,6 +100,17 @@ public struct ProviderTokenSigner: Sendable {
 /// 55), never more than once per 20 minutes, and once more when APNs says the token expired.
 public final class LocalProviderTokenSource: ProviderTokenSource {
     public static let minimumInterval: Int64 = 20 * 60
+    /// How far in the future a token's `iat` may lie and still be used: clocks of a fleet's
+    /// hosts differ by this much at most. A token issued later than that (a clock that jumped,
+    /// another host's clock ahead) is never "due" by age, so it is replaced at once.
+    public static let allowedFutureSkew: Int64 = 60
+
+    /// Whether a token issued at `issuedAt` is still to be used at `now` (epoch seconds): younger
+    /// than `refreshAge` and not issued more than ``allowedFutureSkew`` ahead of `now`.
+    public static func isFresh(issuedAt: Int64, now: Int64, refreshAge: Int64) -> Bool {
+        let age = now - issuedAt
+        return age >= -allowedFutureSkew && age < refreshAge
+    }
     public static let allowedRefreshAges: ClosedRange<Int64> = (20 * 60)...(55 * 60)
 
     private struct State {
@@ -142,7 +153,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
         requests?.increment()
         let now = clock()
         return try state.withLock { state in
-            if let token = state.token, now - token.issuedAt < refreshAge { return token }
+            if let token = state.token, Self.isFresh(issuedAt: token.issuedAt, now: now, refreshAge: refreshAge) { return token }
             return try mint(&state, now: now)
         }
     }
@@ -153,7 +164,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
             guard let token = state.token else { return try mint(&state, now: now) }
             // Someone already replaced the rejected token, or the current one is too young to
             // replace without angering APNs (TooManyProviderTokenUpdates).
-            if token != rejected || now - token.issuedAt < Self.minimumInterval { return token }
+            if token != rejected || Self.isFresh(issuedAt: token.issuedAt, now: now, refreshAge: Self.minimumInterval) { return token }
             return try mint(&state, now: now)
         }
     }

@@ -86,6 +86,37 @@ struct FleetTokenTests {
         withExtendedLifetime(server) {}
     }
 
+    @Test func aTokenFromAClockAheadIsReplacedNotTrustedUntilItAges() async throws {
+        // One host's clock runs two hours ahead: the token it stores would never be due by age
+        // on the others' clocks, and APNs rejects a token issued in the future.
+        let server = try await RedisServerProcess.started()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let (ahead, right) = (Clock(), Clock())
+        ahead.advance(minutes: 120)
+        let skewed = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: ahead.read)
+        let correct = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: right.read)
+        let future = try await skewed.currentToken()
+        let token = try await correct.currentToken()
+        #expect(token != future && token.issuedAt == right.now.load(ordering: .relaxed))
+        // A host whose clock is behind by less than the allowed skew keeps it.
+        let behind = token.issuedAt - LocalProviderTokenSource.allowedFutureSkew + 1
+        let slow = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: { behind })
+        #expect(try await slow.currentToken() == token)
+        withExtendedLifetime(server) {}
+    }
+
+    @Test func aLocalTokenFromTheFutureIsReplaced() throws {
+        // The process' own clock stepped back by an hour after it minted.
+        let clock = Clock()
+        let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
+        let source = try LocalProviderTokenSource(signer: signer, clock: clock.read, countsRequests: false)
+        let first = try source.currentToken()
+        clock.advance(minutes: -60)
+        let second = try source.currentToken()
+        #expect(second != first && second.issuedAt == clock.now.load(ordering: .relaxed))
+        #expect(try source.refresh(after: second) == second)
+    }
+
     @Test func withoutRedisAProcessMintsForItself() async throws {
         let port = try RedisServerProcess.freePort()
         let clock = Clock()

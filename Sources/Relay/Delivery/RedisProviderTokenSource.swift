@@ -13,14 +13,17 @@ import Synchronization
 /// token if it is younger, else whichever process asks first mints a new one and stores it (one
 /// script on one key decides, atomically), and everyone else takes that. A token is replaced no
 /// sooner than 20 minutes after the last one, fleet-wide — also after ExpiredProviderToken,
-/// when the stored token is the one APNs rejected.
+/// when the stored token is the one APNs rejected. A token issued more than a minute ahead of
+/// the asking process' clock is replaced at once (``LocalProviderTokenSource/allowedFutureSkew``).
 ///
 /// While Redis is unreachable the process mints for itself under the same rules
 /// (``LocalProviderTokenSource``); the fleet-wide 20-minute rule then holds per process only.
 public final class RedisProviderTokenSource: ProviderTokenSource {
     /// KEYS[1]: the token hash. ARGV: now, refresh age, minimum interval, candidate jwt ('' to
-    /// only look), rejected jwt (''). Returns {jwt, iat, stored}: stored 1 when the candidate
-    /// was stored; jwt false when a candidate is needed.
+    /// only look), rejected jwt (''), allowed future skew. Returns {jwt, iat, stored}: stored 1
+    /// when the candidate was stored; jwt false when a candidate is needed. A stored token whose
+    /// `iat` lies further ahead of `now` than the skew (minted by a host whose clock ran ahead)
+    /// is replaced: by age it would never be due.
     static let script = RedisScript(RedisScripts.source(PackageResources.provider_token_lua))
 
     private let signer: ProviderTokenSigner
@@ -58,7 +61,8 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     public func currentToken() async throws -> ProviderToken {
         requests.increment()
         let now = clock()
-        if let token = local.withLock({ $0 }), now - token.issuedAt < refreshAge { return token }
+        if let token = local.withLock({ $0 }),
+           LocalProviderTokenSource.isFresh(issuedAt: token.issuedAt, now: now, refreshAge: refreshAge) { return token }
         let task = asking.withLock { asking in
             if let running = asking { return running }
             let started = Task { try await self.shared(now: now, rejected: nil) }
@@ -104,7 +108,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     private func ask(now: Int64, candidate: ProviderToken?, rejected: ProviderToken?) async throws(RedisError) -> ProviderToken? {
         let reply = try await redis.evaluate(Self.script, keys: [key], arguments: [
             Int(now), Int(refreshAge), Int(LocalProviderTokenSource.minimumInterval),
-            candidate?.jwt ?? "", rejected?.jwt ?? "",
+            candidate?.jwt ?? "", rejected?.jwt ?? "", Int(LocalProviderTokenSource.allowedFutureSkew),
         ])
         guard let fields = reply.array, fields.count == 3 else { throw .protocolError("token script answered \(reply)") }
         guard let jwt = fields[0].string, let issuedAt = fields[1].integer else { return nil }
