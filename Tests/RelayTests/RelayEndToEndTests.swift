@@ -320,16 +320,51 @@ struct RelayEndToEndTests {
         await harness.stop()
     }
 
+    /// Every device's first notification goes through; the others get 429 for an hour.
+    static func oneNotificationPerDevice(_ simulator: inout SimulatorConfiguration) {
+        simulator.behaviour.rateLimitPerDevice = 1
+        simulator.behaviour.rateLimitWindow = .hours(1)
+    }
+
+    /// `retry.deadline_seconds` runs from consuming: intents that waited behind their device's
+    /// earlier ones (each retried until the deadline, no Redis to park in) give up together,
+    /// not one deadline after another.
+    @Test func theRetryDeadlineRunsFromConsuming() async throws {
+        let device = hexToken(0xd)
+        let answered = Locked<[String: (status: String, at: ContinuousClock.Instant)]>([:])
+        let harness = try await RelayHarness.start(configure: Self.oneNotificationPerDevice, configureRelay: { relay in
+            relay.retry.deadlineSeconds = 2
+            relay.retry.initialBackoffMilliseconds = 100
+            relay.retry.maxBackoffMilliseconds = 400
+            relay.shutdownDeadlineSeconds = 1
+        }, published: { outcome in
+            guard let id = outcome.id else { return }
+            answered.withLock { $0[id] = $0[id] ?? (outcome.status.rawValue, .now) }
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(0xe)), key: hexToken(0xe))
+        try await waitUntil { answered.withLock { $0["warm-up"] != nil } }
+        let count = 6
+        let produced = ContinuousClock.now
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
+            (Array(device.utf8), Array(intent("queued-\($0)", token: device).utf8))
+        })
+        try await waitUntil(timeout: .seconds(60)) { answered.withLock { seen in (0..<count).allSatisfy { seen["queued-\($0)"] != nil } } }
+        let outcomes = answered.withLock { seen in (0..<count).map { seen["queued-\($0)"]! } }
+        #expect(outcomes.filter { $0.status == "delivered" }.count == 1)
+        #expect(outcomes.filter { $0.status == "failed" }.count == count - 1)
+        // Every one answered within the deadline of its consumption (plus backoff and a loaded
+        // machine's slack); one deadline after another, the last would take 10 s.
+        let latest = outcomes.map(\.at).max()!
+        #expect(latest - produced < slowed(.milliseconds(6_000)), "answered after \(outcomes.map { $0.at - produced })")
+        await harness.stop()
+    }
+
     /// Review 3.4: an intent retried for a long time keeps every later offset of its partition
     /// uncommitted, and the relay remembers them all. Past `limits.max_uncommitted_per_partition`
     /// that partition pauses (the others go on); it resumes once the stuck intent ended.
     @Test func aStuckIntentPausesItsPartitionPastTheUncommittedLimit() async throws {
         let stuck = hexToken(0x5)
-        let harness = try await RelayHarness.start(configure: { simulator in
-            // Every device's first notification goes through; a second one gets 429 for an hour.
-            simulator.behaviour.rateLimitPerDevice = 1
-            simulator.behaviour.rateLimitWindow = .hours(1)
-        }, configureRelay: { relay in
+        let harness = try await RelayHarness.start(configure: Self.oneNotificationPerDevice, configureRelay: { relay in
             relay.limits.maxUncommittedPerPartition = 1000
             relay.retry.deadlineSeconds = 4
         })

@@ -129,13 +129,17 @@ extension RelayPipeline {
     }
 
     /// Sends with retries; the outcome goes to the delivery's ending (nil there when the work
-    /// was abandoned, its partition revoked). The retry budget starts now.
+    /// was abandoned, its partition revoked). The retry budget (`retry.deadline_seconds`) runs
+    /// from the intent's consumption, so one that waited behind its device's earlier intents has
+    /// only what is left of it; an intent taken from its mailbox has it whole from the take (it
+    /// was parked to wait: its expiration bounds that).
     ///
     /// Its async frame is held by every intent in flight, so it keeps only the machine's small
     /// action: each step's values live in the frames of the helpers it awaits.
     @inline(never)
     func deliver(_ delivery: Delivery) async {
-        delivery.machine.limits.retryDeadline = clock() + configuration.retry.deadlineSeconds
+        let waited = delivery.item.mailboxMember == nil ? ContinuousClock.now - delivery.item.consumedAt : .zero
+        delivery.machine.limits.retryDeadline = clock() - waited.components.seconds + configuration.retry.deadlineSeconds
         var action = attemptDue(delivery)
         while true {
             switch action {
