@@ -45,7 +45,7 @@ struct InvalidationsCommand: AsyncParsableCommand {
         let state: InvalidationTopic
         do {
             state = try await InvalidationTopic.read(bootstrapServers: configuration.kafka.brokers, topic: topic,
-                                                     properties: configuration.kafka.properties,
+                                                     properties: configuration.kafka.consumerSettings,
                                                      timeout: .seconds(timeout.seconds))
         } catch {
             Terminal.error("cannot read \(topic): \(error)")

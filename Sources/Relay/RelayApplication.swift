@@ -104,11 +104,11 @@ public final class RelayApplication: Service, Sendable {
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
-                                         properties: configuration.kafka.properties, logger: logger)
+                                         properties: configuration.kafka.producerSettings, logger: logger)
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
-                                         properties: configuration.kafka.properties,
+                                         properties: configuration.kafka.consumerSettings,
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
@@ -126,7 +126,8 @@ public final class RelayApplication: Service, Sendable {
     /// by whoever checks a change for them; the initialiser reads them again.)
     public static func validateClientSettings(_ configuration: RelayConfiguration) throws {
         if !configuration.redis.url.isEmpty { _ = try RedisURL(parsing: configuration.redis.url) }
-        try KafkaSettings.validate(configuration.kafka.properties)
+        try KafkaSettings.validate(configuration.kafka.consumerSettings)
+        try KafkaSettings.validate(configuration.kafka.producerSettings)
     }
 
     /// Everything that keeps `configuration` from starting, all at once: its

@@ -318,6 +318,63 @@ struct ConfigurationTests {
         #expect(on.policy.skipKnownUnregistered && on.policy.knownUnregisteredTTLSeconds == 2_592_000)
     }
 
+    /// `enable.auto.commit: false` would leave offsets stored behind outcomes uncommitted until a
+    /// revocation or a close (a crash then redelivers everything since the start): refused like
+    /// the other settings that break the guarantees, in every map.
+    @Test func autoCommitOffIsRefusedUnlessAllowed() throws {
+        for yaml in ["kafka:\n  config:\n    enable.auto.commit: \"false\"\n",
+                     "kafka:\n  consumer_config:\n    enable.auto.commit: \"0\"\n"] {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                Issue.record("accepted: \(yaml)")
+            } catch let error as ConfigurationError {
+                #expect(error.issues.count == 1 && error.issues[0].key.hasSuffix("enable.auto.commit"), "\(error)")
+            }
+            #expect(try RelayConfiguration.load(yaml: yaml + "  allow_unsafe_config: true\n", environment: [:]).kafka.allowUnsafeConfig)
+        }
+        #expect(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "kafka: {}", environment: ["APNS_RELAY_KAFKA_CONSUMER_CONFIG_ENABLE_AUTO_COMMIT": "false"])
+        }
+        _ = try RelayConfiguration.load(yaml: "kafka:\n  config:\n    enable.auto.commit: \"true\"\n", environment: [:])
+    }
+
+    /// The consumer and the producer each get the shared `kafka.config` with their own map over
+    /// it; neither sees the other's.
+    @Test func consumerAndProducerSettingsAreKeptApart() throws {
+        let configuration = try RelayConfiguration.load(yaml: """
+            kafka:
+              config:
+                client.id: relay
+                linger.ms: "5"
+              consumer_config:
+                fetch.wait.max.ms: "20"
+                client.id: relay-consumer
+              producer_config:
+                linger.ms: "1"
+                compression.type: zstd
+            """, environment: ["APNS_RELAY_KAFKA_PRODUCER_CONFIG_BATCH_SIZE": "65536",
+                               "APNS_RELAY_KAFKA_CONSUMER_CONFIG_SASL_PASSWORD": "consumer-secret"])
+        #expect(configuration.kafka.consumerSettings == ["client.id": "relay-consumer", "linger.ms": "5", "fetch.wait.max.ms": "20",
+                                                         "sasl.password": "consumer-secret"])
+        #expect(configuration.kafka.producerSettings == ["client.id": "relay", "linger.ms": "1", "compression.type": "zstd",
+                                                         "batch.size": "65536"])
+        let yaml = configuration.redactedYAML
+        #expect(yaml.contains("consumer_config:") && yaml.contains("producer_config:") && yaml.contains(#"compression.type: "zstd""#))
+        #expect(!yaml.contains("consumer-secret"))
+        // check-config's output reads back as the same configuration.
+        let again = try RelayConfiguration.load(yaml: yaml.replacingOccurrences(of: "<redacted>", with: "consumer-secret"), environment: [:])
+        #expect(again.kafka.consumerSettings == configuration.kafka.consumerSettings)
+        #expect(again.kafka.producerSettings == configuration.kafka.producerSettings)
+        // A setting librdkafka refuses is found in either map.
+        #expect(throws: (any Error).self) {
+            try RelayApplication.validateClientSettings(try RelayConfiguration.load(yaml: """
+                kafka:
+                  producer_config:
+                    linger.ms: soon
+                """, environment: [:]))
+        }
+    }
+
     /// librdkafka settings that would break at-least-once are refused, with what is allowed,
     /// unless the operator says so; the safe spellings of the same keys pass.
     @Test func settingsThatBreakTheGuaranteesAreRefusedUnlessAllowed() throws {

@@ -3,7 +3,7 @@ extension ConfigurationReader {
     /// invalidations topics, librdkafka settings.
     mutating func readKafka(_ kafka: [String: Any], into configuration: inout RelayConfiguration) {
         checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "lanes", "outcomes_topic", "invalidations_topic",
-                                                    "config", "allow_unsafe_config"])
+                                                    "config", "consumer_config", "producer_config", "allow_unsafe_config"])
         configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
         configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
         configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
@@ -25,31 +25,43 @@ extension ConfigurationReader {
             issues.append(.init(key: "kafka.invalidations_topic", value: configuration.kafka.invalidationsTopic,
                                 allowed: "empty (off), or a topic of its own (not an intents topic or kafka.outcomes_topic)"))
         }
-        if let properties = mapping(kafka["config"], key: "kafka.config") {
-            for (name, value) in properties {
-                guard let text = scalarText(value) else {
-                    issues.append(.init(key: "kafka.config.\(name)", value: describe(value), allowed: "librdkafka settings are scalars"))
-                    continue
-                }
-                configuration.kafka.properties[name] = text
-            }
-        }
-        // librdkafka settings from the environment (secrets from a Kubernetes Secret, say):
-        // APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD sets sasl.password.
-        let kafkaPrefix = RelayConfiguration.environmentPrefix + "KAFKA_CONFIG_"
-        for (variable, value) in environment where variable.hasPrefix(kafkaPrefix) && variable.count > kafkaPrefix.count {
-            let name = variable.dropFirst(kafkaPrefix.count).lowercased().replacingOccurrences(of: "_", with: ".")
-            configuration.kafka.properties[name] = value
-        }
+        configuration.kafka.properties = readProperties(kafka, "config")
+        configuration.kafka.consumerProperties = readProperties(kafka, "consumer_config")
+        configuration.kafka.producerProperties = readProperties(kafka, "producer_config")
         configuration.kafka.allowUnsafeConfig = bool(kafka, "kafka.allow_unsafe_config", default: false)
         if !configuration.kafka.allowUnsafeConfig {
-            for (name, value) in configuration.kafka.properties.sorted(by: { $0.key < $1.key }) {
-                if let allowed = RelayConfiguration.Kafka.guaranteeBreaking(name, value) {
-                    issues.append(.init(key: "kafka.config.\(name)", value: value,
-                                        allowed: "\(allowed) (or kafka.allow_unsafe_config: true)"))
+            for (section, properties) in [("config", configuration.kafka.properties),
+                                          ("consumer_config", configuration.kafka.consumerProperties),
+                                          ("producer_config", configuration.kafka.producerProperties)] {
+                for (name, value) in properties.sorted(by: { $0.key < $1.key }) {
+                    if let allowed = RelayConfiguration.Kafka.guaranteeBreaking(name, value) {
+                        issues.append(.init(key: "kafka.\(section).\(name)", value: value,
+                                            allowed: "\(allowed) (or kafka.allow_unsafe_config: true)"))
+                    }
                 }
             }
         }
+    }
+
+    /// A map of librdkafka settings, `kafka.<section>`, with those from the environment over it
+    /// (secrets from a Kubernetes Secret, say): `APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD` sets
+    /// `kafka.config`'s `sasl.password`, `APNS_RELAY_KAFKA_CONSUMER_CONFIG_…` the consumer's.
+    private mutating func readProperties(_ kafka: [String: Any], _ section: String) -> [String: String] {
+        var properties: [String: String] = [:]
+        if let given = mapping(kafka[section], key: "kafka.\(section)") {
+            for (name, value) in given {
+                guard let text = scalarText(value) else {
+                    issues.append(.init(key: "kafka.\(section).\(name)", value: describe(value), allowed: "librdkafka settings are scalars"))
+                    continue
+                }
+                properties[name] = text
+            }
+        }
+        let prefix = RelayConfiguration.environmentName(forKey: "kafka.\(section)") + "_"
+        for (variable, value) in environment where variable.hasPrefix(prefix) && variable.count > prefix.count {
+            properties[variable.dropFirst(prefix.count).lowercased().replacingOccurrences(of: "_", with: ".")] = value
+        }
+        return properties
     }
 
     /// `kafka.lanes`: a non-empty list of `{topic, weight}`, each topic once, weights 1–1000.

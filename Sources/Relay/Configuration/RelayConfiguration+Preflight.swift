@@ -160,7 +160,11 @@ extension RelayConfiguration {
         for topic in policy.topics.keys.sorted() where directory.index(forTopic: topic) == nil {
             result.problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
         }
-        result.problems += Self.kafkaFileProblems(kafka.properties)
+        // The files each client is given (the shared map's problems named once).
+        for problem in Self.kafkaFileProblems(kafka.consumerSettings) + Self.kafkaFileProblems(kafka.producerSettings)
+        where !result.problems.contains(problem) {
+            result.problems.append(problem)
+        }
         return result
     }
 

@@ -18,8 +18,19 @@ public struct RelayConfiguration: Sendable {
         /// Empty: off. Else a compacted topic that gets one record per `unregistered` outcome
         /// and a tombstone per `delivered` one, keyed `<topic>/<token>` (``Invalidation``).
         public var invalidationsTopic = ""
-        /// Passed to librdkafka as they are (security.protocol, sasl.*, ...).
+        /// `kafka.config`: passed to librdkafka as they are (security.protocol, sasl.*, ...), for
+        /// the consumer and the producer alike.
         public var properties: [String: String] = [:]
+        /// `kafka.consumer_config`: the consumer's own settings, over ``properties``.
+        public var consumerProperties: [String: String] = [:]
+        /// `kafka.producer_config`: the producer's own settings, over ``properties``.
+        public var producerProperties: [String: String] = [:]
+
+        /// What the consumer (and a topic reader) is given: ``properties`` with
+        /// ``consumerProperties`` over them.
+        public var consumerSettings: [String: String] { properties.merging(consumerProperties) { _, own in own } }
+        /// What the producer is given: ``properties`` with ``producerProperties`` over them.
+        public var producerSettings: [String: String] { properties.merging(producerProperties) { _, own in own } }
         /// Accept librdkafka settings that break at-least-once (see ``guaranteeBreaking(_:_:)``).
         public var allowUnsafeConfig = false
         public init() {}
@@ -50,6 +61,9 @@ public struct RelayConfiguration: Sendable {
             switch name.lowercased().replacingOccurrences(of: "_", with: ".") {
             case "enable.auto.offset.store":
                 return ["false", "0"].contains(value) ? nil : "false: the relay stores an offset once its outcome is out"
+            case "enable.auto.commit":
+                return ["false", "0"].contains(value)
+                    ? "true: stored offsets are committed every auto.commit.interval.ms (with false, only at a revocation or a close)" : nil
             case "acks", "request.required.acks", "topic.acks", "topic.request.required.acks":
                 return ["all", "-1"].contains(value) ? nil : "all: an outcome is acknowledged by every in-sync replica"
             case "enable.idempotence":
@@ -277,7 +291,8 @@ public struct RelayConfiguration: Sendable {
         /// `PREFIX/v1/traces`); empty: no spans (trace context is still carried from intent to
         /// outcome).
         public var otlpEndpoint = ""
-        /// How spans are encoded: `http/protobuf` (OTLP's default) or `http/json`.
+        /// How spans are encoded: `http/protobuf` (OTLP's default; ``OTLPProtocol`` says why
+        /// `http/json` is not offered).
         public var otlpProtocol = OTLPProtocol.httpProtobuf
         public init() {}
     }
