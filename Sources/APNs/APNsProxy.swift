@@ -1,4 +1,5 @@
 import Foundation
+import Common
 import NIOExtras
 
 /// An HTTP proxy APNs connections go through: each connection opens an HTTP `CONNECT` tunnel to
@@ -102,15 +103,9 @@ public struct APNsProxy: Sendable, Hashable, CustomStringConvertible {
         return "http://\(user)\(shownHost):\(port)"
     }
 
-    /// `text` with everything between the first `:` of its user part and its last `@` redacted
-    /// (the user part starts after `//`, or at the start when the scheme is missing): whatever
-    /// the text, no part of a password shows.
-    public static func redacted(_ text: String) -> String {
-        guard let at = text.lastIndex(of: "@") else { return text }
-        let start = text.range(of: "//").map(\.upperBound) ?? text.startIndex
-        guard start < at, let colon = text[start..<at].firstIndex(of: ":") else { return text }
-        return String(text[...colon]) + "<redacted>" + String(text[at...])
-    }
+    /// `text` with its credentials redacted (``URLCredentials/redacted(_:)``): whatever the
+    /// text, no part of a password shows.
+    public static func redacted(_ text: String) -> String { URLCredentials.redacted(text) }
 
     /// What went wrong with a proxy's `CONNECT`, in a line (never the error's source location).
     static func describe(_ error: NIOHTTP1ProxyConnectHandler.Error) -> String {

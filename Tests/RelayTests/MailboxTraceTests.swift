@@ -22,8 +22,7 @@ struct MailboxTraceTests {
         let harness = try await PolicyTests.harness(redis, burst: 1, refill: 0.5, configure: {
             if exported {
                 $0.tracing.otlpEndpoint = receiver.url
-                $0.tracing.otlpProtocol = .httpJSON
-            }
+                }
         })
         let token = hexToken(7)
         func send(_ id: String, _ headers: [KafkaHeader]) async throws {

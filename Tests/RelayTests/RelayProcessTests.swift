@@ -675,6 +675,46 @@ struct CheckConfigProcessTests {
         #expect(refused.stderr.contains("limits.max_in_flight"), "\(refused.stderr)")
     }
 
+    /// No credential of any URL (the collector's, Redis', the proxy's) and no value of an unknown
+    /// key reaches check-config's output, whether the file is accepted or refused.
+    @Test func noCredentialOfAURLAndNoUnknownKeysValueIsPrinted() async throws {
+        let key = TestFiles.path("AuthKey_\(UUID()).p8").path
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: key, atomically: true, encoding: .utf8)
+        func run(_ extra: String) async throws -> (status: Int32, output: String) {
+            let path = TestFiles.path("urls-\(UUID()).yaml").path
+            try """
+                kafka:
+                  brokers: 127.0.0.1:9
+                apns:
+                  proxy: "http://proxyuser:proxysecret1@proxy.internal:3128"
+                  credentials:
+                    - {team_id: TEAM123456, key_id: ABC123DEFG, key_file: "\(key)", topics: [com.example.app]}
+                redis:
+                  url: "redis://relay:redissecret2@127.0.0.1:9/0"
+                \(extra)
+                """.write(toFile: path, atomically: true, encoding: .utf8)
+            let result = try await RelayBinary.run(["check-config", path])
+            return (result.status, result.stdout + result.stderr)
+        }
+        let accepted = try await run("tracing:\n  otlp_endpoint: \"https://u:otlpsecret3@otel.internal:4318\"\n")
+        #expect(accepted.status == 0, "\(accepted.output)")
+        #expect(accepted.output.contains("https://u:<redacted>@otel.internal:4318"), "\(accepted.output)")
+        // A bad endpoint and a misspelt key whose value is a secret: refused, nothing shown.
+        let refused = try await run("""
+            tracing:
+              otlp_endpoint: "ftp://u:otlpsecret3@otel.internal:4318"
+            policy:
+              pasword: unknownsecret4
+            """)
+        #expect(refused.status == 2, "\(refused.output)")
+        #expect(refused.output.contains("policy.pasword") && refused.output.contains("tracing.otlp_endpoint"), "\(refused.output)")
+        for output in [accepted.output, refused.output] {
+            for secret in ["proxysecret1", "redissecret2", "otlpsecret3", "unknownsecret4"] {
+                #expect(!output.contains(secret), "\(secret) in \(output)")
+            }
+        }
+    }
+
     /// Every file the configuration names is read as `run` reads it, and every topic has a
     /// credential: all problems are listed at once, and `run` refuses the same file.
     @Test func everyFileItNamesIsParsedAndEveryTopicHasACredential() async throws {

@@ -11,8 +11,8 @@ import TestSupport
 import Testing
 import W3CTraceContext
 
-/// An OTLP/HTTP collector in this process: every `POST /v1/traces`, answered 200 in the
-/// request's encoding.
+/// An OTLP/HTTP collector in this process: every `POST /v1/traces`, answered 200 with an empty
+/// `ExportTraceServiceResponse`.
 final class OTLPReceiver: Sendable {
     struct Request: Sendable {
         var contentType: String
@@ -48,25 +48,67 @@ final class OTLPReceiver: Sendable {
         return result
     }
 
-    /// Every span received so far in JSON, its ids in hex (swift-protobuf writes bytes in
-    /// base64).
+    /// Every span received so far, decoded as a collector decodes OTLP/HTTP's binary protobuf
+    /// encoding (`opentelemetry/proto/collector/trace/v1`, field numbers from the proto files),
+    /// in the shape of OTLP/JSON: ids in lower-case hex, times and integers as decimal strings.
+    /// A body that is not valid protobuf of that shape fails the test.
     var spans: [[String: Any]] {
-        requests.filter { $0.contentType == "application/json" }.flatMap { request -> [[String: Any]] in
-            let object = (try? JSONSerialization.jsonObject(with: Data(request.body))) as? [String: Any] ?? [:]
-            let resources = object["resourceSpans"] as? [[String: Any]] ?? []
-            return resources.flatMap { resource in
-                (resource["scopeSpans"] as? [[String: Any]] ?? []).flatMap { $0["spans"] as? [[String: Any]] ?? [] }
-            }.map { span in
-                var span = span
-                for key in ["traceId", "spanId", "parentSpanId"] {
-                    if let text = span[key] as? String, let bytes = Data(base64Encoded: text) {
-                        span[key] = bytes.map { String(format: "%02x", $0) }.joined()
+        requests.flatMap { request -> [[String: Any]] in
+            guard request.contentType == "application/x-protobuf" else {
+                Issue.record("a request in \(request.contentType), not OTLP's binary protobuf")
+                return []
+            }
+            do {
+                // ExportTraceServiceRequest.resource_spans = 1; ResourceSpans.scope_spans = 2;
+                // ScopeSpans.spans = 2.
+                return try ProtobufFields.messages(1, in: request.body).flatMap { resource in
+                    try ProtobufFields.messages(2, in: resource).flatMap { scope in
+                        try ProtobufFields.messages(2, in: scope).map(Self.span)
                     }
                 }
-                return span
+            } catch {
+                Issue.record("an export that is not OTLP protobuf: \(error)")
+                return []
             }
         }
     }
+
+    /// A `Span` message: trace_id 1, span_id 2, parent_span_id 4, name 5, start 7 and end 8
+    /// (fixed64), attributes 9 (`KeyValue`: key 1, value 2, an `AnyValue`: string 1, int 3).
+    static func span(_ bytes: [UInt8]) throws -> [String: Any] {
+        var span: [String: Any] = [:]
+        for field in try ProtobufFields.parse(bytes) {
+            switch (field.number, field.value) {
+            case (1, .bytes(let id)): span["traceId"] = hex(id)
+            case (2, .bytes(let id)): span["spanId"] = hex(id)
+            case (4, .bytes(let id)): if !id.isEmpty { span["parentSpanId"] = hex(id) }
+            case (5, .bytes(let name)): span["name"] = String(decoding: name, as: UTF8.self)
+            case (7, .fixed64(let time)): span["startTimeUnixNano"] = "\(time)"
+            case (8, .fixed64(let time)): span["endTimeUnixNano"] = "\(time)"
+            case (9, .bytes(let keyValue)):
+                var key = "", value: [String: Any] = [:]
+                for part in try ProtobufFields.parse(keyValue) {
+                    switch (part.number, part.value) {
+                    case (1, .bytes(let text)): key = String(decoding: text, as: UTF8.self)
+                    case (2, .bytes(let any)):
+                        for choice in try ProtobufFields.parse(any) {
+                            switch (choice.number, choice.value) {
+                            case (1, .bytes(let text)): value["stringValue"] = String(decoding: text, as: UTF8.self)
+                            case (3, .varint(let number)): value["intValue"] = "\(Int64(bitPattern: number))"
+                            default: break
+                            }
+                        }
+                    default: break
+                    }
+                }
+                span["attributes", default: [[String: Any]]()] = (span["attributes"] as? [[String: Any]] ?? []) + [["key": key, "value": value]]
+            default: break
+            }
+        }
+        return span
+    }
+
+    static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
 
     init() async throws {
         let store = self.store
@@ -102,14 +144,12 @@ final class OTLPReceiver: Sendable {
                 body += buffer.readBytes(length: buffer.readableBytes) ?? []
             case .end:
                 let status = store.take(path, Request(contentType: contentType, body: body))
-                // An empty ExportTraceServiceResponse, in the request's encoding.
-                let json = contentType == "application/json"
+                // An empty ExportTraceServiceResponse.
                 var headers = HTTPHeaders()
-                headers.add(name: "content-type", value: json ? "application/json" : "application/x-protobuf")
-                headers.add(name: "content-length", value: json ? "2" : "0")
+                headers.add(name: "content-type", value: "application/x-protobuf")
+                headers.add(name: "content-length", value: "0")
                 context.write(wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: status),
                                                                      headers: headers))), promise: nil)
-                if json { context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: "{}")))), promise: nil) }
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
             }
         }
@@ -130,7 +170,6 @@ struct SpanExportTests {
         let harness = try await RelayHarness.start(configureRelay: {
             $0.redis.url = redis.url
             $0.tracing.otlpEndpoint = receiver.url
-            $0.tracing.otlpProtocol = .httpJSON
         })
         let traceID = "4bf92f3577b34da6a3ce929d0e0e4736", parentID = "00f067aa0ba902b7"
         func send(_ id: String, token: Int, traceparent: String?) async throws {
@@ -244,11 +283,16 @@ struct TracingConfigurationTests {
     /// Both keys read, written back by the redacted YAML, and their bad values refused by name.
     @Test func theTracingKeysAreReadAndChecked() throws {
         let configuration = try RelayConfiguration.load(
-            yaml: "tracing:\n  otlp_endpoint: http://collector:4318\n  otlp_protocol: http/json\n", environment: [:])
+            yaml: "tracing:\n  otlp_endpoint: http://collector:4318\n  otlp_protocol: http/protobuf\n", environment: [:])
         #expect(configuration.tracing.otlpEndpoint == "http://collector:4318")
-        #expect(configuration.tracing.otlpProtocol == .httpJSON)
+        #expect(configuration.tracing.otlpProtocol == .httpProtobuf)
         let again = try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:])
-        #expect(again.tracing.otlpProtocol == .httpJSON)
+        #expect(again.tracing.otlpEndpoint == "http://collector:4318" && again.tracing.otlpProtocol == .httpProtobuf)
+        // OTLP/JSON with base64 ids is what the exporter would send: refused, with the reason.
+        let json = try #require(throws: ConfigurationError.self) {
+            try RelayConfiguration.load(yaml: "tracing:\n  otlp_endpoint: http://collector:4318\n  otlp_protocol: http/json\n", environment: [:])
+        }
+        #expect(json.issues.count == 1 && json.issues[0].allowed.contains("hex"), "\(json)")
         #expect(try RelayConfiguration.load(yaml: "tracing: {}\n", environment: [:]).tracing.otlpProtocol == .httpProtobuf)
         let error = try #require(throws: ConfigurationError.self) {
             try RelayConfiguration.load(yaml: "tracing:\n  otlp_endpoint: grpc://collector:4317\n  otlp_protocol: grpc\n", environment: [:])
@@ -262,12 +306,12 @@ struct TracingConfigurationTests {
     @Test func environmentVariablesThatWouldBreakTracingAreRefused() {
         let refused = ["OTEL_PROPAGATORS": "tracecontext,baggage", "OTEL_TRACES_SAMPLER": "always_on",
                        "OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"]
+                       "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"]
         let problems = RelayTracing.environmentProblems(refused)
         #expect(problems.count == refused.count, "\(problems)")
         for name in refused.keys { #expect(problems.contains { $0.hasPrefix(name + "=") }, "\(name)") }
         let fine = ["OTEL_PROPAGATORS": "tracecontext", "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_TRACES_EXPORTER": "otlp",
-                    "OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+                    "OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                     "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer x", "OTEL_SERVICE_NAME": "relay-eu"]
         #expect(RelayTracing.environmentProblems(fine).isEmpty)
         #expect(throws: (any Error).self) {

@@ -7,10 +7,18 @@ import Yams
 /// One thing wrong with a configuration: the key, the value found and what is allowed.
 public struct ConfigurationIssue: Sendable, Equatable, CustomStringConvertible {
     public var key: String
-    public var value: String
+    /// The value as it may be shown (credentials redacted); nil when it is not shown at all (an
+    /// unknown key's value).
+    public var value: String?
     public var allowed: String
 
-    public var description: String { "\(key) = \(value): \(allowed)" }
+    public init(key: String, value: String?, allowed: String) {
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+    }
+
+    public var description: String { value.map { "\(key) = \($0): \(allowed)" } ?? "\(key): \(allowed)" }
 }
 
 /// Every problem found in a configuration, all at once.
@@ -214,7 +222,7 @@ struct ConfigurationReader {
         checkKnown(tracing, prefix: "tracing.", known: ["otlp_endpoint", "otlp_protocol"])
         configuration.tracing.otlpEndpoint = string(tracing, "tracing.otlp_endpoint", default: configuration.tracing.otlpEndpoint)
         if !configuration.tracing.otlpEndpoint.isEmpty, OTLPEndpoint(configuration.tracing.otlpEndpoint) == nil {
-            issues.append(.init(key: "tracing.otlp_endpoint", value: configuration.tracing.otlpEndpoint,
+            issues.append(.init(key: "tracing.otlp_endpoint", value: URLCredentials.redacted(configuration.tracing.otlpEndpoint),
                                 allowed: "empty, or http://HOST:PORT or https://HOST:PORT (an OTLP/HTTP collector)"))
         }
         let encoding = string(tracing, "tracing.otlp_protocol", default: configuration.tracing.otlpProtocol.rawValue)
@@ -222,7 +230,8 @@ struct ConfigurationReader {
             configuration.tracing.otlpProtocol = known
         } else {
             issues.append(.init(key: "tracing.otlp_protocol", value: encoding,
-                                allowed: OTLPProtocol.allCases.map(\.rawValue).joined(separator: " or ")))
+                                allowed: encoding == "http/json" ? OTLPProtocol.jsonRefusal
+                                    : OTLPProtocol.allCases.map(\.rawValue).joined(separator: " or ")))
         }
         configuration.shutdownDeadlineSeconds = integer(top, "shutdown_deadline_seconds", default: 20, range: 1...3600)
         return configuration
@@ -274,7 +283,8 @@ struct ConfigurationReader {
 
     mutating func checkKnown(_ fields: [String: Any], prefix: String, known: Set<String>) {
         for name in fields.keys.sorted() where !known.contains(name) {
-            issues.append(.init(key: prefix + name, value: describe(fields[name]),
+            // Its value is not shown: a misspelt key may hold a secret (`pasword: ...`).
+            issues.append(.init(key: prefix + name, value: nil,
                                 allowed: "unknown key; known here: \(known.sorted().joined(separator: ", "))"))
         }
     }

@@ -18,9 +18,12 @@ extension RelayConfiguration {
         }
         lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
         lines.append("  invalidations_topic: \(quote(kafka.invalidationsTopic))")
-        lines.append(kafka.properties.isEmpty ? "  config: {}" : "  config:")
-        for (key, value) in kafka.properties.sorted(by: { $0.key < $1.key }) {
-            lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")
+        for (section, properties) in [("config", kafka.properties), ("consumer_config", kafka.consumerProperties),
+                                      ("producer_config", kafka.producerProperties)] {
+            lines.append(properties.isEmpty ? "  \(section): {}" : "  \(section):")
+            for (key, value) in properties.sorted(by: { $0.key < $1.key }) {
+                lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")
+            }
         }
         if kafka.allowUnsafeConfig { lines.append("  allow_unsafe_config: true") }
         lines.append("apns:")
@@ -92,7 +95,7 @@ extension RelayConfiguration {
         lines.append("  request_timeout_seconds: \(http.requestTimeoutSeconds)")
         lines.append("  max_connections: \(http.maxConnections)")
         lines.append("tracing:")
-        lines.append("  otlp_endpoint: \(quote(tracing.otlpEndpoint))")
+        lines.append("  otlp_endpoint: \(quote(URLCredentials.redacted(tracing.otlpEndpoint)))")
         lines.append("  otlp_protocol: \(quote(tracing.otlpProtocol.rawValue))")
         lines.append("shutdown_deadline_seconds: \(shutdownDeadlineSeconds)")
         return lines.joined(separator: "\n")

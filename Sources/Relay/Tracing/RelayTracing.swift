@@ -1,4 +1,5 @@
 import BuildInfo
+import Common
 import Foundation
 import Kafka
 public import Logging
@@ -28,12 +29,18 @@ struct OTLPEndpoint: Sendable, Equatable {
     }
 }
 
-/// How spans are encoded on their way to the collector.
+/// How spans are encoded on their way to the collector: OTLP/HTTP's binary protobuf, its
+/// default and what every collector takes.
+///
+/// `http/json` is not offered: swift-otel writes OTLP/JSON with swift-protobuf's JSON mapping,
+/// which puts `traceId`, `spanId` and `parentSpanId` in base64, where OTLP/JSON requires hex. A
+/// collector rejects those spans or links them wrongly (``jsonRefusal``).
 public enum OTLPProtocol: String, Sendable, CaseIterable {
     /// `application/x-protobuf`, OTLP's default.
     case httpProtobuf = "http/protobuf"
-    /// `application/json` (ids in base64, as swift-protobuf writes bytes).
-    case httpJSON = "http/json"
+
+    /// Why `http/json` is refused, as `check-config` says it.
+    public static let jsonRefusal = "http/json is not offered: the exporter writes trace and span ids in base64 where OTLP/JSON requires hex, so a collector would reject or mislink the spans; use http/protobuf"
 }
 
 /// The tracer the relay's spans start from and the service that exports them: swift-otel's
@@ -77,7 +84,6 @@ public struct RelayTracing: Sendable {
         configuration.traces.otlpExporter.timeout = .seconds(5)
         configuration.traces.otlpExporter.protocol = switch encoding {
         case .httpProtobuf: .httpProtobuf
-        case .httpJSON: .httpJSON
         }
         let backend = try OTel.makeTracingBackend(configuration: configuration)
         tracer = backend.factory
@@ -122,7 +128,7 @@ extension RelayTracing {
         }
         for name in ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] {
             if let encoding = value(name), OTLPProtocol(rawValue: encoding) == nil {
-                problems.append("\(name)=\(encoding): only http/protobuf and http/json are built in")
+                problems.append("\(name)=\(encoding): " + (encoding == "http/json" ? OTLPProtocol.jsonRefusal : "only http/protobuf is built in"))
             }
         }
         return problems
@@ -137,7 +143,7 @@ enum RelayTracingError: Error, CustomStringConvertible {
 
     var description: String {
         switch self {
-        case .badEndpoint(let text): "tracing.otlp_endpoint \(text) is not http(s)://HOST:PORT[/PREFIX]"
+        case .badEndpoint(let text): "tracing.otlp_endpoint \(URLCredentials.redacted(text)) is not http(s)://HOST:PORT[/PREFIX]"
         case .environment(let problem): problem
         case .notBuiltIn: "tracing.otlp_endpoint is set, but this build exports no spans (built without the OTLPExport trait)"
         }
