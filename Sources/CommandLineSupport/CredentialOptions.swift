@@ -1,4 +1,5 @@
 public import APNs
+import Foundation
 public import ArgumentParser
 
 /// How `send` and `bench` authenticate: token (team, key, .p8) or certificate.
@@ -20,8 +21,17 @@ public struct CredentialOptions: ParsableArguments {
     @Option(name: .customLong("cert-key"), help: "PEM private key for --cert-file.")
     public var certKey: String?
 
-    @Option(name: .customLong("cert-passphrase"), help: "Passphrase of a PKCS#12 --cert-file.")
+    @Option(name: .customLong("cert-passphrase"),
+            help: "Passphrase of a PKCS#12 --cert-file (or the environment variable \(Self.passphraseVariable), which keeps it out of the process list and the shell's history).")
     public var certPassphrase: String?
+
+    /// Where the passphrase comes from when `--cert-passphrase` is not given.
+    public static let passphraseVariable = "APNS_RELAY_CERT_PASSPHRASE"
+
+    /// `--cert-passphrase`, else ``passphraseVariable`` from `environment`.
+    public func passphrase(environment: [String: String]) -> String? {
+        certPassphrase ?? environment[Self.passphraseVariable]
+    }
 
     public func validate() throws {
         let token = teamID != nil || keyID != nil || keyFile != nil
@@ -43,7 +53,8 @@ public struct CredentialOptions: ParsableArguments {
             return try .token(teamID: teamID, keyID: keyID, keyFile: keyFile)
         }
         if let certFile {
-            return try .certificate(certificateFile: certFile, keyFile: certKey, passphrase: certPassphrase)
+            return try .certificate(certificateFile: certFile, keyFile: certKey,
+                                    passphrase: passphrase(environment: ProcessInfo.processInfo.environment))
         }
         throw .credential("no credentials: give --team-id, --key-id and --key-file, or --cert-file")
     }
