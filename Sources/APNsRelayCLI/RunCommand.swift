@@ -43,6 +43,8 @@ struct RunCommand: AsyncParsableCommand {
         let registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
         Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
+        // Exported from the start, so the refused-reload alert has a series to compare with.
+        for result in ["applied", "invalid"] { PipelineService.countReload(result, by: 0) }
         let application: RelayApplication
         do {
             application = try RelayApplication(configuration: configuration, credentials: checked.credentials, logger: logger)
@@ -245,8 +247,8 @@ struct PipelineService: Service {
     }
 
     /// `relay_config_reloads_total{result="applied"|"invalid"}`.
-    static func countReload(_ result: String) {
-        Counter(label: "relay_config_reloads_total", dimensions: [("result", result)]).increment()
+    static func countReload(_ result: String, by count: Int64 = 1) {
+        Counter(label: "relay_config_reloads_total", dimensions: [("result", result)]).increment(by: count)
     }
 
     /// The configuration file's bytes and every credential file's (keys and certificates), read

@@ -28,6 +28,18 @@ app.kubernetes.io/name: {{ include "apns-relay.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/*
+The image: repository@digest when image.digest is set, else repository:tag, the tag defaulting
+to the chart's appVersion.
+*/}}
+{{- define "apns-relay.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "apns-relay.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "apns-relay.fullname" .) .Values.serviceAccount.name -}}
@@ -50,4 +62,31 @@ nodeAffinity or podAffinity is added beside it; a podAntiAffinity rule list of t
 {{- $affinity = merge $affinity $default -}}
 {{- end -}}
 {{- toYaml $affinity -}}
+{{- end -}}
+
+{{/*
+A probe from the values (dict "name" "livenessProbe" "probe" .Values.livenessProbe), refused
+when it names more than one handler: values merge over the defaults, so a tcpSocket given
+without nulling the default httpGet would otherwise reach Kubernetes with both.
+*/}}
+{{- define "apns-relay.probe" -}}
+{{- $handlers := list -}}
+{{- range $handler := list "httpGet" "tcpSocket" "grpc" "exec" -}}
+{{- if hasKey $.probe $handler -}}{{- $handlers = append $handlers $handler -}}{{- end -}}
+{{- end -}}
+{{- if gt (len $handlers) 1 -}}
+{{- fail (printf "%s names %s: one handler only; null the default one (e.g. %s: null)" .name (join " and " $handlers) (first $handlers)) -}}
+{{- end -}}
+{{- toYaml .probe -}}
+{{- end -}}
+
+{{/*
+An alert's labels (dict "rule" .Values.prometheusRule.rules.<alert> "root" $): its severity and
+prometheusRule.alertLabels.
+*/}}
+{{- define "apns-relay.alertLabels" -}}
+severity: {{ .rule.severity | quote }}
+{{- with .root.Values.prometheusRule.alertLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
