@@ -210,6 +210,15 @@ public final class KafkaProducer: Service, Sendable {
         closedLatch.open()
     }
 
+    /// Fails every record not delivered yet, queued or in flight: each one's delivery report
+    /// comes at once (from the poll thread) with `_PURGE_QUEUE` or `_PURGE_INFLIGHT`, instead of
+    /// when `message.timeout.ms` passes. The producer stays usable. For a stop past its deadline:
+    /// what still waits for Kafka is given up, not waited for.
+    public func purge() {
+        guard !closed.load(ordering: .relaxed) else { return }
+        handle.withHandle { _ = rd_kafka_purge($0, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT)) }
+    }
+
     /// Records waiting for their delivery report.
     public var outstanding: Int {
         handle.withHandle { Int(rd_kafka_outq_len($0)) }

@@ -41,4 +41,33 @@ struct KafkaOutageTests {
         #expect(try await harness.stopExpectingOneOutcomeEach().count == 200)
         #expect(try await harness.committedTotal() == 200)
     }
+
+    /// A stop while Kafka takes no outcome ends within `shutdown_deadline_seconds` and a
+    /// stated bound (the producer's records still waiting are purged, failing their deliveries),
+    /// not when librdkafka's `message.timeout.ms` (20 s here) gives up on them. The intents
+    /// stay uncommitted: redelivered to the next owner.
+    @Test func aStopWhileKafkaTakesNoOutcomeEndsByTheDeadline() async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(1000) }, configureRelay: {
+            $0.shutdownDeadlineSeconds = 2
+            $0.kafka.properties["message.timeout.ms"] = "20000"
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
+        _ = try await harness.outcomes(count: 1)
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<20).map {
+            (Array(hexToken(100 + $0).utf8), Array(intent("stuck-\($0)", token: hexToken(100 + $0)).utf8))
+        })
+        // All at APNs (1 s each), then Kafka refuses every produce: their outcomes wait.
+        try await waitUntil(timeout: .seconds(20)) { harness.pipeline.inFlight == 20 }
+        harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
+        try await waitUntil(timeout: .seconds(20)) { harness.simulator.accepted.count == 21 }
+        let stopped = ContinuousClock.now
+        harness.pipeline.requestStop()
+        await harness.running.value
+        let took = ContinuousClock.now - stopped
+        // The deadline (2 s), the purge's delivery reports, the final flush and commit.
+        #expect(took < slowed(.seconds(8)), "the stop took \(took)")
+        harness.cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.produce)
+        #expect(try await harness.committedTotal() == 1)
+        await harness.stop()
+    }
 }

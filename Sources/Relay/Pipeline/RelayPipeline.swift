@@ -234,6 +234,10 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Intents between consume and outcome now.
     public var inFlight: Int { state.withLock { $0.inFlight } }
 
+    /// Intents whose sends are under way (in flight, not waiting behind an earlier intent of
+    /// their device): at most `limits.max_in_flight`.
+    public var sending: Int { state.withLock { $0.lanes.sending } }
+
     /// Partitions paused now because `limits.max_uncommitted_per_partition` of their offsets
     /// wait behind an unfinished intent.
     public var heldPartitions: [Int32] { state.withLock { $0.partitions.held.map(\.partition).sorted() } }
@@ -309,8 +313,20 @@ public final class RelayPipeline: RelayStatus, Service {
             // What is still in flight now is abandoned.
             let left = inFlight
             abandoning.open()
+            // Abandoned work waits for nothing: records still waiting for Kafka (an outcome, an
+            // invalidation record) are purged, so their waits end now rather than when
+            // librdkafka gives up on them (`message.timeout.ms`, 5 minutes by default). Their
+            // offsets stay uncommitted: the next owner consumes them again. Again every 100 ms
+            // for records a cancelled task handed over meanwhile.
+            let purging = left == 0 ? nil : Task { [producer] in
+                while !Task.isCancelled {
+                    producer.purge()
+                    try? await Task.sleep(for: .milliseconds(100))
+                }
+            }
             await group.waitForAll()
             await mailboxesEnded.wait()
+            purging?.cancel()
             return left
         }
         if left > 0 {
