@@ -1,4 +1,5 @@
 import APNs
+import Common
 import Foundation
 import Redis
 @testable import Relay
@@ -146,6 +147,46 @@ struct MailboxRepairTests {
         #expect(try await client.send(RedisCommand("ZSCORE", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 999),
                                                                RedisKeys.member(token: hexToken(0x3b), topic: "com.example.app", id: "foreign-1")])).string == "0")
         #expect(PolicyTests.sent(harness, "foreign-1") == 0)
+        await harness.stop()
+        await client.shutdown()
+    }
+
+    /// Mailbox deliveries count against `limits.max_in_flight` in all, not per partition: 200
+    /// due entries over the four partitions, APNs taking 1 s each, and never more than 10 sends
+    /// under way (each poll took up to 10 per partition, 40 at once, before).
+    @Test func mailboxDeliveriesStayWithinMaxInFlightInAll() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10, configure: { $0.limits.maxInFlight = 10 },
+                                                    simulator: { $0.behaviour.latency = .milliseconds(1000) })
+        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
+        _ = try await harness.outcomes(count: 1)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        var commands: [RedisCommand] = []
+        for index in 0..<200 {
+            let id = "parked-\(index)", token = hexToken(0x4000 + index), partition = Int32(index % 4)
+            commands += [
+                RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
+                                      "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
+                RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
+                RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: partition), 0,
+                                      RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
+            ]
+        }
+        _ = try await client.pipeline(commands)
+        // Watched while they drain (20 s at 10 at a time).
+        let peak = Locked(0)
+        let watching = Task {
+            while !Task.isCancelled {
+                let sending = harness.pipeline.sending
+                peak.withLock { $0 = max($0, sending) }
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+        }
+        try await harness.published.waitUntil(timeout: .seconds(90)) { $0.count("delivered") == 201 }
+        watching.cancel()
+        #expect(peak.withLock { $0 } <= 10, "\(peak.withLock { $0 }) sends under way at once")
+        #expect(peak.withLock { $0 } >= 5, "the watch saw the sends")
         await harness.stop()
         await client.shutdown()
     }

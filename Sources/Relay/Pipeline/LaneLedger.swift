@@ -78,6 +78,15 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
             && inFlight[lane] - waiting[lane] < share(lane)
     }
 
+    /// How many more sends mailbox deliveries of `lane` may start now: what is left of
+    /// `maxInFlight` in all and, while other lanes press, of the lane's share (so a wave of
+    /// parked bulk intents leaves an urgent lane its share).
+    func mailboxRoom(_ lane: Int) -> Int {
+        let total = maxInFlight - sending
+        guard weights.count > 1 else { return max(total, 0) }
+        return max(min(total, share(lane) - (inFlight[lane] - waiting[lane])), 0)
+    }
+
     // MARK: Counting
 
     mutating func admitted(_ lane: Int) {

@@ -104,35 +104,46 @@ extension RelayPipeline {
         }
     }
 
+    /// Mailbox deliveries count against `limits.max_in_flight` in all (and, with lanes, against
+    /// their lane's share, ``LaneLedger/mailboxRoom(_:)``): a poll asks each partition for at
+    /// most what its lane has room for, takes the due members one partition after another in
+    /// turn, and reserves a send slot before each take (given back when the take yields
+    /// nothing to send).
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
-        let (owned, room) = state.withLock { state in
+        let (owned, rooms) = state.withLock { state in
             (laneTopics.flatMap { topic in
                 state.partitions.owned(topic: topic).map { (partition: TopicPartition(topic: topic, partition: $0.partition), generation: $0.generation) }
              },
-             configuration.limits.maxInFlight - (state.inFlight - state.waiting))
+             laneTopics.indices.map { state.lanes.mailboxRoom($0) })
         }
-        guard !owned.isEmpty, room > 0 else { return }
+        let withRoom = owned.filter { rooms[lane(of: $0.partition.topic)] > 0 }
+        guard !withRoom.isEmpty else { return }
         let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
         let now = nowMilliseconds()
-        let due: [(partition: TopicPartition, member: String)]
+        let found: [(partition: TopicPartition, member: String)]
         do {
-            due = try await policy.due(partitions: owned.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
-                                       now: now, limit: min(room, 500))
+            found = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
+                                         now: now, limit: min(rooms.max() ?? 0, 500))
         } catch {
             redisFailed(error)
             return
         }
-        for (partition, member) in due where !stopping.isOpen && !Task.isCancelled {
-            // Only for partitions still ours: a rebalance may have taken one since the query.
+        for (partition, member) in Self.inTurn(found) where !stopping.isOpen && !Task.isCancelled {
+            let lane = lane(of: partition.topic)
+            // Only for partitions still ours (a rebalance may have taken one since the query),
+            // and while there is room: the send slot is reserved here.
             let claimed = state.withLock { state in
-                state.partitions.isActive(partition, generation: generations[partition] ?? -1)
-                    && state.mailboxJobs.insert(member).inserted
+                guard state.partitions.isActive(partition, generation: generations[partition] ?? -1),
+                      state.lanes.mailboxRoom(lane) > 0, state.mailboxJobs.insert(member).inserted else { return false }
+                state.lanes.admitted(lane)
+                return true
             }
             guard claimed else { continue }
+            var started = false
+            defer { if !started { unreserve(lane, member: member) } }
             guard let parts = RedisKeys.parseMember(member) else {
                 _ = try? await policy.reindex(partition: partition, member: member, due: nil)
-                state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             }
             let taken: DevicePolicy.Take
@@ -140,7 +151,6 @@ extension RelayPipeline {
                 taken = try await policy.take(partition: partition, token: parts.token, topic: parts.topic, id: parts.id,
                                               rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
             } catch {
-                state.withLock { _ = $0.mailboxJobs.remove(member) }
                 guard error.isRefusal else {
                     redisFailed(error)
                     return
@@ -161,7 +171,6 @@ extension RelayPipeline {
                 // Not yet: the member moves to its new due time; stale: it goes.
                 let next: Int64? = if case .notYet(let next) = taken { next } else { nil }
                 _ = try? await policy.reindex(partition: partition, member: member, due: next)
-                state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .behindAbandonedClaim(let other):
                 // The abandoned claim's member (back in the index if it went missing) is taken
@@ -169,13 +178,11 @@ extension RelayPipeline {
                 // release moves it up (a plain reindex here could undo that move, had the
                 // release come first).
                 _ = try? await policy.ensureIndexed(partition: partition, token: parts.token, topic: parts.topic, id: other, now: now)
-                state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .behindClaim(let until):
                 // At the claim's lease end at the latest (the take moved it a little later), and
                 // earlier once the claim's release moved it up — which may have come first.
                 _ = try? await policy.reindex(partition: partition, member: member, due: until, onlyEarlier: true)
-                state.withLock { _ = $0.mailboxJobs.remove(member) }
                 continue
             case .answered(let entry, let record):
                 item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation,
@@ -186,11 +193,40 @@ extension RelayPipeline {
             case .claimed(let entry):
                 item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation)
             }
-            let start = state.withLock { state -> WorkItem? in
-                state.lanes.admitted(item.lane)
-                return Self.enqueue(item, &state, precedence: lanePrecedence)
-            }
+            // Its slot was reserved before the take.
+            started = true
+            let start = state.withLock { state in Self.enqueue(item, &state, precedence: lanePrecedence) }
             if let start { workers.addTask { await self.work(start) } }
         }
+    }
+
+    /// Gives back a slot reserved for a take that yields nothing to send, and its member's job.
+    private func unreserve(_ lane: Int, member: String) {
+        let waiters = state.withLock { state in
+            state.lanes.finished(lane)
+            _ = state.mailboxJobs.remove(member)
+            return state.lanes.waitersWithRoom()
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Due members from every partition, one partition after another in turn: when room runs
+    /// out part way, no partition's entries were passed over for another's.
+    static func inTurn(_ found: [(partition: TopicPartition, member: String)]) -> [(partition: TopicPartition, member: String)] {
+        var byPartition: [TopicPartition: [String]] = [:], order: [TopicPartition] = []
+        for (partition, member) in found {
+            if byPartition[partition] == nil { order.append(partition) }
+            byPartition[partition, default: []].append(member)
+        }
+        var result: [(partition: TopicPartition, member: String)] = []
+        result.reserveCapacity(found.count)
+        var round = 0
+        while result.count < found.count {
+            for partition in order where round < byPartition[partition]!.count {
+                result.append((partition, byPartition[partition]![round]))
+            }
+            round += 1
+        }
+        return result
     }
 }
