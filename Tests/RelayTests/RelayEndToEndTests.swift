@@ -326,6 +326,46 @@ struct RelayEndToEndTests {
         simulator.behaviour.rateLimitWindow = .hours(1)
     }
 
+    /// One recipient that cannot drain (APNs answers its every notification but the first 429,
+    /// no Redis to park in) keeps at most `limits.max_waiting_per_recipient` intents waiting:
+    /// the rest come out `failed` (`RecipientBacklog`) at once, and the global waiting room
+    /// (`limits.max_waiting`) stays open to other devices.
+    @Test func aRecipientThatCannotDrainKeepsOnlyItsShareOfTheWaitingRoom() async throws {
+        let hot = hexToken(0xf)
+        let answered = Locked<[String: (status: String, reason: String?, at: ContinuousClock.Instant)]>([:])
+        let harness = try await RelayHarness.start(configure: Self.oneNotificationPerDevice, configureRelay: { relay in
+            relay.limits.maxInFlight = 100
+            relay.limits.maxWaiting = 100
+            relay.limits.maxWaitingPerRecipient = 20
+            relay.shutdownDeadlineSeconds = 1
+        }, published: { outcome in
+            guard let id = outcome.id else { return }
+            answered.withLock { $0[id] = $0[id] ?? (outcome.status.rawValue, outcome.reason, .now) }
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(0xe)), key: hexToken(0xe))
+        try await waitUntil { answered.withLock { $0["warm-up"] != nil } }
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<150).map {
+            (Array(hot.utf8), Array(intent("hot-\($0)", token: hot).utf8))
+        })
+        let produced = ContinuousClock.now
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<10).map {
+            (Array(hexToken(0x100 + $0).utf8), Array(intent("other-\($0)", token: hexToken(0x100 + $0)).utf8))
+        })
+        try await waitUntil(timeout: .seconds(30)) { answered.withLock { seen in (0..<10).allSatisfy { seen["other-\($0)"] != nil } } }
+        let (others, backlogged) = answered.withLock { seen in
+            ((0..<10).map { seen["other-\($0)"]! },
+             seen.filter { $0.key.hasPrefix("hot-") && $0.value.reason == "RecipientBacklog" }.count)
+        }
+        #expect(others.allSatisfy { $0.status == "delivered" })
+        let last = others.map(\.at).max()!
+        #expect(last - produced < slowed(.seconds(10)), "the other devices waited \(last - produced)")
+        // The hot device's first went out, its next 20 wait (retried until the deadline); the
+        // other 129 were answered at once (a few fewer if the first was answered while the rest
+        // were being admitted).
+        #expect((120...129).contains(backlogged), "\(backlogged) answered RecipientBacklog")
+        await harness.stop()
+    }
+
     /// `retry.deadline_seconds` runs from consuming: intents that waited behind their device's
     /// earlier ones (each retried until the deadline, no Redis to park in) give up together,
     /// not one deadline after another.

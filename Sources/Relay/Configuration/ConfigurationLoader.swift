@@ -129,9 +129,11 @@ struct ConfigurationReader {
         }
 
         let limits = mapping(top["limits"], key: "limits") ?? [:]
-        checkKnown(limits, prefix: "limits.", known: ["max_in_flight", "max_waiting", "max_uncommitted_per_partition"])
+        checkKnown(limits, prefix: "limits.", known: ["max_in_flight", "max_waiting", "max_waiting_per_recipient", "max_uncommitted_per_partition"])
         configuration.limits.maxInFlight = integer(limits, "limits.max_in_flight", default: 10_000, range: 1...1_000_000)
         configuration.limits.maxWaiting = integer(limits, "limits.max_waiting", default: 50_000, range: 1...1_000_000)
+        configuration.limits.maxWaitingPerRecipient = integer(limits, "limits.max_waiting_per_recipient", default: 1_000,
+                                                              range: 1...1_000_000)
         configuration.limits.maxUncommittedPerPartition = integer(limits, "limits.max_uncommitted_per_partition", default: 200_000,
                                                                   range: 1_000...10_000_000)
 

@@ -52,6 +52,7 @@ extension RelayConfiguration {
         lines.append("limits:")
         lines.append("  max_in_flight: \(limits.maxInFlight)")
         lines.append("  max_waiting: \(limits.maxWaiting)")
+        lines.append("  max_waiting_per_recipient: \(limits.maxWaitingPerRecipient)")
         lines.append("  max_uncommitted_per_partition: \(limits.maxUncommittedPerPartition)")
         lines.append("defaults:")
         lines.append("  expiration_seconds: \(defaults.expirationSeconds)")

@@ -152,6 +152,11 @@ public struct RelayConfiguration: Sendable {
         /// Intents consumed and waiting behind an earlier intent for the same device: they
         /// hold memory but no send slot, so that one busy device cannot stall the others.
         public var maxWaiting = 50_000
+        /// Intents waiting behind an earlier one for the same recipient (device or channel) at
+        /// most: one that cannot drain (a throttled channel, a device without a rate limit) may
+        /// not take the whole of ``maxWaiting``. Past it an intent comes out `failed`
+        /// (`RecipientBacklog`) at once.
+        public var maxWaitingPerRecipient = 1_000
         /// Offsets of one partition started and not yet committable (behind an unfinished one)
         /// at most; past it the partition pauses until half of them are committable.
         public var maxUncommittedPerPartition = 200_000

@@ -70,6 +70,8 @@ extension RelayPipeline {
             return makeOutcome(item, intent: intent, status: .expired, reason: "RateLimited")
         case .expiredParked:
             return makeOutcome(item, intent: intent, status: .expired, reason: "ExpiredWhileParked")
+        case .recipientBacklog:
+            return makeOutcome(item, intent: intent, status: .failed, reason: "RecipientBacklog")
         case .knownUnregistered(let at):
             var outcome = makeOutcome(item, intent: intent, status: .unregistered, reason: Invalidation.knownUnregisteredReason)
             outcome.unregisteredAt = at

@@ -29,11 +29,17 @@ extension RelayPipeline {
             if deduplicator != nil, case .send = admission {
                 // A copy in flight here is in its device's queue (Redis learns of it only once
                 // APNs answered it).
-                if Self.isInFlight(intent, state.devices[intent.recipient]) {
+                if state.answering[AnswerKey(intent)] != nil {
                     admission = .duplicate(nil)
                 } else {
                     recordsAnswer = true
                 }
+            }
+            // One recipient that cannot drain keeps no more than its share of the waiting room.
+            if Self.countsAgainstBacklog(admission),
+               let queued = state.devices[intent.recipient]?.count, queued > configuration.limits.maxWaitingPerRecipient {
+                admission = .recipientBacklog
+                recordsAnswer = false
             }
             let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
                                 consumedAt: consumedAt, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
@@ -48,12 +54,28 @@ extension RelayPipeline {
         return start
     }
 
-    /// Whether an item in the device's queue records its answer for the same intent.
-    static func isInFlight(_ intent: Intent, _ queue: CircularBuffer<WorkItem>?) -> Bool {
-        guard let queue else { return false }
-        return queue.contains { item in
-            guard item.recordsAnswer, case .success(let other) = item.intent else { return false }
-            return other.id == intent.id && other.topic == intent.topic
+    /// Admissions that wait in their recipient's queue for work of their own (a send, a park),
+    /// and so count against `limits.max_waiting_per_recipient`; answers from what APNs said
+    /// before (a duplicate, a known 410) take no such work and are let in.
+    static func countsAgainstBacklog(_ admission: Admission) -> Bool {
+        switch admission {
+        case .send, .park: true
+        default: false
+        }
+    }
+
+    /// An intent whose answer an item in its recipient's queue records (``WorkItem/recordsAnswer``):
+    /// a copy consumed meanwhile is answered `duplicate` of it, looked up without scanning the
+    /// queue.
+    struct AnswerKey: Hashable {
+        var recipient: String
+        var topic: String
+        var id: String
+
+        init(_ intent: Intent) {
+            recipient = intent.recipient
+            topic = intent.topic
+            id = intent.id
         }
     }
 
@@ -69,6 +91,7 @@ extension RelayPipeline {
     /// intent they answer for. Inserting copies the queue's storage: only overtaking pays it.
     static func enqueue(_ item: WorkItem, _ state: inout State, precedence: [Int] = []) -> WorkItem? {
         guard let token = item.queueToken else { return item }
+        if item.recordsAnswer, case .success(let intent) = item.intent { state.answering[AnswerKey(intent), default: 0] += 1 }
         if state.devices[token] != nil {
             // No copy of the queue is held while it changes (that would copy its storage).
             if precedence.count > 1, case .send = item.admission, item.mailboxMember == nil,
@@ -109,6 +132,10 @@ extension RelayPipeline {
             guard let token = item.queueToken else { return }
             let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
                 state.devices[token]?.removeFirst()
+                if item.recordsAnswer, case .success(let intent) = item.intent {
+                    let key = AnswerKey(intent)
+                    if let count = state.answering[key], count > 1 { state.answering[key] = count - 1 } else { state.answering[key] = nil }
+                }
                 guard let queued = state.devices[token]?.first else {
                     state.devices[token] = nil
                     return (nil, [])

@@ -91,6 +91,8 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
+        /// The intents items in ``devices`` record answers for (how many such items each).
+        var answering: [AnswerKey: Int] = [:]
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.

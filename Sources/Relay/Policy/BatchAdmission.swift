@@ -18,6 +18,9 @@ extension RelayPipeline {
         /// APNs answered 410 for its (token, topic) at this time (epoch ms), and the intent does
         /// not say its token was registered since: outcome `unregistered` (`KnownUnregistered`).
         case knownUnregistered(at: Int64)
+        /// Its recipient already has `limits.max_waiting_per_recipient` intents waiting here:
+        /// outcome `failed` (`RecipientBacklog`), nothing sent.
+        case recipientBacklog
     }
 }
 
