@@ -90,3 +90,99 @@ severity: {{ .rule.severity | quote }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The relay's configuration file: .Values.config with apns.credentials written from
+.Values.credentials (the key and certificate files under the keys mount). The release's ConfigMap
+and the configuration check's hold the same text.
+*/}}
+{{- define "apns-relay.configFile" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $apns := get $config "apns" | default dict }}
+{{- $credentials := list }}
+{{- range .Values.credentials.keys }}
+{{- $credentials = append $credentials (dict "team_id" .teamId "key_id" .keyId "key_file" (printf "/etc/apns-relay/keys/%s" .file) "topics" .topics) }}
+{{- end }}
+{{- range $index, $certificate := .Values.credentials.certificates }}
+{{- $entry := dict "cert_file" (printf "/etc/apns-relay/keys/%s" $certificate.file) }}
+{{- with $certificate.keyFile }}{{- $_ := set $entry "key_file" (printf "/etc/apns-relay/keys/%s" .) }}{{- end }}
+{{- if $certificate.passphraseSecret }}{{- $_ := set $entry "passphrase_env" (printf "APNS_RELAY_CERTIFICATE_PASSPHRASE_%d" $index) }}{{- end }}
+{{- with $certificate.topics }}{{- $_ := set $entry "topics" . }}{{- end }}
+{{- $credentials = append $credentials $entry }}
+{{- end }}
+{{- $_ := set $apns "credentials" $credentials }}
+{{- $_ := set $config "apns" $apns }}
+{{- toYaml $config }}
+{{- end -}}
+
+{{/*
+The relay's environment (a list of EnvVar, empty when there is none): the Secrets passed as
+variables, then extraEnv. The relay's container and the configuration check's read the same.
+*/}}
+{{- define "apns-relay.env" -}}
+{{- with .Values.redisUrlSecret }}
+- name: APNS_RELAY_REDIS_URL
+  valueFrom:
+    secretKeyRef: {name: {{ .name }}, key: {{ .key }}}
+{{- end }}
+{{- with .Values.kafkaSaslPasswordSecret }}
+- name: APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ .name }}, key: {{ .key }}}
+{{- end }}
+{{- with .Values.apnsProxySecret }}
+- name: APNS_RELAY_APNS_PROXY
+  valueFrom:
+    secretKeyRef: {name: {{ .name }}, key: {{ .key }}}
+{{- end }}
+{{- range $index, $certificate := .Values.credentials.certificates }}
+{{- with $certificate.passphraseSecret }}
+- name: APNS_RELAY_CERTIFICATE_PASSPHRASE_{{ $index }}
+  valueFrom:
+    secretKeyRef: {name: {{ .name }}, key: {{ .key }}}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The relay's mounts: the configuration as a directory (no subPath: the kubelet swaps its ..data
+link on a change and the relay's reload sees the new file), the keys, then extraVolumeMounts.
+*/}}
+{{- define "apns-relay.volumeMounts" -}}
+- name: config
+  mountPath: /etc/apns-relay/config
+  readOnly: true
+- name: keys
+  mountPath: /etc/apns-relay/keys
+  readOnly: true
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The volumes behind those mounts (dict "root" $ "configMap" <the ConfigMap's name>).
+*/}}
+{{- define "apns-relay.volumes" -}}
+- name: config
+  configMap:
+    name: {{ .configMap }}
+- name: keys
+  secret:
+    secretName: {{ .root.Values.credentials.existingSecret }}
+    # Owned by root, group podSecurityContext.fsGroup: readable by the owner and group only.
+    defaultMode: 0440
+{{- with .root.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The configuration check's objects' name (a Job's name is at most 63 characters).
+*/}}
+{{- define "apns-relay.configCheckName" -}}
+{{- printf "%s-config-check" (include "apns-relay.fullname" . | trunc 50 | trimSuffix "-") -}}
+{{- end -}}
