@@ -323,6 +323,7 @@ let package = Package(
                 .product(name: "W3CTraceContext", package: "swift-w3c-trace-context"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
+                .product(name: "Yams", package: "Yams"),
             ],
             swiftSettings: strict),
     ],

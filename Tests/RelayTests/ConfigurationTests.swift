@@ -3,6 +3,7 @@ import Foundation
 import Redis
 @testable import Relay
 import Testing
+import Yams
 
 @Suite("Configuration", .timeLimit(.minutes(3)))
 struct ConfigurationTests {
@@ -316,6 +317,32 @@ struct ConfigurationTests {
         let on = try RelayConfiguration.load(yaml: "redis: {url: redis://127.0.0.1:6379}\npolicy: {skip_known_unregistered: true}",
                                              environment: [:])
         #expect(on.policy.skipKnownUnregistered && on.policy.knownUnregisteredTTLSeconds == 2_592_000)
+    }
+
+    /// The shipped reference file lists every key the loader knows, and no other: the chart's
+    /// schema is held to that file (scripts/check-chart), so the three cannot drift. Keys inside
+    /// lists (credentials, lanes) and per-topic overrides are the exceptions the file shows in
+    /// comments.
+    @Test func theShippedFileListsEveryKeyTheLoaderKnows() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let text = try String(contentsOf: root.appendingPathComponent("config/apns-relay.yaml"), encoding: .utf8)
+        let shipped = try #require(try Yams.load(yaml: text) as? [String: Any])
+        let freeForm: Set<String> = ["kafka.config", "kafka.consumer_config", "kafka.producer_config", "policy.topics"]
+        func keys(_ mapping: [String: Any], _ prefix: String) -> [String] {
+            mapping.flatMap { name, value -> [String] in
+                let key = prefix + name
+                guard !freeForm.contains(key), let nested = value as? [String: Any] else { return [key] }
+                return [key] + keys(nested, key + ".")
+            }
+        }
+        var reader = ConfigurationReader(root: shipped, environment: [:])
+        _ = reader.read()
+        #expect(reader.issues.isEmpty, "\(reader.issues)")
+        let known = reader.knownKeys.filter { !$0.contains("[") && !$0.hasPrefix("policy.topics.") }
+        let listed = Set(keys(shipped, "")).union(["kafka.lanes"])
+        #expect(known.subtracting(listed).isEmpty, "known to the loader, missing from config/apns-relay.yaml: \(known.subtracting(listed).sorted())")
+        #expect(listed.subtracting(known).isEmpty, "in config/apns-relay.yaml, unknown to the loader: \(listed.subtracting(known).sorted())")
+        #expect(text.contains("# lanes:"), "the lanes example stays in the file")
     }
 
     /// `enable.auto.commit: false` would leave offsets stored behind outcomes uncommitted until a

@@ -79,6 +79,9 @@ struct ConfigurationReader {
     let root: Any?
     let environment: [String: String]
     var issues: [ConfigurationIssue] = []
+    /// Every key the reader knows where it looked (`kafka.brokers`, `policy.rate_limit.burst`,
+    /// ...): the loader's key table, which config/apns-relay.yaml and the chart's schema follow.
+    private(set) var knownKeys: Set<String> = []
 
     init(root: Any?, environment: [String: String]) {
         self.root = root
@@ -284,6 +287,7 @@ struct ConfigurationReader {
     }
 
     mutating func checkKnown(_ fields: [String: Any], prefix: String, known: Set<String>) {
+        for name in known { knownKeys.insert(prefix + name) }
         for name in fields.keys.sorted() where !known.contains(name) {
             // Its value is not shown: a misspelt key may hold a secret (`pasword: ...`).
             issues.append(.init(key: prefix + name, value: nil,
