@@ -3,7 +3,7 @@ import APNsSimulator
 import Foundation
 import NIOCore
 import Redis
-import Relay
+@testable import Relay
 import TestSupport
 import Testing
 import RedisTesting
@@ -62,6 +62,51 @@ struct PolicyTests {
 
     static func sent(_ harness: RelayHarness, _ id: String) -> Int {
         harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: id)) }.count
+    }
+
+    /// When a device's head intent parks (its retries ran past the deadline), the intents queued
+    /// behind it for the same device and app do not overtake it: they park too, and the newest
+    /// goes out from the mailbox. No older notification is accepted after a newer one, and the
+    /// badge never goes backwards.
+    @Test func intentsQueuedBehindAParkedOneDoNotOvertakeIt() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.harness(redis, burst: 10, refill: 10, configure: {
+            $0.retry.deadlineSeconds = 1
+            $0.retry.initialBackoffMilliseconds = 100
+            $0.retry.maxBackoffMilliseconds = 3000
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
+        try await harness.published.waitUntil { $0.count("delivered") == 1 }
+        // APNs fails every request (500 or 503) until an intent parked.
+        harness.simulator.update { $0.failureRate = 1 }
+        let token = hexToken(0x77)
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: ["older", "newer", "newest"].map {
+            (Array(token.utf8), Array(intent($0, token: token, extra: #","badge":{"increment":1}"#).utf8))
+        })
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        // The first parked after its retry deadline (and the others behind it, at once, with the fix).
+        try await waitUntil(timeout: .seconds(30), asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "pid"])))?.string != nil })
+        harness.simulator.update { $0.failureRate = 0 }
+        try await harness.published.waitUntil(timeout: .seconds(30)) { published in
+            ["older", "newer", "newest"].allSatisfy { id in published.all.contains { $0.id == id } }
+        }
+        let accepted = harness.simulator.accepted.filter { $0.deviceToken == token }
+        let order = accepted.compactMap { notification in
+            ["older", "newer", "newest"].first { APNsIdentifiers.format(Intent.apnsID(for: $0)) == notification.apnsID }
+        }
+        let badges = accepted.compactMap { notification -> Int? in
+            let object = try? JSONSerialization.jsonObject(with: Data(notification.payload)) as? [String: Any]
+            return (object?["aps"] as? [String: Any])?["badge"] as? Int
+        }
+        #expect(order == order.sorted { ["older", "newer", "newest"].firstIndex(of: $0)! < ["older", "newer", "newest"].firstIndex(of: $1)! },
+                "accepted out of order: \(order)")
+        #expect(badges == badges.sorted() && badges.last == 3, "badges as accepted: \(badges)")
+        #expect(order.last == "newest", "\(order)")
+        let statuses = harness.published.value.all.filter { $0.token == token }.map { "\($0.id ?? "?"): \($0.status.rawValue)" }
+        #expect(Set(statuses).count == 3, "one outcome each: \(statuses)")
+        await harness.stop()
+        await client.shutdown()
     }
 
     @Test(arguments: RedisKind.allCases)

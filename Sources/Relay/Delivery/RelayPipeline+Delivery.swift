@@ -7,17 +7,24 @@ extension RelayPipeline {
     /// (the decisions live in synchronous helpers that are not inlined into them): each frame is
     /// held by every intent in flight.
     @inline(never)
-    func handle(_ item: WorkItem) async {
+    ///
+    /// Returns when its intent is due from its mailbox when it was parked (nil when it was not).
+    @discardableResult
+    func handle(_ item: WorkItem) async -> Int64? {
         let ending: Ending
+        var parkedDue: Int64?
         if case .park(let due) = item.admission, await park(item, due: due) {
             ending = Ending(parked: true)
+            parkedDue = due
         } else if let delivery = prepare(item) {
             await send(delivery)
             ending = delivery.ending
+            parkedDue = ending.parked ? delivery.parkedDue : nil
         } else {
             ending = await earlyEnding(item)
         }
         await conclude(item, ending)
+        return parkedDue
     }
 
     /// Badge change (if any), then delivery.
@@ -95,6 +102,8 @@ extension RelayPipeline {
         var machine: DeliveryStateMachine
         /// The client the next attempt goes through.
         var client: APNsClient?
+        /// When it is due from its mailbox, once parked.
+        var parkedDue: Int64?
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
             self.intent = intent
@@ -195,6 +204,7 @@ extension RelayPipeline {
     @inline(never)
     func park(_ delivery: Delivery, due: Int64, tooManyRequests: Bool) async -> DeliveryStateMachine.Action {
         let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
+        if parked { delivery.parkedDue = due }
         return delivery.machine.park(succeeded: parked, tooManyRequests: tooManyRequests, now: clock(),
                                      nowMilliseconds: nowMilliseconds())
     }

@@ -79,6 +79,15 @@ extension RelayPipeline {
         }
     }
 
+    /// `queued` as an intent to park at `due`, when `parked` (which just parked) is of the same
+    /// device and app and `queued` is an intent consumed to be sent; nil otherwise.
+    static func parkingBehind(_ parked: WorkItem, _ queued: WorkItem, due: Int64) -> WorkItem? {
+        guard case .send = queued.admission, queued.mailboxMember == nil,
+              case .success(let earlier) = parked.intent, case .success(let later) = queued.intent,
+              earlier.recipient == later.recipient, earlier.topic == later.topic, later.channelID == nil else { return nil }
+        return queued.admitted(as: .park(due: due))
+    }
+
     /// Queues an item behind its device's earlier ones; returns it when it can start now.
     ///
     /// With lanes (`precedence`: each lane's precedence, ``RelayPipeline/lanePrecedence``), an
@@ -125,10 +134,16 @@ extension RelayPipeline {
     }
 
     /// Runs one item, then the items queued behind it for the same device, in order.
+    ///
+    /// When an item parks (its retries ran past the deadline, or APNs answered 429), the
+    /// intents to send queued behind it for the same device and app park too, due no earlier:
+    /// sent now, they would overtake it (an older notification delivered after a newer one, a
+    /// badge count going backwards). In the mailbox the newest displaces it (`coalesced`), as
+    /// APNs itself keeps only the newest for a device it cannot reach.
     func work(_ first: WorkItem) async {
         var next: WorkItem? = first
         while let item = next {
-            await handle(item)
+            let parkedDue = await handle(item)
             guard let token = item.queueToken else { return }
             let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
                 state.devices[token]?.removeFirst()
@@ -141,6 +156,11 @@ extension RelayPipeline {
                     return (nil, [])
                 }
                 state.lanes.dequeued(queued.lane)
+                if let parkedDue, let parked = Self.parkingBehind(item, queued, due: parkedDue) {
+                    state.devices[token]![state.devices[token]!.startIndex] = parked
+                    // One fewer waiting: room for an admitting task if that bound held it.
+                    return (parked, state.lanes.waitersWithRoom())
+                }
                 // One fewer waiting: room for an admitting task if that bound held it.
                 return (queued, state.lanes.waitersWithRoom())
             }

@@ -41,6 +41,14 @@ extension RelayPipeline {
             self.traced = traced
         }
 
+        /// The same item with another admission (an intent to send that is to park instead, its
+        /// device's earlier intent having parked).
+        func admitted(as admission: Admission) -> WorkItem {
+            WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
+                     intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: mailboxMember,
+                     trace: trace, traced: traced)
+        }
+
         /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those
         /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
         /// outcome and invalidation record must follow the device's earlier ones (a replay's

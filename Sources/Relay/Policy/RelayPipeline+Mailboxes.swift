@@ -43,12 +43,20 @@ extension RelayPipeline {
         return true
     }
 
-    /// Publishes `coalesced` for an intent a newer one displaced from its mailbox.
+    /// Publishes `coalesced` for an intent a newer one displaced from its mailbox. Its badge
+    /// change counts, as a coalesced intent's does (applied once per intent: it may have been
+    /// applied already, when it was tried before it parked): the newer notification, sent
+    /// later, carries the sum, and the outcome names the count it reached.
     @inline(never)
     func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async -> Bool {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
         outcome.supersededBy = newer
+        if case .success(let intent) = displaced.intent, let change = intent.badge, let badges {
+            outcome.badge = await withRedisRetries(item) { () throws(RedisError) in
+                try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
+            }
+        }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
     }
