@@ -274,6 +274,37 @@ struct PolicyTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// A `coalesced` answer is recorded like APNs' answers: a redelivery of the superseded
+    /// intent (another batch, after a crash before the commit) comes out `duplicate` of it and
+    /// is not sent after the newer one. Both ways to be superseded: collapsed in its batch, and
+    /// displaced from its device's mailbox by a newer intent.
+    @Test func aCoalescedIntentRedeliveredIsADuplicateNotASend() async throws {
+        let redis = try await RedisServerProcess.started()
+        let collapsing = hexToken(0xc1), parking = hexToken(0xc2)
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.01, preload: [
+            (intent("score-1", token: collapsing, extra: #","collapse_id":"score""#), collapsing),
+            (intent("score-2", token: collapsing, extra: #","collapse_id":"score""#), collapsing),
+        ])
+        try await harness.published.waitUntil { $0.all.count == 2 }
+        // The device's bucket is spent: one parks, the next displaces it.
+        for id in ["first", "parked", "newer"] { try await harness.produce(intent(id, token: parking), key: parking) }
+        try await harness.published.waitUntil { published in published.all.contains { $0.id == "parked" } }
+        let first = harness.published.value.all
+        #expect(first.first { $0.id == "score-1" }?.status == .coalesced)
+        #expect(first.first { $0.id == "parked" }?.status == .coalesced)
+        // Each superseded intent comes again, alone in its batch.
+        for (id, token) in [("score-1", collapsing), ("parked", parking)] {
+            try await harness.produce(intent(id, token: token, extra: token == collapsing ? #","collapse_id":"score""# : ""), key: token)
+        }
+        try await harness.published.waitUntil { published in published.all.filter { ["score-1", "parked"].contains($0.id) }.count == 4 }
+        for id in ["score-1", "parked"] {
+            let again = try #require(harness.published.value.all.last { $0.id == id })
+            #expect(again.status == .duplicate && again.originalStatus == "coalesced", "\(id): \(again.status) \(again.originalStatus ?? "-")")
+            #expect(Self.sent(harness, id) == 0, "\(id) was sent after the intent that superseded it")
+        }
+        await harness.stop()
+    }
+
     @Test func oneBatchCollapsesToTheNewestPerCollapseIDUnlessTheTopicSaysNo() async throws {
         for coalesce in [true, false] {
             let redis = try await RedisServerProcess.started()

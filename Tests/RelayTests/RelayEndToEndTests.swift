@@ -290,6 +290,8 @@ struct RelayEndToEndTests {
             }
         }, configureRelay: { relay in
             relay.limits.maxInFlight = 100
+            // All 5,000 wait (the per-recipient cap has a test of its own).
+            relay.limits.maxWaitingPerRecipient = 10_000
             relay.shutdownDeadlineSeconds = 1
         }, published: { outcome in
             guard let id = outcome.id else { return }

@@ -14,7 +14,7 @@ extension RelayPipeline {
         }
         // Any invalidation record goes out beside the outcome; the offset is stored once both are.
         let invalidation = startInvalidation(ending)
-        guard await recordAndPublish(item, ending, records: item.recordsAnswer && Self.isAnswered(status)) else {
+        guard await recordAndPublish(item, ending, records: Self.records(item, status, dedupe: deduplicator != nil)) else {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
@@ -50,6 +50,14 @@ extension RelayPipeline {
         status == .delivered || status == .rejected || status == .unregistered
     }
 
+    /// Whether the item's answer is recorded for dedupe before its outcome goes out: APNs'
+    /// final answer to the item that records it, and a `coalesced` answer (a redelivery of the
+    /// superseded intent then comes out `duplicate` instead of being sent after the newer one;
+    /// written only where no record is, ``Deduplicator/record(token:topic:id:status:window:lastSent:unregistered:onlyIfAbsent:then:)``).
+    static func records(_ item: WorkItem, _ status: Outcome.Status, dedupe: Bool) -> Bool {
+        (item.recordsAnswer && isAnswered(status)) || (dedupe && status == .coalesced)
+    }
+
     enum Chained {
         case published
         /// Redis failed the record (reported here): record with retries, then publish.
@@ -68,7 +76,8 @@ extension RelayPipeline {
         let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
         let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
             deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
-                                lastSent: ending.lastSent, unregistered: unregistered) { recorded in
+                                lastSent: ending.lastSent, unregistered: unregistered,
+                                onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
                 if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
                 RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
                 traced?.publishBegins()
@@ -93,7 +102,8 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
             try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
-                                          lastSent: ending.lastSent, unregistered: unregisteredChange(ending))
+                                          lastSent: ending.lastSent, unregistered: unregisteredChange(ending),
+                                          onlyIfAbsent: ending.outcome?.status == .coalesced)
         }
     }
 

@@ -30,8 +30,11 @@ final class Deduplicator: Sendable {
     /// device's last notification; and `unregistered`'s change); concurrent records share
     /// round trips. `done` hears whether
     /// it was recorded.
+    ///
+    /// `onlyIfAbsent`: keeps a record already there (`NX`): a `coalesced` answer never replaces
+    /// APNs' own.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
-                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil,
+                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil, onlyIfAbsent: Bool = false,
                 then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
         recorder.submit({ buffer in
             buffer.append("SET") { command in
@@ -39,6 +42,7 @@ final class Deduplicator: Sendable {
                 command.append(status)
                 command.append("EX")
                 command.append(window)
+                if onlyIfAbsent { command.append("NX") }
             }
             switch unregistered {
             case .remember(let at, let ttl)?:
@@ -67,10 +71,10 @@ final class Deduplicator: Sendable {
 
     /// ``record(token:topic:id:status:window:lastSent:then:)``, waited for.
     func record(token: String, topic: String, id: String, status: String, window: Int64,
-                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil) async throws(RedisError) {
+                lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil, onlyIfAbsent: Bool = false) async throws(RedisError) {
         let result = await withCheckedContinuation { continuation in
             record(token: token, topic: topic, id: id, status: status, window: window, lastSent: lastSent,
-                   unregistered: unregistered) {
+                   unregistered: unregistered, onlyIfAbsent: onlyIfAbsent) {
                 continuation.resume(returning: $0)
             }
         }

@@ -57,6 +57,13 @@ extension RelayPipeline {
                 try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
             }
         }
+        // Recorded, so that a redelivery of it is a duplicate and not sent after the newer one.
+        if case .success(let intent) = displaced.intent, let deduplicator, let (status, window) = recordFields(Ending(outcome: outcome)) {
+            _ = await withRedisRetries(item) { () throws(RedisError) in
+                try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status,
+                                              window: window, lastSent: nil, onlyIfAbsent: true)
+            }
+        }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
     }
