@@ -52,6 +52,43 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// A displaced entry's `coalesced` outcome does not wait for a later park of its device: the
+    /// relay that displaced it died before publishing it, and the newer intent, redelivered,
+    /// finds itself in the mailbox. That path hands the displaced entry over too; so does a
+    /// take of the mailbox.
+    @Test(arguments: [false, true])
+    func aDisplacedEntryIsHandedOverByEveryPathThatFindsItsMailbox(takenByThePoller: Bool) async throws {
+        let redis = try await RedisServerProcess.started()
+        let token = hexToken(takenByThePoller ? 0x1c : 0x1b)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [mailbox, "pid", "newer", "p", Self.entry(intent("newer", token: token), expiration: expiration),
+                                  "pe", expiration, "pd", 0, "d:older", Self.entry(intent("older", token: token), expiration: expiration)]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "5:newer"]),
+        ])
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
+        if takenByThePoller {
+            // Indexed (the park's index write happened): the poller takes it, no redelivery.
+            _ = try await client.send(RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
+                                                            RedisKeys.member(token: token, topic: "com.example.app", id: "newer")]))
+        } else {
+            try await harness.produce(intent("newer", token: token), key: token)
+        }
+        try await harness.published.waitUntil(timeout: .seconds(20)) { published in
+            ["older", "newer"].allSatisfy { id in published.all.contains { $0.id == id } }
+        }
+        let outcomes = harness.published.value.all
+        let older = try #require(outcomes.first { $0.id == "older" })
+        #expect(older.status == .coalesced && older.supersededBy == "newer", "\(older.status) \(older.supersededBy ?? "-")")
+        #expect(outcomes.first { $0.id == "newer" }?.status == .delivered)
+        #expect(PolicyTests.sent(harness, "older") == 0)
+        try await waitUntil(asking: { (try? await client.send(RedisCommand("HEXISTS", [mailbox, "d:older"])))?.integer == 0 })
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Review 2.2: a mailbox entry found answered (or expired) when it is taken stays in the
     /// mailbox, as the take's claim, until its outcome is out; while outcomes cannot be
     /// published it is still there (a relay dying now would leave it to be taken again).

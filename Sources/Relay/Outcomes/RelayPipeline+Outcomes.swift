@@ -50,6 +50,7 @@ extension RelayPipeline {
             try await policy.ensureIndexed(partition: item.partition, token: intent.token, topic: intent.topic,
                                            id: intent.id, now: now)
         }
+        if indexed != nil { await handOverDisplaced(token: intent.token, topic: intent.topic, keeper: intent.id, item, policy) }
         return indexed != nil || (isCurrent(item) && !Task.isCancelled) ? Ending(parked: true) : Ending()
     }
 

@@ -169,6 +169,28 @@ struct DevicePolicy: Sendable {
         }
     }
 
+    /// The entries displaced from a device's mailbox whose `coalesced` outcome is not
+    /// acknowledged yet (fields `d:<id>`), and the intent the mailbox holds now (parked, else
+    /// being sent): what displaced them, as far as the mailbox knows.
+    func displaced(token: String, topic: String) async throws(RedisError) -> (holder: String?, entries: [(id: String, entry: Entry)]) {
+        let reply = try await client.send(RedisCommand("HGETALL", [RedisKeys.mailbox(token: token, topic: topic)]))
+        if case .error(let message) = reply { throw .server(message) }
+        guard case .array(let values) = reply else { throw .protocolError("HGETALL answered \(reply)") }
+        var holder: (parked: String?, claimed: String?) = (nil, nil)
+        var entries: [(id: String, entry: Entry)] = []
+        for index in stride(from: 0, to: values.count - 1, by: 2) {
+            guard let field = values[index].string else { continue }
+            switch field {
+            case "pid": holder.parked = values[index + 1].string
+            case "cid": holder.claimed = values[index + 1].string
+            default:
+                guard field.hasPrefix("d:"), let entry = values[index + 1].bytes.flatMap(Entry.init) else { continue }
+                entries.append((String(field.dropFirst(2)), entry))
+            }
+        }
+        return (holder.parked ?? holder.claimed, entries)
+    }
+
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.
     func acknowledgeDisplaced(token: String, topic: String, id: String) async throws(RedisError) {
         _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))

@@ -31,16 +31,40 @@ extension RelayPipeline {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
         }
-        for (displacedID, displaced) in parked.displaced {
-            // Acknowledged once its outcome is out; else a later park of the device answers it.
-            guard await publishDisplaced(displaced, by: parked.keeper, item) else { continue }
+        await handOver(parked.displaced, by: parked.keeper, token: intent.token, topic: intent.topic, item, policy)
+        return true
+    }
+
+    /// Publishes `coalesced` for each displaced entry and acknowledges it (it leaves the
+    /// mailbox); one not published stays, for the next park, take or redelivery of the device's
+    /// mailbox to hand over.
+    func handOver(_ displaced: [(id: String, entry: DevicePolicy.Entry)], by keeper: String, token: String, topic: String,
+                  _ item: WorkItem, _ policy: DevicePolicy) async {
+        for (displacedID, entry) in displaced {
+            guard await publishDisplaced(entry, by: keeper, item) else { continue }
             do throws(RedisError) {
-                try await policy.acknowledgeDisplaced(token: intent.token, topic: intent.topic, id: displacedID)
+                try await policy.acknowledgeDisplaced(token: token, topic: topic, id: displacedID)
             } catch {
                 redisFailed(error)
             }
         }
-        return true
+    }
+
+    /// Hands over what a device's mailbox still holds displaced (``handOver(_:by:token:topic:_:_:)``):
+    /// every path that finds the mailbox does, so that a `coalesced` outcome never waits for a
+    /// later park of the device (a relay that died between the park that displaced an entry and
+    /// its outcome left it there). `keeper`: the intent that holds the mailbox, when the mailbox
+    /// does not name one.
+    func handOverDisplaced(token: String, topic: String, keeper: String, _ item: WorkItem, _ policy: DevicePolicy) async {
+        let found: (holder: String?, entries: [(id: String, entry: DevicePolicy.Entry)])?
+        do throws(RedisError) {
+            found = try await policy.displaced(token: token, topic: topic)
+        } catch {
+            redisFailed(error)
+            found = nil
+        }
+        guard let found, !found.entries.isEmpty else { return }
+        await handOver(found.entries, by: found.holder ?? keeper, token: token, topic: topic, item, policy)
     }
 
     /// Publishes `coalesced` for an intent a newer one displaced from its mailbox. Its badge
@@ -208,6 +232,8 @@ extension RelayPipeline {
             case .claimed(let entry):
                 item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation)
             }
+            // What the mailbox still holds displaced goes out first (older than this one).
+            await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
             let start = state.withLock { state in Self.enqueue(item, &state, precedence: lanePrecedence) }
