@@ -1,5 +1,6 @@
 # Shared by scripts/test and scripts/demo: installs the Debian packages the build and the tests
-# need, when they are missing.
+# need, when they are missing, and runs the build and the suite with their whole output in a file
+# and a short account of it on the terminal (run_filtered).
 set -euo pipefail
 
 # What building needs comes from scripts/build-packages.txt, which the Dockerfile installs too
@@ -17,11 +18,12 @@ ensure_packages() {
         dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
     done
     if ((${#missing[@]})); then
-        echo "installing: ${missing[*]}" >&2
-        local sudo=""
+        echo "packages: installing ${missing[*]} (apt-get)" >&2
+        local sudo="" started=$SECONDS
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+        echo "packages: installed in $((SECONDS - started))s" >&2
     fi
 }
 
@@ -33,9 +35,27 @@ ensure_python_tools() {
             local -a APT_PACKAGES=(python3 python3-venv)
             ensure_packages
         fi
+        echo "python tools: installing ${PYTHON_TOOLS[*]} into $TOOLS_VENV (pip)" >&2
+        local started=$SECONDS
         rm -rf "$TOOLS_VENV"
         python3 -m venv "$TOOLS_VENV"
         "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check --ignore-requires-python "${PYTHON_TOOLS[@]}"
+        echo "python tools: installed in $((SECONDS - started))s" >&2
+    fi
+}
+
+# run_filtered build|test LOG [--label NAME] COMMAND...: runs COMMAND (swift build or swift test)
+# with every line of its output in LOG and a short account on the terminal (scripts/run-filtered
+# says what), and returns its exit status. Without python3, or with APNS_RELAY_FULL_OUTPUT=1,
+# every line is printed as it comes.
+run_filtered() {
+    local mode="$1" log="$2" options=()
+    shift 2
+    if [[ "${1:-}" == --label ]]; then options=(--label "$2"); shift 2; fi
+    if command -v python3 >/dev/null; then
+        python3 "$(dirname "${BASH_SOURCE[0]}")/run-filtered" "$mode" "$log" "${options[@]}" -- "$@"
+    else
+        "$@"
     fi
 }
 
