@@ -305,7 +305,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Kafka", "KafkaTesting", "TestSupport"],
+            dependencies: ["Common", "Kafka", "KafkaTesting", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "FuzzingTests",

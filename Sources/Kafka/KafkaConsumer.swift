@@ -210,6 +210,12 @@ public final class KafkaConsumer: Service, Sendable {
         }
     }
 
+    /// Hands each of librdkafka's statistics to `handler` (from the poll thread), every
+    /// `statistics.interval.ms` (0, librdkafka's default, emits none).
+    public func onStatistics(_ handler: @escaping @Sendable (KafkaStatistics) -> Void) {
+        shared.statistics.withLock { $0 = handler }
+    }
+
     /// Commits what is stored, leaves the group (revoking every partition) and ends ``events``.
     /// Later calls wait for the first one to finish.
     public func close() async {

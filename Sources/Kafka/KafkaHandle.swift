@@ -1,4 +1,5 @@
 import CRdKafka
+import Common
 import Foundation
 import Logging
 
@@ -7,20 +8,35 @@ import Logging
 /// stored properties here are immutable).
 class KafkaCallbackContext: @unchecked Sendable {
     let logger: Logger
+    /// Hears librdkafka's statistics (``KafkaStatistics``), when set.
+    let statistics = Locked<(@Sendable (KafkaStatistics) -> Void)?>(nil)
 
     init(logger: Logger) {
         self.logger = logger
     }
 
-    /// Installs the log callback and makes `self` the configuration's opaque pointer. Pass the
-    /// same context to ``KafkaHandle/init(type:configuration:context:)``: the handle keeps it
-    /// alive until `rd_kafka_destroy` returned (librdkafka's threads log while it shuts down).
+    /// Installs the log and statistics callbacks and makes `self` the configuration's opaque
+    /// pointer. Pass the same context to ``KafkaHandle/init(type:configuration:context:)``: the
+    /// handle keeps it alive until `rd_kafka_destroy` returned (librdkafka's threads log while
+    /// it shuts down).
     func install(on builder: KafkaConfigBuilder) {
         builder.withConf { conf in
             rd_kafka_conf_set_opaque(conf, Unmanaged.passUnretained(self).toOpaque())
             rd_kafka_conf_set_log_cb(conf, forwardLog)
+            rd_kafka_conf_set_stats_cb(conf, forwardStatistics)
         }
     }
+}
+
+/// librdkafka's statistics (every `statistics.interval.ms`, from the thread that polls the
+/// client), parsed and handed to the context's handler. Returns 0: librdkafka frees the JSON.
+private let forwardStatistics: @convention(c) (OpaquePointer?, UnsafeMutablePointer<CChar>?, Int, UnsafeMutableRawPointer?) -> Int32 = { _, json, length, opaque in
+    guard let json, let opaque else { return 0 }
+    let context = Unmanaged<KafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    guard let handler = context.statistics.withLock({ $0 }),
+          let statistics = KafkaStatistics(json: UnsafeRawBufferPointer(start: json, count: length)) else { return 0 }
+    handler(statistics)
+    return 0
 }
 
 /// librdkafka's own log lines, into swift-log (syslog levels: 0–3 error, 4 warning, 5–6 info).

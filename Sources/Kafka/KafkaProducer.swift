@@ -224,6 +224,12 @@ public final class KafkaProducer: Service, Sendable {
         handle.withHandle { Int(rd_kafka_outq_len($0)) }
     }
 
+    /// Hands each of librdkafka's statistics to `handler` (from the poll thread), every
+    /// `statistics.interval.ms` (0, librdkafka's default, emits none).
+    public func onStatistics(_ handler: @escaping @Sendable (KafkaStatistics) -> Void) {
+        callbacks.statistics.withLock { $0 = handler }
+    }
+
     /// A fatal producer error (idempotence broken), if one happened.
     public var fatalError: KafkaError? { callbacks.fatal.withLock { $0 } }
 

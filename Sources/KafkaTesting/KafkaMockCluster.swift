@@ -90,6 +90,13 @@ public final class KafkaMockCluster: @unchecked Sendable {
         precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused the leader: \(result)")
     }
 
+    /// Takes a broker down (its connections are closed and new ones refused: librdkafka sees it
+    /// `DOWN`), or back up.
+    public func setBroker(_ broker: Int32, up: Bool) {
+        let result = up ? rd_kafka_mock_broker_set_up(cluster, broker) : rd_kafka_mock_broker_set_down(cluster, broker)
+        precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused to change broker \(broker): \(result)")
+    }
+
     /// How many of ``pushBrokerRequestErrors(broker:apiKey:_:)``'s errors are still to come.
     public func brokerErrorsLeft(broker: Int32, apiKey: Int16) -> Int {
         var count = 0

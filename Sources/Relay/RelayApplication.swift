@@ -104,11 +104,11 @@ public final class RelayApplication: Service, Sendable {
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
-                                         properties: configuration.kafka.producerSettings, logger: logger)
+                                         properties: Self.withStatistics(configuration.kafka.producerSettings), logger: logger)
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
-                                         properties: configuration.kafka.consumerSettings,
+                                         properties: Self.withStatistics(configuration.kafka.consumerSettings),
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
@@ -119,6 +119,16 @@ public final class RelayApplication: Service, Sendable {
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
+        let pipeline = self.pipeline
+        producer.onStatistics { pipeline.kafkaStatistics($0, client: "producer") }
+        consumer.onStatistics { pipeline.kafkaStatistics($0, client: "consumer") }
+    }
+
+    /// librdkafka's statistics every 15 s unless the settings say otherwise
+    /// (`statistics.interval.ms`): brokers, producer queue and fetch state become metrics
+    /// (``RelayMetrics/kafkaStatistics(_:client:)``) and readiness.
+    static func withStatistics(_ settings: [String: String]) -> [String: String] {
+        settings.merging(["statistics.interval.ms": "15000"]) { given, _ in given }
     }
 
     /// Checks what the initialiser's clients would refuse in `configuration`, without making any

@@ -1,3 +1,4 @@
+import Common
 import Foundation
 import Kafka
 import TestSupport
@@ -387,5 +388,47 @@ struct KafkaRebalanceTests {
         cluster.restoreRequests(apiKey: KafkaMockCluster.APIKey.offsetCommit)
         await first.close()
         await second.close()
+    }
+}
+
+@Suite("librdkafka's statistics", .timeLimit(.minutes(2)))
+struct KafkaStatisticsTests {
+    /// Both clients hear their statistics: the mock cluster's brokers by node id (up), the
+    /// producer's queue, the consumer's assigned partitions being fetched; a broker taken down
+    /// is seen down.
+    @Test func statisticsNameBrokersQueueAndFetchState() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = "stats.\(UUID().uuidString.prefix(8))"
+        try cluster.createTopic(topic, partitions: 2)
+        let heard = Locked<[String: KafkaStatistics]>([:])
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, properties: ["statistics.interval.ms": "100"])
+        producer.onStatistics { statistics in heard.withLock { $0["producer"] = statistics } }
+        _ = try await producer.send(topic: topic, key: Array("k".utf8), value: Array("v".utf8))
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: "stats-\(UUID())", topics: [topic],
+                                         properties: ["statistics.interval.ms": "100", "session.timeout.ms": "6000"])
+        consumer.onStatistics { statistics in heard.withLock { $0["consumer"] = statistics } }
+        let running = Task { await consumer.run() }
+        try await waitUntil(timeout: .seconds(30)) {
+            heard.withLock { $0["consumer"]?.partitions.filter { $0.fetchState == "active" }.count == 2 && $0["producer"] != nil }
+        }
+        let (produced, consumed) = heard.withLock { ($0["producer"]!, $0["consumer"]!) }
+        #expect(produced.type == "producer" && consumed.type == "consumer")
+        #expect(produced.brokers.count == 1 && produced.brokers.allSatisfy(\.isUp), "\(produced.brokers)")
+        #expect(consumed.brokers.allSatisfy(\.isUp) && !consumed.brokers.isEmpty, "\(consumed.brokers)")
+        #expect(produced.queuedMessages == 0)
+        #expect(Set(consumed.partitions.map(\.topic)) == [topic])
+        cluster.setBroker(1, up: false)
+        try await waitUntil(timeout: .seconds(30)) { heard.withLock { $0["consumer"]?.brokers.contains(where: \.isUp) == false } }
+        cluster.setBroker(1, up: true)
+        running.cancel()
+        await consumer.close()
+        await producer.close()
+    }
+
+    @Test func whatIsNotStatisticsIsNil() {
+        for text in ["", "[]", "{}", #"{"brokers":{}}"#] {
+            let bytes = Array(text.utf8)
+            #expect(bytes.withUnsafeBytes { KafkaStatistics(json: $0) } == nil, "\(text)")
+        }
     }
 }

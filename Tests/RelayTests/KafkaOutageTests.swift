@@ -70,4 +70,25 @@ struct KafkaOutageTests {
         #expect(try await harness.committedTotal() == 1)
         await harness.stop()
     }
+
+    /// A relay whose consumer reaches no broker for `kafka.unready_after_unreachable_seconds`
+    /// says it is not ready (librdkafka's statistics say so), and ready again once a broker
+    /// answers; it keeps running meanwhile.
+    @Test func noBrokerReachableMakesTheRelayUnreadyUntilOneIs() async throws {
+        let harness = try await RelayHarness.start(configureRelay: {
+            $0.kafka.properties["statistics.interval.ms"] = "100"
+            $0.kafka.unreadyAfterUnreachableSeconds = 1
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
+        _ = try await harness.outcomes(count: 1)
+        #expect(harness.pipeline.notReadyReason == nil)
+        harness.cluster.setBroker(1, up: false)
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.hasPrefix("no Kafka broker reachable for") == true }
+        #expect(harness.pipeline.notAliveReason == nil)
+        harness.cluster.setBroker(1, up: true)
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason == nil }
+        try await harness.produce(intent("after", token: hexToken(2)), key: hexToken(2))
+        _ = try await harness.outcomes(count: 2)
+        await harness.stop()
+    }
 }

@@ -458,8 +458,9 @@ struct SecretsTests {
                                      redisURL: "redis://:\(redisPassword)@127.0.0.1:\(redis.port)/0")
         // A SASL password among librdkafka's settings (the mock cluster does not ask for it).
         var yaml = try String(contentsOfFile: config, encoding: .utf8)
+        // librdkafka's statistics every 200 ms (15 s by default), for their metrics.
         yaml = yaml.replacingOccurrences(of: "    heartbeat.interval.ms: 500",
-                                         with: "    heartbeat.interval.ms: 500\n    sasl.username: relay\n    sasl.password: \"\(saslPassword)\"")
+                                         with: "    heartbeat.interval.ms: 500\n    statistics.interval.ms: 200\n    sasl.username: relay\n    sasl.password: \"\(saslPassword)\"")
         // The APNs connections go through an HTTP proxy that wants a password.
         yaml = yaml.replacingOccurrences(of: "  insecure_skip_verify: true",
                                          with: "  insecure_skip_verify: true\n  proxy: \"http://relay:\(proxyPassword)@127.0.0.1:\(proxy.port)\"")
@@ -480,7 +481,8 @@ struct SecretsTests {
         let deadline = ContinuousClock.now + .seconds(20)
         repeat {
             metrics = try await httpGet(port: port, path: "/metrics").body
-            if metrics.contains("relay_consumer_lag{") { break }
+            if metrics.contains("relay_consumer_lag{"), metrics.contains("relay_kafka_consumer_fetching{"),
+               metrics.contains("relay_kafka_producer_queue_messages ") { break }
             try await Task.sleep(for: .milliseconds(200))
         } while ContinuousClock.now < deadline
         let ready = try await httpGet(port: port, path: "/readyz").body
@@ -524,6 +526,14 @@ struct SecretsTests {
         #expect(metrics.contains(#"relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
         #expect(metrics.contains(#"relay_redis_errors_total{kind="refused"} 0"#))
         #expect(metrics.contains(#"apns_certificate_expiry_timestamp_seconds{subject="com.example.certificate"} "#), "\(metrics)")
+        // librdkafka's statistics: the mock cluster's broker up for both clients, the assigned
+        // partitions fetched, every outcome acknowledged.
+        let brokerLines = metrics.split(separator: "\n").filter { $0.hasPrefix("relay_kafka_broker_up{") }
+        #expect(brokerLines.contains { $0.contains(#"client="consumer""#) && $0.hasSuffix(" 1.0") }, "\(brokerLines)")
+        #expect(brokerLines.contains { $0.contains(#"client="producer""#) && $0.hasSuffix(" 1.0") }, "\(brokerLines)")
+        #expect(brokerLines.allSatisfy { $0.contains("/1\"}") }, "only brokers by node id: \(brokerLines)")
+        #expect(metrics.split(separator: "\n").contains { $0.hasPrefix("relay_kafka_consumer_fetching{") && $0.hasSuffix(" 1.0") }, "\(metrics)")
+        #expect(hasMetricLine(metrics, "relay_kafka_producer_queue_messages 0.0"), "\(metrics)")
         #expect(checked.stdout.contains("cert_file: \"\(certificateFile)\""), "\(checked.stdout)")
         // Exactly one outcome per intent was published.
         #expect(outcomes.count == 20)

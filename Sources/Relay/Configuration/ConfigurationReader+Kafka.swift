@@ -3,7 +3,8 @@ extension ConfigurationReader {
     /// invalidations topics, librdkafka settings.
     mutating func readKafka(_ kafka: [String: Any], into configuration: inout RelayConfiguration) {
         checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "lanes", "outcomes_topic", "invalidations_topic",
-                                                    "config", "consumer_config", "producer_config", "allow_unsafe_config"])
+                                                    "config", "consumer_config", "producer_config", "allow_unsafe_config",
+                                                    "unready_after_unreachable_seconds"])
         configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
         configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
         configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
@@ -29,6 +30,8 @@ extension ConfigurationReader {
         configuration.kafka.consumerProperties = readProperties(kafka, "consumer_config")
         configuration.kafka.producerProperties = readProperties(kafka, "producer_config")
         configuration.kafka.allowUnsafeConfig = bool(kafka, "kafka.allow_unsafe_config", default: false)
+        configuration.kafka.unreadyAfterUnreachableSeconds = integer(kafka, "kafka.unready_after_unreachable_seconds",
+                                                                     default: 60, range: 1...3600)
         if !configuration.kafka.allowUnsafeConfig {
             for (section, properties) in [("config", configuration.kafka.properties),
                                           ("consumer_config", configuration.kafka.consumerProperties),

@@ -26,6 +26,7 @@ extension RelayConfiguration {
             }
         }
         if kafka.allowUnsafeConfig { lines.append("  allow_unsafe_config: true") }
+        lines.append("  unready_after_unreachable_seconds: \(kafka.unreadyAfterUnreachableSeconds)")
         lines.append("apns:")
         lines.append("  endpoint: \(quote(apns.endpoint))")
         lines.append("  insecure_skip_verify: \(apns.insecureSkipVerify)")

@@ -33,6 +33,9 @@ public struct RelayConfiguration: Sendable {
         public var producerSettings: [String: String] { properties.merging(producerProperties) { _, own in own } }
         /// Accept librdkafka settings that break at-least-once (see ``guaranteeBreaking(_:_:)``).
         public var allowUnsafeConfig = false
+        /// How long the consumer may have no broker connection up before `/readyz` says the
+        /// relay is not ready (from librdkafka's statistics, every `statistics.interval.ms`).
+        public var unreadyAfterUnreachableSeconds = 60
         public init() {}
 
         /// A priority lane: an intents topic and its weight.

@@ -118,6 +118,51 @@ enum RelayMetrics {
         for partition in gone { gauge(partition).destroy() }
     }
 
+    /// librdkafka's statistics of the producer or the consumer (`client`) as gauges:
+    /// `relay_kafka_broker_up` and `relay_kafka_broker_rtt_seconds` per broker, the producer's
+    /// `relay_kafka_producer_queue_messages` and `relay_kafka_producer_queue_latency_seconds`
+    /// (per broker), the consumer's `relay_kafka_consumer_fetching` per assigned partition.
+    /// Series of brokers and partitions no longer listed (a partition revoked) go.
+    static func kafkaStatistics(_ statistics: KafkaStatistics, client: String) {
+        let brokers = Set(statistics.brokers.map(\.name))
+        for broker in statistics.brokers {
+            Gauge(label: "relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker.name)]).record(broker.isUp ? 1 : 0)
+            Gauge(label: "relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker.name)])
+                .record(broker.roundTripSeconds)
+            if client == "producer" {
+                Gauge(label: "relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker.name)]).record(broker.queueLatencySeconds)
+            }
+        }
+        let partitions = Set(statistics.partitions.map { "\($0.topic)\u{0}\($0.partition)" })
+        if client == "producer" {
+            Gauge(label: "relay_kafka_producer_queue_messages").record(statistics.queuedMessages)
+        } else {
+            for partition in statistics.partitions {
+                Gauge(label: "relay_kafka_consumer_fetching", dimensions: [("topic", partition.topic), ("partition", String(partition.partition))])
+                    .record(partition.fetchState == "active" ? 1 : 0)
+            }
+        }
+        let (goneBrokers, gonePartitions) = kafkaSeries.withLock { shown in
+            defer {
+                shown.brokers[client] = brokers
+                if client == "consumer" { shown.partitions = partitions }
+            }
+            return ((shown.brokers[client] ?? []).subtracting(brokers), client == "consumer" ? shown.partitions.subtracting(partitions) : [])
+        }
+        for broker in goneBrokers {
+            Gauge(label: "relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker)]).destroy()
+            Gauge(label: "relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker)]).destroy()
+            if client == "producer" { Gauge(label: "relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker)]).destroy() }
+        }
+        for key in gonePartitions {
+            let parts = key.split(separator: "\u{0}", maxSplits: 1)
+            guard parts.count == 2 else { continue }
+            Gauge(label: "relay_kafka_consumer_fetching", dimensions: [("topic", String(parts[0])), ("partition", String(parts[1]))]).destroy()
+        }
+    }
+
+    private static let kafkaSeries = Locked<(brokers: [String: Set<String>], partitions: Set<String>)>(([:], []))
+
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
     /// appearing with the first event: the counters, every status of `relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.

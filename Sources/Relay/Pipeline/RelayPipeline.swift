@@ -78,6 +78,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
     public let incidents = AsyncWatched(RelayIncidents())
+    /// Since when the consumer has had no broker connection up (librdkafka's statistics); nil
+    /// while one is.
+    let kafkaUnreachableSince = Locked<ContinuousClock.Instant?>(nil)
     /// Nil unless `tracing.otlp_endpoint` is set: then sampled intents record spans.
     let tracer: (any Tracer)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
@@ -202,11 +205,40 @@ public final class RelayPipeline: RelayStatus, Service {
     /// once, and a PodDisruptionBudget would then keep `kubectl drain` from evicting any of them,
     /// while nothing is gained (the relays take no traffic from a Service; Kafka hands them
     /// their work).
+    ///
+    /// One dependency is: a consumer that has reached no Kafka broker for
+    /// `kafka.unready_after_unreachable_seconds` is not ready (it has no work to do, and a
+    /// rollout should not replace ready relays by ones that cannot reach Kafka either). The
+    /// chart's PodDisruptionBudget evicts unready pods whatever its budget
+    /// (`unhealthyPodEvictionPolicy: AlwaysAllow`), so a Kafka outage blocks no node drain.
     public var notReadyReason: String? {
         if stopping.isOpen { return "stopping" }
         if let dead = notAliveReason { return dead }
         if !consuming.isOpen { return "starting" }
+        if let since = kafkaUnreachableSince.withLock({ $0 }) {
+            let unreachable = ContinuousClock.now - since
+            if unreachable >= .seconds(configuration.kafka.unreadyAfterUnreachableSeconds) {
+                return "no Kafka broker reachable for \(unreachable.components.seconds) s"
+            }
+        }
         return nil
+    }
+
+    /// librdkafka's statistics of the producer or the consumer (`client`): metrics, and for
+    /// the consumer, whether any broker is reachable (readiness).
+    func kafkaStatistics(_ statistics: KafkaStatistics, client: String) {
+        guard client == "consumer" else { return RelayMetrics.kafkaStatistics(statistics, client: client) }
+        // Only the partitions assigned now: librdkafka keeps listing a revoked one (`stopped`).
+        var assigned = statistics
+        let owned = Set(consumer.assignment)
+        assigned.partitions = statistics.partitions.filter { owned.contains(TopicPartition(topic: $0.topic, partition: $0.partition)) }
+        RelayMetrics.kafkaStatistics(assigned, client: client)
+        let reachable = statistics.brokers.contains(where: \.isUp)
+        let started = kafkaUnreachableSince.withLock { since -> Bool in
+            defer { since = reachable ? nil : since ?? .now }
+            return since == nil && !reachable
+        }
+        if started { logger.warning("no Kafka broker reachable", metadata: ["kafka.brokers": "\(statistics.brokers.map { "\($0.name) \($0.state)" })"]) }
     }
 
     /// What the relay's dependencies lack now, one line each, empty when nothing: Redis failing
