@@ -128,6 +128,57 @@ struct ClusterFailoverTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// A slot left half-migrated (thousands of keys, half of them moved, the migration not
+    /// finished) holds up only the intents whose keys live in it: the other devices of the same
+    /// batch are delivered at once, and the held one once the migration is finished.
+    @Test func aHalfMigratedSlotHoldsUpOnlyItsOwnDevices() async throws {
+        let cluster = try await onOwnThread { Result { try RedisClusterProcess(masters: 3) } }.get()
+        let harness = try await RelayHarness.start(configureRelay: {
+            $0.redis.url = cluster.url
+            $0.redis.mode = .cluster
+        })
+        try await harness.produce(intent("warm-up", token: hexToken(0xe000)), key: hexToken(0xe000))
+        _ = try await harness.outcomes(count: 1)
+        // The held device's slot: its keys share the token's hash tag. 4,000 keys of the slot,
+        // 2,000 moved to another master, the slot left MIGRATING / IMPORTING.
+        let held = hexToken(0xe001), slot = RedisHashSlot.of(held)
+        let source = try #require(try cluster.masterPort(forSlot: slot))
+        let target = cluster.servers.prefix(cluster.masters).first { $0.port != source }!.port
+        let fillers = (0..<4000).map { "filler:{\(held)}:\($0)" }
+        try await onOwnThread {
+            Result {
+                _ = try cluster.cli(port: source, ["MSET"] + fillers.flatMap { [$0, "x"] })
+                _ = try cluster.cli(port: target, ["CLUSTER", "SETSLOT", "\(slot)", "IMPORTING", try cluster.nodeID(port: source)])
+                _ = try cluster.cli(port: source, ["CLUSTER", "SETSLOT", "\(slot)", "MIGRATING", try cluster.nodeID(port: target)])
+                let moved = try cluster.cli(port: source, ["MIGRATE", "127.0.0.1", "\(target)", "", "0", "5000", "KEYS"] + fillers.prefix(2000))
+                guard moved.contains("OK") else { throw CLIFailed(answer: moved) }
+            }
+        }.get()
+        // One batch: 99 other devices and the held one.
+        let produced = ContinuousClock.now
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<100).map { index in
+            let token = index == 50 ? held : hexToken(0xe100 + index)
+            return (Array(token.utf8), Array(intent("m-\(index)", token: token).utf8))
+        })
+        try await harness.published.waitUntil(timeout: .seconds(30)) { $0.count("delivered") == 1 + 99 }
+        #expect(ContinuousClock.now - produced < slowed(.seconds(10)), "the other devices waited for the migrating slot")
+        #expect(!harness.published.value.all.contains { $0.id == "m-50" }, "the held device's intent went out while its slot was migrating")
+        // The migration finished: the held intent goes out.
+        try await onOwnThread {
+            Result {
+                _ = try cluster.cli(port: source, ["MIGRATE", "127.0.0.1", "\(target)", "", "0", "5000", "KEYS"] + fillers.suffix(2000))
+                for server in cluster.servers.prefix(cluster.masters) {
+                    _ = try cluster.cli(port: server.port, ["CLUSTER", "SETSLOT", "\(slot)", "NODE", try cluster.nodeID(port: target)])
+                }
+                try cluster.waitUntilConsistent()
+            }
+        }.get()
+        try await harness.published.waitUntil(timeout: .seconds(60)) { $0.count("delivered") == 101 }
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    struct CLIFailed: Error { var answer: String }
+
     /// A cluster that is down (two of its three masters gone, no replicas): the relay stops
     /// consuming (`redis.fail_open: false`) and says why; once the masters are back it goes on,
     /// and every intent, the ones produced meanwhile included, is answered once.

@@ -11,6 +11,16 @@ extension RelayPipeline {
     /// Returns when its intent is due from its mailbox when it was parked (nil when it was not).
     @discardableResult
     func handle(_ item: WorkItem) async -> Int64? {
+        if case .readmit = item.admission {
+            // Decided now, in its device's turn (its batch's read of its keys failed).
+            guard let admission = await readmit(item) else {
+                await conclude(item, Ending())
+                return nil
+            }
+            var records = false
+            if deduplicator != nil, case .send = admission { records = true }
+            return await handle(item.admitted(as: admission, recordsAnswer: records))
+        }
         let ending: Ending
         var parkedDue: Int64?
         if case .park(let due) = item.admission, await park(item, due: due) {

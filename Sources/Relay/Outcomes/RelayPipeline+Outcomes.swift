@@ -85,7 +85,7 @@ extension RelayPipeline {
             outcome.apnsID = record.apnsID
             outcome.unregisteredAt = record.unregisteredAt
             return outcome
-        case .duplicate(nil), .send, .park, .inMailbox:
+        case .duplicate(nil), .send, .park, .inMailbox, .readmit:
             return makeOutcome(item, intent: intent, status: .duplicate, reason: "AlreadyAnswered")
         }
     }

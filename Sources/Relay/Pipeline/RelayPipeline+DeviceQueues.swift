@@ -59,7 +59,7 @@ extension RelayPipeline {
     /// before (a duplicate, a known 410) take no such work and are let in.
     static func countsAgainstBacklog(_ admission: Admission) -> Bool {
         switch admission {
-        case .send, .park: true
+        case .send, .park, .readmit: true
         default: false
         }
     }

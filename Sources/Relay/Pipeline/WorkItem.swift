@@ -43,10 +43,10 @@ extension RelayPipeline {
 
         /// The same item with another admission (an intent to send that is to park instead, its
         /// device's earlier intent having parked).
-        func admitted(as admission: Admission) -> WorkItem {
+        func admitted(as admission: Admission, recordsAnswer: Bool? = nil) -> WorkItem {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
-                     intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: mailboxMember,
-                     trace: trace, traced: traced)
+                     intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
+                     mailboxMember: mailboxMember, trace: trace, traced: traced)
         }
 
         /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those
@@ -57,7 +57,7 @@ extension RelayPipeline {
         var queueToken: String? {
             guard case .success(let intent) = intent else { return nil }
             switch admission {
-            case .send, .park, .duplicate, .knownUnregistered: return intent.recipient
+            case .send, .park, .duplicate, .knownUnregistered, .readmit: return intent.recipient
             default: return nil
             }
         }

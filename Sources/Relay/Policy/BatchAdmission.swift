@@ -18,6 +18,10 @@ extension RelayPipeline {
         /// APNs answered 410 for its (token, topic) at this time (epoch ms), and the intent does
         /// not say its token was registered since: outcome `unregistered` (`KnownUnregistered`).
         case knownUnregistered(at: Int64)
+        /// Redis answered its device's read with an error while the rest of its batch was
+        /// decided (its keys' hash slot being migrated, say): decided again alone when its turn
+        /// in its device's queue comes, with retries, so it holds up no other device.
+        case readmit
         /// Its recipient already has `limits.max_waiting_per_recipient` intents waiting here:
         /// outcome `failed` (`RecipientBacklog`), nothing sent.
         case recipientBacklog

@@ -166,8 +166,11 @@ extension DevicePolicy {
         let groups: [Group]
 
         /// The decisions for every group at `now` (epoch ms), and for each the time the device
-        /// may be sent to next. Asked again after a failure, it reads again.
-        func get(now: Int64) async throws(RedisError) -> [(decisions: [Admission], due: Int64)] {
+        /// may be sent to next; a group whose read Redis answered with an error (its keys' slot
+        /// being migrated in a Redis Cluster, say) has that error instead, and the others are
+        /// decided all the same. Throws when the round trip itself failed. Asked again after a
+        /// failure, it reads again.
+        func get(now: Int64) async throws(RedisError) -> [Result<(decisions: [Admission], due: Int64), RedisError>] {
             guard !groups.isEmpty else { return [] }
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
             for group in groups {
@@ -184,12 +187,15 @@ extension DevicePolicy {
             guard replies.count == groups.count else {
                 throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
             }
-            var answers: [(decisions: [Admission], due: Int64)] = []
+            var answers: [Result<(decisions: [Admission], due: Int64), RedisError>] = []
             answers.reserveCapacity(groups.count)
             var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
             for (index, group) in groups.enumerated() {
                 let stored = replies[index]
-                if case .error(let message) = stored { throw .server(message) }
+                if case .error(let message) = stored {
+                    answers.append(.failure(.server(message)))
+                    continue
+                }
                 guard let values = stored.array, values.count == 3 + group.ids.count + (group.readsUnregistered ? 1 : 0) else {
                     throw .protocolError("MGET answered \(stored)")
                 }
@@ -212,7 +218,7 @@ extension DevicePolicy {
                         command.append(arrival - now + 60_000)
                     }
                 }
-                answers.append((decisions, max(backoffUntil, bucket.due)))
+                answers.append(.success((decisions, max(backoffUntil, bucket.due))))
             }
             if !writes.isEmpty {
                 let written = policy.client.submit(writes), failed = policy.bucketWriteFailed

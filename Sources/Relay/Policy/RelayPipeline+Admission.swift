@@ -49,9 +49,44 @@ extension RelayPipeline {
         // Given up: with `fail_open` everything goes through; else the relay stops or is cancelled.
         guard let answers else { return configuration.redis.failOpen ? admissions : nil }
         for (index, answer) in answers.enumerated() {
-            BatchAdmission.apply(answer, to: admitting.members[index], parsed, &admissions)
+            switch answer {
+            case .success(let decided):
+                BatchAdmission.apply(decided, to: admitting.members[index], parsed, &admissions)
+            case .failure(let error):
+                // This device's keys only: its intents are decided again in their turn.
+                for position in admitting.members[index] where Self.isUsable(parsed[position]) { admissions[position] = .readmit }
+                logger.warning("Redis answered one device's admission with an error: decided again in its turn",
+                               metadata: ["redis.error": "\(error)", "relay.intents": "\(admitting.members[index].count)"])
+            }
         }
         return admissions
+    }
+
+    static func isUsable(_ parsed: Result<Intent, InvalidIntent>) -> Bool {
+        if case .success = parsed { return true }
+        return false
+    }
+
+    /// Decides an intent whose device's read failed while its batch was admitted (``Admission/readmit``)
+    /// alone, asking Redis until it answers (with backoff; an error reply counts as Redis
+    /// failing), as long as the item's partition is ours; with `redis.fail_open` it is sent.
+    /// Nil when given up (revoked, or the relay stopping past its deadline).
+    func readmit(_ item: WorkItem) async -> Admission? {
+        guard let policy, case .success = item.intent else { return .send }
+        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        BatchAdmission.group([item.intent], rules: configuration.policy.rules(for:), readsUnregistered: configuration.policy.skipKnownUnregistered,
+                             groups: &groups, members: &members)
+        guard !groups.isEmpty else { return .send }
+        let pending = policy.admission(groups)
+        let answer = await withRedisRetries(item) { () throws(RedisError) -> (decisions: [DevicePolicy.Admission], due: Int64) in
+            try await pending.get(now: nowMilliseconds())[0].get()
+        }
+        // Given up while still ours: Redis refused the read, or `redis.fail_open`: sent without
+        // the policy, as any intent then.
+        guard let answer else { return isCurrent(item) && !Task.isCancelled ? .send : nil }
+        var admissions: [Admission] = [.send]
+        BatchAdmission.apply(answer, to: members[0], [item.intent], &admissions)
+        return admissions[0]
     }
 
     /// Now in epoch milliseconds, for the policy's clocks: the system's milliseconds, or the
