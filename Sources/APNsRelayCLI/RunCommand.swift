@@ -49,11 +49,11 @@ struct RunCommand: AsyncParsableCommand {
         do {
             application = try RelayApplication(configuration: configuration, credentials: checked.credentials, logger: logger)
         } catch {
-            Terminal.error("cannot start: \(error)")
+            Terminal.fatal("cannot start: \(error)")
             throw ExitCode(1)
         }
         checked.log(logger)
-        for warning in application.pipeline.warnings { logger.warning("\(warning)") }
+        for warning in application.pipeline.warnings + unknownVariablesWarnings(configuration) { logger.warning("\(warning)") }
         let current = CurrentApplication(application)
         let status: StatusServer
         do {
@@ -62,7 +62,7 @@ struct RunCommand: AsyncParsableCommand {
                 limits: StatusServer.Limits(requestTimeout: .seconds(configuration.http.requestTimeoutSeconds),
                                             maxConnections: configuration.http.maxConnections))
         } catch {
-            Terminal.error("cannot serve http.port \(configuration.http.port) on \(configuration.http.address): \(error)")
+            Terminal.fatal("cannot serve http.port \(configuration.http.port) on \(configuration.http.address): \(error)")
             throw ExitCode(1)
         }
         logger.info("serving /metrics, /healthz, /readyz", metadata: [
@@ -82,11 +82,11 @@ struct RunCommand: AsyncParsableCommand {
             gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
         if let refusal = current.application.pipeline.refusal {
-            Terminal.error("stopped: \(refusal)")
+            Terminal.fatal("stopped: \(refusal)")
             throw ExitCode(1)
         }
         if current.restartFailed.load(ordering: .relaxed) {
-            Terminal.error("stopped: after a reload the relay could start with neither the new configuration nor the previous one (the log says why)")
+            Terminal.fatal("stopped: after a reload the relay could start with neither the new configuration nor the previous one (the log says why)")
             throw ExitCode(1)
         }
     }
@@ -306,17 +306,29 @@ func loadUsableConfiguration(_ path: String, forCheck: Bool = true) throws -> (R
     do {
         configuration = try RelayConfiguration.load(file: path)
     } catch {
-        Terminal.error("invalid configuration \(path):\n\(error)")
+        Terminal.fatal("invalid configuration \(path):\n\(error)")
         throw ExitCode(2)
     }
     let checked = RelayApplication.startProblems(configuration)
     let problems = checked.problems + (forCheck ? checked.unusable : [])
     guard problems.isEmpty else {
-        Terminal.error("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
+        Terminal.fatal("invalid configuration \(path):\n" + problems.map { "  \($0)" }.joined(separator: "\n"))
         throw ExitCode(2)
     }
     if forCheck {
-        for warning in checked.warnings { Terminal.error("warning: \(warning)") }
+        for warning in checked.warnings + unknownVariablesWarnings(configuration) { Terminal.error("warning: \(warning)") }
     }
     return (configuration, checked)
+}
+
+/// A warning for each `APNS_RELAY_` variable of the process that names nothing the relay reads
+/// (``RelayConfiguration/unknownEnvironmentVariables(_:passphraseVariables:)``): its name, never its value.
+func unknownVariablesWarnings(_ configuration: RelayConfiguration) -> [String] {
+    let passphrases = Set(configuration.apns.credentials.compactMap { credential -> String? in
+        if case .certificate(_, _, let variable) = credential.kind { return variable }
+        return nil
+    })
+    return RelayConfiguration.unknownEnvironmentVariables(ProcessInfo.processInfo.environment, passphraseVariables: passphrases).map {
+        "\($0) is set but names no configuration key or other setting of the relay (a misspelt name?); it is ignored"
+    }
 }

@@ -72,8 +72,11 @@ public struct LoggingOptions: ParsableArguments, Sendable {
     }
 
     /// Sets up swift-log for this process (once: a command calls it first thing in `run`).
-    public func bootstrap(defaultLevel: LogLevel) throws(ValidationError) {
+    /// Returns the format in effect.
+    @discardableResult
+    public func bootstrap(defaultLevel: LogLevel) throws(ValidationError) -> LogFormat {
         let (level, format) = try resolved(defaultLevel: defaultLevel, environment: ProcessInfo.processInfo.environment)
+        defer { Terminal.logFormat.withLock { $0 = format } }
         LoggingSystem.bootstrap { label in
             switch format {
             case .text:
@@ -84,6 +87,7 @@ public struct LoggingOptions: ParsableArguments, Sendable {
                 return JSONLogHandler(label: label, level: level.level, output: .standardError)
             }
         }
+        return format
     }
 }
 

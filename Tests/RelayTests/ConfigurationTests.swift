@@ -319,6 +319,18 @@ struct ConfigurationTests {
         #expect(on.policy.skipKnownUnregistered && on.policy.knownUnregisteredTTLSeconds == 2_592_000)
     }
 
+    /// An `APNS_RELAY_` variable that names no key (a typo) is found, by name; the keys', the
+    /// librdkafka settings', the log options' and a certificate's passphrase variable are not.
+    @Test func misspeltEnvironmentVariablesAreFound() {
+        let environment = ["APNS_RELAY_KAFKA_BROKERZ": "kafka:9092", "APNS_RELAY_KAFKA_BROKERS": "kafka:9092",
+                           "APNS_RELAY_POLICY_RATE_LIMIT_BURST": "3", "APNS_RELAY_LIMITS_MAX_WAITING_PER_RECIPIENT": "10",
+                           "APNS_RELAY_KAFKA_CONFIG_SASL_PASSWORD": "x", "APNS_RELAY_KAFKA_PRODUCER_CONFIG_LINGER_MS": "5",
+                           "APNS_RELAY_LOG_FORMAT": "json", "APNS_RELAY_MDM_PASSPHRASE": "x", "APNS_RELAY_REDIS_URLL": "x",
+                           "PATH": "/usr/bin", "APNS_RELAY": "x"]
+        #expect(RelayConfiguration.unknownEnvironmentVariables(environment, passphraseVariables: ["APNS_RELAY_MDM_PASSPHRASE"])
+                == ["APNS_RELAY_KAFKA_BROKERZ", "APNS_RELAY_REDIS_URLL"])
+    }
+
     /// The shipped reference file lists every key the loader knows, and no other: the chart's
     /// schema is held to that file (scripts/check-chart), so the three cannot drift. Keys inside
     /// lists (credentials, lanes) and per-topic overrides are the exceptions the file shows in

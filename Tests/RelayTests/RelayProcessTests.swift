@@ -725,6 +725,33 @@ struct CheckConfigProcessTests {
         }
     }
 
+    /// A misspelt `APNS_RELAY_` variable is named in a warning (never its value); with JSON logs,
+    /// what keeps `run` from starting is a JSON line too.
+    @Test func misspeltVariablesAreNamedAndFatalErrorsFollowTheLogFormat() async throws {
+        let broken = TestFiles.path("broken-\(UUID()).yaml").path
+        try "limits:\n  max_in_flight: lots\n".write(toFile: broken, atomically: true, encoding: .utf8)
+        let checked = try await RelayBinary.run(["check-config", broken], environment: ["APNS_RELAY_KAFKA_BROKERZ": "typo-value-7"])
+        #expect(checked.status == 2)
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let key = TestFiles.path("AuthKey_\(UUID()).p8").path
+        try P256.Signing.PrivateKey().pemRepresentation.write(toFile: key, atomically: true, encoding: .utf8)
+        let working = TestFiles.path("working-\(UUID()).yaml").path
+        try String(contentsOfFile: root.appendingPathComponent("config/apns-relay.yaml").path, encoding: .utf8)
+            .replacingOccurrences(of: "  credentials: []", with: "  credentials:\n    - {team_id: TEAM123456, key_id: ABC123DEFG, key_file: \"\(key)\", topics: [com.example.app]}")
+            .write(toFile: working, atomically: true, encoding: .utf8)
+        let warned = try await RelayBinary.run(["check-config", working], environment: ["APNS_RELAY_KAFKA_BROKERZ": "typo-value-7"])
+        #expect(warned.status == 0, "\(warned.stderr)")
+        #expect(warned.stderr.contains("APNS_RELAY_KAFKA_BROKERZ is set but names no configuration key"), "\(warned.stderr)")
+        #expect(!(warned.stdout + warned.stderr).contains("typo-value-7"))
+        let refused = try await RelayBinary.run(["run", "--config", broken, "--log-format", "json"])
+        #expect(refused.status == 2)
+        let lines = refused.stderr.split(separator: "\n").filter { !$0.isEmpty }
+        #expect(!lines.isEmpty && lines.allSatisfy { line in
+            (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])?["level"] as? String == "critical"
+        }, "\(refused.stderr)")
+        #expect(refused.stderr.contains("limits.max_in_flight"))
+    }
+
     /// Every file the configuration names is read as `run` reads it, and every topic has a
     /// credential: all problems are listed at once, and `run` refuses the same file.
     @Test func everyFileItNamesIsParsedAndEveryTopicHasACredential() async throws {

@@ -37,6 +37,29 @@ extension RelayConfiguration {
         environmentPrefix + key.uppercased().replacingOccurrences(of: ".", with: "_")
     }
 
+    /// Variables the relay reads besides the configuration keys' (`APNS_RELAY_` + a key path):
+    /// the log level and format, a PKCS#12 passphrase for `send` and `bench`, and the build's and
+    /// the test suite's own.
+    public static let otherEnvironmentVariables: Set<String> = [
+        "APNS_RELAY_LOG_LEVEL", "APNS_RELAY_LOG_FORMAT", "APNS_RELAY_CERT_PASSPHRASE", "APNS_RELAY_COMMIT",
+        "APNS_RELAY_NO_BENCHMARKS", "APNS_RELAY_TEST_SLOWDOWN", "APNS_RELAY_FULL_OUTPUT", "APNS_RELAY_FUZZ", "APNS_RELAY_FUZZ_TARGET",
+    ]
+
+    /// The `APNS_RELAY_` variables of `environment` that name nothing the relay reads: a typo
+    /// (`APNS_RELAY_KAFKA_BROKER`) would otherwise leave the setting at its default without a
+    /// word. Librdkafka settings (`APNS_RELAY_KAFKA_CONFIG_…`, `…_CONSUMER_CONFIG_…`,
+    /// `…_PRODUCER_CONFIG_…`) and the variables `passphrase_env` names are read as they are.
+    /// Sorted; only names, never values.
+    public static func unknownEnvironmentVariables(_ environment: [String: String], passphraseVariables: Set<String> = []) -> [String] {
+        var reader = ConfigurationReader(root: [String: Any](), environment: [:])
+        _ = reader.read()
+        let known = Set(reader.knownKeys.map(environmentName(forKey:))).union(otherEnvironmentVariables).union(passphraseVariables)
+        let passedOn = ["kafka.config", "kafka.consumer_config", "kafka.producer_config"].map { environmentName(forKey: $0) + "_" }
+        return environment.keys.filter { name in
+            name.hasPrefix(environmentPrefix) && !known.contains(name) && !passedOn.contains { name.hasPrefix($0) }
+        }.sorted()
+    }
+
     /// Reads a YAML file; see ``load(yaml:environment:)``.
     public static func load(file: String, environment: [String: String]? = nil) throws -> RelayConfiguration {
         let environment = environment ?? ProcessInfo.processInfo.environment
@@ -253,6 +276,7 @@ struct ConfigurationReader {
     private mutating func readRules(_ fields: [String: Any], prefix: String, base: RelayConfiguration.Policy.Rules,
                                     overridable: Bool = true) -> RelayConfiguration.Policy.Rules {
         var rules = base
+        for name in ["burst", "refill_per_second"] { knownKeys.insert(prefix + "rate_limit." + name) }
         rules.dedupeWindowSeconds = Int64(integer(fields, prefix + "dedupe_window_seconds", default: Int(base.dedupeWindowSeconds),
                                                   range: 1...2_592_000, overridable: overridable))
         rules.coalesce = bool(fields, prefix + "coalesce", default: base.coalesce, overridable: overridable)
