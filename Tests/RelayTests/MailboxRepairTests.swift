@@ -188,6 +188,35 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// One partition's due index that cannot be read (here: a key of another type; in a Redis
+    /// Cluster, a node in trouble) does not stop the poll for the other partitions, nor does
+    /// an entry whose take fails.
+    @Test func onePartitionsUnreadableIndexDoesNotStopThePollForTheOthers() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.pollingRelay(redis)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let token = hexToken(0x3c), broken = hexToken(0x3d)
+        _ = try await client.pipeline([
+            // Partition 3's index is not a sorted set.
+            RedisCommand("SET", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 3), "not-an-index"]),
+            // On partition 1: an entry whose mailbox holds an unreadable entry, due before the good one.
+            RedisCommand("HSET", [RedisKeys.mailbox(token: broken, topic: "com.example.app"), "pid", "broken-1", "p", "garbage",
+                                  "pe", expiration, "pd", 0]),
+            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 1), 0,
+                                  RedisKeys.member(token: broken, topic: "com.example.app", id: "broken-1")]),
+            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", "due-1",
+                                  "p", Self.entry(intent("due-1", token: token), expiration: expiration), "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "5:due-1"]),
+            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 1), 1,
+                                  RedisKeys.member(token: token, topic: "com.example.app", id: "due-1")]),
+        ])
+        try await harness.published.waitUntil(timeout: .seconds(20)) { published in published.all.contains { $0.id == "due-1" } }
+        #expect(harness.published.value.all.first { $0.id == "due-1" }?.status == .delivered)
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Mailbox deliveries count against `limits.max_in_flight` in all, not per partition: 200
     /// due entries over the four partitions, APNs taking 1 s each, and never more than 10 sends
     /// under way (each poll took up to 10 per partition, 40 at once, before).

@@ -196,19 +196,29 @@ struct DevicePolicy: Sendable {
         _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))
     }
 
-    /// Mailbox members of these partitions due by `now`, at most `limit` per partition.
-    func due(partitions: [TopicPartition], now: Int64, limit: Int) async throws(RedisError) -> [(partition: TopicPartition, member: String)] {
-        guard !partitions.isEmpty else { return [] }
+    /// Mailbox members of these partitions due by `now`, at most `limit` per partition, and the
+    /// first error reply of a partition whose index could not be read (a Redis Cluster node in
+    /// trouble answers for its slots only: the other partitions are taken from all the same).
+    /// Throws when the round trip failed, or when every partition's read did.
+    func due(partitions: [TopicPartition], now: Int64, limit: Int) async throws(RedisError)
+        -> (due: [(partition: TopicPartition, member: String)], failed: RedisError?) {
+        guard !partitions.isEmpty else { return ([], nil) }
         let replies = try await client.pipeline(partitions.map {
             RedisCommand("ZRANGEBYSCORE", [dueKey(partition: $0), "-inf", now, "LIMIT", 0, limit])
         })
         var due: [(TopicPartition, String)] = []
+        var failed: RedisError?, failures = 0
         for (partition, reply) in zip(partitions, replies) {
-            if case .error(let message) = reply { throw .server(message) }
+            if case .error(let message) = reply {
+                failed = failed ?? .server(message)
+                failures += 1
+                continue
+            }
             guard case .array(let members) = reply else { continue }
             for member in members { if let text = member.string { due.append((partition, text)) } }
         }
-        return due
+        if failures == partitions.count, let failed { throw failed }
+        return (due, failed)
     }
 
     enum Take {

@@ -162,13 +162,19 @@ extension RelayPipeline {
         let now = nowMilliseconds()
         let found: [(partition: TopicPartition, member: String)]
         do {
-            found = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
-                                         now: now, limit: min(rooms.max() ?? 0, 500))
+            let read = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
+                                            now: now, limit: min(rooms.max() ?? 0, 500))
+            found = read.due
+            // Some partitions' indexes could not be read: the others are taken from.
+            if let failed = read.failed { redisFailed(failed) }
         } catch {
             redisFailed(error)
             return
         }
-        for (partition, member) in Self.inTurn(found) where !stopping.isOpen && !Task.isCancelled {
+        // Takes failing one after another (Redis down) end the poll; one failing take (its
+        // node's trouble, its entry's) does not hold up the others.
+        var failingTakes = 0
+        for (partition, member) in Self.inTurn(found) where !stopping.isOpen && !Task.isCancelled && failingTakes < Self.failingTakesPerPoll {
             let lane = lane(of: partition.topic)
             // Only for partitions still ours (a rebalance may have taken one since the query),
             // and while there is room: the send slot is reserved here.
@@ -192,7 +198,8 @@ extension RelayPipeline {
             } catch {
                 guard error.isRefusal else {
                     redisFailed(error)
-                    return
+                    failingTakes += 1
+                    continue
                 }
                 // Not an outage: its index member already moved to the lease's end, so it is
                 // asked again then; the other entries go on.
@@ -203,6 +210,7 @@ extension RelayPipeline {
                 ])
                 continue
             }
+            failingTakes = 0
             let generation = generations[partition] ?? 0
             let item: WorkItem
             switch taken {
@@ -240,6 +248,9 @@ extension RelayPipeline {
             if let start { workers.addTask { await self.work(start) } }
         }
     }
+
+    /// Takes in a row that may fail before a poll gives up until the next one.
+    static let failingTakesPerPoll = 3
 
     /// Gives back a slot reserved for a take that yields nothing to send, and its member's job.
     private func unreserve(_ lane: Int, member: String) {
