@@ -300,6 +300,7 @@ let package = Package(
         .testTarget(
             name: "RedisTests",
             dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport",
+                           .product(name: "MetricsTestKit", package: "swift-metrics"),
                            .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict),

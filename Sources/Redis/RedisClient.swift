@@ -1,6 +1,7 @@
 public import Common
 import Foundation
 public import Logging
+public import Metrics
 public import NIOCore
 public import ServiceLifecycle
 import NIOPosix
@@ -33,6 +34,8 @@ public struct RedisConfiguration: Sendable {
     public var reconnectBackoff = Backoff(base: .milliseconds(100), maximum: .seconds(5))
     /// `rediss://` only: skip certificate verification (test servers only).
     public var tlsSkipVerify = false
+    /// Where the per-node metrics go (cluster mode); nil: the process' `MetricsSystem`.
+    public var metricsFactory: (any MetricsFactory)?
 
     public init(url: RedisURL) {
         self.url = url

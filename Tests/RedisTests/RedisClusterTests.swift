@@ -4,6 +4,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import RedisTesting
+import MetricsTestKit
 import Testing
 import TestSupport
 
@@ -299,6 +300,38 @@ struct RedisClusterChangeTests {
             try cluster.cli(port: server.port, ["CLUSTER", "SETSLOT", "\(slot)", "NODE", targetID])
         }
         try cluster.waitUntilConsistent()
+    }
+
+    /// A master that leaves the slot map (every slot resharded away, as when a node is taken out)
+    /// has its per-node series dropped once its grace passed: they do not grow with every pod
+    /// address a cluster ever had.
+    @Test func aNodeThatLeftTheMapHasItsSeriesDropped() async throws {
+        let cluster = try await startCluster()
+        let metrics = TestMetrics()
+        var configuration = RedisConfiguration(url: try RedisURL(parsing: cluster.url))
+        configuration.mode = .cluster
+        configuration.commandTimeout = .milliseconds(500)
+        configuration.metricsFactory = metrics
+        let client = try RedisClient(configuration: configuration)
+        let ports = try cluster.masterPorts()
+        let leaving = ports[0], staying = Self.otherMaster(than: ports[0], in: cluster)
+        func nodes() -> Set<String> {
+            Set(metrics.counters.filter { $0.label == "relay_redis_node_requests_total" }.compactMap { counter in
+                counter.dimensions.first { $0.0 == "node" }?.1
+            })
+        }
+        // A key on every master: each node has its series.
+        for index in 0..<64 { _ = try await client.send(RedisCommand("SET", ["series-\(index)", "x"])) }
+        #expect(nodes().contains("127.0.0.1:\(leaving)"), "\(nodes())")
+        let owned = ports.filter { $0 == leaving }.count
+        try await onOwnThread { Result { try cluster.reshard(from: leaving, to: staying, slots: owned) } }.get()
+        try await waitUntil(timeout: .seconds(30)) {
+            await client.refreshTopology()
+            return !nodes().contains("127.0.0.1:\(leaving)")
+        }
+        #expect(nodes().contains("127.0.0.1:\(staying)"))
+        #expect(!metrics.counters.contains { $0.label == "relay_redis_node_errors_total" && $0.dimensions.contains { $0.1 == "127.0.0.1:\(leaving)" } })
+        await client.shutdown()
     }
 
     static func otherMaster(than port: Int, in cluster: RedisClusterProcess) -> Int {

@@ -121,6 +121,8 @@ extension RedisClusterRouter {
             let grace = TimeAmount.nanoseconds(retirementGrace.totalNanoseconds)
             let expired = state.retired.filter { now - $0.value.since > grace }
             for address in expired.keys { state.retired[address] = nil }
+            // Under the lock: a node made again at the same address later gets series of its own.
+            for (_, retired) in expired { retired.node.dropSeries() }
             return expired.values.map(\.node)
         }
         if !closing.isEmpty {

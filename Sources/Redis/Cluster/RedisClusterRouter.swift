@@ -18,8 +18,9 @@ final class RedisNode: Sendable {
     init(address: RedisNodeAddress, configuration: RedisConfiguration, loops: [any EventLoop], firstLoop: Int,
          sslContext: NIOSSLContext?, logger: Logger) {
         self.address = address
-        requests = Counter(label: "relay_redis_node_requests_total", dimensions: [("node", address.description)])
-        errors = Counter(label: "relay_redis_node_errors_total", dimensions: [("node", address.description)])
+        let factory = configuration.metricsFactory ?? MetricsSystem.factory
+        requests = Counter(label: "relay_redis_node_requests_total", dimensions: [("node", address.description)], factory: factory)
+        errors = Counter(label: "relay_redis_node_errors_total", dimensions: [("node", address.description)], factory: factory)
         var nodeConfiguration = configuration
         nodeConfiguration.url.host = address.host
         nodeConfiguration.url.port = address.port
@@ -42,6 +43,13 @@ final class RedisNode: Sendable {
 
     func shutdown() async {
         for connection in connections { try? await connection.shutdown().get() }
+    }
+
+    /// The node left the cluster's map for good: its series go (a pod's address is not seen
+    /// again once the pod is replaced; kept, they would grow with every replacement).
+    func dropSeries() {
+        requests.destroy()
+        errors.destroy()
     }
 }
 
