@@ -117,7 +117,8 @@ and the configuration check's hold the same text.
 
 {{/*
 The relay's environment (a list of EnvVar, empty when there is none): the Secrets passed as
-variables, then extraEnv. The relay's container and the configuration check's read the same.
+variables, the log format and level, then extraEnv. The relay's container and the configuration
+check's read the same.
 */}}
 {{- define "apns-relay.env" -}}
 {{- with .Values.redisUrlSecret }}
@@ -142,8 +143,37 @@ variables, then extraEnv. The relay's container and the configuration check's re
     secretKeyRef: {name: {{ .name }}, key: {{ .key }}}
 {{- end }}
 {{- end }}
+{{- include "apns-relay.logEnv" . }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+APNS_RELAY_LOG_FORMAT and APNS_RELAY_LOG_LEVEL from logFormat and logLevel, each only when it
+differs from the relay's own default (text, info): the default values render no variable, so an
+APNS_RELAY_LOG_* of extraEnv or extraEnvFrom still counts then. Another value here and the
+same variable in extraEnv is refused: a container with two definitions of one variable keeps
+whichever comes last, a matter of order rather than of intent.
+*/}}
+{{- define "apns-relay.logEnv" -}}
+{{- $extraNames := list }}
+{{- range .Values.extraEnv }}{{- $extraNames = append $extraNames .name }}{{- end }}
+{{- $format := .Values.logFormat | default "text" }}
+{{- if ne $format "text" }}
+{{- if has "APNS_RELAY_LOG_FORMAT" $extraNames }}
+{{- fail (printf "logFormat %s and extraEnv both set APNS_RELAY_LOG_FORMAT: drop it from extraEnv" $format) }}
+{{- end }}
+- name: APNS_RELAY_LOG_FORMAT
+  value: {{ $format | quote }}
+{{- end }}
+{{- $level := .Values.logLevel | default "info" }}
+{{- if ne $level "info" }}
+{{- if has "APNS_RELAY_LOG_LEVEL" $extraNames }}
+{{- fail (printf "logLevel %s and extraEnv both set APNS_RELAY_LOG_LEVEL: drop it from extraEnv" $level) }}
+{{- end }}
+- name: APNS_RELAY_LOG_LEVEL
+  value: {{ $level | quote }}
 {{- end }}
 {{- end -}}
 
