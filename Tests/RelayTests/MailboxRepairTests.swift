@@ -20,6 +20,18 @@ struct MailboxRepairTests {
                            message: Array(json.utf8)).encoded
     }
 
+    /// The commands that leave `id` (an intent for `token`) parked in its mailbox and due now in
+    /// `partition`'s index, as a park and its index write leave it.
+    static func dueEntry(_ id: String, token: String, partition: Int32, intentsTopic: String, expiration: Int64) -> [RedisCommand] {
+        [
+            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
+                                  "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
+            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: intentsTopic, partition: partition), 0,
+                                  RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
+        ]
+    }
+
     /// A relay that owns its partitions and polls their mailboxes: it answered one intent.
     static func pollingRelay(_ redis: RedisServerProcess) async throws -> RelayHarness {
         let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
@@ -165,17 +177,9 @@ struct MailboxRepairTests {
         let harness = try await Self.pollingRelay(redis)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        var commands: [RedisCommand] = []
-        for (id, token, partition) in [("owned-1", hexToken(0x3a), Int32(0)), ("foreign-1", hexToken(0x3b), Int32(999))] {
-            commands += [
-                RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
-                                      "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
-                RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
-                RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: partition), 0,
-                                      RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
-            ]
-        }
-        _ = try await client.pipeline(commands)
+        _ = try await client.pipeline([("owned-1", hexToken(0x3a), Int32(0)), ("foreign-1", hexToken(0x3b), Int32(999))].flatMap {
+            Self.dueEntry($0.0, token: $0.1, partition: $0.2, intentsTopic: harness.intentsTopic, expiration: expiration)
+        })
         let outcomes = try await harness.outcomes(count: 2)
         #expect(outcomes.compactMap { $0["id"] as? String }.sorted() == ["owned-1", "warm-up"])
         let foreign = RedisKeys.mailbox(token: hexToken(0x3b), topic: "com.example.app")
@@ -228,18 +232,10 @@ struct MailboxRepairTests {
         _ = try await harness.outcomes(count: 1)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        var commands: [RedisCommand] = []
-        for index in 0..<200 {
-            let id = "parked-\(index)", token = hexToken(0x4000 + index), partition = Int32(index % 4)
-            commands += [
-                RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
-                                      "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
-                RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
-                RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: partition), 0,
-                                      RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
-            ]
-        }
-        _ = try await client.pipeline(commands)
+        _ = try await client.pipeline((0..<200).flatMap { index in
+            Self.dueEntry("parked-\(index)", token: hexToken(0x4000 + index), partition: Int32(index % 4),
+                          intentsTopic: harness.intentsTopic, expiration: expiration)
+        })
         // Watched while they drain (20 s at 10 at a time).
         let peak = Locked(0)
         let watching = Task {

@@ -328,24 +328,42 @@ struct RelayEndToEndTests {
         simulator.behaviour.rateLimitWindow = .hours(1)
     }
 
-    /// One recipient that cannot drain (APNs answers its every notification but the first 429,
-    /// no Redis to park in) keeps at most `limits.max_waiting_per_recipient` intents waiting:
-    /// the rest come out `failed` (`RecipientBacklog`) at once, and the global waiting room
-    /// (`limits.max_waiting`) stays open to other devices.
-    @Test func aRecipientThatCannotDrainKeepsOnlyItsShareOfTheWaitingRoom() async throws {
-        let hot = hexToken(0xf)
-        let answered = Locked<[String: (status: String, reason: String?, at: ContinuousClock.Instant)]>([:])
+    /// Each intent's first outcome: its status, reason and when it was published.
+    final class FirstOutcomes: Sendable {
+        typealias Seen = [String: (status: String, reason: String?, at: ContinuousClock.Instant)]
+        private let seen = Locked<Seen>([:])
+
+        func withLock<T>(_ body: (inout Seen) -> T) -> T { seen.withLock { body(&$0) } }
+    }
+
+    /// A relay (no Redis) in front of APNs answering every device's first notification and 429
+    /// after it (``oneNotificationPerDevice(_:)``), keeping each intent's first outcome; it
+    /// answered a warm-up intent.
+    static func throttledRelay(_ configureRelay: @escaping (inout RelayConfiguration) -> Void) async throws -> (RelayHarness, FirstOutcomes) {
+        let answered = FirstOutcomes()
         let harness = try await RelayHarness.start(configure: Self.oneNotificationPerDevice, configureRelay: { relay in
-            relay.limits.maxInFlight = 100
-            relay.limits.maxWaiting = 100
-            relay.limits.maxWaitingPerRecipient = 20
             relay.shutdownDeadlineSeconds = 1
+            configureRelay(&relay)
         }, published: { outcome in
             guard let id = outcome.id else { return }
             answered.withLock { $0[id] = $0[id] ?? (outcome.status.rawValue, outcome.reason, .now) }
         })
         try await harness.produce(intent("warm-up", token: hexToken(0xe)), key: hexToken(0xe))
         try await waitUntil { answered.withLock { $0["warm-up"] != nil } }
+        return (harness, answered)
+    }
+
+    /// One recipient that cannot drain (APNs answers its every notification but the first 429,
+    /// no Redis to park in) keeps at most `limits.max_waiting_per_recipient` intents waiting:
+    /// the rest come out `failed` (`RecipientBacklog`) at once, and the global waiting room
+    /// (`limits.max_waiting`) stays open to other devices.
+    @Test func aRecipientThatCannotDrainKeepsOnlyItsShareOfTheWaitingRoom() async throws {
+        let hot = hexToken(0xf)
+        let (harness, answered) = try await Self.throttledRelay { relay in
+            relay.limits.maxInFlight = 100
+            relay.limits.maxWaiting = 100
+            relay.limits.maxWaitingPerRecipient = 20
+        }
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<150).map {
             (Array(hot.utf8), Array(intent("hot-\($0)", token: hot).utf8))
         })
@@ -373,18 +391,11 @@ struct RelayEndToEndTests {
     /// not one deadline after another.
     @Test func theRetryDeadlineRunsFromConsuming() async throws {
         let device = hexToken(0xd)
-        let answered = Locked<[String: (status: String, at: ContinuousClock.Instant)]>([:])
-        let harness = try await RelayHarness.start(configure: Self.oneNotificationPerDevice, configureRelay: { relay in
+        let (harness, answered) = try await Self.throttledRelay { relay in
             relay.retry.deadlineSeconds = 2
             relay.retry.initialBackoffMilliseconds = 100
             relay.retry.maxBackoffMilliseconds = 400
-            relay.shutdownDeadlineSeconds = 1
-        }, published: { outcome in
-            guard let id = outcome.id else { return }
-            answered.withLock { $0[id] = $0[id] ?? (outcome.status.rawValue, .now) }
-        })
-        try await harness.produce(intent("warm-up", token: hexToken(0xe)), key: hexToken(0xe))
-        try await waitUntil { answered.withLock { $0["warm-up"] != nil } }
+        }
         let count = 6
         let produced = ContinuousClock.now
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
