@@ -222,7 +222,7 @@ final class APNsConnection: @unchecked Sendable {
         // The client bounds what it admits; a connection may hold all of it waiting for streams.
         h2Configuration.maxPendingRequests = max(configuration.maxQueuedNotifications, 1)
         let h2 = h2Configuration
-        let serverHostname = Self.isIPAddress(host) ? nil : host
+        let serverHostname = TLSServerName.of(host: host)
         let proxy = configuration.proxy.flatMap { $0.isUsed(for: host) ? $0 : nil }
         let connectTimeout = configuration.connectTimeout
         let deadline = NIODeadline.now() + connectTimeout
@@ -433,10 +433,6 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     // MARK: Helpers
-
-    static func isIPAddress(_ host: String) -> Bool {
-        (try? SocketAddress(ipAddress: host, port: 0)) != nil
-    }
 
     static func describe(_ error: any Error) -> String {
         if let error = error as? NIOConnectionError {

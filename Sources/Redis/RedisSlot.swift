@@ -141,7 +141,7 @@ final class RedisSlot: @unchecked Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     if let sslContext {
-                        let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: url.host.first?.isNumber == true ? nil : url.host)
+                        let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: TLSServerName.of(host: url.host))
                         try channel.pipeline.syncOperations.addHandler(tls)
                     }
                     try channel.pipeline.syncOperations.addHandler(RedisHandler())

@@ -1,3 +1,4 @@
+import Common
 import Redis
 import RedisTesting
 import Testing
@@ -82,5 +83,18 @@ struct RedisErrorTests {
     @Test func aScriptWritingToAFullRedisIsAnOutage() async throws {
         let server = try await RedisServerProcess.started(arguments: ["--maxmemory", "1", "--maxmemory-policy", "noeviction"])
         try await Self.expectOutage(writingTo: server, code: "OOM")
+    }
+}
+
+@Suite("TLS server names", .timeLimit(.minutes(1)))
+struct TLSServerNameTests {
+    /// SNI carries host names, never addresses: a name that starts with a digit is a name.
+    @Test func addressesSendNoNameAndNamesStartingWithADigitDo() {
+        for name in ["cache.internal", "1password.example", "9cache", "redis-0.redis.default.svc"] {
+            #expect(TLSServerName.of(host: name) == name, "\(name)")
+        }
+        for address in ["10.0.0.1", "127.0.0.1", "::1", "fd00::2", "[fd00::2]"] {
+            #expect(TLSServerName.of(host: address) == nil, "\(address)")
+        }
     }
 }
