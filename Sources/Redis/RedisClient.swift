@@ -34,6 +34,12 @@ public struct RedisConfiguration: Sendable {
     public var reconnectBackoff = Backoff(base: .milliseconds(100), maximum: .seconds(5))
     /// `rediss://` only: skip certificate verification (test servers only).
     public var tlsSkipVerify = false
+    /// `rediss://` only: PEM file of the certificate authorities the server's certificate is
+    /// verified against (a private CA); nil: the system's.
+    public var tlsCAFile: String?
+    /// `rediss://` only: PEM files of a client certificate (its chain) and its key, for a Redis
+    /// that asks clients for one (`tls-auth-clients yes`).
+    public var tlsClientCertificate: (certificateFile: String, keyFile: String)?
     /// Where the per-node metrics go (cluster mode); nil: the process' `MetricsSystem`.
     public var metricsFactory: (any MetricsFactory)?
 
@@ -82,6 +88,11 @@ public final class RedisClient: Service, Sendable {
             tls.minimumTLSVersion = .tlsv12
             if configuration.tlsSkipVerify { tls.certificateVerification = .none }
             do {
+                if let ca = configuration.tlsCAFile { tls.trustRoots = .file(ca) }
+                if let client = configuration.tlsClientCertificate {
+                    tls.certificateChain = try NIOSSLCertificate.fromPEMFile(client.certificateFile).map { .certificate($0) }
+                    tls.privateKey = .privateKey(try NIOSSLPrivateKey(file: client.keyFile, format: .pem))
+                }
                 sslContext = try NIOSSLContext(configuration: tls)
             } catch {
                 throw .unavailable("cannot set up TLS: \(error)")

@@ -74,6 +74,10 @@ public final class RelayApplication: Service, Sendable {
             settings.clusterSeeds = configuration.redis.clusterSeeds
             settings.connections = configuration.redis.connections
             settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
+            if !configuration.redis.tlsCAFile.isEmpty { settings.tlsCAFile = configuration.redis.tlsCAFile }
+            if !configuration.redis.tlsCertFile.isEmpty {
+                settings.tlsClientCertificate = (configuration.redis.tlsCertFile, configuration.redis.tlsKeyFile)
+            }
             redis = try RedisClient(configuration: settings, logger: logger)
         }
         let tokenSources = try credentials.map { [redis] credential -> (any ProviderTokenSource)? in

@@ -171,6 +171,47 @@ struct RedisClientTests {
         await plain.shutdown()
     }
 
+    /// A Redis with a certificate from a private CA that asks clients for certificates
+    /// (`tls-auth-clients yes`): the CA file verifies it, the client certificate is accepted;
+    /// without the client certificate, or without the CA, no call goes through.
+    @Test func rediss_withAPrivateCAAndAClientCertificate() async throws {
+        let directory = TestFiles.path("redis-mtls-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        func path(_ name: String) -> String { directory.appendingPathComponent(name).path }
+        func openssl(_ arguments: [String]) throws {
+            let quiet = open("/dev/null", O_WRONLY)
+            defer { close(quiet) }
+            let run = try ChildProcess(executable: "/usr/bin/openssl", arguments: arguments, standardError: quiet)
+            try #require(run.wait() == 0, "openssl \(arguments)")
+        }
+        let curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+        try openssl(["req", "-x509"] + curve + ["-days", "1", "-subj", "/CN=test-ca", "-keyout", path("ca.key"), "-out", path("ca.pem")])
+        try "subjectAltName=IP:127.0.0.1\n".write(toFile: path("server.ext"), atomically: true, encoding: .utf8)
+        try "extendedKeyUsage=clientAuth\n".write(toFile: path("client.ext"), atomically: true, encoding: .utf8)
+        for (name, subject) in [("server", "/CN=127.0.0.1"), ("client", "/CN=relay")] {
+            try openssl(["req"] + curve + ["-subj", subject, "-keyout", path("\(name).key"), "-out", path("\(name).csr")])
+            try openssl(["x509", "-req", "-in", path("\(name).csr"), "-CA", path("ca.pem"), "-CAkey", path("ca.key"), "-CAcreateserial",
+                         "-days", "1", "-extfile", path("\(name).ext"), "-out", path("\(name).pem")])
+        }
+        let server = try await RedisServerProcess.started(arguments: ["--tls-auth-clients", "yes", "--tls-ca-cert-file", path("ca.pem")],
+                                                          tls: (path("server.pem"), path("server.key")))
+        func client(ca: Bool, certificate: Bool) throws -> RedisClient {
+            var configuration = RedisConfiguration(url: try RedisURL(parsing: server.url))
+            configuration.commandTimeout = .seconds(2)
+            if ca { configuration.tlsCAFile = path("ca.pem") }
+            if certificate { configuration.tlsClientCertificate = (path("client.pem"), path("client.key")) }
+            return try RedisClient(configuration: configuration)
+        }
+        let verified = try client(ca: true, certificate: true)
+        #expect(try await verified.send(RedisCommand("SET", ["over", "mtls"])) == .status("OK"))
+        await verified.shutdown()
+        for (ca, certificate) in [(true, false), (false, true)] {
+            let refused = try client(ca: ca, certificate: certificate)
+            await #expect(throws: RedisError.self, "CA \(ca), client certificate \(certificate)") { try await refused.send(RedisCommand("PING")) }
+            await refused.shutdown()
+        }
+    }
+
     @Test func aLateAnswerFailsAtTheDeadlineAndTheNextCallWorks() async throws {
         let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url, timeout: .milliseconds(300), connections: 1)

@@ -2,6 +2,7 @@ import APNs
 import Foundation
 import Redis
 @testable import Relay
+import TestSupport
 import Testing
 import Yams
 
@@ -317,6 +318,30 @@ struct ConfigurationTests {
         let on = try RelayConfiguration.load(yaml: "redis: {url: redis://127.0.0.1:6379}\npolicy: {skip_known_unregistered: true}",
                                              environment: [:])
         #expect(on.policy.skipKnownUnregistered && on.policy.knownUnregisteredTTLSeconds == 2_592_000)
+    }
+
+    /// Redis' TLS files: for a rediss:// URL only, a client certificate with its key, and the
+    /// files read as the client reads them (check-config names one that does not parse).
+    @Test func redisTLSFilesAreCheckedAsTheClientReadsThem() throws {
+        func issues(_ yaml: String) -> [String] {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                return []
+            } catch let error as ConfigurationError {
+                return error.issues.map(\.key)
+            } catch {
+                return ["\(error)"]
+            }
+        }
+        #expect(issues("redis:\n  url: redis://cache:6379/0\n  tls_ca_file: /ca.pem\n") == ["redis.url"])
+        #expect(issues("redis:\n  url: rediss://cache:6379/0\n  tls_cert_file: /c.pem\n") == ["redis.tls_key_file"])
+        #expect(issues("redis:\n  url: rediss://cache:6379/0\n  tls_ca_file: /ca.pem\n  tls_cert_file: /c.pem\n  tls_key_file: /k.pem\n").isEmpty)
+        let notPEM = TestFiles.path("not-a-ca-\(UUID()).pem").path
+        try "not a certificate\n".write(toFile: notPEM, atomically: true, encoding: .utf8)
+        let configuration = try RelayConfiguration.load(yaml: "redis:\n  url: rediss://cache:6379/0\n  tls_ca_file: \(notPEM)\n", environment: [:])
+        let problems = RelayConfiguration.redisTLSProblems(configuration.redis)
+        #expect(problems.count == 1 && problems[0].hasPrefix("redis.tls_ca_file \(notPEM)"), "\(problems)")
+        #expect(configuration.redactedYAML.contains("tls_ca_file: \"\(notPEM)\""))
     }
 
     /// An `APNS_RELAY_` variable that names no key (a typo) is found, by name; the keys', the

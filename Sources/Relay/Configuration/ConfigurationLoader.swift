@@ -178,7 +178,7 @@ struct ConfigurationReader {
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
         checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms",
-                                                          "park_min_replicas"])
+                                                          "park_min_replicas", "tls_ca_file", "tls_cert_file", "tls_key_file"])
         configuration.redis.url = string(redis, "redis.url", default: "")
         let mode = string(redis, "redis.mode", default: RedisConfiguration.Mode.standalone.rawValue)
         if let known = RedisConfiguration.Mode(rawValue: mode) {
@@ -208,6 +208,18 @@ struct ConfigurationReader {
         configuration.redis.connections = integer(redis, "redis.connections", default: 2, range: 1...32)
         configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
         configuration.redis.parkMinReplicas = integer(redis, "redis.park_min_replicas", default: 0, range: 0...16)
+        configuration.redis.tlsCAFile = string(redis, "redis.tls_ca_file", default: "")
+        configuration.redis.tlsCertFile = string(redis, "redis.tls_cert_file", default: "")
+        configuration.redis.tlsKeyFile = string(redis, "redis.tls_key_file", default: "")
+        if configuration.redis.tlsCertFile.isEmpty != configuration.redis.tlsKeyFile.isEmpty {
+            issues.append(.init(key: configuration.redis.tlsCertFile.isEmpty ? "redis.tls_cert_file" : "redis.tls_key_file", value: "\"\"",
+                                allowed: "a client certificate needs both redis.tls_cert_file and redis.tls_key_file"))
+        }
+        let tlsFiles = [configuration.redis.tlsCAFile, configuration.redis.tlsCertFile, configuration.redis.tlsKeyFile]
+        if tlsFiles.contains(where: { !$0.isEmpty }), !((try? RedisURL(parsing: configuration.redis.url))?.tls ?? false) {
+            issues.append(.init(key: "redis.url", value: (try? RedisURL(parsing: configuration.redis.url))?.description ?? "\"\"",
+                                allowed: "redis.tls_* files are for a rediss:// URL"))
+        }
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
         checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",

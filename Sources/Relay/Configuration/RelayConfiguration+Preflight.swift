@@ -160,6 +160,7 @@ extension RelayConfiguration {
         for topic in policy.topics.keys.sorted() where directory.index(forTopic: topic) == nil {
             result.problems.append("policy.topics.\(topic): no credential in apns.credentials covers this topic")
         }
+        result.problems += Self.redisTLSProblems(redis)
         // The files each client is given (the shared map's problems named once).
         for problem in Self.kafkaFileProblems(kafka.consumerSettings) + Self.kafkaFileProblems(kafka.producerSettings)
         where !result.problems.contains(problem) {
@@ -174,6 +175,32 @@ extension RelayConfiguration {
 
     /// The Kafka client's TLS files (when `security.protocol` is `SSL` or `SASL_SSL`: librdkafka
     /// ignores them otherwise) and Kerberos keytab, read as librdkafka would read them.
+    /// The Redis TLS files as the client reads them: the CA bundle and the client certificate
+    /// parse, and the key with them.
+    static func redisTLSProblems(_ redis: RedisSettings) -> [String] {
+        var problems: [String] = []
+        if !redis.tlsCAFile.isEmpty {
+            do {
+                if try NIOSSLCertificate.fromPEMFile(redis.tlsCAFile).isEmpty { problems.append("redis.tls_ca_file \(redis.tlsCAFile): no certificate in it") }
+            } catch {
+                problems.append("redis.tls_ca_file \(redis.tlsCAFile): \(error)")
+            }
+        }
+        if !redis.tlsCertFile.isEmpty, !redis.tlsKeyFile.isEmpty {
+            do {
+                if try NIOSSLCertificate.fromPEMFile(redis.tlsCertFile).isEmpty { problems.append("redis.tls_cert_file \(redis.tlsCertFile): no certificate in it") }
+            } catch {
+                problems.append("redis.tls_cert_file \(redis.tlsCertFile): \(error)")
+            }
+            do {
+                _ = try NIOSSLPrivateKey(file: redis.tlsKeyFile, format: .pem)
+            } catch {
+                problems.append("redis.tls_key_file \(redis.tlsKeyFile): \(error)")
+            }
+        }
+        return problems
+    }
+
     static func kafkaFileProblems(_ properties: [String: String]) -> [String] {
         var problems: [String] = []
         let protocolName = (properties["security.protocol"] ?? "plaintext").lowercased()

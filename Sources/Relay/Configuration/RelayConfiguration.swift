@@ -205,6 +205,13 @@ public struct RelayConfiguration: Sendable {
         /// Replicas that must have a park (and its due-index entry) before the intent counts as
         /// parked and its offset may be committed (`WAIT`); 0: none asked.
         public var parkMinReplicas = 0
+        /// `rediss://`: the certificate authorities (PEM) the server is verified against; empty:
+        /// the system's.
+        public var tlsCAFile = ""
+        /// `rediss://`: a client certificate (PEM, its chain) and its key, for a Redis that asks
+        /// for one; both or neither.
+        public var tlsCertFile = ""
+        public var tlsKeyFile = ""
         public init() {}
     }
 
