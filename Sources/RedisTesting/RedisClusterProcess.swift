@@ -22,14 +22,25 @@ public final class RedisClusterProcess: Sendable {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         var servers: [RedisServerProcess] = []
         for index in 0..<(masters * (1 + replicasPerMaster)) {
-            // The cluster bus gets a free port of its own (port + 10000 may be out of range).
-            servers.append(try RedisServerProcess(arguments: [
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes-\(index).conf",
-                "--cluster-node-timeout", "\(nodeTimeoutMilliseconds)", "--cluster-port", "\(try RedisServerProcess.freePort())",
-                // A replica takes over however long ago it last heard from its master.
-                "--cluster-replica-validity-factor", "0",
-                "--dir", directory.path,
-            ]))
+            // The cluster bus gets a free port of its own (port + 10000 may be out of range),
+            // picked again when something else took it before the node bound it (the node's own
+            // port is picked again by RedisServerProcess).
+            var attempt = 1
+            while true {
+                do {
+                    servers.append(try RedisServerProcess(arguments: [
+                        "--cluster-enabled", "yes", "--cluster-config-file", "nodes-\(index).conf",
+                        "--cluster-node-timeout", "\(nodeTimeoutMilliseconds)", "--cluster-port", "\(try RedisServerProcess.freePort())",
+                        // A replica takes over however long ago it last heard from its master.
+                        "--cluster-replica-validity-factor", "0",
+                        "--dir", directory.path,
+                    ]))
+                    break
+                } catch let failure as RedisServerProcess.ServerFailed where failure.log.contains("(cluster), aborting") && attempt < 5 {
+                    attempt += 1
+                    try? FileManager.default.removeItem(at: directory.appendingPathComponent("nodes-\(index).conf"))
+                }
+            }
         }
         self.servers = servers
         let create = try ChildProcess.capturingOutput(
