@@ -216,7 +216,7 @@ public final class KafkaProducer: Service, Sendable {
     /// what still waits for Kafka is given up, not waited for.
     public func purge() {
         guard !closed.load(ordering: .relaxed) else { return }
-        handle.withHandle { _ = rd_kafka_purge($0, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT)) }
+        handle.withHandle { _ = rd_kafka_purge($0, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING)) }
     }
 
     /// Records waiting for their delivery report.

@@ -123,9 +123,9 @@ public final class RelayApplication: Service, Sendable {
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
-        let pipeline = self.pipeline
-        producer.onStatistics { pipeline.kafkaStatistics($0, client: "producer") }
-        consumer.onStatistics { pipeline.kafkaStatistics($0, client: "consumer") }
+        // Weak: the clients outlive no pipeline through their handlers (a reload frees the old one).
+        producer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "producer") }
+        consumer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "consumer") }
     }
 
     /// librdkafka's statistics every 15 s unless the settings say otherwise

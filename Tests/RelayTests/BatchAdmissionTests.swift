@@ -1,3 +1,4 @@
+import Kafka
 @testable import Relay
 import Testing
 
@@ -21,6 +22,21 @@ struct BatchAdmissionTests {
             rules.coalesce = coalesce
             return rules
         }
+    }
+
+    /// An intent to send queued behind one of its device and app that parked parks too, due no
+    /// earlier; a now-or-never one ends `expired` instead (it cannot wait); a mailbox delivery
+    /// and an answer from a record stay as they are.
+    @Test func whatQueuesBehindAParkedIntentBecomes() {
+        let partition = TopicPartition(topic: "t", partition: 0)
+        func item(_ parsed: Result<Intent, InvalidIntent>, admission: RelayPipeline.Admission = .send, member: String? = nil) -> RelayPipeline.WorkItem {
+            RelayPipeline.WorkItem(partition: partition, offset: 1, generation: 0, consumedAt: .now, intent: parsed, admission: admission,
+                                   mailboxMember: member)
+        }
+        #expect(RelayPipeline.parkingBehind(item(Self.intent("1")), due: 42)?.admission == .park(due: 42))
+        #expect(RelayPipeline.parkingBehind(item(Self.intent("2", expiration: 0)), due: 42)?.admission == .nowOrNever)
+        #expect(RelayPipeline.parkingBehind(item(Self.intent("3"), member: "m"), due: 42) == nil)
+        #expect(RelayPipeline.parkingBehind(item(Self.intent("4"), admission: .duplicate(nil)), due: 42) == nil)
     }
 
     @Test func groupsByDeviceAndTopicInBatchOrderAndSkipsInvalidOnes() {

@@ -6,9 +6,9 @@ extension RelayPipeline {
     /// One intent from consume to outcome. Async functions on this path keep their frames small
     /// (the decisions live in synchronous helpers that are not inlined into them): each frame is
     /// held by every intent in flight.
-    @inline(never)
     ///
     /// Returns when its intent is due from its mailbox when it was parked (nil when it was not).
+    @inline(never)
     @discardableResult
     func handle(_ item: WorkItem) async -> Int64? {
         if case .readmit = item.admission {

@@ -79,13 +79,13 @@ extension RelayPipeline {
         }
     }
 
-    /// `queued` as an intent to park at `due`, when `parked` (which just parked) is of the same
-    /// device and app and `queued` is an intent consumed to be sent; nil otherwise.
-    static func parkingBehind(_ parked: WorkItem, _ queued: WorkItem, due: Int64) -> WorkItem? {
+    /// `queued`, an intent consumed to be sent behind an intent of its device and app that
+    /// parked until `due`, as one to park at `due` (or, now-or-never, to end `expired`: it
+    /// cannot wait); nil when it is not such an intent.
+    static func parkingBehind(_ queued: WorkItem, due: Int64) -> WorkItem? {
         guard case .send = queued.admission, queued.mailboxMember == nil,
-              case .success(let earlier) = parked.intent, case .success(let later) = queued.intent,
-              earlier.recipient == later.recipient, earlier.topic == later.topic, later.channelID == nil else { return nil }
-        return queued.admitted(as: .park(due: due))
+              case .success(let later) = queued.intent, later.channelID == nil else { return nil }
+        return queued.admitted(as: later.expiration == 0 ? .nowOrNever : .park(due: due))
     }
 
     /// Queues an item behind its device's earlier ones; returns it when it can start now.
@@ -142,8 +142,13 @@ extension RelayPipeline {
     /// APNs itself keeps only the newest for a device it cannot reach.
     func work(_ first: WorkItem) async {
         var next: WorkItem? = first
+        // Per topic of the device, when its last parked intent is due: every later send of that
+        // topic parks behind it, whatever comes between.
+        var parkedUntil: [String: Int64] = [:]
         while let item = next {
-            let parkedDue = await handle(item)
+            if let due = await handle(item), case .success(let intent) = item.intent {
+                parkedUntil[intent.topic] = max(parkedUntil[intent.topic] ?? due, due)
+            }
             guard let token = item.queueToken else { return }
             let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
                 state.devices[token]?.removeFirst()
@@ -156,7 +161,8 @@ extension RelayPipeline {
                     return (nil, [])
                 }
                 state.lanes.dequeued(queued.lane)
-                if let parkedDue, let parked = Self.parkingBehind(item, queued, due: parkedDue) {
+                if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
+                   let parked = Self.parkingBehind(queued, due: due) {
                     state.devices[token]![state.devices[token]!.startIndex] = parked
                     // One fewer waiting: room for an admitting task if that bound held it.
                     return (parked, state.lanes.waitersWithRoom())

@@ -6,11 +6,12 @@ import Redis
 /// for the check, which is part of every batch's admission).
 ///
 /// An intent is recorded once APNs gave a final answer for it (delivered, rejected or
-/// unregistered) and before its outcome is published; an intent seen in Redis is not sent again
+/// unregistered), or once a newer intent superseded it (`coalesced`, written only where no
+/// record is), and before its outcome is published; an intent seen in Redis is not sent again
 /// and gets the outcome `duplicate`. So a redelivery after a rebalance or a restart comes out
-/// `duplicate`, and only a crash between APNs answering and Redis recording can send an intent
-/// twice: at most the intents in flight at the crash. Intents that ended `failed` or `expired`
-/// are not recorded: publishing the same intent again tries again.
+/// `duplicate`; docs/outcomes.md ("When APNs can see an intent twice") lists what can still
+/// send one twice. Intents that ended `failed` or `expired` are not recorded: publishing the
+/// same intent again tries again.
 final class Deduplicator: Sendable {
     private let recorder: GroupCommit
 

@@ -40,6 +40,12 @@ extension RelayPipeline {
             let asked = ContinuousClock.now
             let answers = try await pending.get(now: nowMilliseconds())
             RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - asked).totalNanoseconds)
+            // Every device's read failed: Redis itself is in trouble (LOADING, CLUSTERDOWN...),
+            // an outage as when the round trip fails.
+            if !answers.isEmpty, !answers.contains(where: { if case .success = $0 { true } else { false } }),
+               case .failure(let error) = answers[0] {
+                throw error
+            }
             redisRecovered()
             return answers
         } failed: { error, _ in
@@ -48,6 +54,7 @@ extension RelayPipeline {
         }
         // Given up: with `fail_open` everything goes through; else the relay stops or is cancelled.
         guard let answers else { return configuration.redis.failOpen ? admissions : nil }
+        var failed: (count: Int, error: RedisError)?
         for (index, answer) in answers.enumerated() {
             switch answer {
             case .success(let decided):
@@ -55,9 +62,12 @@ extension RelayPipeline {
             case .failure(let error):
                 // This device's keys only: its intents are decided again in their turn.
                 for position in admitting.members[index] where Self.isUsable(parsed[position]) { admissions[position] = .readmit }
-                logger.warning("Redis answered one device's admission with an error: decided again in its turn",
-                               metadata: ["redis.error": "\(error)", "relay.intents": "\(admitting.members[index].count)"])
+                failed = ((failed?.count ?? 0) + 1, failed?.error ?? error)
             }
+        }
+        if let failed {
+            logger.warning("Redis answered some devices' admission with an error: they are decided again in their turn",
+                           metadata: ["redis.error": "\(failed.error)", "relay.devices": "\(failed.count)"])
         }
         return admissions
     }

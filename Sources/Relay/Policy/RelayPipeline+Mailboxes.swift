@@ -254,12 +254,19 @@ extension RelayPipeline {
 
     /// Gives back a slot reserved for a take that yields nothing to send, and its member's job.
     private func unreserve(_ lane: Int, member: String) {
-        let waiters = state.withLock { state in
+        let (waiters, idleWaiters) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>]) in
             state.lanes.finished(lane)
             _ = state.mailboxJobs.remove(member)
-            return state.lanes.waitersWithRoom()
+            // A drain waiting for the relay to be idle: this reservation may have been the last.
+            var idle: [CheckedContinuation<Bool, Never>] = []
+            if state.inFlight == 0, !state.idleWaiters.isEmpty {
+                idle = Array(state.idleWaiters.values)
+                state.idleWaiters.removeAll()
+            }
+            return (state.lanes.waitersWithRoom(), idle)
         }
         for waiter in waiters { waiter.resume() }
+        for waiter in idleWaiters { waiter.resume(returning: true) }
     }
 
     /// Due members from every partition, one partition after another in turn: when room runs
