@@ -446,6 +446,13 @@ struct SecretsTests {
                 #expect(exported.contains(name), "\(file) uses \(name), which /metrics does not show")
             }
         }
+        // And docs/commands.md names every series a running relay exports (a histogram's by its
+        // base name).
+        let documented = try String(contentsOf: root.appendingPathComponent("docs/commands.md"), encoding: .utf8)
+        for name in exported.sorted() where name.hasPrefix("relay_") || name.hasPrefix("apns_") {
+            let base = ["_bucket", "_sum", "_count"].reduce(name) { $0.hasSuffix($1) ? String($0.dropLast($1.count)) : $0 }
+            #expect(documented.contains("`\(base)") , "docs/commands.md does not list \(base), which /metrics shows")
+        }
     }
 
     @Test func noSecretInLogsMetricsOutcomesOrCheckConfig() async throws {
