@@ -1,7 +1,7 @@
 import Foundation
 import Redis
 import RedisTesting
-import Relay
+@testable import Relay
 import TestSupport
 import Testing
 
@@ -65,5 +65,34 @@ struct ParkReplicationTests {
         #expect(PolicyTests.sent(harness, "parked-2") == 1)
         try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
         try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// A redelivered intent its mailbox already holds (the relay died after the park, its
+    /// replicas' acknowledgement not in) counts as parked only once the replicas have the
+    /// mailbox and its index entry, as a park does: without a replica it is an outage, and its
+    /// offset is not committed.
+    @Test func aRedeliveredParkedIntentWaitsForItsReplicasToo() async throws {
+        let (primary, replica) = try await Self.primaryWithReplica()
+        let harness = try await PolicyTests.harness(primary, burst: 10, refill: 10, configure: { $0.redis.parkMinReplicas = 1 })
+        try await harness.produce(intent("warm-up", token: hexToken(0x5c)), key: hexToken(0x5c))
+        try await harness.published.waitUntil { $0.count("delivered") == 1 }
+        try await waitUntil(timeout: .seconds(20), asking: { ((try? await harness.committedTotal()) ?? 0) == 1 })
+        let committed = 1
+        await onOwnThread { replica.stop() }
+        // The park was written (the replica may not have it) and the relay died: the intent comes again.
+        let token = hexToken(0x5d), expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: primary.url)))
+        let entry = MailboxRepairTests.entry(intent("stranded", token: token), expiration: expiration)
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", "stranded", "p", entry,
+                                  "pe", expiration, "pd", Int64(Date().timeIntervalSince1970 * 1000) + 600_000]),
+            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "8:stranded"]),
+        ])
+        let outagesBefore = harness.pipeline.redisOutages
+        try await harness.produce(intent("stranded", token: token), key: token)
+        try await harness.pipeline.incidents.waitUntil(timeout: .seconds(30)) { $0.redisOutages > outagesBefore }
+        #expect(try await harness.committedTotal() == committed, "committed without the replicas' acknowledgement")
+        await client.shutdown()
+        await harness.stop()
     }
 }

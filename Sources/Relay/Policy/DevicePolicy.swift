@@ -293,10 +293,26 @@ struct DevicePolicy: Sendable {
     /// `now`: the take then says when it is really due), leaving a present one as it is. For
     /// a redelivered intent its mailbox holds: the index write after the park may never have
     /// happened (the relay died, or lost the partition, between the two).
+    ///
+    /// With `redis.park_min_replicas`, it counts as parked only once that many replicas have the
+    /// mailbox and its index entry, as a park does (its own acknowledgement may never have come):
+    /// a write to the mailbox that changes nothing (so that this connection's `WAIT` covers the
+    /// park's writes before it), the index write, then `WAIT`; fewer replicas throw.
     func ensureIndexed(partition: TopicPartition, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
-        _ = try await client.send(RedisCommand("ZADD", [dueKey(partition: partition), "NX", now,
-                                                        RedisKeys.member(token: token, topic: topic, id: id)]))
+        let index = RedisCommand("ZADD", [dueKey(partition: partition), "NX", now, RedisKeys.member(token: token, topic: topic, id: id)])
+        guard parkReplicas.count > 0 else {
+            _ = try await client.send(index)
+            return
+        }
+        let touch = RedisCommand("EVAL", [Self.touchMailbox, 1, RedisKeys.mailbox(token: token, topic: topic)])
+        let replies = try await client.pipeline([touch, index, RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])])
+        for reply in replies.prefix(2) { if case .error(let message) = reply { throw .server(message) } }
+        try checkReplicas(replies.dropFirst(2))
     }
+
+    /// Rewrites a mailbox's due time as it is (`HINCRBY … 0`): a replicated write that changes
+    /// nothing, and creates no mailbox that is gone.
+    static let touchMailbox = "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], 'pd', 0) end return 1"
 
     /// Ends a claim after its outcome was published, and drops its due-index member. An entry
     /// parked behind the claim waited for it (its member stands at the claim's lease end): its
