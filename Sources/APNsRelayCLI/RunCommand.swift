@@ -33,6 +33,16 @@ struct RunCommand: AsyncParsableCommand {
 
     @OptionGroup var logging: LoggingOptions
 
+    /// Buckets of every duration histogram: swift-prometheus' (5 ms to 10 s), then on to an hour,
+    /// so that an intent retried up to `retry.deadline_seconds` (600 s by default) or waiting in
+    /// a mailbox, and an APNs request up to `apns.request_timeout_seconds` (at most 300 s), fall
+    /// in a bucket of their own rather than all past the last one.
+    static let durationBuckets: [Duration] = [
+        .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250),
+        .milliseconds(500), .seconds(1), .milliseconds(2500), .seconds(5), .seconds(10), .seconds(30), .seconds(60),
+        .seconds(120), .seconds(300), .seconds(600), .seconds(1800), .seconds(3600),
+    ]
+
     func run() async throws {
         try logging.bootstrap(defaultLevel: .info)
         let (configuration, checked) = try loadUsableConfiguration(config, forCheck: false)
@@ -41,7 +51,9 @@ struct RunCommand: AsyncParsableCommand {
         let loaded = PipelineService.fingerprint(config, configuration)
         let logger = Logger(label: "apns-relay")
         let registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.defaultDurationHistogramBuckets = Self.durationBuckets
+        MetricsSystem.bootstrap(factory)
         Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
         // Exported from the start, so the refused-reload alert has a series to compare with.
         for result in ["applied", "invalid"] { PipelineService.countReload(result, by: 0) }

@@ -541,6 +541,9 @@ struct SecretsTests {
         #expect(brokerLines.allSatisfy { $0.contains("/1\"}") }, "only brokers by node id: \(brokerLines)")
         #expect(metrics.split(separator: "\n").contains { $0.hasPrefix("relay_kafka_consumer_fetching{") && $0.hasSuffix(" 1.0") }, "\(metrics)")
         #expect(hasMetricLine(metrics, "relay_kafka_producer_queue_messages 0.0"), "\(metrics)")
+        // Latency buckets reach past the retry deadline (600 s by default), up to an hour.
+        let buckets = metrics.split(separator: "\n").filter { $0.hasPrefix("relay_intent_duration_seconds_bucket{") }
+        #expect(buckets.contains { $0.contains(#"le="600.0""#) } && buckets.contains { $0.contains(#"le="3600.0""#) }, "\(buckets)")
         #expect(checked.stdout.contains("cert_file: \"\(certificateFile)\""), "\(checked.stdout)")
         // Exactly one outcome per intent was published.
         #expect(outcomes.count == 20)
