@@ -2,6 +2,7 @@ import APNsSimulator
 import Foundation
 import KafkaTesting
 import NIOCore
+import Relay
 import TestSupport
 import Testing
 
@@ -89,6 +90,20 @@ struct KafkaOutageTests {
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason == nil }
         try await harness.produce(intent("after", token: hexToken(2)), key: hexToken(2))
         _ = try await harness.outcomes(count: 2)
+        await harness.stop()
+    }
+
+    /// A relay made and dropped, as a reload drops the one it replaces, is freed with its
+    /// pipeline: nothing its Kafka clients keep (their statistics handlers) holds it.
+    @Test func aDroppedRelayIsFreed() async throws {
+        let harness = try await RelayHarness.start()
+        weak var pipeline: RelayPipeline?
+        do {
+            let dropped = try RelayApplication(configuration: harness.configuration, worker: "dropped")
+            pipeline = dropped.pipeline
+            #expect(pipeline != nil)
+        }
+        #expect(pipeline == nil, "the dropped relay's pipeline is still held")
         await harness.stop()
     }
 }
