@@ -2,9 +2,9 @@ extension ConfigurationReader {
     /// The `kafka` section: brokers, group, the intents topic or lanes, the outcomes and
     /// invalidations topics, librdkafka settings.
     mutating func readKafka(_ kafka: [String: Any], into configuration: inout RelayConfiguration) {
-        checkKnown(kafka, prefix: "kafka.", known: ["brokers", "group_id", "intents_topic", "lanes", "outcomes_topic", "invalidations_topic",
-                                                    "config", "consumer_config", "producer_config", "allow_unsafe_config",
-                                                    "unready_after_unreachable_seconds"])
+        checkKnown(kafka, prefix: "kafka.", known: Set(RelayConfiguration.Kafka.propertySections).union(["brokers", "group_id", "intents_topic", "lanes", "outcomes_topic", "invalidations_topic",
+                                                    "allow_unsafe_config",
+                                                    "unready_after_unreachable_seconds"]))
         configuration.kafka.brokers = string(kafka, "kafka.brokers", default: configuration.kafka.brokers, nonEmpty: true)
         configuration.kafka.groupID = string(kafka, "kafka.group_id", default: configuration.kafka.groupID, nonEmpty: true)
         configuration.kafka.intentsTopic = string(kafka, "kafka.intents_topic", default: configuration.kafka.intentsTopic, nonEmpty: true)
@@ -26,16 +26,14 @@ extension ConfigurationReader {
             issues.append(.init(key: "kafka.invalidations_topic", value: configuration.kafka.invalidationsTopic,
                                 allowed: "empty (off), or a topic of its own (not an intents topic or kafka.outcomes_topic)"))
         }
-        configuration.kafka.properties = readProperties(kafka, "config")
-        configuration.kafka.consumerProperties = readProperties(kafka, "consumer_config")
-        configuration.kafka.producerProperties = readProperties(kafka, "producer_config")
+        let sections = RelayConfiguration.Kafka.propertySections.map { readProperties(kafka, $0) }
+        (configuration.kafka.properties, configuration.kafka.consumerProperties, configuration.kafka.producerProperties) =
+            (sections[0], sections[1], sections[2])
         configuration.kafka.allowUnsafeConfig = bool(kafka, "kafka.allow_unsafe_config", default: false)
         configuration.kafka.unreadyAfterUnreachableSeconds = integer(kafka, "kafka.unready_after_unreachable_seconds",
                                                                      default: 60, range: 1...3600)
         if !configuration.kafka.allowUnsafeConfig {
-            for (section, properties) in [("config", configuration.kafka.properties),
-                                          ("consumer_config", configuration.kafka.consumerProperties),
-                                          ("producer_config", configuration.kafka.producerProperties)] {
+            for (section, properties) in zip(RelayConfiguration.Kafka.propertySections, sections) {
                 for (name, value) in properties.sorted(by: { $0.key < $1.key }) {
                     if let allowed = RelayConfiguration.Kafka.guaranteeBreaking(name, value) {
                         issues.append(.init(key: "kafka.\(section).\(name)", value: value,

@@ -18,8 +18,7 @@ extension RelayConfiguration {
         }
         lines.append("  outcomes_topic: \(quote(kafka.outcomesTopic))")
         lines.append("  invalidations_topic: \(quote(kafka.invalidationsTopic))")
-        for (section, properties) in [("config", kafka.properties), ("consumer_config", kafka.consumerProperties),
-                                      ("producer_config", kafka.producerProperties)] {
+        for (section, properties) in zip(Kafka.propertySections, [kafka.properties, kafka.consumerProperties, kafka.producerProperties]) {
             lines.append(properties.isEmpty ? "  \(section): {}" : "  \(section):")
             for (key, value) in properties.sorted(by: { $0.key < $1.key }) {
                 lines.append("    \(key): \(quote(Self.isSecret(key) ? "<redacted>" : value))")

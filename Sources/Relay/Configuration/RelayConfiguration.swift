@@ -18,6 +18,10 @@ public struct RelayConfiguration: Sendable {
         /// Empty: off. Else a compacted topic that gets one record per `unregistered` outcome
         /// and a tombstone per `delivered` one, keyed `<topic>/<token>` (``Invalidation``).
         public var invalidationsTopic = ""
+        /// The sections of librdkafka settings, in the order they apply: `kafka.config` (both
+        /// clients), then each client's own.
+        public static let propertySections = ["config", "consumer_config", "producer_config"]
+
         /// `kafka.config`: passed to librdkafka as they are (security.protocol, sasl.*, ...), for
         /// the consumer and the producer alike.
         public var properties: [String: String] = [:]
