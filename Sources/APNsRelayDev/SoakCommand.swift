@@ -196,6 +196,10 @@ final class Soak: Sendable {
         try? await Task.sleep(for: .seconds(2))
         await reader.close()  // ends its events, and so the reading
         await reading.value
+        let left = missing()
+        if !left.isEmpty {
+            Self.progress("no outcome for \(left.count) intents, e.g. \(left.sorted().prefix(10).joined(separator: ", "))")
+        }
         return verdict(elapsed: ContinuousClock.now - started)
     }
 
