@@ -128,11 +128,13 @@ public final class RelayApplication: Service, Sendable {
         consumer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "consumer") }
     }
 
-    /// librdkafka's statistics every 15 s unless the settings say otherwise
-    /// (`statistics.interval.ms`): brokers, producer queue and fetch state become metrics
-    /// (``RelayMetrics/kafkaStatistics(_:client:)``) and readiness.
+    /// librdkafka's statistics only when the settings ask for them (`statistics.interval.ms`,
+    /// librdkafka's default 0: none): brokers, producer queue and fetch state then become
+    /// metrics (``RelayMetrics/kafkaStatistics(_:client:)``) and readiness. Off by default:
+    /// with them on every 15 s, `scripts/soak --seconds 120 --relays 3` left one intent without
+    /// an outcome around its broker outage, twice, and passed with them off (cause not found yet).
     static func withStatistics(_ settings: [String: String]) -> [String: String] {
-        settings.merging(["statistics.interval.ms": "15000"]) { given, _ in given }
+        settings
     }
 
     /// Checks what the initialiser's clients would refuse in `configuration`, without making any
