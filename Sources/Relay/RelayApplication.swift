@@ -108,11 +108,11 @@ public final class RelayApplication: Service, Sendable {
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
-                                         properties: Self.withStatistics(configuration.kafka.producerSettings), logger: logger)
+                                         properties: configuration.kafka.producerSettings, logger: logger)
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
-                                         properties: Self.withStatistics(configuration.kafka.consumerSettings),
+                                         properties: configuration.kafka.consumerSettings,
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
@@ -123,19 +123,15 @@ public final class RelayApplication: Service, Sendable {
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published)
+        // librdkafka's statistics, when the settings ask for them (`statistics.interval.ms`;
+        // librdkafka's default, 0, emits none), become metrics and readiness. Not asked for by
+        // default: with them every 15 s, `scripts/soak --seconds 120 --relays 3` left one intent
+        // without an outcome around its broker outage, and passed without them (cause not found).
         // Weak: the clients outlive no pipeline through their handlers (a reload frees the old one).
         producer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "producer") }
         consumer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "consumer") }
     }
 
-    /// librdkafka's statistics only when the settings ask for them (`statistics.interval.ms`,
-    /// librdkafka's default 0: none): brokers, producer queue and fetch state then become
-    /// metrics (``RelayMetrics/kafkaStatistics(_:client:)``) and readiness. Off by default:
-    /// with them on every 15 s, `scripts/soak --seconds 120 --relays 3` left one intent without
-    /// an outcome around its broker outage, twice, and passed with them off (cause not found yet).
-    static func withStatistics(_ settings: [String: String]) -> [String: String] {
-        settings
-    }
 
     /// Checks what the initialiser's clients would refuse in `configuration`, without making any
     /// client: the Redis URL and the librdkafka settings. (The credentials' key files are read
