@@ -50,9 +50,10 @@ struct EmbeddedStack {
         return EmbeddedStack(cluster: cluster, simulator: simulator, configuration: configuration, directory: directory)
     }
 
-    func stop() async {
+    /// Stops the simulator and removes the directory, unless `keepingFiles`.
+    func stop(keepingFiles: Bool = false) async {
         await simulator.stop()
-        try? FileManager.default.removeItem(at: directory)
+        if !keepingFiles { try? FileManager.default.removeItem(at: directory) }
     }
 
     static func token(_ n: Int) -> String {

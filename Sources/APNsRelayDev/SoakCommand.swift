@@ -70,8 +70,9 @@ struct SoakCommand: AsyncParsableCommand {
         }
         let verdict = await soak.run(seconds: seconds, rate: rate, faultEvery: faultEvery)
         Terminal.line(verdict.line)
-        let stopped = await soak.stop()
+        let stopped = await soak.stop(keepingLogs: !verdict.passed)
         if !stopped { Terminal.error("a relay did not stop within 30 s of SIGTERM: killed") }
+        if !verdict.passed { Terminal.error("the relays' logs stay in \(stack.directory.path)") }
         if !verdict.passed || !stopped { throw ExitCode(1) }
     }
 }
@@ -97,6 +98,8 @@ final class Soak: Sendable {
 
     private struct Seen {
         var produced = Set<String>()
+        /// Where each produced intent landed: `partition/offset`.
+        var landed: [String: String] = [:]
         var produceFailures = 0
         /// Per intent id, the statuses of its outcomes (with `original_status` for a duplicate).
         var outcomes: [String: [String]] = [:]
@@ -153,7 +156,8 @@ final class Soak: Sendable {
     }
 
     /// SIGTERM to every relay; one still running 30 s later is killed. False when one was.
-    func stop() async -> Bool {
+    /// `keepingLogs`: the stack's directory (the relays' logs, their configuration) stays.
+    func stop(keepingLogs: Bool = false) async -> Bool {
         let running = processes.withLock { $0.compactMap { $0 } }
         for process in running { process.signal(SIGTERM) }
         let deadline = ContinuousClock.now + .seconds(30)
@@ -167,7 +171,7 @@ final class Soak: Sendable {
             process.wait()
         }
         redis.stop()
-        await stack.stop()
+        await stack.stop(keepingFiles: keepingLogs)
         return stoppedInTime
     }
 
@@ -198,7 +202,8 @@ final class Soak: Sendable {
         await reading.value
         let left = missing()
         if !left.isEmpty {
-            Self.progress("no outcome for \(left.count) intents, e.g. \(left.sorted().prefix(10).joined(separator: ", "))")
+            let named = seen.withLock { seen in left.sorted().prefix(10).map { "\($0) at \(seen.landed[$0] ?? "?")" } }
+            Self.progress("no outcome for \(left.count) intents (partition/offset), e.g. \(named.joined(separator: ", "))")
         }
         return verdict(elapsed: ContinuousClock.now - started)
     }
@@ -226,8 +231,11 @@ final class Soak: Sendable {
                     let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"soak \#(index)"}}}"#
                     sends.addTask {
                         do {
-                            _ = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8))
-                            self.seen.withLock { _ = $0.produced.insert(id) }
+                            let delivery = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8))
+                            self.seen.withLock {
+                                $0.produced.insert(id)
+                                $0.landed[id] = "\(delivery.partition)/\(delivery.offset)"
+                            }
                         } catch {
                             self.seen.withLock { $0.produceFailures += 1 }
                         }
