@@ -9,7 +9,7 @@ struct InspectCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "inspect",
         abstract: "Show what Redis holds for one device and app (read-only).",
-        discussion: "Redis comes from --redis, or from redis.url of --config (environment overrides apply).")
+        discussion: "Redis comes from --redis, or from redis.url of --config (environment overrides apply); the keys' prefix from --key-prefix, or from redis.key_prefix of --config.")
 
     @Option(help: "Device token (hex).")
     var token: String
@@ -26,8 +26,14 @@ struct InspectCommand: AsyncParsableCommand {
     @Option(name: .customLong("redis-mode"), help: "With --redis: standalone, or cluster (--redis names a seed node).")
     var redisMode = RedisConfiguration.Mode.standalone
 
+    @Option(name: .customLong("key-prefix"), help: "With --redis: the relay's redis.key_prefix.")
+    var keyPrefix = "apns-relay:"
+
     func validate() throws {
         if (config == nil) == (redis == nil) { throw ValidationError("give exactly one of --config and --redis") }
+        if !RelayConfiguration.RedisSettings.isValidKeyPrefix(keyPrefix) {
+            throw ValidationError("--key-prefix: 1-64 characters of letters, digits and _ . : / -")
+        }
     }
 
     @OptionGroup var logging: LoggingOptions
@@ -37,6 +43,7 @@ struct InspectCommand: AsyncParsableCommand {
         let url: RedisURL
         var mode = redisMode
         var seeds: [RedisNodeAddress] = []
+        var prefix = keyPrefix
         // The rules the bucket is read with: the file's, or the defaults.
         var policy = RelayConfiguration.Policy()
         do {
@@ -51,6 +58,7 @@ struct InspectCommand: AsyncParsableCommand {
                 url = try RedisURL(parsing: configuration.redis.url)
                 mode = configuration.redis.mode
                 seeds = configuration.redis.clusterSeeds
+                prefix = configuration.redis.keyPrefix
                 policy = configuration.policy
             }
         } catch let error as ExitCode {
@@ -65,7 +73,7 @@ struct InspectCommand: AsyncParsableCommand {
         let client = try RedisClient(configuration: settings)
         let read: Result<DeviceRecords, RedisError>
         do {
-            read = .success(try await DeviceRecords.read(token: token, topic: topic, from: client))
+            read = .success(try await DeviceRecords.read(token: token, topic: topic, keyPrefix: prefix, from: client))
         } catch {
             read = .failure(error)
         }

@@ -83,7 +83,8 @@ public final class RelayApplication: Service, Sendable {
         let tokenSources = try credentials.map { [redis] credential -> (any ProviderTokenSource)? in
             guard case .token(let signer) = credential else { return nil }
             signer.registerMetrics()
-            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock, logger: logger) }
+            if let redis { return try RedisProviderTokenSource(signer: signer, redis: redis, keyPrefix: configuration.redis.keyPrefix,
+                                                                      clock: clock, logger: logger) }
             return try LocalProviderTokenSource(signer: signer, clock: clock)
         }
         RelayMetrics.certificateExpiries(credentials.compactMap(\.certificate))

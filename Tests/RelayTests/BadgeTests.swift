@@ -62,7 +62,7 @@ struct BadgeTests {
     @Test func anIntentAppliedTwiceChangesTheCountOnce() async throws {
         let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let store = BadgeStore(client: client, appliedTTL: 60)
+        let store = BadgeStore(client: client, keys: .standard, appliedTTL: 60)
         let token = hexToken(42)
         #expect(try await store.apply(.increment(1), intentID: "a", token: token, topic: "com.x") == 1)
         // A retry or a redelivery of "a" gets the count it produced, unchanged.
@@ -73,7 +73,7 @@ struct BadgeTests {
         // The count stays within the limit, and a count key someone overwrote counts as 0.
         #expect(try await store.apply(.set(BadgeChange.limit), intentID: "e", token: token, topic: "com.x") == BadgeChange.limit)
         #expect(try await store.apply(.increment(5), intentID: "f", token: token, topic: "com.x") == BadgeChange.limit)
-        _ = try await client.send(RedisCommand("SET", [RedisKeys.badgeCount(token: token, topic: "com.x"), "garbage"]))
+        _ = try await client.send(RedisCommand("SET", [RedisKeys.standard.badgeCount(token: token, topic: "com.x"), "garbage"]))
         #expect(try await store.apply(.increment(2), intentID: "g", token: token, topic: "com.x") == 2)
         await client.shutdown()
     }

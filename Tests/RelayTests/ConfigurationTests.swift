@@ -344,6 +344,25 @@ struct ConfigurationTests {
         #expect(configuration.redactedYAML.contains("tls_ca_file: \"\(notPEM)\""))
     }
 
+    /// `redis.key_prefix`: today's keys unless set; a prefix with braces (which would move every
+    /// key's hash tag), spaces or nothing in it is refused.
+    @Test func theRedisKeyPrefixKeepsTheHashTagsWhereTheyAre() throws {
+        #expect(try RelayConfiguration.load(yaml: "", environment: [:]).redis.keyPrefix == "apns-relay:")
+        let staging = try RelayConfiguration.load(yaml: "redis:\n  key_prefix: \"staging/apns-relay:\"\n", environment: [:])
+        #expect(staging.redis.keyPrefix == "staging/apns-relay:")
+        #expect(try RelayConfiguration.load(yaml: staging.redactedYAML, environment: [:]).redis.keyPrefix == "staging/apns-relay:")
+        let fromEnvironment = try RelayConfiguration.load(yaml: "", environment: ["APNS_RELAY_REDIS_KEY_PREFIX": "tenant-b:"])
+        #expect(fromEnvironment.redis.keyPrefix == "tenant-b:")
+        for refused in ["", "{tenant}:", "a b:", "tab\t:", String(repeating: "x", count: 65), "ünicode:"] {
+            do {
+                _ = try RelayConfiguration.load(yaml: "redis:\n  key_prefix: \"\(refused)\"\n", environment: [:])
+                Issue.record("key_prefix \(refused) was accepted")
+            } catch let error as ConfigurationError {
+                #expect(error.issues.map(\.key) == ["redis.key_prefix"], "\(refused)")
+            }
+        }
+    }
+
     /// An `APNS_RELAY_` variable that names no key (a typo) is found, by name; the keys', the
     /// librdkafka settings', the log options' and a certificate's passphrase variable are not.
     @Test func misspeltEnvironmentVariablesAreFound() {

@@ -31,7 +31,7 @@ struct FleetTokenTests {
     static func fleet(_ count: Int, client: () throws -> RedisClient) throws -> (Clock, [RedisProviderTokenSource]) {
         let clock = Clock()
         let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
-        let sources = try (0..<count).map { _ in try RedisProviderTokenSource(signer: signer, redis: try client(), clock: clock.read) }
+        let sources = try (0..<count).map { _ in try RedisProviderTokenSource(signer: signer, redis: try client(), keyPrefix: "apns-relay:", clock: clock.read) }
         return (clock, sources)
     }
 
@@ -93,14 +93,14 @@ struct FleetTokenTests {
         let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
         let (ahead, right) = (Clock(), Clock())
         ahead.advance(minutes: 120)
-        let skewed = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: ahead.read)
-        let correct = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: right.read)
+        let skewed = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), keyPrefix: "apns-relay:", clock: ahead.read)
+        let correct = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), keyPrefix: "apns-relay:", clock: right.read)
         let future = try await skewed.currentToken()
         let token = try await correct.currentToken()
         #expect(token != future && token.issuedAt == right.now.load(ordering: .relaxed))
         // A host whose clock is behind by less than the allowed skew keeps it.
         let behind = token.issuedAt - LocalProviderTokenSource.allowedFutureSkew + 1
-        let slow = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), clock: { behind })
+        let slow = try RedisProviderTokenSource(signer: signer, redis: try Self.redisClient(server), keyPrefix: "apns-relay:", clock: { behind })
         #expect(try await slow.currentToken() == token)
         withExtendedLifetime(server) {}
     }
@@ -122,7 +122,7 @@ struct FleetTokenTests {
         let clock = Clock()
         let signer = ProviderTokenSigner(teamID: "TEAM123456", keyID: "ABC123DEFG", key: P256.Signing.PrivateKey())
         let redis = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: "redis://127.0.0.1:\(port)")))
-        let source = try RedisProviderTokenSource(signer: signer, redis: redis, clock: clock.read)
+        let source = try RedisProviderTokenSource(signer: signer, redis: redis, keyPrefix: "apns-relay:", clock: clock.read)
         let token = try await source.currentToken()
         #expect(token.issuedAt == clock.now.load(ordering: .relaxed))
         #expect(try await source.currentToken() == token)

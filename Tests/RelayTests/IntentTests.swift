@@ -65,8 +65,8 @@ struct IntentTests {
         }
         let upper = try Self.parse(#"{"id":"a","token":"\#(Self.token.uppercased())","topic":"com.x","payload":{"aps":{}}}"#).get()
         #expect(upper.token == Self.token)
-        #expect(RedisKeys.seen(token: upper.token, topic: upper.topic, id: upper.id)
-            == RedisKeys.seen(token: Self.token, topic: "com.x", id: "a"))
+        #expect(RedisKeys.standard.seen(token: upper.token, topic: upper.topic, id: upper.id)
+            == RedisKeys.standard.seen(token: Self.token, topic: "com.x", id: "a"))
     }
 
     /// Invalid UTF-8 anywhere in an intent's strings (payload keys and values, topic, id) makes

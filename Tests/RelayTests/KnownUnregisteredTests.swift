@@ -35,7 +35,7 @@ struct KnownUnregisteredTests {
         let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, skip: true)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let key = RedisKeys.unregistered(token: Self.gone, topic: "com.example.app")
+        let key = RedisKeys.standard.unregistered(token: Self.gone, topic: "com.example.app")
         // APNs answers the first: the 410 is remembered with APNs' timestamp, for the TTL.
         let first = try await Self.answer(harness, Self.toGone("gone-1"), id: "gone-1", outcomesSoFar: 0)
         #expect(first["status"] as? String == "unregistered" && first["http_status"] as? Int == 410)
@@ -78,7 +78,7 @@ struct KnownUnregisteredTests {
         #expect(second["status"] as? String == "unregistered" && second["reason"] as? String == "Unregistered")
         #expect(harness.simulator.answers == ["410 Unregistered": 2])
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let key = RedisKeys.unregistered(token: Self.gone, topic: "com.example.app")
+        let key = RedisKeys.standard.unregistered(token: Self.gone, topic: "com.example.app")
         #expect(try await client.send(RedisCommand("EXISTS", [key])).integer == 0)
         // A 410 remembered while the option was on is forgotten by a delivery while it is off.
         _ = try await client.send(RedisCommand("SET", [key, "\(Self.unregisteredAt)"]))

@@ -38,7 +38,7 @@ struct LaneMailboxTests {
         #expect(outcomes.allSatisfy { $0["lane"] as? String == urgentTopic })
         // Its lane's due index held it (and lets it go once it was sent).
         let partition = try #require(second["partition"] as? Int)
-        #expect(try await client.send(RedisCommand("EXISTS", [RedisKeys.due(intentsTopic: urgentTopic, partition: Int32(partition))])).integer == 0)
+        #expect(try await client.send(RedisCommand("EXISTS", [RedisKeys.standard.due(intentsTopic: urgentTopic, partition: Int32(partition))])).integer == 0)
         #expect(harness.pipeline.outcomeCounts == ["delivered": 2])
         await client.shutdown()
         await harness.stop()
@@ -60,10 +60,10 @@ struct LaneMailboxTests {
         }
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         _ = try await client.pipeline([
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"),
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"),
                                   "pid", "parked-before", "p", entry.encoded, "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "13:parked-before"]),
-            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "13:parked-before"]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
                                   RedisKeys.member(token: token, topic: "com.example.app", id: "parked-before")]),
         ])
         let outcome = try #require(try await harness.outcomes(count: 1).first)
@@ -71,7 +71,7 @@ struct LaneMailboxTests {
         #expect(outcome["lane"] as? String == harness.intentsTopic)
         // Released from the index it waited in.
         try await waitUntil(asking: {
-            (try? await client.send(RedisCommand("EXISTS", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)])).integer) == 0
+            (try? await client.send(RedisCommand("EXISTS", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0)])).integer) == 0
         })
         await client.shutdown()
         await harness.stop()

@@ -21,16 +21,16 @@ struct MailboxClaimTests {
         let token = hexToken(0x4c), topic = "com.example.app"
         let now = MailboxRepairTests.nowMilliseconds()
         let expiration = now / 1000 + 3600
-        let mailbox = RedisKeys.mailbox(token: token, topic: topic)
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: topic)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let due = RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)
+        let due = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0)
         _ = try await client.pipeline([
             RedisCommand("HSET", [mailbox,
                                   "cid", claimed, "c", MailboxRepairTests.entry(intent(claimed, token: token), expiration: expiration),
                                   "ce", expiration, "cu", now - 1,
                                   "pid", parked, "p", MailboxRepairTests.entry(intent(parked, token: token), expiration: expiration),
                                   "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: topic), "\(parked.utf8.count):\(parked)\(claimed)"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: topic), "\(parked.utf8.count):\(parked)\(claimed)"]),
             RedisCommand("ZADD", [due, 0, RedisKeys.member(token: token, topic: topic, id: claimed),
                                   0, RedisKeys.member(token: token, topic: topic, id: parked)]),
         ])

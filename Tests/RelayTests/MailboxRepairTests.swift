@@ -24,10 +24,10 @@ struct MailboxRepairTests {
     /// `partition`'s index, as a park and its index write leave it.
     static func dueEntry(_ id: String, token: String, partition: Int32, intentsTopic: String, expiration: Int64) -> [RedisCommand] {
         [
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", id,
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"), "pid", id,
                                   "p", Self.entry(intent(id, token: token), expiration: expiration), "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
-            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: intentsTopic, partition: partition), 0,
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "\(id.utf8.count):\(id)"]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: intentsTopic, partition: partition), 0,
                                   RedisKeys.member(token: token, topic: "com.example.app", id: id)]),
         ]
     }
@@ -50,9 +50,9 @@ struct MailboxRepairTests {
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         _ = try await client.pipeline([
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"),
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"),
                                   "pid", "stranded-1", "p", Self.entry(json, expiration: expiration), "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "10:stranded-1"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "10:stranded-1"]),
         ])
         let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
         try await harness.produce(json, key: token)
@@ -74,16 +74,16 @@ struct MailboxRepairTests {
         let token = hexToken(takenByThePoller ? 0x1c : 0x1b)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         _ = try await client.pipeline([
             RedisCommand("HSET", [mailbox, "pid", "newer", "p", Self.entry(intent("newer", token: token), expiration: expiration),
                                   "pe", expiration, "pd", 0, "d:older", Self.entry(intent("older", token: token), expiration: expiration)]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "5:newer"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "5:newer"]),
         ])
         let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10)
         if takenByThePoller {
             // Indexed (the park's index write happened): the poller takes it, no redelivery.
-            _ = try await client.send(RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
+            _ = try await client.send(RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0), 0,
                                                             RedisKeys.member(token: token, topic: "com.example.app", id: "newer")]))
         } else {
             try await harness.produce(intent("newer", token: token), key: token)
@@ -108,7 +108,7 @@ struct MailboxRepairTests {
         let redis = try await RedisServerProcess.started()
         let token = hexToken(0x2c)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         let member = RedisKeys.member(token: token, topic: "com.example.app", id: "answered-1")
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         // Outcome records time out after 1 s while the brokers refuse them.
@@ -119,9 +119,9 @@ struct MailboxRepairTests {
         _ = try await client.pipeline([
             RedisCommand("HSET", [mailbox, "pid", "answered-1", "p", Self.entry(intent("answered-1", token: token), expiration: expiration),
                                   "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "10:answered-1"]),
-            RedisCommand("SET", [RedisKeys.seen(token: token, topic: "com.example.app", id: "answered-1"), "2 delivered 200 - - -"]),
-            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0), 0, member]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "10:answered-1"]),
+            RedisCommand("SET", [RedisKeys.standard.seen(token: token, topic: "com.example.app", id: "answered-1"), "2 delivered 200 - - -"]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0), 0, member]),
         ])
         // Taken (it became the take's claim), its outcome not out: still in the mailbox.
         try await waitUntil(asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "cid"])))?.string == "answered-1" })
@@ -145,16 +145,16 @@ struct MailboxRepairTests {
         let token = hexToken(0x1c)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let leaseEnd = Self.nowMilliseconds() + 100_000
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         let member = RedisKeys.member(token: token, topic: "com.example.app", id: "parked-2")
-        let due = RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)
+        let due = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         _ = try await client.pipeline([
             RedisCommand("HSET", [mailbox, "cid", "claimed-1", "c", Self.entry(intent("claimed-1", token: token), expiration: expiration),
                                   "ce", expiration, "cu", leaseEnd,
                                   "pid", "parked-2", "p", Self.entry(intent("parked-2", token: token), expiration: expiration),
                                   "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "8:parked-2claimed-1"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "8:parked-2claimed-1"]),
             RedisCommand("ZADD", [due, 0, member]),
         ])
         try await waitUntil(asking: {
@@ -182,10 +182,10 @@ struct MailboxRepairTests {
         })
         let outcomes = try await harness.outcomes(count: 2)
         #expect(outcomes.compactMap { $0["id"] as? String }.sorted() == ["owned-1", "warm-up"])
-        let foreign = RedisKeys.mailbox(token: hexToken(0x3b), topic: "com.example.app")
+        let foreign = RedisKeys.standard.mailbox(token: hexToken(0x3b), topic: "com.example.app")
         #expect(try await client.send(RedisCommand("HGET", [foreign, "pid"])).string == "foreign-1")
         #expect(try await client.send(RedisCommand("HEXISTS", [foreign, "cid"])).integer == 0)
-        #expect(try await client.send(RedisCommand("ZSCORE", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 999),
+        #expect(try await client.send(RedisCommand("ZSCORE", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 999),
                                                                RedisKeys.member(token: hexToken(0x3b), topic: "com.example.app", id: "foreign-1")])).string == "0")
         #expect(PolicyTests.sent(harness, "foreign-1") == 0)
         await harness.stop()
@@ -203,16 +203,16 @@ struct MailboxRepairTests {
         let token = hexToken(0x3c), broken = hexToken(0x3d)
         _ = try await client.pipeline([
             // Partition 3's index is not a sorted set.
-            RedisCommand("SET", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 3), "not-an-index"]),
+            RedisCommand("SET", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 3), "not-an-index"]),
             // On partition 1: an entry whose mailbox holds an unreadable entry, due before the good one.
-            RedisCommand("HSET", [RedisKeys.mailbox(token: broken, topic: "com.example.app"), "pid", "broken-1", "p", "garbage",
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: broken, topic: "com.example.app"), "pid", "broken-1", "p", "garbage",
                                   "pe", expiration, "pd", 0]),
-            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 1), 0,
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 1), 0,
                                   RedisKeys.member(token: broken, topic: "com.example.app", id: "broken-1")]),
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", "due-1",
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"), "pid", "due-1",
                                   "p", Self.entry(intent("due-1", token: token), expiration: expiration), "pe", expiration, "pd", 0]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "5:due-1"]),
-            RedisCommand("ZADD", [RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 1), 1,
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "5:due-1"]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 1), 1,
                                   RedisKeys.member(token: token, topic: "com.example.app", id: "due-1")]),
         ])
         try await harness.published.waitUntil(timeout: .seconds(20)) { published in published.all.contains { $0.id == "due-1" } }
@@ -258,7 +258,7 @@ struct MailboxRepairTests {
     @Test func aDisplacedEntryIsHandedOverUntilItsOutcomeIsAcknowledged() async throws {
         let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        let policy = DevicePolicy(client: client, keys: .standard, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
         let token = hexToken(0x2d)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         func park(_ id: String) async throws -> [String] {
@@ -282,9 +282,9 @@ struct MailboxRepairTests {
     @Test func anOlderIntentNeverDisplacesANewerOneFromTheMailbox() async throws {
         let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let policy = DevicePolicy(client: client, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        let policy = DevicePolicy(client: client, keys: .standard, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
         let token = hexToken(0x2e)
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         func entry(_ id: String, offset: Int64) -> DevicePolicy.Entry {
             DevicePolicy.Entry(partition: 3, offset: offset, consumedAt: Self.nowMilliseconds(), expiration: expiration,
@@ -299,7 +299,7 @@ struct MailboxRepairTests {
         #expect(try await park("older", offset: 5) == (["older"], "newer"))
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "newer")
         // Nothing of the older one was indexed.
-        #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.due(intentsTopic: "intents", partition: 3)])).integer == 1)
+        #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.due(intentsTopic: "intents", partition: 3)])).integer == 1)
         try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "older")
 
         // The same with the newer one being sent (claimed) and nothing parked.
@@ -315,7 +315,7 @@ struct MailboxRepairTests {
         // mailbox, and its claim ends (it comes out `coalesced`; nothing is left to send it).
         #expect(try await park("sending", offset: 20) == (["sending"], "next"))
         #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "cid"])).integer == 0)
-        #expect(try await client.send(RedisCommand("GET", [RedisKeys.waiting(token: token, topic: "com.example.app")])).string == "4:next")
+        #expect(try await client.send(RedisCommand("GET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app")])).string == "4:next")
         await client.shutdown()
     }
 
@@ -329,13 +329,13 @@ struct MailboxRepairTests {
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
         let leaseEnd = Self.nowMilliseconds() + 100_000
         let member = RedisKeys.member(token: token, topic: "com.example.app", id: "claimed-1")
-        let due = RedisKeys.due(intentsTopic: harness.intentsTopic, partition: 0)
+        let due = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 0)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         _ = try await client.pipeline([
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"),
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"),
                                   "cid", "claimed-1", "c", Self.entry(intent("claimed-1", token: token), expiration: expiration),
                                   "ce", expiration, "cu", leaseEnd]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "0:claimed-1"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "0:claimed-1"]),
             RedisCommand("ZADD", [due, 0, member]),
         ])
         // The poller takes it (due 0) within 100 ms, finds the live claim, and moves it.

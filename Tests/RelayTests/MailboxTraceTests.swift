@@ -61,7 +61,7 @@ struct MailboxTraceTests {
         }
         // The trace leaves the mailbox with its entry, once the outcome is out.
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         var fields: [String] = []
         try await waitUntil(asking: {
             fields = (try? await client.send(RedisCommand("HKEYS", [mailbox])))?.array?.compactMap(\.string) ?? ["?"]

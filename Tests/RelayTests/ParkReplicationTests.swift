@@ -84,9 +84,9 @@ struct ParkReplicationTests {
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: primary.url)))
         let entry = MailboxRepairTests.entry(intent("stranded", token: token), expiration: expiration)
         _ = try await client.pipeline([
-            RedisCommand("HSET", [RedisKeys.mailbox(token: token, topic: "com.example.app"), "pid", "stranded", "p", entry,
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"), "pid", "stranded", "p", entry,
                                   "pe", expiration, "pd", Int64(Date().timeIntervalSince1970 * 1000) + 600_000]),
-            RedisCommand("SET", [RedisKeys.waiting(token: token, topic: "com.example.app"), "8:stranded"]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "8:stranded"]),
         ])
         let outagesBefore = harness.pipeline.redisOutages
         try await harness.produce(intent("stranded", token: token), key: token)

@@ -84,7 +84,7 @@ struct PolicyTests {
             (Array(token.utf8), Array(intent($0, token: token, extra: #","badge":{"increment":1}"#).utf8))
         })
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        let mailbox = RedisKeys.mailbox(token: token, topic: "com.example.app")
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         // The first parked after its retry deadline (and the others behind it, at once, with the fix).
         try await waitUntil(timeout: .seconds(30), asking: { (try? await client.send(RedisCommand("HGET", [mailbox, "pid"])))?.string != nil })
         harness.simulator.update { $0.failureRate = 0 }

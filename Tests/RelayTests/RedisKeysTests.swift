@@ -5,15 +5,25 @@ import Testing
 struct RedisKeysTests {
     @Test func everyKeyOfADeviceSharesItsHashTag() {
         let token = "ab12", topic = "com.x"
-        let keys = [RedisKeys.seen(token: token, topic: topic, id: "i"), RedisKeys.rate(token: token),
-                    RedisKeys.backoff(token: token), RedisKeys.mailbox(token: token, topic: topic),
-                    RedisKeys.waiting(token: token, topic: topic), RedisKeys.lastSent(token: token, topic: topic),
-                    RedisKeys.badgeCount(token: token, topic: topic), RedisKeys.badgeApplied(token: token, topic: topic)]
+        let keys = [RedisKeys.standard.seen(token: token, topic: topic, id: "i"), RedisKeys.standard.rate(token: token),
+                    RedisKeys.standard.backoff(token: token), RedisKeys.standard.mailbox(token: token, topic: topic),
+                    RedisKeys.standard.waiting(token: token, topic: topic), RedisKeys.standard.lastSent(token: token, topic: topic),
+                    RedisKeys.standard.badgeCount(token: token, topic: topic), RedisKeys.standard.badgeApplied(token: token, topic: topic)]
         #expect(keys == ["apns-relay:seen:{ab12}:com.x:i", "apns-relay:rate:{ab12}", "apns-relay:backoff:{ab12}",
                          "apns-relay:mailbox:{ab12}:com.x", "apns-relay:waiting:{ab12}:com.x", "apns-relay:last:{ab12}:com.x",
                          "apns-relay:badge:{ab12}:com.x", "apns-relay:badge:{ab12}:com.x:applied"])
-        #expect(RedisKeys.due(intentsTopic: "apns.intents", partition: 3) == "apns-relay:due:{apns.intents:3}")
-        #expect(RedisKeys.providerToken(teamID: "T", keyID: "K") == "apns-relay:jwt:{T:K}")
+        #expect(RedisKeys.standard.due(intentsTopic: "apns.intents", partition: 3) == "apns-relay:due:{apns.intents:3}")
+        #expect(RedisKeys.standard.providerToken(teamID: "T", keyID: "K") == "apns-relay:jwt:{T:K}")
+    }
+
+    /// `redis.key_prefix` starts every key and leaves the hash tags as they are.
+    @Test func aPrefixStartsEveryKey() {
+        let keys = RedisKeys(prefix: "staging:")
+        #expect(keys.mailbox(token: "ab12", topic: "com.x") == "staging:mailbox:{ab12}:com.x")
+        #expect(keys.seen(token: "ab12", topic: "com.x", id: "i") == "staging:seen:{ab12}:com.x:i")
+        #expect(keys.badgeApplied(token: "ab12", topic: "com.x") == "staging:badge:{ab12}:com.x:applied")
+        #expect(keys.due(intentsTopic: "apns.intents", partition: 3) == "staging:due:{apns.intents:3}")
+        #expect(keys.providerToken(teamID: "T", keyID: "K") == "staging:jwt:{T:K}")
     }
 
     @Test func dueIndexMembersReadBack() throws {

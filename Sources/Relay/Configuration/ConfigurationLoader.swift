@@ -146,7 +146,7 @@ struct ConfigurationReader {
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
         checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms",
-                                                          "park_min_replicas", "tls_ca_file", "tls_cert_file", "tls_key_file"])
+                                                          "park_min_replicas", "key_prefix", "tls_ca_file", "tls_cert_file", "tls_key_file"])
         configuration.redis.url = string(redis, "redis.url", default: "")
         let mode = string(redis, "redis.mode", default: RedisConfiguration.Mode.standalone.rawValue)
         if let known = RedisConfiguration.Mode(rawValue: mode) {
@@ -176,6 +176,11 @@ struct ConfigurationReader {
         configuration.redis.connections = integer(redis, "redis.connections", default: 2, range: 1...32)
         configuration.redis.timeoutMilliseconds = integer(redis, "redis.timeout_ms", default: 1000, range: 10...60_000)
         configuration.redis.parkMinReplicas = integer(redis, "redis.park_min_replicas", default: 0, range: 0...16)
+        configuration.redis.keyPrefix = string(redis, "redis.key_prefix", default: "apns-relay:")
+        if !RelayConfiguration.RedisSettings.isValidKeyPrefix(configuration.redis.keyPrefix) {
+            issues.append(.init(key: "redis.key_prefix", value: describe(configuration.redis.keyPrefix),
+                                allowed: "1-64 characters of letters, digits and _ . : / - (no braces: they would move the keys' hash tags)"))
+        }
         configuration.redis.tlsCAFile = string(redis, "redis.tls_ca_file", default: "")
         configuration.redis.tlsCertFile = string(redis, "redis.tls_cert_file", default: "")
         configuration.redis.tlsKeyFile = string(redis, "redis.tls_key_file", default: "")

@@ -72,6 +72,7 @@ extension RelayConfiguration {
         lines.append("  connections: \(redis.connections)")
         lines.append("  timeout_ms: \(redis.timeoutMilliseconds)")
         lines.append("  park_min_replicas: \(redis.parkMinReplicas)")
+        lines.append("  key_prefix: \(quote(redis.keyPrefix))")
         lines.append("  tls_ca_file: \(quote(redis.tlsCAFile))")
         lines.append("  tls_cert_file: \(quote(redis.tlsCertFile))")
         lines.append("  tls_key_file: \(quote(redis.tlsKeyFile))")

@@ -209,6 +209,12 @@ public struct RelayConfiguration: Sendable {
         /// Replicas that must have a park (and its due-index entry) before the intent counts as
         /// parked and its offset may be committed (`WAIT`); 0: none asked.
         public var parkMinReplicas = 0
+        /// Starts every key the relay writes (and its scripts touch), so that deployments
+        /// (staging and production, two tenants) share a Redis or a Redis Cluster without
+        /// meeting. Letters, digits and `_ . : / -`, up to 64; the default is the keys' name
+        /// before the setting existed. Changing it leaves what the old prefix holds behind
+        /// (docs/redis.md: the upgrade path).
+        public var keyPrefix = "apns-relay:"
         /// `rediss://`: the certificate authorities (PEM) the server is verified against; empty:
         /// the system's.
         public var tlsCAFile = ""
@@ -217,6 +223,14 @@ public struct RelayConfiguration: Sendable {
         public var tlsCertFile = ""
         public var tlsKeyFile = ""
         public init() {}
+
+        /// What ``keyPrefix`` may be: 1–64 of letters, digits and `_ . : / -`.
+        public static func isValidKeyPrefix(_ prefix: String) -> Bool {
+            (1...64).contains(prefix.utf8.count) && prefix.utf8.allSatisfy { byte in
+                (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) || (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains(byte)
+                    || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || "_.:/-".utf8.contains(byte)
+            }
+        }
     }
 
     /// Per-device rules applied in Redis (see docs/redis.md); without Redis none apply.

@@ -8,7 +8,7 @@ import Synchronization
 
 /// One provider token per (team, key) for the whole fleet, kept in Redis.
 ///
-/// Key `apns-relay:jwt:{TEAM:KEY}` (a hash: `jwt`, `iat`; expires after an hour, as the token
+/// Key `<redis.key_prefix>jwt:{TEAM:KEY}` (`apns-relay:jwt:{TEAM:KEY}` by default; a hash: `jwt`, `iat`; expires after an hour, as the token
 /// does). Each process keeps its copy until it is `refreshAge` old, then asks Redis: the stored
 /// token if it is younger, else whichever process asks first mints a new one and stores it (one
 /// script on one key decides, atomically), and everyone else takes that. A token is replaced no
@@ -28,6 +28,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
 
     private let signer: ProviderTokenSigner
     private let redis: RedisClient
+    private let keys: RedisKeys
     private let refreshAge: Int64
     private let clock: @Sendable () -> Int64
     private let fallback: LocalProviderTokenSource
@@ -40,11 +41,13 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     /// `apns_requests_total` for this key: every ``currentToken()`` (one per send).
     private let requests: Counter
 
-    public init(signer: ProviderTokenSigner, redis: RedisClient, refreshAgeSeconds: Int64 = 50 * 60,
+    /// - Parameter keyPrefix: `redis.key_prefix`.
+    public init(signer: ProviderTokenSigner, redis: RedisClient, keyPrefix: String, refreshAgeSeconds: Int64 = 50 * 60,
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
                 logger: Logger = Logger(label: "apns-relay.jwt")) throws(APNsError) {
         self.signer = signer
         self.redis = redis
+        self.keys = RedisKeys(prefix: keyPrefix)
         self.refreshAge = refreshAgeSeconds
         self.clock = clock
         self.logger = logger
@@ -53,7 +56,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
         self.requests = signer.makeRequestCounter()
     }
 
-    var key: String { RedisKeys.providerToken(teamID: signer.teamID, keyID: signer.keyID) }
+    var key: String { keys.providerToken(teamID: signer.teamID, keyID: signer.keyID) }
 
     /// Tokens this process minted and stored (or minted for itself while Redis failed).
     public var mintCount: Int { mints.load(ordering: .relaxed) + fallback.mintCount }

@@ -142,9 +142,10 @@ public final class RelayPipeline: RelayStatus, Service {
         self.credentialTeams = clients.credentials.map(\.team)
         self.certificates = clients.credentials.map(\.certificate)
         self.redis = clients.redis
-        self.deduplicator = clients.redis.map { Deduplicator(client: $0) }
+        let keys = RedisKeys(prefix: configuration.redis.keyPrefix)
+        self.deduplicator = clients.redis.map { Deduplicator(client: $0, keys: keys) }
         self.policy = clients.redis.map {
-            var policy = DevicePolicy(client: $0, intentsTopic: configuration.kafka.intentsTopic,
+            var policy = DevicePolicy(client: $0, keys: keys, intentsTopic: configuration.kafka.intentsTopic,
                                       backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,
                                       backoffMaximumMilliseconds: configuration.policy.backoffMaxSeconds * 1000)
             // A quarter of the call's deadline: the call ends inside it, and a WAIT that finds
@@ -158,7 +159,7 @@ public final class RelayPipeline: RelayStatus, Service {
             }
             return policy
         }
-        self.badges = clients.redis.map { BadgeStore(client: $0, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        self.badges = clients.redis.map { BadgeStore(client: $0, keys: keys, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
         if policy == nil { mailboxesEnded.open() }
         RelayMetrics.register(teamIDs: credentialTeams, topics: topics.flatMap { $0 })
         self.clients = clients.apns

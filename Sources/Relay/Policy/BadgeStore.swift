@@ -5,8 +5,8 @@ import Redis
 /// Badge counts per (device token, topic), kept in Redis.
 ///
 /// Keys (one device's keys share the hash tag `{token}`, so the script touches one slot):
-/// `apns-relay:badge:{<token>}:<topic>` holds the count (kept 30 days after its last change);
-/// `apns-relay:badge:{<token>}:<topic>:applied` maps intent ids to the count they produced
+/// `<prefix>badge:{<token>}:<topic>` holds the count (kept 30 days after its last change);
+/// `<prefix>badge:{<token>}:<topic>:applied` maps intent ids to the count they produced
 /// (kept for the dedupe window), so an intent retried or redelivered changes the count once.
 struct BadgeStore: Sendable {
     static let countTTL = 30 * 86_400
@@ -16,6 +16,7 @@ struct BadgeStore: Sendable {
     static let script = RedisScript(RedisScripts.source(PackageResources.badge_lua))
 
     let client: RedisClient
+    let keys: RedisKeys
     let appliedTTL: Int64
 
     /// Applies the intent's change once and returns the resulting count.
@@ -24,7 +25,7 @@ struct BadgeStore: Sendable {
         case .increment(let n): ("increment", n)
         case .set(let n): ("set", n)
         }
-        let reply = try await client.evaluate(Self.script, keys: [RedisKeys.badgeCount(token: token, topic: topic), RedisKeys.badgeApplied(token: token, topic: topic)],
+        let reply = try await client.evaluate(Self.script, keys: [keys.badgeCount(token: token, topic: topic), keys.badgeApplied(token: token, topic: topic)],
                                               arguments: [intentID, mode, amount, appliedTTL, Self.countTTL, BadgeChange.limit])
         guard let count = reply.integer else { throw .protocolError("badge script answered \(reply)") }
         return count

@@ -14,9 +14,11 @@ import Redis
 /// same intent again tries again.
 final class Deduplicator: Sendable {
     private let recorder: GroupCommit
+    private let keys: RedisKeys
 
-    init(client: RedisClient) {
+    init(client: RedisClient, keys: RedisKeys) {
         self.recorder = GroupCommit(client: client)
+        self.keys = keys
     }
 
     /// What an answer changes in its pair's remembered 410 (`policy.skip_known_unregistered`).
@@ -39,7 +41,7 @@ final class Deduplicator: Sendable {
                 then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
         recorder.submit({ buffer in
             buffer.append("SET") { command in
-                command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) }
+                command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: id) }
                 command.append(status)
                 command.append("EX")
                 command.append(window)
@@ -48,21 +50,21 @@ final class Deduplicator: Sendable {
             switch unregistered {
             case .remember(let at, let ttl)?:
                 buffer.append("SET") { command in
-                    command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) }
+                    command.appendArgument { keys.writeUnregistered(&$0, token: token, topic: topic) }
                     command.append(at)
                     command.append("EX")
                     command.append(ttl)
                 }
             case .forget?:
                 buffer.append("DEL") { command in
-                    command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) }
+                    command.appendArgument { keys.writeUnregistered(&$0, token: token, topic: topic) }
                 }
             case nil:
                 break
             }
             guard let lastSent else { return }
             buffer.append("SET") { command in
-                command.appendArgument { RedisKeys.writeLastSent(&$0, token: lastSent.token, topic: lastSent.topic) }
+                command.appendArgument { keys.writeLastSent(&$0, token: lastSent.token, topic: lastSent.topic) }
                 command.append(lastSent.json)
                 command.append("EX")
                 command.append(DeviceRecords.lastSentTTL)

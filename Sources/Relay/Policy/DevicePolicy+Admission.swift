@@ -173,14 +173,15 @@ extension DevicePolicy {
         func get(now: Int64) async throws(RedisError) -> [Result<(decisions: [Admission], due: Int64), RedisError>] {
             guard !groups.isEmpty else { return [] }
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
+            let keys = policy.keys
             for group in groups {
                 let token = group.token, topic = group.topic, ids = group.ids
                 reads.append("MGET") { command in
-                    command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
-                    command.appendArgument { RedisKeys.writeBackoff(&$0, token: token) }
-                    command.appendArgument { RedisKeys.writeWaiting(&$0, token: token, topic: topic) }
-                    for id in ids { command.appendArgument { RedisKeys.writeSeen(&$0, token: token, topic: topic, id: id) } }
-                    if group.readsUnregistered { command.appendArgument { RedisKeys.writeUnregistered(&$0, token: token, topic: topic) } }
+                    command.appendArgument { keys.writeRate(&$0, token: token) }
+                    command.appendArgument { keys.writeBackoff(&$0, token: token) }
+                    command.appendArgument { keys.writeWaiting(&$0, token: token, topic: topic) }
+                    for id in ids { command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: id) } }
+                    if group.readsUnregistered { command.appendArgument { keys.writeUnregistered(&$0, token: token, topic: topic) } }
                 }
             }
             let replies = try await policy.client.submit(reads).get()
@@ -212,7 +213,7 @@ extension DevicePolicy {
                 if let arrival = bucket.spent {
                     let token = group.token
                     writes.append("SET") { command in
-                        command.appendArgument { RedisKeys.writeRate(&$0, token: token) }
+                        command.appendArgument { keys.writeRate(&$0, token: token) }
                         command.append(arrival)
                         command.append("PX")
                         command.append(arrival - now + 60_000)

@@ -7,6 +7,8 @@ import Redis
 /// hold: ``RedisKeys``.
 struct DevicePolicy: Sendable {
     let client: RedisClient
+    /// The keys, under `redis.key_prefix`.
+    let keys: RedisKeys
     /// `kafka.intents_topic` (with lanes, the first lane's): the lane of a mailbox entry that
     /// names none.
     let intentsTopic: String
@@ -25,7 +27,7 @@ struct DevicePolicy: Sendable {
     var claimLeaseMilliseconds: Int64 = 120_000
 
     /// The due index of an intents partition (one per lane's partition).
-    func dueKey(partition: TopicPartition) -> String { RedisKeys.due(intentsTopic: partition.topic, partition: partition.partition) }
+    func dueKey(partition: TopicPartition) -> String { keys.due(intentsTopic: partition.topic, partition: partition.partition) }
 
     /// The intents partition a mailbox entry came from.
     func partition(of entry: Entry) -> TopicPartition {
@@ -128,8 +130,8 @@ struct DevicePolicy: Sendable {
     /// indexed).
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
               tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: [(id: String, entry: Entry)], keeper: String) {
-        let call = RedisCommand.evalsha(Self.parkScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.backoff(token: token),
-                                                                RedisKeys.waiting(token: token, topic: topic)],
+        let call = RedisCommand.evalsha(Self.parkScript, keys: [keys.mailbox(token: token, topic: topic), keys.backoff(token: token),
+                                                                keys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
                                                     backoffBaseMilliseconds, backoffMaximumMilliseconds, entry.trace ?? []])
         let replicated = parkReplicas.count > 0 ? [RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])] : []
@@ -173,7 +175,7 @@ struct DevicePolicy: Sendable {
     /// acknowledged yet (fields `d:<id>`), and the intent the mailbox holds now (parked, else
     /// being sent): what displaced them, as far as the mailbox knows.
     func displaced(token: String, topic: String) async throws(RedisError) -> (holder: String?, entries: [(id: String, entry: Entry)]) {
-        let reply = try await client.send(RedisCommand("HGETALL", [RedisKeys.mailbox(token: token, topic: topic)]))
+        let reply = try await client.send(RedisCommand("HGETALL", [keys.mailbox(token: token, topic: topic)]))
         if case .error(let message) = reply { throw .server(message) }
         guard case .array(let values) = reply else { throw .protocolError("HGETALL answered \(reply)") }
         var holder: (parked: String?, claimed: String?) = (nil, nil)
@@ -193,7 +195,7 @@ struct DevicePolicy: Sendable {
 
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.
     func acknowledgeDisplaced(token: String, topic: String, id: String) async throws(RedisError) {
-        _ = try await client.send(RedisCommand("HDEL", [RedisKeys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))
+        _ = try await client.send(RedisCommand("HDEL", [keys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))
     }
 
     /// Mailbox members of these partitions due by `now`, at most `limit` per partition, and the
@@ -246,9 +248,9 @@ struct DevicePolicy: Sendable {
         let replies = try await client.pipelineLoading([Self.takeScript], [
             RedisCommand("ZADD", [dueKey(partition: partition), now + claimLeaseMilliseconds, member]),
             RedisCommand.evalsha(Self.takeScript,
-                                 keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.rate(token: token),
-                                        RedisKeys.seen(token: token, topic: topic, id: id), RedisKeys.backoff(token: token),
-                                        RedisKeys.waiting(token: token, topic: topic)],
+                                 keys: [keys.mailbox(token: token, topic: topic), keys.rate(token: token),
+                                        keys.seen(token: token, topic: topic, id: id), keys.backoff(token: token),
+                                        keys.waiting(token: token, topic: topic)],
                                  arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
                                              claimLeaseMilliseconds]),
         ])
@@ -304,7 +306,7 @@ struct DevicePolicy: Sendable {
             _ = try await client.send(index)
             return
         }
-        let touch = RedisCommand("EVAL", [Self.touchMailbox, 1, RedisKeys.mailbox(token: token, topic: topic)])
+        let touch = RedisCommand("EVAL", [Self.touchMailbox, 1, keys.mailbox(token: token, topic: topic)])
         let replies = try await client.pipeline([touch, index, RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])])
         for reply in replies.prefix(2) { if case .error(let message) = reply { throw .server(message) } }
         try checkReplicas(replies.dropFirst(2))
@@ -319,7 +321,7 @@ struct DevicePolicy: Sendable {
     /// member moves up to its own due time, or now.
     func release(partition: TopicPartition, token: String, topic: String, id: String, now: Int64) async throws(RedisError) {
         let replies = try await client.pipelineLoading([Self.releaseScript], [
-            RedisCommand.evalsha(Self.releaseScript, keys: [RedisKeys.mailbox(token: token, topic: topic), RedisKeys.waiting(token: token, topic: topic)],
+            RedisCommand.evalsha(Self.releaseScript, keys: [keys.mailbox(token: token, topic: topic), keys.waiting(token: token, topic: topic)],
                                  arguments: [id]),
             RedisCommand("ZREM", [dueKey(partition: partition), RedisKeys.member(token: token, topic: topic, id: id)]),
         ])

@@ -64,16 +64,19 @@ public struct DeviceRecords: Sendable {
         return max(0, Double(limit.burst) - Double(max(arrival - now, 0)) / Double(limit.intervalMilliseconds))
     }
 
-    /// Reads the device's records in one round trip.
-    public static func read(token: String, topic: String, from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
-        let last = RedisKeys.lastSent(token: token, topic: topic)
+    /// Reads the device's records in one round trip, from the keys under `keyPrefix`
+    /// (`redis.key_prefix`).
+    public static func read(token: String, topic: String, keyPrefix: String = "apns-relay:",
+                            from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
+        let keys = RedisKeys(prefix: keyPrefix)
+        let last = keys.lastSent(token: token, topic: topic)
         let replies = try await redis.pipeline([
             RedisCommand("GET", [last]), RedisCommand("TTL", [last]),
-            RedisCommand("GET", [RedisKeys.badgeCount(token: token, topic: topic)]),
-            RedisCommand("HMGET", [RedisKeys.mailbox(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
-            RedisCommand("GET", [RedisKeys.rate(token: token)]),
-            RedisCommand("GET", [RedisKeys.backoff(token: token)]),
-            RedisCommand("GET", [RedisKeys.unregistered(token: token, topic: topic)]),
+            RedisCommand("GET", [keys.badgeCount(token: token, topic: topic)]),
+            RedisCommand("HMGET", [keys.mailbox(token: token, topic: topic), "pid", "p", "pe", "pd", "cid", "c", "ce", "cu"]),
+            RedisCommand("GET", [keys.rate(token: token)]),
+            RedisCommand("GET", [keys.backoff(token: token)]),
+            RedisCommand("GET", [keys.unregistered(token: token, topic: topic)]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
         var records = DeviceRecords(lastSentJSON: replies[0].string,

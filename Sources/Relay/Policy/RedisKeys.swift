@@ -1,4 +1,6 @@
-/// Every key the relay keeps in Redis, in one place. All start with `apns-relay:`. A device's
+/// Every key the relay keeps in Redis, in one place. All start with `redis.key_prefix`
+/// (`apns-relay:` unless set, the prefix written below), so that deployments sharing a Redis or a
+/// Redis Cluster keep apart; the scripts take every key from their callers. A device's
 /// keys share the hash tag `{<token>}`, so every script touches one hash slot (Redis Cluster);
 /// the due index and the provider tokens have hash tags of their own.
 ///
@@ -34,20 +36,32 @@
 /// Per provider key:
 /// - `apns-relay:jwt:{<team id>:<key id>}` — hash `jwt`, `iat`: the fleet's provider token
 ///   (``RedisProviderTokenSource``).
-enum RedisKeys {
-    static func seen(token: String, topic: String, id: String) -> String { string { writeSeen(&$0, token: token, topic: topic, id: id) } }
-    static func rate(token: String) -> String { string { writeRate(&$0, token: token) } }
-    static func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
-    static func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
-    static func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
-    static func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
-    static func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
-    static func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
-    static func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
-    static func due(intentsTopic: String, partition: Int32) -> String { "apns-relay:due:{\(intentsTopic):\(partition)}" }
-    static func providerToken(teamID: String, keyID: String) -> String { "apns-relay:jwt:{\(teamID):\(keyID)}" }
+struct RedisKeys: Sendable, Equatable {
+    /// The prefix when `redis.key_prefix` is not set: the keys every earlier release wrote.
+    static let defaultPrefix = "apns-relay:"
+    static let standard = RedisKeys(prefix: defaultPrefix)
 
-    /// A due-index member: `<token> <topic> <id>`.
+    /// Starts every key (``RelayConfiguration/Redis/keyPrefix``, checked by the loader: no
+    /// braces, which would move the hash tag, no spaces or control characters).
+    let prefix: String
+
+    init(prefix: String) {
+        self.prefix = prefix
+    }
+
+    func seen(token: String, topic: String, id: String) -> String { string { writeSeen(&$0, token: token, topic: topic, id: id) } }
+    func rate(token: String) -> String { string { writeRate(&$0, token: token) } }
+    func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
+    func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
+    func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
+    func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
+    func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
+    func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
+    func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
+    func due(intentsTopic: String, partition: Int32) -> String { "\(prefix)due:{\(intentsTopic):\(partition)}" }
+    func providerToken(teamID: String, keyID: String) -> String { "\(prefix)jwt:{\(teamID):\(keyID)}" }
+
+    /// A due-index member: `<token> <topic> <id>` (the index's key carries the prefix).
     static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
 
     /// (token, topic, id) of a due-index member.
@@ -59,49 +73,49 @@ enum RedisKeys {
 
     // The keys written straight into a command's bytes (hot paths: no string per key).
 
-    static func writeSeen(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
+    func writeSeen(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
         write(&bytes, "seen", token: token, topic: topic)
         bytes.append(UInt8(ascii: ":"))
         bytes.append(contentsOf: id.utf8)
     }
 
-    static func writeRate(_ bytes: inout [UInt8], token: String) { write(&bytes, "rate", token: token) }
-    static func writeBackoff(_ bytes: inout [UInt8], token: String) { write(&bytes, "backoff", token: token) }
+    func writeRate(_ bytes: inout [UInt8], token: String) { write(&bytes, "rate", token: token) }
+    func writeBackoff(_ bytes: inout [UInt8], token: String) { write(&bytes, "backoff", token: token) }
 
-    static func writeMailbox(_ bytes: inout [UInt8], token: String, topic: String) {
+    func writeMailbox(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "mailbox", token: token, topic: topic)
     }
 
-    static func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
+    func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "waiting", token: token, topic: topic)
     }
 
-    static func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
+    func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "unregistered", token: token, topic: topic)
     }
 
-    static func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {
+    func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "last", token: token, topic: topic)
     }
 
-    /// `apns-relay:<kind>:{<token>}`
-    private static func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String) {
-        bytes.append(contentsOf: "apns-relay:".utf8)
+    /// `<prefix><kind>:{<token>}`
+    private func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String) {
+        bytes.append(contentsOf: prefix.utf8)
         kind.withUTF8Buffer { bytes.append(contentsOf: $0) }
         bytes.append(contentsOf: ":{".utf8)
         bytes.append(contentsOf: token.utf8)
         bytes.append(UInt8(ascii: "}"))
     }
 
-    /// `apns-relay:<kind>:{<token>}:<topic>`
-    private static func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String, topic: String) {
+    /// `<prefix><kind>:{<token>}:<topic>`
+    private func write(_ bytes: inout [UInt8], _ kind: StaticString, token: String, topic: String) {
         write(&bytes, kind, token: token)
         bytes.append(UInt8(ascii: ":"))
         bytes.append(contentsOf: topic.utf8)
     }
 
     /// A key as a string, from the writer the hot paths use.
-    private static func string(_ write: (inout [UInt8]) -> Void) -> String {
+    private func string(_ write: (inout [UInt8]) -> Void) -> String {
         var bytes: [UInt8] = []
         write(&bytes)
         return String(decoding: bytes, as: UTF8.self)
