@@ -2,7 +2,8 @@ import Foundation
 import Kafka
 import Redis
 import RedisTesting
-import Relay
+@testable import Relay
+import KafkaTesting
 import TestSupport
 import Testing
 
@@ -108,6 +109,58 @@ struct InvalidationTests {
         #expect(apnsIDs.count == 2 && apnsIDs[0] != nil && apnsIDs[0] == apnsIDs[1], "the first answer's apns-id both times")
         let tombstones = try #require(byKey["com.example.app/\(alive)"])
         #expect(tombstones.count == 2 && tombstones.allSatisfy(\.hasNullValue))
+    }
+
+    /// A dead record that lands after another relay delivered to the pair (and published its
+    /// tombstone, which landed first: two producers, no order between them) is followed by a
+    /// tombstone, so the compacted topic does not end up calling a live token dead. The record's
+    /// produce request is held on its broker; meanwhile the other relay's delivery is recorded
+    /// in Redis as a relay records one, before its tombstone. Without the check, the topic
+    /// ended with the dead record.
+    @Test func aDeadRecordLandingAfterALaterDeliveryIsFollowedByATombstone() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.unregistered = [Self.gone: Self.unregisteredAt] }, configureRelay: {
+            $0.kafka.invalidationsTopic = "apns.invalidations.\(UUID().uuidString.prefix(8))"
+            TestRedis(redis).apply(to: &$0)
+        }, brokers: 2)
+        // The first produce request the invalidations' broker gets (the dead record's) is
+        // refused 3 s later; the producer then sends it again.
+        harness.cluster.pushBrokerRequestErrors(broker: 2, apiKey: KafkaMockCluster.APIKey.produce,
+                                                [(KafkaErrorCode.notEnoughReplicas, 3_000)])
+        try await harness.produce(intent("gone-1", token: Self.gone), key: Self.gone)
+        let answered = try #require(try await harness.outcomes(count: 1).first)
+        #expect(answered["status"] as? String == "unregistered")
+        try await waitUntil { harness.cluster.brokerErrorsLeft(broker: 2, apiKey: KafkaMockCluster.APIKey.produce) == 0 }
+        // Another relay's later delivery to the pair, recorded (its tombstone is not needed
+        // here: the topic must end without the pair either way).
+        let at = Int64(Date().timeIntervalSince1970 * 1000) + 1
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        _ = try await client.send(RedisCommand("SET", [RedisKeys.standard.lastSent(token: Self.gone, topic: "com.example.app"),
+                                                       #"{"id":"alive-elsewhere","apns_id":null,"at":\#(at),"payload":{}}"#]))
+        await client.shutdown()
+        #expect(await harness.pipeline.idle(within: .seconds(30)))
+        try await harness.stopExpectingOneOutcomeEach()
+        let records = try await Self.records(harness)
+        #expect(records.map(\.hasNullValue) == [false, true], "the dead record, then a tombstone")
+        var state = InvalidationTopic()
+        for record in records { state.apply(record) }
+        #expect(state.count == 0)
+    }
+
+    /// Without a later delivery the dead record stands alone (an earlier one changes nothing).
+    @Test func aDeadRecordAfterAnEarlierDeliveryStands() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.harness(redis: redis)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let before = Int64(Date().timeIntervalSince1970 * 1000) - 60_000
+        _ = try await client.send(RedisCommand("SET", [RedisKeys.standard.lastSent(token: Self.gone, topic: "com.example.app"),
+                                                       #"{"id":"earlier","apns_id":null,"at":\#(before),"payload":{}}"#]))
+        await client.shutdown()
+        try await harness.produce(intent("gone-1", token: Self.gone), key: Self.gone)
+        _ = try await harness.outcomes(count: 1)
+        #expect(await harness.pipeline.idle(within: .seconds(30)))
+        try await harness.stopExpectingOneOutcomeEach()
+        #expect(try await Self.records(harness).map(\.hasNullValue) == [false])
     }
 
     /// The topic's state as `apns-relay invalidations` reads it: the last record per key wins, a

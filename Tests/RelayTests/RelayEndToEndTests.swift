@@ -26,13 +26,19 @@ struct RelayHarness {
     let published: AsyncWatched<PublishedOutcomes>
     let stopState = HarnessStopState()
 
-    /// - Parameter preload: intents (JSON, key) on the topic before the relay starts, so that it
-    ///   consumes them in one batch.
+    /// - Parameters:
+    ///   - preload: intents (JSON, key) on the topic before the relay starts, so that it
+    ///     consumes them in one batch.
+    ///   - brokers: with more than one, the invalidations topic's partitions are led by the last
+    ///     broker and every other topic's by the first, so that the invalidations' produce
+    ///     requests can be held (``KafkaMockCluster/pushBrokerRequestErrors(broker:apiKey:_:)``)
+    ///     without holding the outcomes.
     static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
                       configureRelay: (inout RelayConfiguration) -> Void = { _ in },
                       preload: [(json: String, key: String)] = [],
+                      brokers: Int32 = 1,
                       published: (@Sendable (Outcome) -> Void)? = nil) async throws -> RelayHarness {
-        let cluster = try KafkaMockCluster(brokers: 1)
+        let cluster = try KafkaMockCluster(brokers: Int(brokers))
         let suffix = UUID().uuidString.prefix(8)
         let intentsTopic = "apns.intents.\(suffix)", outcomesTopic = "apns.outcomes.\(suffix)"
         try cluster.createTopic(intentsTopic, partitions: 4)
@@ -64,6 +70,16 @@ struct RelayHarness {
         }
         if !configuration.kafka.invalidationsTopic.isEmpty {
             try cluster.createTopic(configuration.kafka.invalidationsTopic, partitions: 4)
+        }
+        if brokers > 1 {
+            for partition in Int32(0)..<4 {
+                for topic in [intentsTopic, outcomesTopic] + configuration.kafka.lanes.map(\.topic) where topic != configuration.kafka.invalidationsTopic {
+                    cluster.setLeader(topic: topic, partition: partition, broker: 1)
+                }
+                if !configuration.kafka.invalidationsTopic.isEmpty {
+                    cluster.setLeader(topic: configuration.kafka.invalidationsTopic, partition: partition, broker: brokers)
+                }
+            }
         }
         let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
         // All at once, in order: the producer puts them in one record batch (the mock cluster

@@ -1,4 +1,5 @@
 import Common
+import Foundation
 import APNs
 import NIOCore
 public import Redis
@@ -23,6 +24,13 @@ public struct DeviceRecords: Sendable {
         // The payload is compact JSON already: kept as it is (no escaping on the hot path).
         writer.addJSON("payload", notification.payload.readableBytesView)
         return LastSent(token: intent.token, topic: intent.topic, json: writer.finish())
+    }
+
+    /// The `at` (ms since the epoch) of a last-sent record, nil when it is not one.
+    static func lastSentTime(_ json: [UInt8]) -> Int64? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(json)) as? [String: Any],
+              let at = object["at"] as? Int else { return nil }
+        return Int64(at)
     }
 
     /// `{"id":…,"apns_id":…,"at":ms,"payload":{…}}` of the last notification APNs accepted, or nil.
