@@ -153,6 +153,60 @@ public final class APNsClient: Service, Sendable {
         }
     }
 
+    /// Sends one notification without a task: `completion` hears what ``send(_:)`` would return
+    /// or throw, on the event loop of the connection that answered (at once, on the caller's
+    /// thread, when the notification is refused before it is sent). Nothing cancels it but the
+    /// request timeout. The provider token comes from the source's copy when it is fresh
+    /// (``ProviderTokenSource/freshToken()``); only a token to fetch or refresh takes a task.
+    public func send(_ notification: APNsNotification, completion: @escaping @Sendable (Result<APNsResult, any Error>) -> Void) {
+        start()
+        do {
+            try admit(notification)
+        } catch {
+            return completion(.failure(error))
+        }
+        let attempt = makeAttempt(notification)
+        let finish: @Sendable (Result<APNsResult, any Error>) -> Void = { result in
+            self.outstanding.subtract(1, ordering: .relaxed)
+            completion(result)
+        }
+        guard case .token(let source) = configuration.credential else { return sendAttempt(attempt, finish) }
+        if let token = source.freshToken() {
+            attempt.use(token)
+            return sendAttempt(attempt, finish)
+        }
+        Task {
+            do {
+                attempt.use(try await source.currentToken())
+            } catch {
+                return finish(.failure(error))
+            }
+            self.sendAttempt(attempt, finish)
+        }
+    }
+
+    /// One attempt of a callback send, and the next one its answer calls for.
+    private func sendAttempt(_ attempt: Attempt, _ finish: @escaping @Sendable (Result<APNsResult, any Error>) -> Void) {
+        let connection = pickConnection(avoiding: attempt.avoid)
+        connection.execute(attempt.request, deadline: attempt.deadline) { answer in
+            switch self.judge(answer, from: connection, attempt) {
+            case .finished(let result):
+                finish(.success(result))
+            case .resend:
+                self.sendAttempt(attempt, finish)
+            case .refreshToken(let source, let rejected):
+                Task {
+                    do {
+                        attempt.use(try await source.refresh(after: rejected))
+                    } catch {
+                        return finish(.failure(error))
+                    }
+                    self.sendAttempt(attempt, finish)
+                }
+            }
+        }
+    }
+
     /// An answer to ``request(method:path:headers:body:)``.
     public struct Answer: Sendable {
         public var status: Int
@@ -248,8 +302,9 @@ public final class APNsClient: Service, Sendable {
     }
 
     /// One send's state across its attempts. A class, so the async frame of each send in
-    /// flight holds one reference instead of the request.
-    private final class Attempt {
+    /// flight holds one reference instead of the request. `@unchecked Sendable`: one send
+    /// touches it at a time (a callback send's steps run one after another).
+    private final class Attempt: @unchecked Sendable {
         var request: HTTP2Request
         let apnsID: String
         let deadline: NIODeadline

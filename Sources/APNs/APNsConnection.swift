@@ -23,6 +23,7 @@ import Glibc
 /// other threads read.
 final class APNsConnection: @unchecked Sendable {
     typealias Completion = (Result<HTTP2Response, HTTP2StreamError>) -> Void
+    typealias SendableCompletion = @Sendable (Result<HTTP2Response, HTTP2StreamError>) -> Void
 
     private enum State {
         case idle
@@ -35,7 +36,9 @@ final class APNsConnection: @unchecked Sendable {
     private struct Submission {
         var request: HTTP2Request
         var deadline: NIODeadline
-        var answer: PendingAnswer
+        /// A waiting task's (``execute(_:deadline:)``), or nil for a callback's.
+        var answer: PendingAnswer?
+        var completion: SendableCompletion
     }
 
     private struct Inbox {
@@ -130,12 +133,27 @@ final class APNsConnection: @unchecked Sendable {
         }
     }
 
+    /// Sends one request and hands its answer to `completion` (on the connection's event loop,
+    /// or at once on the caller's thread when the connection refuses it): no task waits, and
+    /// nothing cancels it but its deadline.
+    func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping SendableCompletion) {
+        load.add(1, ordering: .relaxed)
+        submit(request, deadline: deadline, answer: nil) { answer in
+            self.load.subtract(1, ordering: .relaxed)
+            completion(answer)
+        }
+    }
+
     private func submit(_ request: HTTP2Request, deadline: NIODeadline, answer: PendingAnswer) {
+        submit(request, deadline: deadline, answer: answer) { answer.resume($0) }
+    }
+
+    private func submit(_ request: HTTP2Request, deadline: NIODeadline, answer: PendingAnswer?, completion: @escaping SendableCompletion) {
         if eventLoop.inEventLoop {
-            executeOnLoop(request, deadline: deadline) { answer.resume($0) }
+            executeOnLoop(request, deadline: deadline, completion: completion)
             return
         }
-        let submission = Submission(request: request, deadline: deadline, answer: answer)
+        let submission = Submission(request: request, deadline: deadline, answer: answer, completion: completion)
         let scheduleDrain = inbox.withLock { inbox in
             inbox.submissions.append(submission)
             defer { inbox.drainScheduled = true }
@@ -154,10 +172,9 @@ final class APNsConnection: @unchecked Sendable {
             inbox.drainScheduled = false
         }
         for submission in draining {
-            let answer = submission.answer
             // Its task was cancelled before it left the inbox: not sent at all.
-            if answer.isDone { continue }
-            executeOnLoop(submission.request, deadline: submission.deadline) { answer.resume($0) }
+            if submission.answer?.isDone ?? false { continue }
+            executeOnLoop(submission.request, deadline: submission.deadline, completion: submission.completion)
         }
         draining.removeAll(keepingCapacity: true)
         swap(&draining, &spareSubmissions)

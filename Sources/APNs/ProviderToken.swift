@@ -13,6 +13,13 @@ public protocol ProviderTokenSource: Sendable {
     /// APNs answered ExpiredProviderToken to `rejected`. Returns the token to retry with: a new
     /// one, unless a token was minted less than 20 minutes ago (then that one).
     func refresh(after rejected: ProviderToken) async throws -> ProviderToken
+    /// The token to send now when the source has it at hand (no wait), counted as
+    /// ``currentToken()`` counts; nil when only ``currentToken()`` can say.
+    func freshToken() -> ProviderToken?
+}
+
+extension ProviderTokenSource {
+    public func freshToken() -> ProviderToken? { nil }
 }
 
 /// One minted provider token.
@@ -156,6 +163,10 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
             if let token = state.token, Self.isFresh(issuedAt: token.issuedAt, now: now, refreshAge: refreshAge) { return token }
             return try mint(&state, now: now)
         }
+    }
+
+    public func freshToken() -> ProviderToken? {
+        try? currentToken()
     }
 
     public func refresh(after rejected: ProviderToken) throws -> ProviderToken {

@@ -22,7 +22,16 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
     @OptionGroup var workload: BenchWorkload
 
+    @Flag(help: "Drive intents by callbacks instead of a task each (without --policy; an experiment, docs/performance.md).")
+    var callbacks = false
+
     @OptionGroup var logging: LoggingOptions
+
+    func validate() throws {
+        if callbacks && (workload.policy || workload.trace) {
+            throw ValidationError("--callbacks drives intents without Redis or tracing: not with --policy or --trace")
+        }
+    }
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .error)
@@ -46,7 +55,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let cpuBefore = ProcessCPU.now()
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             if outcome.id?.hasPrefix(BenchWorkload.warmUpPrefix) != true { latencies.record(outcome.latencyMilliseconds) }
-        })
+        }, deliveryByCallbacks: callbacks)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         let deadline = ContinuousClock.now + .seconds(600)
@@ -73,7 +82,8 @@ struct BenchE2ECommand: AsyncParsableCommand {
         }
         let cpu = ProcessCPU.now() - cpuBefore
         let rss = peakResidentMiB()
-        let counts = pipeline.outcomeCounts
+        var counts = pipeline.outcomeCounts
+        if callbacks { counts["driven_by_callbacks"] = pipeline.intentsDrivenByCallbacks }
         let started = offeredAt ?? pipeline.firstConsumedAt ?? finishedAt
         pipeline.requestStop()
         await running.value

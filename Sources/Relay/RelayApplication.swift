@@ -56,10 +56,13 @@ public final class RelayApplication: Service, Sendable {
     ///   - worker: names this relay in outcomes and logs (default: host name and process id).
     ///   - clock: epoch seconds (tests inject one).
     ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
+    ///   - deliveryByCallbacks: intents without Redis, invalidation records or tracing go from
+    ///     consume to outcome by callbacks, not a task each (an experiment the benchmark
+    ///     measures, ``RelayPipeline/drivesByCallbacks``).
     public init(configuration: RelayConfiguration, credentials: [LoadedCredential]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
-                published: (@Sendable (Outcome) -> Void)? = nil) throws {
+                published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = false) throws {
         let credentials = try credentials ?? configuration.loadCredentials()
         guard credentials.count == configuration.apns.credentials.count else {
             throw APNsError.credential("\(credentials.count) loaded credentials for \(configuration.apns.credentials.count) configured")
@@ -123,7 +126,7 @@ public final class RelayApplication: Service, Sendable {
                                    : try RelayTracing(endpoint: configuration.tracing.otlpEndpoint,
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
-                                 clock: clock, published: published)
+                                 clock: clock, published: published, drivesByCallbacks: deliveryByCallbacks)
         // librdkafka's statistics, when the settings ask for them (`statistics.interval.ms`;
         // librdkafka's default, 0, emits none), become metrics and readiness. Not asked for by
         // default: with them every 15 s, `scripts/soak --seconds 120 --relays 3` left one intent

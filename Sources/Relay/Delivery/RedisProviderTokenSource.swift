@@ -61,6 +61,14 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     /// Tokens this process minted and stored (or minted for itself while Redis failed).
     public var mintCount: Int { mints.load(ordering: .relaxed) + fallback.mintCount }
 
+    public func freshToken() -> ProviderToken? {
+        let now = clock()
+        guard let token = local.withLock({ $0 }),
+              LocalProviderTokenSource.isFresh(issuedAt: token.issuedAt, now: now, refreshAge: refreshAge) else { return nil }
+        requests.increment()
+        return token
+    }
+
     public func currentToken() async throws -> ProviderToken {
         requests.increment()
         let now = clock()

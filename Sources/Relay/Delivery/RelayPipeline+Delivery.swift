@@ -99,8 +99,9 @@ extension RelayPipeline {
 
 
     /// One intent's delivery across its attempts: what is sent, and the state machine that
-    /// decides (``DeliveryStateMachine``).
-    final class Delivery {
+    /// decides (``DeliveryStateMachine``). `@unchecked Sendable`: one step of its intent touches
+    /// it at a time (a task's frames, or callbacks each started by the one before).
+    final class Delivery: @unchecked Sendable {
         let intent: Intent
         let item: WorkItem
         var notification: APNsNotification
@@ -157,9 +158,20 @@ extension RelayPipeline {
     /// action: each step's values live in the frames of the helpers it awaits.
     @inline(never)
     func deliver(_ delivery: Delivery) async {
+        startRetryBudget(delivery)
+        await drive(delivery, from: attemptDue(delivery))
+    }
+
+    /// Sets the delivery's retry deadline (``deliver(_:)``).
+    func startRetryBudget(_ delivery: Delivery) {
         let waited = delivery.item.mailboxMember == nil ? ContinuousClock.now - delivery.item.consumedAt : .zero
         delivery.machine.limits.retryDeadline = clock() - waited.components.seconds + configuration.retry.deadlineSeconds
-        var action = attemptDue(delivery)
+    }
+
+    /// Runs the machine from `action` until the delivery ended.
+    @inline(never)
+    func drive(_ delivery: Delivery, from first: DeliveryStateMachine.Action) async {
+        var action = first
         while true {
             switch action {
             case .finish:

@@ -149,29 +149,35 @@ extension RelayPipeline {
             if let due = await handle(item), case .success(let intent) = item.intent {
                 parkedUntil[intent.topic] = max(parkedUntil[intent.topic] ?? due, due)
             }
-            guard let token = item.queueToken else { return }
-            let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
-                state.devices[token]?.removeFirst()
-                if item.recordsAnswer, case .success(let intent) = item.intent {
-                    let key = AnswerKey(intent)
-                    if let count = state.answering[key], count > 1 { state.answering[key] = count - 1 } else { state.answering[key] = nil }
-                }
-                guard let queued = state.devices[token]?.first else {
-                    state.devices[token] = nil
-                    return (nil, [])
-                }
-                state.lanes.dequeued(queued.lane)
-                if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
-                   let parked = Self.parkingBehind(queued, due: due) {
-                    state.devices[token]![state.devices[token]!.startIndex] = parked
-                    // One fewer waiting: room for an admitting task if that bound held it.
-                    return (parked, state.lanes.waitersWithRoom())
-                }
-                // One fewer waiting: room for an admitting task if that bound held it.
-                return (queued, state.lanes.waitersWithRoom())
-            }
-            for waiter in waiters { waiter.resume() }
-            next = queued
+            next = nextInQueue(after: item, parkedUntil: parkedUntil)
         }
+    }
+
+    /// Ends `item`'s turn in its device's queue and returns the item queued behind it, if any
+    /// (parking behind a parked one of its app: `parkedUntil`, per topic).
+    func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
+        guard let token = item.queueToken else { return nil }
+        let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+            state.devices[token]?.removeFirst()
+            if item.recordsAnswer, case .success(let intent) = item.intent {
+                let key = AnswerKey(intent)
+                if let count = state.answering[key], count > 1 { state.answering[key] = count - 1 } else { state.answering[key] = nil }
+            }
+            guard let queued = state.devices[token]?.first else {
+                state.devices[token] = nil
+                return (nil, [])
+            }
+            state.lanes.dequeued(queued.lane)
+            if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
+               let parked = Self.parkingBehind(queued, due: due) {
+                state.devices[token]![state.devices[token]!.startIndex] = parked
+                // One fewer waiting: room for an admitting task if that bound held it.
+                return (parked, state.lanes.waitersWithRoom())
+            }
+            // One fewer waiting: room for an admitting task if that bound held it.
+            return (queued, state.lanes.waitersWithRoom())
+        }
+        for waiter in waiters { waiter.resume() }
+        return queued
     }
 }

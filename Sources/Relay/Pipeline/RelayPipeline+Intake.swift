@@ -153,7 +153,7 @@ extension RelayPipeline {
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
                                                           generation: member.generation, policy: policy, consumedAt: consumedAt) {
-                                    intents.addTask { await self.work(start) }
+                                    if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }
                             }
                         }

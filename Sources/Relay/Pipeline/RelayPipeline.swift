@@ -6,6 +6,7 @@ import Logging
 import NIOCore
 import Redis
 public import ServiceLifecycle
+import Synchronization
 import Tracing
 
 /// The relay's main job: intents from Kafka, notifications to APNs, one outcome per intent back
@@ -75,6 +76,13 @@ public final class RelayPipeline: RelayStatus, Service {
     /// until it stops.
     let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
+    /// Intents that need neither Redis nor an invalidation record nor tracing are driven by
+    /// callbacks from consume to outcome (``driveByCallbacks(_:)``) instead of a task each: an
+    /// experiment `bench e2e --callbacks` measures (docs/performance.md); off in `run`.
+    let drivesByCallbacks: Bool
+    /// Intents that went that way so far.
+    let drivenByCallbacks = Atomic<Int>(0)
+    public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
     public let incidents = AsyncWatched(RelayIncidents())
@@ -123,8 +131,9 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
     init(configuration: RelayConfiguration, clients: RelayClients, worker: String?, logger: Logger,
-         clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?) {
+         clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?, drivesByCallbacks: Bool = false) {
         self.configuration = configuration
+        self.drivesByCallbacks = drivesByCallbacks
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
         self.logger = logger
         self.clock = clock
