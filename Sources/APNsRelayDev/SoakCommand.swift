@@ -18,11 +18,18 @@ import Common
 /// stay within.
 ///
 /// The mock Kafka cluster, the simulator and redis-server run apart from the relays (this
-/// process and its child), as a broker, APNs and Redis would. Every intent has a device of its
-/// own, so each must end `delivered`, or `duplicate` of a delivered one after a redelivery.
+/// process and its child), as a broker, APNs and Redis would. By default every intent has a
+/// device of its own, so each must end `delivered`, or `duplicate` of a delivered one after a
+/// redelivery. With `--devices N` the intents share N devices, each increments its device's
+/// badge, and every fifth goes to an urgent lane (weight 8) beside the bulk one: devices then
+/// reach their rate limit, park and have their parked intents superseded (`coalesced`), and
+/// the verdict checks what must hold all the same — every intent has exactly one status that
+/// is not `duplicate` (`delivered`, or `coalesced` if APNs never accepted it), each device's
+/// notifications reach APNs in order within a lane, and no device's badge goes down.
 /// Sends twice are allowed where the relay cannot know better: the intents it had at APNs when
 /// it was killed (at most `--max-in-flight` per kill) and the sends APNs took in without
-/// answering while it stalled.
+/// answering while it stalled; an intent APNs accepted that a redelivery then answered
+/// `coalesced` counts against the same bound.
 struct SoakCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "soak",
@@ -43,9 +50,12 @@ struct SoakCommand: AsyncParsableCommand {
     @Option(help: "Each relay's limits.max_in_flight.")
     var maxInFlight: Int = 50
 
+    @Option(help: "Devices the intents share, with badge increments and an urgent lane (0: a device per intent).")
+    var devices: Int = 0
+
     func validate() throws {
-        if seconds < 10 || relays < 1 || rate < 1 || faultEvery < 5 || maxInFlight < 1 {
-            throw ValidationError("--seconds ≥ 10, --relays ≥ 1, --rate ≥ 1, --fault-every ≥ 5 and --max-in-flight ≥ 1")
+        if seconds < 10 || relays < 1 || rate < 1 || faultEvery < 5 || maxInFlight < 1 || devices < 0 {
+            throw ValidationError("--seconds ≥ 10, --relays ≥ 1, --rate ≥ 1, --fault-every ≥ 5, --max-in-flight ≥ 1 and --devices ≥ 0")
         }
     }
 
@@ -62,7 +72,7 @@ struct SoakCommand: AsyncParsableCommand {
         let stack = try await EmbeddedStack.start(partitions: 8) { $0.recordInMemory = true }
         let soak: Soak
         do {
-            soak = try Soak(stack: stack, relayBinary: relayBinary, relays: relays, maxInFlight: maxInFlight)
+            soak = try Soak(stack: stack, relayBinary: relayBinary, relays: relays, maxInFlight: maxInFlight, devices: devices)
         } catch {
             Terminal.error("cannot start the soak: \(error)")
             await stack.stop()
@@ -86,6 +96,7 @@ final class Soak: Sendable {
     enum Fault: String, CaseIterable {
         case killRelay = "kill -9"
         case restartRedis = "Redis restart"
+        case pauseRedis = "Redis pause"
         case stallAPNs = "APNs stall"
         case storm503 = "503 storm"
         case brokerOutage = "broker outage"
@@ -114,13 +125,18 @@ final class Soak: Sendable {
     private let relayBinary: String
     private let configFile: String
     private let maxInFlight: Int
+    /// `--devices` (0: a device per intent).
+    private let devices: Int
+    /// With `--devices`: the urgent lane's topic.
+    static let urgentTopic = "apns.intents.urgent"
     private let processes: Locked<[ChildProcess?]>
     private let seen = Locked(Seen())
 
-    init(stack: EmbeddedStack, relayBinary: String, relays: Int, maxInFlight: Int) throws {
+    init(stack: EmbeddedStack, relayBinary: String, relays: Int, maxInFlight: Int, devices: Int) throws {
         self.stack = stack
         self.relayBinary = relayBinary
         self.maxInFlight = maxInFlight
+        self.devices = devices
         // Persistence as docs/redis.md asks for it: a restart loses nothing.
         redis = try RedisServerProcess(arguments: ["--appendonly", "yes", "--appendfsync", "always",
                                                    "--dir", stack.directory.path])
@@ -130,6 +146,10 @@ final class Soak: Sendable {
         configuration.shutdownDeadlineSeconds = 10
         configuration.retry.initialBackoffMilliseconds = 20
         configuration.retry.maxBackoffMilliseconds = 500
+        if devices > 0 {
+            try stack.cluster.createTopic(Self.urgentTopic, partitions: 8)
+            configuration.kafka.lanes = [.init(topic: configuration.kafka.intentsTopic, weight: 1), .init(topic: Self.urgentTopic, weight: 8)]
+        }
         configFile = stack.directory.appendingPathComponent("relay.yaml").path
         try configuration.redactedYAML.write(toFile: configFile, atomically: true, encoding: .utf8)
         processes = Locked(Array(repeating: nil, count: relays))
@@ -215,8 +235,10 @@ final class Soak: Sendable {
             Terminal.error("cannot make the soak's producer")
             return
         }
-        let topic = stack.configuration.kafka.intentsTopic
+        let bulkTopic = stack.configuration.kafka.intentsTopic
         var next = 0
+        // With --devices: per device and lane, how many intents it was sent so far.
+        var sequences: [String: Int] = [:]
         var tick = ContinuousClock.now
         await withDiscardingTaskGroup { sends in
             while ContinuousClock.now < end {
@@ -227,8 +249,22 @@ final class Soak: Sendable {
                     let index = next
                     next += 1
                     let id = "soak-\(index)"
-                    let token = EmbeddedStack.token(0x50_0000 + index)
-                    let value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"soak \#(index)"}}}"#
+                    let token = EmbeddedStack.token(0x50_0000 + (devices > 0 ? index % devices : index))
+                    var topic = bulkTopic
+                    let value: String
+                    if devices > 0 {
+                        // Every fifth intent of a device is urgent; the payload says which of
+                        // its lane's intents it is, for the order check.
+                        let urgent = (index / devices) % 5 == 4
+                        if urgent { topic = Self.urgentTopic }
+                        let lane = urgent ? "u" : "b"
+                        let sequence = sequences["\(token) \(lane)", default: 0]
+                        sequences["\(token) \(lane)"] = sequence + 1
+                        value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","badge":{"increment":1},"#
+                            + #""payload":{"aps":{"alert":"soak \#(index)"},"soak":{"lane":"\#(lane)","seq":\#(sequence)}}}"#
+                    } else {
+                        value = #"{"id":"\#(id)","token":"\#(token)","topic":"\#(EmbeddedStack.topic)","payload":{"aps":{"alert":"soak \#(index)"}}}"#
+                    }
                     sends.addTask {
                         do {
                             let delivery = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8))
@@ -294,6 +330,10 @@ final class Soak: Sendable {
                 } catch {
                     Terminal.error("cannot start relay \(index) again: \(error)")
                 }
+            case .pauseRedis:
+                redis.signal(SIGSTOP)
+                try? await Task.sleep(for: .seconds(8))
+                redis.signal(SIGCONT)
             case .restartRedis:
                 redis.stop()
                 do {
@@ -345,28 +385,67 @@ final class Soak: Sendable {
     }
 
     private func verdict(elapsed: Duration) -> Verdict {
-        let sends = stack.simulator.accepted.reduce(into: [String: Int]()) { $0[$1.apnsID, default: 0] += 1 }
+        let accepted = stack.simulator.accepted
+        let sends = accepted.reduce(into: [String: Int]()) { $0[$1.apnsID.lowercased(), default: 0] += 1 }
         let twice = sends.values.reduce(0) { $0 + max(0, $1 - 1) }
+        let (outOfOrder, badgeLowered) = Self.orderAndBadges(accepted)
+        let sharedDevices = devices > 0
         return seen.withLock { seen in
             let missing = seen.produced.filter { seen.outcomes[$0] == nil }.count
-            // Right: delivered, or a duplicate of a delivered one (a redelivery).
-            let wrong = seen.outcomes.values.filter { statuses in
-                !statuses.allSatisfy { $0 == "delivered" || $0 == "duplicate/delivered" }
-            }.count
+            // Right: exactly one status that is not `duplicate` — `delivered`, or with shared
+            // devices `coalesced` — and every `duplicate` of it saying the same (or nothing).
+            var wrong = 0, coalescedAccepted = 0
+            for (id, statuses) in seen.outcomes {
+                let answers = statuses.filter { !$0.hasPrefix("duplicate") }
+                guard answers.count == 1, let status = answers.first, status == "delivered" || (sharedDevices && status == "coalesced"),
+                      statuses.allSatisfy({ !$0.hasPrefix("duplicate/") || $0 == "duplicate/\(status)" }) else {
+                    wrong += 1
+                    continue
+                }
+                if status == "coalesced", sends[APNsIdentifiers.format(Intent.apnsID(for: id)).lowercased()] != nil { coalescedAccepted += 1 }
+            }
             // Second outcomes: `duplicate` (a redelivery answered from Redis) or not.
             let again = seen.outcomes.values.flatMap { $0.dropFirst() }
             let againDuplicate = again.filter { $0.hasPrefix("duplicate") }.count
             let kills = seen.faults[.killRelay] ?? 0
             let bound = kills * maxInFlight + seen.unanswered
             let faults = Fault.allCases.map { "\(seen.faults[$0] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
-            let passed = missing == 0 && wrong == 0 && twice <= bound && !seen.produced.isEmpty
-            let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays, faults: \(faults); "
+            let passed = missing == 0 && wrong == 0 && outOfOrder == 0 && badgeLowered == 0
+                && twice + coalescedAccepted <= bound && !seen.produced.isEmpty
+            let statuses = seen.outcomes.values.reduce(into: [String: Int]()) { counts, statuses in
+                for status in statuses where !status.hasPrefix("duplicate") { counts[status, default: 0] += 1 }
+            }.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+            let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays, "
+                + (sharedDevices ? "\(devices) devices, 2 lanes, badges, " : "")
+                + "faults: \(faults); "
                 + "intents \(seen.produced.count) (\(seen.produceFailures) not produced), outcomes \(seen.outcomeEvents) "
-                + "for \(seen.outcomes.count) intents (\(again.count) second ones, \(againDuplicate) of them duplicate), "
-                + "missing \(missing), wrong \(wrong), "
-                + "sent twice \(twice) (bound \(bound): \(kills) kills × \(maxInFlight) in flight + \(seen.unanswered) unanswered in stalls): "
+                + "for \(seen.outcomes.count) intents (\(statuses); \(again.count) second ones, \(againDuplicate) of them duplicate), "
+                + "missing \(missing), wrong \(wrong), out of order \(outOfOrder), badge lowered \(badgeLowered), "
+                + "sent twice \(twice) + coalesced after APNs accepted \(coalescedAccepted) "
+                + "(bound \(bound): \(kills) kills × \(maxInFlight) in flight + \(seen.unanswered) unanswered in stalls): "
                 + (passed ? "PASS" : "FAIL")
             return Verdict(line: line, passed: passed)
         }
+    }
+
+    /// In the order APNs took them: notifications of a device that came before an earlier one of
+    /// its lane (the payload's `soak.seq`), and badges lower than the device's previous one.
+    /// Notifications without those fields (a device per intent) count for neither.
+    static func orderAndBadges(_ accepted: [AcceptedNotification]) -> (outOfOrder: Int, badgeLowered: Int) {
+        var lastSequence: [String: Int] = [:], lastBadge: [String: Int] = [:]
+        var outOfOrder = 0, badgeLowered = 0
+        for notification in accepted {
+            guard let payload = try? JSONSerialization.jsonObject(with: Data(notification.payload)) as? [String: Any] else { continue }
+            if let soak = payload["soak"] as? [String: Any], let lane = soak["lane"] as? String, let sequence = soak["seq"] as? Int {
+                let key = "\(notification.deviceToken) \(lane)"
+                if let last = lastSequence[key], sequence < last { outOfOrder += 1 }
+                lastSequence[key] = max(lastSequence[key] ?? sequence, sequence)
+            }
+            if let badge = (payload["aps"] as? [String: Any])?["badge"] as? Int {
+                if let last = lastBadge[notification.deviceToken], badge < last { badgeLowered += 1 }
+                lastBadge[notification.deviceToken] = max(lastBadge[notification.deviceToken] ?? badge, badge)
+            }
+        }
+        return (outOfOrder, badgeLowered)
     }
 }

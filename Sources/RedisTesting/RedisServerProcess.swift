@@ -90,6 +90,13 @@ public final class RedisServerProcess: Sendable {
 
     public var isRunning: Bool { process.withLock { $0 }?.isRunning ?? false }
 
+    /// Sends `signal` to the server (SIGSTOP and SIGCONT pause and resume it: its connections
+    /// stay open and unanswered, as a Redis stalled by a long command or a fork would be).
+    public func signal(_ signal: Int32) {
+        guard let process = process.withLock({ $0 }), process.isRunning else { return }
+        process.signal(signal)
+    }
+
     /// Kills it (SIGKILL: without persistence there is nothing to save, and nothing to wait for).
     public func stop() {
         guard let process = process.withLock({ $0 }), process.isRunning else { return }
