@@ -23,7 +23,7 @@ ARG RUNTIME_IMAGE=debian:bookworm-slim
 # The image's version label: "dev" for a build that is not a release.
 ARG APNS_RELAY_VERSION=dev
 # The image has no .git: `--build-arg APNS_RELAY_COMMIT=$(git rev-parse --short=12 HEAD)` names
-# the commit that `apns-relay --version`, relay_build_info and the revision label report.
+# the commit that `apns-relay --version`, apns_relay_build_info and the revision label report.
 ARG APNS_RELAY_COMMIT=unknown
 # The repository's URL, for the source label.
 ARG APNS_RELAY_SOURCE=""

@@ -19,6 +19,9 @@ public struct APNsClientConfiguration: Sendable {
     /// Sends that may wait for a free stream across the pool; one more is refused with
     /// ``APNsError/queueFull(limit:)``.
     public var maxQueuedNotifications: Int = 10_000
+    /// Names the client's credential in `apns_relay_apns_connections_ready{credential}` (the
+    /// relay: `TEAM:KEY` for a token, a certificate's subject).
+    public var credentialLabel = "default"
     /// Our own cap on streams per connection, whatever APNs allows.
     public var maxStreamsPerConnection: Int = 1000
     public var idlePingInterval: TimeAmount = .seconds(60)
@@ -101,9 +104,11 @@ public final class APNsClient: Service, Sendable {
         // the group hands out next, so the connections of several clients spread over its loops.
         let group = self.group, shared = !ownsGroup
         let loops = shared ? (0..<configuration.connections).map { _ in group.next() } : Array(group.makeIterator())
+        let ready = APNsMetrics.ready(credential: configuration.credentialLabel)
+        ready.increment(by: 0)
         self.connections = (0..<configuration.connections).map { index in
             APNsConnection(index: index, eventLoop: loops[index % loops.count], endpoint: configuration.endpoint,
-                           sslContext: sslContext, configuration: configuration, logger: logger)
+                           sslContext: sslContext, configuration: configuration, ready: ready, logger: logger)
         }
         self.taskExecutors = loops.prefix(configuration.connections).map { EventLoopTaskExecutor(eventLoop: $0) }
     }

@@ -1,6 +1,7 @@
 import Common
 import HTTP2
 import Logging
+import Metrics
 import NIOCore
 import NIOExtras
 import NIOHTTP1
@@ -54,6 +55,8 @@ final class APNsConnection: @unchecked Sendable {
 
     let eventLoop: any EventLoop
     let index: Int
+    /// `apns_relay_apns_connections_ready{credential}` of the client's credential.
+    private let readyMeter: Meter
     private let endpoint: APNsEndpoint
     private let sslContext: NIOSSLContext
     private let configuration: APNsClientConfiguration
@@ -86,8 +89,9 @@ final class APNsConnection: @unchecked Sendable {
     let connectAttempts = Atomic<Int>(0)
 
     init(index: Int, eventLoop: any EventLoop, endpoint: APNsEndpoint, sslContext: NIOSSLContext,
-         configuration: APNsClientConfiguration, logger: Logger) {
+         configuration: APNsClientConfiguration, ready: Meter, logger: Logger) {
         self.index = index
+        self.readyMeter = ready
         self.eventLoop = eventLoop
         self.endpoint = endpoint
         self.sslContext = sslContext
@@ -101,7 +105,7 @@ final class APNsConnection: @unchecked Sendable {
     private func setReady(_ ready: Bool) {
         eventLoop.assertInEventLoop()
         if isReady.exchange(ready, ordering: .relaxed) != ready {
-            if ready { APNsMetrics.ready.increment() } else { APNsMetrics.ready.decrement() }
+            if ready { readyMeter.increment() } else { readyMeter.decrement() }
         }
     }
 
@@ -298,7 +302,7 @@ final class APNsConnection: @unchecked Sendable {
     /// `Proxy-Authorization` when it has credentials); once the proxy answers 2xx, the HTTP/1
     /// handlers go and `secure` adds TLS and HTTP/2 inside the tunnel. Any other answer (or none
     /// by `deadline`) closes the channel with the proxy's answer as the connection's error: a
-    /// connection failure like any other, counted in `apns_proxy_failures_total` and retried
+    /// connection failure like any other, counted in `apns_relay_apns_proxy_failures_total` and retried
     /// with backoff.
     private func openTunnel(_ channel: any Channel, through proxy: APNsProxy, deadline: NIODeadline, generation: Int,
                             then secure: @escaping @Sendable (any Channel) throws -> Void) throws {

@@ -2,12 +2,12 @@ import Metrics
 
 /// The metrics the APNs module emits; names live here only.
 enum APNsMetrics {
-    static let goAways = "apns_goaway_total"
-    static let tokenMints = "apns_jwt_mints_total"
-    static let readyConnections = "apns_connections_ready"
-    static let connectAttempts = "apns_connect_attempts_total"
-    static let tokenIssuedAt = "apns_jwt_issued_at_seconds"
-    static let tokenRequests = "apns_requests_total"
+    static let goAways = "apns_relay_apns_goaway_total"
+    static let tokenMints = "apns_relay_provider_token_mints_total"
+    static let readyConnections = "apns_relay_apns_connections_ready"
+    static let connectAttempts = "apns_relay_apns_connect_attempts_total"
+    static let tokenIssuedAt = "apns_relay_provider_token_issued_timestamp_seconds"
+    static let tokenRequests = "apns_relay_provider_token_requests_total"
 
     /// Labels only known reasons, so a server cannot grow the label set.
     static func goAway(reason: String) {
@@ -25,7 +25,7 @@ enum APNsMetrics {
         Gauge(label: tokenIssuedAt, dimensions: [("team_id", teamID), ("key_id", keyID)]).record(issuedAt)
     }
 
-    /// `apns_requests_total{team_id,key_id}`: sends that asked for this key's provider token (one
+    /// `apns_relay_provider_token_requests_total{team_id,key_id}`: sends that asked for this key's provider token (one
     /// per `APNsClient.send`, so a notification retried by the relay counts once per try). The
     /// token-age alert fires only for keys that send: an idle key mints no token and its age
     /// only grows.
@@ -33,17 +33,20 @@ enum APNsMetrics {
         Counter(label: tokenRequests, dimensions: [("team_id", teamID), ("key_id", keyID)])
     }
 
-    static let ready = Meter(label: readyConnections)
+    /// Ready connections of one credential's clients (`credential`: ``APNsClientConfiguration/credentialLabel``).
+    static func ready(credential: String) -> Meter {
+        Meter(label: readyConnections, dimensions: [("credential", credential)])
+    }
+
     static let attempts = Counter(label: connectAttempts)
-    /// `apns_proxy_failures_total`: connection attempts whose HTTP proxy refused or did not
+    /// `apns_relay_apns_proxy_failures_total`: connection attempts whose HTTP proxy refused or did not
     /// answer the `CONNECT` (each retried with backoff, like any failed connection).
-    static let proxyFailures = Counter(label: "apns_proxy_failures_total")
+    static let proxyFailures = Counter(label: "apns_relay_apns_proxy_failures_total")
 
     /// Makes the connection series and this key's mint counter exist from the start (at 0).
     static func register(teamID: String, keyID: String) {
         Counter(label: tokenMints, dimensions: [("team_id", teamID), ("key_id", keyID)]).increment(by: 0)
         tokenRequests(teamID: teamID, keyID: keyID).increment(by: 0)
-        ready.increment(by: 0)
         attempts.increment(by: 0)
         proxyFailures.increment(by: 0)
         Counter(label: goAways, dimensions: [("reason", "none")]).increment(by: 0)

@@ -38,19 +38,19 @@ public struct ProviderToken: Sendable, Equatable {
 }
 
 extension ProviderTokenSigner {
-    /// Counts a minted token that was put in use (`apns_jwt_mints_total{team_id,key_id}`), for
+    /// Counts a minted token that was put in use (`apns_relay_provider_token_mints_total{team_id,key_id}`), for
     /// token sources outside this module.
     public func countMint() {
         APNsMetrics.tokenMinted(teamID: teamID, keyID: keyID)
     }
 
-    /// Reports the token now in use (`apns_jwt_issued_at_seconds{team_id,key_id}`), for token
+    /// Reports the token now in use (`apns_relay_provider_token_issued_timestamp_seconds{team_id,key_id}`), for token
     /// sources outside this module.
     public func reportInUse(_ token: ProviderToken) {
         APNsMetrics.tokenInUse(teamID: teamID, keyID: keyID, issuedAt: token.issuedAt)
     }
 
-    /// This key's `apns_requests_total{team_id,key_id}` counter: a token source makes it once and
+    /// This key's `apns_relay_provider_token_requests_total{team_id,key_id}` counter: a token source makes it once and
     /// counts every token it hands out for a send.
     public func makeRequestCounter() -> Counter {
         APNsMetrics.tokenRequests(teamID: teamID, keyID: keyID)
@@ -136,7 +136,7 @@ public final class LocalProviderTokenSource: ProviderTokenSource {
     /// - Parameters:
     ///   - refreshAgeSeconds: mint again once the token is this old; 1200 to 3300.
     ///   - clock: epoch seconds; injected by tests.
-    ///   - countsRequests: count every ``currentToken()`` in `apns_requests_total` (false for
+    ///   - countsRequests: count every ``currentToken()`` in `apns_relay_provider_token_requests_total` (false for
     ///     a fallback inside a source that counts).
     public init(signer: ProviderTokenSigner, refreshAgeSeconds: Int64 = 50 * 60,
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,

@@ -54,7 +54,7 @@ struct RunCommand: AsyncParsableCommand {
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.defaultDurationHistogramBuckets = Self.durationBuckets
         MetricsSystem.bootstrap(factory)
-        Gauge(label: "relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
+        Gauge(label: "apns_relay_build_info", dimensions: [("version", BuildInfo.version), ("commit", BuildInfo.commit)]).record(1)
         // Exported from the start, so the refused-reload alert has a series to compare with.
         for result in ["applied", "invalid"] { PipelineService.countReload(result, by: 0) }
         let application: RelayApplication
@@ -258,9 +258,9 @@ struct PipelineService: Service {
         return nil
     }
 
-    /// `relay_config_reloads_total{result="applied"|"invalid"}`.
+    /// `apns_relay_config_reloads_total{result="applied"|"invalid"}`.
     static func countReload(_ result: String, by count: Int64 = 1) {
-        Counter(label: "relay_config_reloads_total", dimensions: [("result", result)]).increment(by: count)
+        Counter(label: "apns_relay_config_reloads_total", dimensions: [("result", result)]).increment(by: count)
     }
 
     /// The configuration file's bytes and every credential file's (keys and certificates), read

@@ -1,7 +1,7 @@
 /// What this binary was built from, set at build time: the package's `VERSION` file and the git
 /// commit (`scripts/build-info` writes them before every build; `APNS_RELAY_COMMIT` names the
 /// commit where there is no `.git`, as in an image build). `apns-relay --version` prints them,
-/// and `/metrics` exports them as `relay_build_info{version,commit} 1`.
+/// and `/metrics` exports them as `apns_relay_build_info{version,commit} 1`.
 public enum BuildInfo {
     /// The `VERSION` file's text, e.g. `0.1.0`.
     public static let version = generatedVersion

@@ -109,6 +109,7 @@ public final class RelayApplication: Service, Sendable {
             settings.proxy = proxy
             settings.requestTimeout = .seconds(Int64(apns.requestTimeoutSeconds))
             settings.maxQueuedNotifications = queued
+            settings.credentialLabel = credentials[key.credential].metricsName
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,

@@ -316,7 +316,7 @@ struct RedisClusterChangeTests {
         let ports = try cluster.masterPorts()
         let leaving = ports[0], staying = Self.otherMaster(than: ports[0], in: cluster)
         func nodes() -> Set<String> {
-            Set(metrics.counters.filter { $0.label == "relay_redis_node_requests_total" }.compactMap { counter in
+            Set(metrics.counters.filter { $0.label == "apns_relay_redis_node_requests_total" }.compactMap { counter in
                 counter.dimensions.first { $0.0 == "node" }?.1
             })
         }
@@ -330,7 +330,7 @@ struct RedisClusterChangeTests {
             return !nodes().contains("127.0.0.1:\(leaving)")
         }
         #expect(nodes().contains("127.0.0.1:\(staying)"))
-        #expect(!metrics.counters.contains { $0.label == "relay_redis_node_errors_total" && $0.dimensions.contains { $0.1 == "127.0.0.1:\(leaving)" } })
+        #expect(!metrics.counters.contains { $0.label == "apns_relay_redis_node_errors_total" && $0.dimensions.contains { $0.1 == "127.0.0.1:\(leaving)" } })
         await client.shutdown()
     }
 

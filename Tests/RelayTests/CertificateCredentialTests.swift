@@ -269,7 +269,7 @@ struct CertificateProcessTests {
         let config = try writeConfig(harness: harness, httpPort: port,
                                      credentials: ["{cert_file: \(secret.path("tls.crt")), key_file: \(secret.path("tls.key"))}"])
         let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
-        try await CredentialReloadTests.waitForMetric("relay_intents_consumed_total", port: port)
+        try await CredentialReloadTests.waitForMetric("apns_relay_intents_consumed_total", port: port)
         func send(_ id: String, topic: String, pushType: String, token: Int) async throws {
             let value = #"{"id":"\#(id)","token":"\#(hexToken(token))","topic":"\#(topic)","push_type":"\#(pushType)","payload":{"aps":{}}}"#
             _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8), value: Array(value.utf8))
@@ -278,15 +278,15 @@ struct CertificateProcessTests {
         try await send("voip-before", topic: "com.example.app.voip", pushType: "voip", token: 1)
         _ = try await harness.outcomes(distinct: 1)
         try await send("in-flight", topic: "com.example.app", pushType: "alert", token: 2)
-        try await CredentialReloadTests.waitForMetric(#"relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 2"#, port: port)
+        try await CredentialReloadTests.waitForMetric(#"apns_relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 2"#, port: port)
         try secret.update(["tls.crt": renewed.certificatePEM, "tls.key": renewed.privateKeyPEM])
-        try await CredentialReloadTests.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#, port: port)
+        try await CredentialReloadTests.waitForMetric(#"apns_relay_config_reloads_total{result="applied"} 1"#, port: port)
         // The renewed certificate's expiry is exported.
         var exported = "nothing"
         do {
             try await waitUntil(timeout: .seconds(60), asking: {
                 let body = (try? await httpGet(port: port, path: "/metrics"))?.body ?? ""
-                exported = body.split(separator: "\n").first { $0.hasPrefix("apns_certificate_expiry_timestamp_seconds{") }.map(String.init) ?? "no line"
+                exported = body.split(separator: "\n").first { $0.hasPrefix("apns_relay_certificate_expiry_timestamp_seconds{") }.map(String.init) ?? "no line"
                 // The certificate keeps whole seconds: within one of the Date it was made with.
                 return Double(exported.split(separator: " ").last ?? "").map { abs($0 - renewedExpiry.timeIntervalSince1970) <= 1 } == true
             })

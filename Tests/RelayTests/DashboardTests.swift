@@ -28,7 +28,7 @@ struct DashboardTests {
         let dashboard = try Self.dashboard()
         let variables = try #require((dashboard["templating"] as? [String: Any])?["list"] as? [[String: Any]])
         let names = variables.compactMap { $0["name"] as? String }
-        #expect(names == ["datasource", "namespace", "job", "pod", "topic", "lane"])
+        #expect(names == ["datasource", "namespace", "job", "pod", "apns_topic", "lane"])
         for variable in variables where variable["type"] as? String == "query" {
             // "All" must also match series a scrape labelled without them.
             #expect(variable["includeAll"] as? Bool == true && variable["allValue"] as? String == ".*", "\(variable)")
@@ -36,23 +36,23 @@ struct DashboardTests {
         let queries = try Self.queries(dashboard)
         #expect(queries.count >= 20)
         for (panel, expr) in queries {
-            let references = expr.matches(of: /\b((?:relay|apns)_[a-z0-9_]+)(\{[^}]*\})?/)
+            let references = expr.matches(of: /\b(apns_relay_[a-z0-9_]+)(\{[^}]*\})?/)
             #expect(!references.isEmpty, "\(panel): \(expr)")
             for reference in references {
                 let selector = String(reference.output.2 ?? "")
                 for scope in [#"namespace=~"$namespace""#, #"job=~"$job""#, #"pod=~"$pod""#] {
                     #expect(selector.contains(scope), "\(panel): \(reference.output.1) lacks \(scope) in \(expr)")
                 }
-                if reference.output.1 == "relay_outcomes_total" {
-                    #expect(selector.contains(#"topic=~"$topic""#), "\(panel): \(expr)")
+                if reference.output.1 == "apns_relay_outcomes_total" {
+                    #expect(selector.contains(#"apns_topic=~"$apns_topic""#), "\(panel): \(expr)")
                 }
-                if ["relay_intents_consumed_total", "relay_in_flight", "relay_consumer_lag", "relay_intent_duration_seconds_bucket"]
+                if ["apns_relay_intents_consumed_total", "apns_relay_in_flight", "apns_relay_consumer_lag", "apns_relay_intent_duration_seconds_bucket"]
                     .contains(String(reference.output.1)) {
                     #expect(selector.contains(#"lane=~"$lane""#), "\(panel): \(expr)")
                 }
             }
         }
-        // Per-app panels: grouped by topic.
-        #expect(queries.filter { $0.expr.contains("by (topic") }.count >= 3)
+        // Per-app panels: grouped by the APNs topic.
+        #expect(queries.filter { $0.expr.contains("by (apns_topic") }.count >= 3)
     }
 }

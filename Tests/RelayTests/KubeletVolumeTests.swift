@@ -64,7 +64,7 @@ struct MountedRelay {
         let config = try KubeletVolume(["apns-relay.yaml": written])
         let relay = try RelayProcess.start(config: config.path("apns-relay.yaml"),
                                            extraArguments: ["--reload-check-ms", "\(reloadCheckMilliseconds)"])
-        try await CredentialReloadTests.waitForMetric("relay_intents_consumed_total", port: port)
+        try await CredentialReloadTests.waitForMetric("apns_relay_intents_consumed_total", port: port)
         return MountedRelay(harness: harness, port: port, written: written, config: config, keys: keys, relay: relay)
     }
 
@@ -98,13 +98,13 @@ struct KubeletVolumeTests {
 
         // The ConfigMap edited: applied.
         try mounted.editConfiguration()
-        try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
+        try await mounted.waitForMetric(#"apns_relay_config_reloads_total{result="applied"} 1"#)
         try await mounted.send("after-config", token: 2)
 
         // The Secret edited with a broken key: seen through the swapped link, refused, and the
         // key in use stays.
         try mounted.breakKey()
-        try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
+        try await mounted.waitForMetric(#"apns_relay_config_reloads_total{result="invalid"} 1"#)
         try await mounted.send("after-key", token: 3)
 
         let outcomes = try await mounted.harness.outcomes(distinct: 3)
@@ -130,10 +130,10 @@ struct KubeletVolumeTests {
         // enough for a loaded machine to get through the steps below meanwhile).
         mounted.harness.simulator.update { $0.latency = .seconds(10) }
         try await mounted.send("held", token: 1)
-        let inFlightOne = #"relay_in_flight{lane="\#(mounted.harness.intentsTopic)"} 1.0"#
+        let inFlightOne = #"apns_relay_in_flight{lane="\#(mounted.harness.intentsTopic)"} 1.0"#
         try await mounted.waitForMetric(inFlightOne)
         try mounted.editConfiguration()
-        try await mounted.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#)
+        try await mounted.waitForMetric(#"apns_relay_config_reloads_total{result="applied"} 1"#)
         // A reload is not a reason to be unready: every pod reloads at once.
         let ready = try await httpGet(port: mounted.port, path: "/readyz")
         #expect(ready.status == 200, "\(ready.body)")
@@ -141,7 +141,7 @@ struct KubeletVolumeTests {
         // The swap landed in the drain: the held intent is still in flight.
         let during = try await httpGet(port: mounted.port, path: "/metrics").body
         #expect(hasMetricLine(during, inFlightOne), "\(during)")
-        try await mounted.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#)
+        try await mounted.waitForMetric(#"apns_relay_config_reloads_total{result="invalid"} 1"#)
         // Answers without delay from here on (the held one keeps its 10 s).
         mounted.harness.simulator.update { $0.latency = .zero }
         try await mounted.send("after", token: 2)
@@ -149,7 +149,7 @@ struct KubeletVolumeTests {
         let (ids, _) = try await mounted.harness.outcomeIDs(atLeast: 2, timeout: .seconds(30))
         #expect(ids == ["held", "after"])
         let metrics = try await httpGet(port: mounted.port, path: "/metrics").body
-        #expect(metrics.contains(#"relay_config_reloads_total{result="applied"} 1"#), "\(metrics)")
+        #expect(metrics.contains(#"apns_relay_config_reloads_total{result="applied"} 1"#), "\(metrics)")
         #expect(await mounted.relay.terminate() == 0)
         #expect(!mounted.relay.printed.contains("cannot start"), "\(mounted.relay.printed.suffix(3000))")
         await mounted.harness.simulator.stop()

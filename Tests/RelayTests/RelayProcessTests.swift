@@ -231,17 +231,17 @@ struct RelayProcessTests {
         #expect(verbose.status == 200 && verbose.body.hasSuffix("dependencies: ok\n"), "\(verbose.body)")
         let metrics = try await httpGet(port: port, path: "/metrics")
         #expect(metrics.status == 200)
-        #expect(hasMetricLine(metrics.body, #"relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 201"#), "\(metrics.body)")
-        #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
-        #expect(hasMetricLine(metrics.body, #"relay_outcomes_total{topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, #"apns_relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 201"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, #"apns_relay_outcomes_total{apns_topic="com.example.app",status="delivered",reason="none"} 200"#), "\(metrics.body)")
+        #expect(hasMetricLine(metrics.body, #"apns_relay_outcomes_total{apns_topic="other",status="failed",reason="NoCredentials"} 1"#), "\(metrics.body)")
         #expect(!metrics.body.contains("com.stray.app"))
         // What it was built from, one series.
-        #expect(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_build_info{") }.count == 1, "\(metrics.body)")
-        #expect(metrics.body.contains("apns_jwt_mints_total"))
+        #expect(metrics.body.split(separator: "\n").filter { $0.hasPrefix("apns_relay_build_info{") }.count == 1, "\(metrics.body)")
+        #expect(metrics.body.contains("apns_relay_provider_token_mints_total"))
         // Every send carried the key's token (the stray one never reached APNs): the token-age
         // alert reads this to know the key is in use.
-        #expect(hasMetricLine(metrics.body, #"apns_requests_total{team_id="TEAM123456",key_id="ABC123DEFG"} 200"#), "\(metrics.body)")
-        #expect(metrics.body.contains("relay_apns_request_duration_seconds"))
+        #expect(hasMetricLine(metrics.body, #"apns_relay_provider_token_requests_total{team_id="TEAM123456",key_id="ABC123DEFG"} 200"#), "\(metrics.body)")
+        #expect(metrics.body.contains("apns_relay_apns_request_duration_seconds"))
         #expect(try await httpGet(port: port, path: "/nope").status == 404)
         #expect(await relay.terminate() == 0)
         let printed = relay.printed
@@ -332,7 +332,7 @@ struct RelayProcessGroupTests {
         let ports = [try await freePort(), try await freePort()]
         func lagPartitions(_ port: Int) async -> Set<String> {
             guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return [] }
-            return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix("relay_consumer_lag{") }
+            return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix("apns_relay_consumer_lag{") }
                 .compactMap { $0.firstMatch(of: /partition="(\d+)"/).map { String($0.output.1) } })
         }
         let first = try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: ports[0]))
@@ -366,7 +366,7 @@ struct RelayProcessGroupTests {
         var refused = 0
         for port in ports {
             let metrics = (try? await httpGet(port: port, path: "/metrics"))?.body ?? ""
-            let line = metrics.split(separator: "\n").first { $0.hasPrefix("relay_revocation_commit_failures_total ") }
+            let line = metrics.split(separator: "\n").first { $0.hasPrefix("apns_relay_revocation_commit_failures_total ") }
             refused += line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
         }
         // Everything answered is committed, by whichever relay owned it last (the background
@@ -400,7 +400,7 @@ extension RelayProcessTests {
         // Produce in waves until both relays have consumed some (the group split the partitions).
         func consumed(_ port: Int) async -> Int {
             guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return 0 }
-            let line = metrics.body.split(separator: "\n").first { $0.hasPrefix("relay_intents_consumed_total{") }
+            let line = metrics.body.split(separator: "\n").first { $0.hasPrefix("apns_relay_intents_consumed_total{") }
             return line.flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
         }
         var produced = 0
@@ -418,7 +418,7 @@ extension RelayProcessTests {
         var mints = 0
         for port in ports {
             let metrics = try await httpGet(port: port, path: "/metrics")
-            for line in metrics.body.split(separator: "\n") where line.hasPrefix("apns_jwt_mints_total{") {
+            for line in metrics.body.split(separator: "\n") where line.hasPrefix("apns_relay_provider_token_mints_total{") {
                 mints += Int(line.split(separator: " ").last ?? "") ?? 0
             }
         }
@@ -440,7 +440,7 @@ struct SecretsTests {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         for file in ["deploy/grafana/apns-relay.json", "charts/apns-relay/files/prometheus-rules.yaml"] {
             let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
-            let used = Set(text.matches(of: /\b(?:relay|apns)_[a-z0-9_]+\b/).map { String($0.output) })
+            let used = Set(text.matches(of: /\bapns_relay_[a-z0-9_]+\b/).map { String($0.output) })
             #expect(used.count >= 6, "\(file)")
             for name in used.sorted() {
                 #expect(exported.contains(name), "\(file) uses \(name), which /metrics does not show")
@@ -488,8 +488,8 @@ struct SecretsTests {
         let deadline = ContinuousClock.now + .seconds(20)
         repeat {
             metrics = try await httpGet(port: port, path: "/metrics").body
-            if metrics.contains("relay_consumer_lag{"), metrics.contains("relay_kafka_consumer_fetching{"),
-               metrics.contains("relay_kafka_producer_queue_messages ") { break }
+            if metrics.contains("apns_relay_consumer_lag{"), metrics.contains("apns_relay_kafka_consumer_fetching{"),
+               metrics.contains("apns_relay_kafka_producer_queue_messages ") { break }
             try await Task.sleep(for: .milliseconds(200))
         } while ContinuousClock.now < deadline
         let ready = try await httpGet(port: port, path: "/readyz").body
@@ -530,24 +530,24 @@ struct SecretsTests {
         #expect(answered.count == 20)
         try Self.dashboardsAndAlertsUseExportedNames(metrics)
         // Redis answered throughout: no outage and no refusal, and both series exist for the alert.
-        #expect(metrics.contains(#"relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
-        #expect(metrics.contains(#"relay_redis_errors_total{kind="refused"} 0"#))
-        #expect(metrics.contains(#"apns_certificate_expiry_timestamp_seconds{subject="com.example.certificate"} "#), "\(metrics)")
+        #expect(metrics.contains(#"apns_relay_redis_errors_total{kind="outage"} 0"#), "\(metrics)")
+        #expect(metrics.contains(#"apns_relay_redis_errors_total{kind="refused"} 0"#))
+        #expect(metrics.contains(#"apns_relay_certificate_expiry_timestamp_seconds{subject="com.example.certificate"} "#), "\(metrics)")
         // librdkafka's statistics: the mock cluster's broker up for both clients, the assigned
         // partitions fetched, every outcome acknowledged.
-        let brokerLines = metrics.split(separator: "\n").filter { $0.hasPrefix("relay_kafka_broker_up{") }
+        let brokerLines = metrics.split(separator: "\n").filter { $0.hasPrefix("apns_relay_kafka_broker_up{") }
         #expect(brokerLines.contains { $0.contains(#"client="consumer""#) && $0.hasSuffix(" 1.0") }, "\(brokerLines)")
         #expect(brokerLines.contains { $0.contains(#"client="producer""#) && $0.hasSuffix(" 1.0") }, "\(brokerLines)")
         #expect(brokerLines.allSatisfy { $0.contains("/1\"}") }, "only brokers by node id: \(brokerLines)")
-        #expect(metrics.split(separator: "\n").contains { $0.hasPrefix("relay_kafka_consumer_fetching{") && $0.hasSuffix(" 1.0") }, "\(metrics)")
-        #expect(hasMetricLine(metrics, "relay_kafka_producer_queue_messages 0.0"), "\(metrics)")
+        #expect(metrics.split(separator: "\n").contains { $0.hasPrefix("apns_relay_kafka_consumer_fetching{") && $0.hasSuffix(" 1.0") }, "\(metrics)")
+        #expect(hasMetricLine(metrics, "apns_relay_kafka_producer_queue_messages 0.0"), "\(metrics)")
         // Latency buckets reach past the retry deadline (600 s by default), up to an hour.
-        let buckets = metrics.split(separator: "\n").filter { $0.hasPrefix("relay_intent_duration_seconds_bucket{") }
+        let buckets = metrics.split(separator: "\n").filter { $0.hasPrefix("apns_relay_intent_duration_seconds_bucket{") }
         #expect(buckets.contains { $0.contains(#"le="600.0""#) } && buckets.contains { $0.contains(#"le="3600.0""#) }, "\(buckets)")
         #expect(checked.stdout.contains("cert_file: \"\(certificateFile)\""), "\(checked.stdout)")
         // Exactly one outcome per intent was published.
         #expect(outcomes.count == 20)
-        #expect(hasMetricLine(metrics, #"relay_outcomes_total{topic="com.example.app",status="delivered",reason="none"} 20"#), "\(metrics)")
+        #expect(hasMetricLine(metrics, #"apns_relay_outcomes_total{apns_topic="com.example.app",status="delivered",reason="none"} 20"#), "\(metrics)")
         await harness.simulator.stop()
     }
 }
@@ -580,21 +580,21 @@ struct CredentialReloadTests {
         let port = try await freePort()
         let config = try writeConfig(harness: harness, httpPort: port)
         let relay = try RelayProcess.start(config: config, extraArguments: ["--reload-check-ms", "300"])
-        try await Self.waitForMetric("relay_intents_consumed_total", port: port)
+        try await Self.waitForMetric("apns_relay_intents_consumed_total", port: port)
         let original = try String(contentsOfFile: config, encoding: .utf8)
         // librdkafka knows no such value; the loader passes kafka.config through as it is.
         try original.replacingOccurrences(of: "heartbeat.interval.ms: 500", with: "heartbeat.interval.ms: soon")
             .write(toFile: config, atomically: true, encoding: .utf8)
-        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#, port: port)
+        try await Self.waitForMetric(#"apns_relay_config_reloads_total{result="invalid"} 1"#, port: port)
         // A Redis URL that does not parse.
         try original.replacingOccurrences(of: "url: \"\"", with: "url: \"redis://:99999999\"")
             .write(toFile: config, atomically: true, encoding: .utf8)
-        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 2"#, port: port)
+        try await Self.waitForMetric(#"apns_relay_config_reloads_total{result="invalid"} 2"#, port: port)
         try await harness.produce(20)
         let (ids, _) = try await harness.outcomeIDs(atLeast: 20)
         #expect(ids.count == 20)
         let metrics = try await httpGet(port: port, path: "/metrics")
-        #expect(!metrics.body.contains(#"relay_config_reloads_total{result="applied"}"#) || metrics.body.contains(#"relay_config_reloads_total{result="applied"} 0"#))
+        #expect(!metrics.body.contains(#"apns_relay_config_reloads_total{result="applied"}"#) || metrics.body.contains(#"apns_relay_config_reloads_total{result="applied"} 0"#))
         #expect(await relay.terminate() == 0)
         await harness.simulator.stop()
     }
@@ -615,17 +615,17 @@ struct CredentialReloadTests {
             let value = #"{"id":"\#(id)","token":"\#(hexToken(token))","topic":"\#(topic)","payload":{"aps":{"alert":"x"}}}"#
             _ = try await harness.producer.send(topic: harness.intentsTopic, key: Array(hexToken(token).utf8), value: Array(value.utf8))
         }
-        try await Self.waitForMetric("relay_intents_consumed_total", port: port)
+        try await Self.waitForMetric("apns_relay_intents_consumed_total", port: port)
         try await send("before", topic: "com.example.app", token: 1)
         try await send("new-before", topic: "com.example.new", token: 2)
-        try await Self.waitForMetric(#"relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 2"#, port: port)
+        try await Self.waitForMetric(#"apns_relay_intents_consumed_total{lane="\#(harness.intentsTopic)"} 2"#, port: port)
 
         // A new key for a new app replaces the old one: the file changes, the key arrives.
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: newKeyFile)
         let replaced = try writeConfig(harness: harness, httpPort: port,
                                        credentials: [#"{team_id: TEAM999999, key_id: NEWKEY1234, key_file: \#(link), topics: ["com.example.new"]}"#])
         try String(contentsOfFile: replaced, encoding: .utf8).write(toFile: config, atomically: true, encoding: .utf8)
-        try await Self.waitForMetric(#"relay_config_reloads_total{result="applied"} 1"#, port: port)
+        try await Self.waitForMetric(#"apns_relay_config_reloads_total{result="applied"} 1"#, port: port)
         try await Self.waitForMetric(#"team_id="TEAM999999""#, port: port)
         try await send("after", topic: "com.example.app", token: 3)
         try await send("new-after", topic: "com.example.new", token: 4)
@@ -636,7 +636,7 @@ struct CredentialReloadTests {
         let swap = directory.appendingPathComponent("swap").path
         try FileManager.default.createSymbolicLink(atPath: swap, withDestinationPath: broken)
         _ = rename(swap, link)
-        try await Self.waitForMetric(#"relay_config_reloads_total{result="invalid"} 1"#, port: port)
+        try await Self.waitForMetric(#"apns_relay_config_reloads_total{result="invalid"} 1"#, port: port)
         try await send("new-still", topic: "com.example.new", token: 5)
 
         let outcomes = try await harness.outcomes(distinct: 5)

@@ -10,8 +10,8 @@ final class RedisNode: Sendable {
     let address: RedisNodeAddress
     let connections: [RedisSlot]
     private let next = Atomic<Int>(0)
-    /// Round trips to this node (`relay_redis_node_requests_total{node}`), and those that
-    /// failed or came back with an error reply (`relay_redis_node_errors_total{node}`).
+    /// Round trips to this node (`apns_relay_redis_node_requests_total{node}`), and those that
+    /// failed or came back with an error reply (`apns_relay_redis_node_errors_total{node}`).
     let requests: Counter
     let errors: Counter
 
@@ -19,8 +19,8 @@ final class RedisNode: Sendable {
          sslContext: NIOSSLContext?, logger: Logger) {
         self.address = address
         let factory = configuration.metricsFactory ?? MetricsSystem.factory
-        requests = Counter(label: "relay_redis_node_requests_total", dimensions: [("node", address.description)], factory: factory)
-        errors = Counter(label: "relay_redis_node_errors_total", dimensions: [("node", address.description)], factory: factory)
+        requests = Counter(label: "apns_relay_redis_node_requests_total", dimensions: [("node", address.description)], factory: factory)
+        errors = Counter(label: "apns_relay_redis_node_errors_total", dimensions: [("node", address.description)], factory: factory)
         var nodeConfiguration = configuration
         nodeConfiguration.url.host = address.host
         nodeConfiguration.url.port = address.port
@@ -93,15 +93,15 @@ final class RedisClusterRouter: Sendable {
     }
 
     let state = Locked(State())
-    /// Counters for tests; the same go to metrics: `relay_redis_redirects_total{kind}`,
-    /// `relay_redis_topology_refreshes_total`, and `relay_redis_cluster_masters`.
+    /// Counters for tests; the same go to metrics: `apns_relay_redis_redirects_total{kind}`,
+    /// `apns_relay_redis_topology_refreshes_total`, and `apns_relay_redis_cluster_masters`.
     let refreshes = Atomic<Int>(0)
     let movedRedirects = Atomic<Int>(0)
     let askRedirects = Atomic<Int>(0)
-    static let movedMetric = Counter(label: "relay_redis_redirects_total", dimensions: [("kind", "moved")])
-    static let askMetric = Counter(label: "relay_redis_redirects_total", dimensions: [("kind", "ask")])
-    static let refreshMetric = Counter(label: "relay_redis_topology_refreshes_total")
-    static let mastersMetric = Gauge(label: "relay_redis_cluster_masters")
+    static let movedMetric = Counter(label: "apns_relay_redis_redirects_total", dimensions: [("kind", "moved")])
+    static let askMetric = Counter(label: "apns_relay_redis_redirects_total", dimensions: [("kind", "ask")])
+    static let refreshMetric = Counter(label: "apns_relay_redis_topology_refreshes_total")
+    static let mastersMetric = Gauge(label: "apns_relay_redis_cluster_masters")
 
     init(configuration: RedisConfiguration, loops: [any EventLoop], sslContext: NIOSSLContext?, logger: Logger) {
         self.configuration = configuration

@@ -16,7 +16,7 @@ public enum LoadedCredential: Sendable {
         return identity.info.topics
     }
 
-    /// Whom a credential fault is counted for, and cooled down (`relay_credential_faults_total{team_id}`):
+    /// Whom a credential fault is counted for, and cooled down (`apns_relay_credential_faults_total{team_id}`):
     /// the team id, for a certificate its subject (its UID): one certificate's fault stops
     /// neither the team's keys nor its other certificates.
     var team: String {
@@ -27,6 +27,15 @@ public enum LoadedCredential: Sendable {
     }
 
     var isCertificate: Bool { certificate != nil }
+
+    /// How metrics name it (`apns_relay_apns_connections_ready{credential}`): `TEAM:KEY`, or a
+    /// certificate's subject.
+    var metricsName: String {
+        switch self {
+        case .token(let signer): "\(signer.teamID):\(signer.keyID)"
+        case .certificate(let identity): identity.info.subject
+        }
+    }
 
     /// What the certificate says; nil for a token.
     var certificate: APNsCertificateInfo? {

@@ -59,7 +59,7 @@ struct DeliveryStateMachine: Sendable {
     let backoff: Backoff
     /// Requests that went out (APNs client retries and resends included).
     private(set) var attempts = 0
-    /// Retryable answers that were retried or timed out (`relay_retries_total`).
+    /// Retryable answers that were retried or timed out (`apns_relay_retries_total`).
     private(set) var retries = 0
     /// Why the last attempt did not get a final answer.
     private(set) var lastReason: String?

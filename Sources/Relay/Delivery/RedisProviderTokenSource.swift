@@ -38,7 +38,7 @@ public final class RedisProviderTokenSource: ProviderTokenSource {
     private let asking = Locked<Task<ProviderToken, any Error>?>(nil)
     private let redisFailing = Atomic<Bool>(false)
     private let mints = Atomic<Int>(0)
-    /// `apns_requests_total` for this key: every ``currentToken()`` (one per send).
+    /// `apns_relay_provider_token_requests_total` for this key: every ``currentToken()`` (one per send).
     private let requests: Counter
 
     /// - Parameter keyPrefix: `redis.key_prefix`.

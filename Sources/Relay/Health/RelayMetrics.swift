@@ -8,9 +8,9 @@ import Common
 /// The metrics the relay emits; names live here only (docs/operations.md and dashboards read
 /// them from here).
 enum RelayMetrics {
-    /// Per lane (label `lane`: its intents topic): `relay_intents_consumed_total`,
-    /// `relay_in_flight` (between consume and outcome, the intents waiting behind their device
-    /// included) and `relay_intent_duration_seconds` (consume → outcome decided; from a mailbox,
+    /// Per lane (label `lane`: its intents topic): `apns_relay_intents_consumed_total`,
+    /// `apns_relay_in_flight` (between consume and outcome, the intents waiting behind their device
+    /// included) and `apns_relay_intent_duration_seconds` (consume → outcome decided; from a mailbox,
     /// the time since its intent was first consumed).
     struct Lane: Sendable {
         let consumed: Counter
@@ -19,52 +19,52 @@ enum RelayMetrics {
 
         /// The lane's series, made to exist from the start (at 0).
         init(topic: String) {
-            consumed = Counter(label: "relay_intents_consumed_total", dimensions: [("lane", topic)])
-            inFlight = Gauge(label: "relay_in_flight", dimensions: [("lane", topic)])
-            latency = Timer(label: "relay_intent_duration_seconds", dimensions: [("lane", topic)], preferredDisplayUnit: .seconds)
+            consumed = Counter(label: "apns_relay_intents_consumed_total", dimensions: [("lane", topic)])
+            inFlight = Gauge(label: "apns_relay_in_flight", dimensions: [("lane", topic)])
+            latency = Timer(label: "apns_relay_intent_duration_seconds", dimensions: [("lane", topic)], preferredDisplayUnit: .seconds)
             consumed.increment(by: 0)
             inFlight.record(0)
         }
     }
 
-    static let retries = Counter(label: "relay_retries_total")
-    /// `relay_redis_errors_total{kind}`: `outage` (no answer — connection refused or lost, timed
+    static let retries = Counter(label: "apns_relay_retries_total")
+    /// `apns_relay_redis_errors_total{kind}`: `outage` (no answer — connection refused or lost, timed
     /// out — or an answer saying Redis itself is in trouble: `LOADING`, `OOM`, `READONLY`, …) or
     /// `refused` (an error for what a key holds, `WRONGTYPE`, a script's `ERR`: asking again
     /// gives the same). Only an outage means Redis is down; the alert reads that kind.
-    static let redisOutage = Counter(label: "relay_redis_errors_total", dimensions: [("kind", "outage")])
-    static let redisRefused = Counter(label: "relay_redis_errors_total", dimensions: [("kind", "refused")])
+    static let redisOutage = Counter(label: "apns_relay_redis_errors_total", dimensions: [("kind", "outage")])
+    static let redisRefused = Counter(label: "apns_relay_redis_errors_total", dimensions: [("kind", "refused")])
 
     static func redisError(_ error: RedisError) {
         (error.isRefusal ? redisRefused : redisOutage).increment()
     }
     /// Intents parked in their device's mailbox (rate limit, 429 backoff, APNs unavailable).
-    static let parked = Counter(label: "relay_parked_total")
+    static let parked = Counter(label: "apns_relay_parked_total")
     /// Partitions paused because too many of their offsets wait behind an unfinished one.
-    static let partitionsHeld = Gauge(label: "relay_partitions_held")
+    static let partitionsHeld = Gauge(label: "apns_relay_partitions_held")
     /// Outcomes (and invalidation records) whose publishing failed once (each is retried until
     /// it succeeds).
-    static let publishFailures = Counter(label: "relay_outcome_publish_failures_total")
-    /// `relay_invalidations_published_total{kind}`: records on `kafka.invalidations_topic`,
+    static let publishFailures = Counter(label: "apns_relay_outcome_publish_failures_total")
+    /// `apns_relay_invalidations_published_total{kind}`: records on `kafka.invalidations_topic`,
     /// `unregistered` (a pair is dead) or `tombstone` (delivered to: alive).
-    static let invalidationsPublished = Counter(label: "relay_invalidations_published_total", dimensions: [("kind", "unregistered")])
-    static let tombstonesPublished = Counter(label: "relay_invalidations_published_total", dimensions: [("kind", "tombstone")])
+    static let invalidationsPublished = Counter(label: "apns_relay_invalidations_published_total", dimensions: [("kind", "unregistered")])
+    static let tombstonesPublished = Counter(label: "apns_relay_invalidations_published_total", dimensions: [("kind", "tombstone")])
     /// Revocations whose commit the group coordinator refused: the partitions' next owners
     /// send again what was finished here since the last commit.
-    static let revocationCommitFailures = Counter(label: "relay_revocation_commit_failures_total")
+    static let revocationCommitFailures = Counter(label: "apns_relay_revocation_commit_failures_total")
     /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).
-    static let redisLatency = Timer(label: "relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
-    static let apnsLatency = Timer(label: "relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
+    static let redisLatency = Timer(label: "apns_relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
+    static let apnsLatency = Timer(label: "apns_relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
 
-    /// `relay_outcomes_total{topic,status,reason}`: outcomes by app, status and reason code (the
+    /// `apns_relay_outcomes_total{topic,status,reason}`: outcomes by app, status and reason code (the
     /// part before any ":" detail). `topic` is the intent's topic when a credential covers it
     /// (the configured bundle ids and their push-type suffixes), else `other`: intents name any
     /// topic they like, the label set stays the configured one. Reasons partly come from outside
     /// (APNs may answer a reason this version does not know), so at most `maxReasonLabels`
     /// distinct codes get their own label; later new ones count as `other`.
     static func outcome(_ outcome: Outcome, topic: String) {
-        Counter(label: "relay_outcomes_total", dimensions: [
-            ("topic", topic), ("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason)),
+        Counter(label: "apns_relay_outcomes_total", dimensions: [
+            ("apns_topic", topic), ("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason)),
         ]).increment()
     }
 
@@ -100,13 +100,13 @@ enum RelayMetrics {
     /// Partitions whose lag this process shows.
     private static let lagPartitions = Locked(Set<TopicPartition>())
 
-    /// `relay_consumer_lag{lane,partition}` for the partitions this relay owns now (`owned`: its
+    /// `apns_relay_consumer_lag{lane,partition}` for the partitions this relay owns now (`owned`: its
     /// assignment; `lag` may miss one whose position is not known yet); the series of a
     /// partition it no longer owns is removed (after a rebalance its new owner reports it, and a
     /// sum over the fleet counts it once).
     static func consumerLag(_ lag: [TopicPartition: Int64], owned: Set<TopicPartition>) {
         func gauge(_ partition: TopicPartition) -> Gauge {
-            Gauge(label: "relay_consumer_lag", dimensions: [("lane", partition.topic), ("partition", String(partition.partition))])
+            Gauge(label: "apns_relay_consumer_lag", dimensions: [("lane", partition.topic), ("partition", String(partition.partition))])
         }
         for (partition, records) in lag where owned.contains(partition) {
             gauge(partition).record(records)
@@ -119,26 +119,26 @@ enum RelayMetrics {
     }
 
     /// librdkafka's statistics of the producer or the consumer (`client`) as gauges:
-    /// `relay_kafka_broker_up` and `relay_kafka_broker_rtt_seconds` per broker, the producer's
-    /// `relay_kafka_producer_queue_messages` and `relay_kafka_producer_queue_latency_seconds`
-    /// (per broker), the consumer's `relay_kafka_consumer_fetching` per assigned partition.
+    /// `apns_relay_kafka_broker_up` and `apns_relay_kafka_broker_rtt_seconds` per broker, the producer's
+    /// `apns_relay_kafka_producer_queue_messages` and `apns_relay_kafka_producer_queue_latency_seconds`
+    /// (per broker), the consumer's `apns_relay_kafka_consumer_fetching` per assigned partition.
     /// Series of brokers and partitions no longer listed (a partition revoked) go.
     static func kafkaStatistics(_ statistics: KafkaStatistics, client: String) {
         let brokers = Set(statistics.brokers.map(\.name))
         for broker in statistics.brokers {
-            Gauge(label: "relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker.name)]).record(broker.isUp ? 1 : 0)
-            Gauge(label: "relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker.name)])
+            Gauge(label: "apns_relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker.name)]).record(broker.isUp ? 1 : 0)
+            Gauge(label: "apns_relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker.name)])
                 .record(broker.roundTripSeconds)
             if client == "producer" {
-                Gauge(label: "relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker.name)]).record(broker.queueLatencySeconds)
+                Gauge(label: "apns_relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker.name)]).record(broker.queueLatencySeconds)
             }
         }
         let partitions = Set(statistics.partitions.map { "\($0.topic)\u{0}\($0.partition)" })
         if client == "producer" {
-            Gauge(label: "relay_kafka_producer_queue_messages").record(statistics.queuedMessages)
+            Gauge(label: "apns_relay_kafka_producer_queue_messages").record(statistics.queuedMessages)
         } else {
             for partition in statistics.partitions {
-                Gauge(label: "relay_kafka_consumer_fetching", dimensions: [("topic", partition.topic), ("partition", String(partition.partition))])
+                Gauge(label: "apns_relay_kafka_consumer_fetching", dimensions: [("lane", partition.topic), ("partition", String(partition.partition))])
                     .record(partition.fetchState == "active" ? 1 : 0)
             }
         }
@@ -150,41 +150,41 @@ enum RelayMetrics {
             return ((shown.brokers[client] ?? []).subtracting(brokers), client == "consumer" ? shown.partitions.subtracting(partitions) : [])
         }
         for broker in goneBrokers {
-            Gauge(label: "relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker)]).destroy()
-            Gauge(label: "relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker)]).destroy()
-            if client == "producer" { Gauge(label: "relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker)]).destroy() }
+            Gauge(label: "apns_relay_kafka_broker_up", dimensions: [("client", client), ("broker", broker)]).destroy()
+            Gauge(label: "apns_relay_kafka_broker_rtt_seconds", dimensions: [("client", client), ("broker", broker)]).destroy()
+            if client == "producer" { Gauge(label: "apns_relay_kafka_producer_queue_latency_seconds", dimensions: [("broker", broker)]).destroy() }
         }
         for key in gonePartitions {
             let parts = key.split(separator: "\u{0}", maxSplits: 1)
             guard parts.count == 2 else { continue }
-            Gauge(label: "relay_kafka_consumer_fetching", dimensions: [("topic", String(parts[0])), ("partition", String(parts[1]))]).destroy()
+            Gauge(label: "apns_relay_kafka_consumer_fetching", dimensions: [("lane", String(parts[0])), ("partition", String(parts[1]))]).destroy()
         }
     }
 
     private static let kafkaSeries = Locked<(brokers: [String: Set<String>], partitions: Set<String>)>(([:], []))
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
-    /// appearing with the first event: the counters, every status of `relay_outcomes_total` for
+    /// appearing with the first event: the counters, every status of `apns_relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
         for topic in Set(topics) {
             for status in Outcome.Status.allCases {
-                Counter(label: "relay_outcomes_total", dimensions: [("topic", topic), ("status", status.rawValue), ("reason", "none")])
+                Counter(label: "apns_relay_outcomes_total", dimensions: [("apns_topic", topic), ("status", status.rawValue), ("reason", "none")])
                     .increment(by: 0)
             }
         }
         for teamID in Set(teamIDs) {
-            Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment(by: 0)
+            Counter(label: "apns_relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment(by: 0)
         }
     }
 
-    /// `apns_certificate_expiry_timestamp_seconds{subject}`: when each certificate credential's
+    /// `apns_relay_certificate_expiry_timestamp_seconds{subject}`: when each certificate credential's
     /// certificate expires (epoch seconds), set as a relay starts with them; the series of a
     /// subject no longer configured (a reload removed or replaced it) go.
     static func certificateExpiries(_ certificates: [APNsCertificateInfo]) {
         func gauge(_ subject: String) -> Gauge {
-            Gauge(label: "apns_certificate_expiry_timestamp_seconds", dimensions: [("subject", subject)])
+            Gauge(label: "apns_relay_certificate_expiry_timestamp_seconds", dimensions: [("subject", subject)])
         }
         let subjects = Set(certificates.map(\.subject))
         let gone = certificateSubjects.withLock { shown in
@@ -198,6 +198,6 @@ enum RelayMetrics {
     private static let certificateSubjects = Locked(Set<String>())
 
     static func credentialFault(teamID: String) {
-        Counter(label: "relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment()
+        Counter(label: "apns_relay_credential_faults_total", dimensions: [("team_id", teamID)]).increment()
     }
 }

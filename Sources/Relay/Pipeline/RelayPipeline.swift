@@ -253,7 +253,7 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// What the relay's dependencies lack now, one line each, empty when nothing: Redis failing
     /// (and what the relay does meanwhile), an APNs client without a ready connection. Shown by
-    /// `/readyz?verbose`; the metrics (`relay_redis_errors_total`, `apns_connections_ready`) and
+    /// `/readyz?verbose`; the metrics (`apns_relay_redis_errors_total`, `apns_relay_apns_connections_ready`) and
     /// their alerts say the same to Prometheus.
     public var dependencyProblems: [String] {
         var problems: [String] = []
