@@ -269,6 +269,10 @@ extension APNsNotification {
                 throw APNsValidationError(.badPayload, "a background push needs \"content-available\": 1 in aps")
             }
         }
+        if pushType == .liveactivity || pushType == .widgets || pushType == .controls,
+           let problem = payload.withUnsafeReadableBytes({ PushTypePayloads.problem(pushType, $0) }) {
+            throw APNsValidationError(.badPayload, problem)
+        }
     }
 }
 

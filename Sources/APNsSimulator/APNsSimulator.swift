@@ -23,6 +23,9 @@ public struct AcceptedNotification: Sendable {
     public var receivedAt: Int64
     /// With certificate auth: the subject (UID) of the connection's client certificate.
     public var clientCertificate: String? = nil
+    /// Why a device would drop it although APNs took it in (a Live Activity, widget or
+    /// controls payload that breaks ``PushTypePayloads``' rules); nil when it would not.
+    public var droppedOnDevice: String? = nil
 }
 
 /// An APNs look-alike: TLS + HTTP/2 (nghttp2, the same engine as the client) answering as the
@@ -120,6 +123,10 @@ public final class APNsSimulator: Sendable {
 
     /// The broadcast channels of an app: channel id → message storage policy.
     public func channels(of bundleID: String) -> [String: Int] { state.locked { $0.channels[bundleID] ?? [:] } }
+
+    /// Notifications answered 200 that a device would have dropped, by the rule they broke
+    /// (``AcceptedNotification/droppedOnDevice``).
+    public var droppedOnDevice: [String: Int] { state.locked { $0.droppedOnDevice } }
 
     /// Answers by `"200"` or `"STATUS Reason"`.
     public var answers: [String: Int] {

@@ -35,6 +35,8 @@ final class SharedState: Sendable {
         /// Answers other than 200, by "STATUS Reason".
         var answers: [String: Int] = [:]
         var delivered = 0
+        /// Notifications answered 200 that a device would drop (``PushTypePayloads``), by rule.
+        var droppedOnDevice: [String: Int] = [:]
         var deviceWindows: [String: (start: NIODeadline, count: Int)] = [:]
         var connectionsAccepted = 0
         var peakWhileLimitedToOne = 0
@@ -164,6 +166,7 @@ final class SharedState: Sendable {
                 }
                 if answer.status == 200 {
                     state.delivered += 1
+                    if let reason = accepted.droppedOnDevice { state.droppedOnDevice[reason, default: 0] += 1 }
                     if recordInMemory { state.accepted.append(accepted) }
                     if let file = state.recordFile {
                         // A full disk must not bring the simulator down: the record loses lines.
@@ -369,6 +372,8 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             expiration: expiration, collapseID: collapseID,
             payload: state.recordsPayloads ? Array(request.body!.readableBytesView) : [],
             receivedAt: APNsIdentifiers.epochMilliseconds(), clientCertificate: certificateSubject)
+        // APNs takes these in (200) and the device drops them: counted, as a device would.
+        accepted?.droppedOnDevice = request.body!.withUnsafeReadableBytes { PushTypePayloads.problem(pushType, $0) }
         return nil
     }
 

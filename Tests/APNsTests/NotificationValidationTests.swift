@@ -83,7 +83,8 @@ struct NotificationValidationTests {
         try Self.make(topic: "com.example.app.voip", pushType: .voip, payload: Self.padded(5120)).validate()
         try Self.make(payload: Self.padded(4096)).validate()
         try Self.make(collapseID: String(repeating: "c", count: 64)).validate()
-        try Self.make(topic: "com.example.app.push-type.liveactivity", pushType: .liveactivity).validate()
+        try Self.make(topic: "com.example.app.push-type.liveactivity", pushType: .liveactivity,
+                      payload: ByteBuffer(string: #"{"aps":{"event":"update","timestamp":1732000000,"content-state":{}}}"#)).validate()
         try Self.make(priority: 1, expiration: 0).validate()
         try Self.make(payload: ByteBuffer(string: #" { "aps" : { "alert" : { "title" : "a\"b\u00e9", "loc-args" : [1, -2.5e3, true, false, null] }, "badge" : 0 }, "custom" : { "k" : [ ] } } "#)).validate()
         try Self.make(pushType: .background, payload: ByteBuffer(string: #"{"x":{"aps":1},"aps":{"content-available":1}}"#)).validate()

@@ -54,6 +54,25 @@ struct ConfigurationTests {
 
     /// Numbers YAML reads in base 60 (`1:30`) overflow in Yams past Int's range and stopped the
     /// process: they are read as text, and a number key holding one is refused as such.
+    /// The intents config/examples/refused lists (the schema refuses them too: scripts/check-schemas)
+    /// are refused at intake, `BadPayload` with the rule named.
+    @Test func theRefusedExamplesAreRefusedAtIntake() throws {
+        let file = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent()
+            .appendingPathComponent("examples/refused/push-type-payloads.json")
+        let cases = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: file)) as? [[String: Any]])
+        #expect(cases.count >= 16)
+        for entry in cases {
+            let why = entry["why"] as? String ?? "?"
+            let intent = try JSONSerialization.data(withJSONObject: try #require(entry["intent"]))
+            do {
+                _ = try Intent.parse([UInt8](intent), key: nil, now: 1_732_000_000, defaultTTL: 86_400)
+                Issue.record("accepted: \(why)")
+            } catch {
+                #expect(error.reason == "BadPayload", "\(why): \(error.reason) \(error.message)")
+            }
+        }
+    }
+
     @Test func aBase60NumberTooLargeIsAnErrorNotACrash() throws {
         let error = try #require(throws: ConfigurationError.self) {
             try RelayConfiguration.load(yaml: "limits:\n  max_in_flight: 1:0:0:0:0:0:0:0:0:0:0\nx: 999999999999999999:0\n")
@@ -107,6 +126,9 @@ struct ConfigurationTests {
                 Issue.record("\(file.lastPathComponent): \(error.reason): \(error.message)")
             }
         }
+        // A push-to-start.
+        let start = try [UInt8](Data(contentsOf: directory.appendingPathComponent("liveactivity-start.json")))
+        #expect(try Intent.parse(start, key: nil, now: 1_732_000_000, defaultTTL: 86_400).pushType == .liveactivity)
         // The broadcast on a channel.
         let broadcast = try [UInt8](Data(contentsOf: directory.appendingPathComponent("broadcast.json")))
         let intent = try Intent.parse(broadcast, key: nil, now: 1_732_000_000, defaultTTL: 86_400)
