@@ -38,6 +38,10 @@ public struct Intent: Sendable {
     /// The channel's message storage policy when the intent says it (0: No Message Stored,
     /// which takes expiration 0 only; 1: the most recent message stored).
     public var messageStoragePolicy: Int?
+    /// The sender's own identifiers (a JSON object, compact, at most ``maxMetadataBytes``):
+    /// never read by the relay, copied into every outcome of the intent and its invalidation
+    /// record.
+    public var metadata: [UInt8]?
 
     /// What the relay keys its per-recipient state by: the device token, or `channel:<id>`
     /// for a channel intent (its device queue, its dedupe records; no token is ever spelled
@@ -89,6 +93,7 @@ public struct Intent: Sendable {
         case nil: break
         }
         writer.addIfPresent("token_registered_at", tokenRegisteredAt)
+        if let metadata { writer.addJSON("metadata", metadata) }
         writer.addJSON("payload", payload.readableBytesView)
         return writer.finish()
     }
@@ -157,11 +162,15 @@ public struct InvalidIntent: Error, Sendable, Equatable {
     public var topic: String?
     /// The channel, when the message names one (a string).
     public var channelID: String?
+    /// The intent's `metadata` when it was a usable one (its outcome carries it all the same).
+    public var metadata: [UInt8]?
 }
 
 extension Intent {
     /// Largest intent message accepted (the payload limit plus room for the envelope).
     public static let maxMessageBytes = 16 * 1024
+    /// Largest `metadata`, in bytes of compact JSON.
+    public static let maxMetadataBytes = 1024
 
     /// Parses and validates one message value. `now` is epoch seconds; `defaultTTL` applies when
     /// the intent names no expiration.
@@ -193,9 +202,27 @@ extension Intent {
         let topic = fields.string(.topic)
         let channelID = fields.string(.channelID)
         let namesChannel = fields[.channelID] != nil
+        // `metadata`: an object of at most maxMetadataBytes once compacted; read first, so that
+        // an outcome `invalid` for another reason carries it too.
+        var metadata: [UInt8]?
+        var metadataProblem: String?
+        if let field = fields[.metadata] {
+            if case .object(let range) = field {
+                let compacted = value.withUnsafeBytes { Array(JSONReader.compacted(UnsafeRawBufferPointer(rebasing: $0[range])).readableBytesView) }
+                if compacted.count <= maxMetadataBytes {
+                    metadata = compacted
+                } else {
+                    metadataProblem = "\"metadata\" is \(compacted.count) bytes, at most \(maxMetadataBytes) allowed"
+                }
+            } else {
+                metadataProblem = "\"metadata\" must be a JSON object"
+            }
+        }
         func fail(_ reason: String, _ message: String) -> InvalidIntent {
-            invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic,
-                    channelID: channelID, namesChannel: namesChannel)
+            var failure = invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic,
+                                  channelID: channelID, namesChannel: namesChannel)
+            failure.metadata = metadata
+            return failure
         }
         guard let id else {
             throw fail("MissingField", fields[.id] == nil ? "\"id\" is missing" : "\"id\" must be a string")
@@ -220,6 +247,7 @@ extension Intent {
         guard topic.utf8.allSatisfy(Self.isBundleIDByte) else {
             throw fail("BadTopic", "\"topic\" must be a bundle id: ASCII letters, digits, \".\", \"-\" and \"_\"")
         }
+        if let metadataProblem { throw fail("BadMetadata", metadataProblem) }
         guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 
@@ -306,6 +334,7 @@ extension Intent {
         intent.tokenRegisteredAt = tokenRegisteredAt
         intent.channelID = channelID
         intent.messageStoragePolicy = messageStoragePolicy
+        intent.metadata = metadata
         do {
             try intent.notification.validate()
         } catch {
@@ -318,7 +347,7 @@ extension Intent {
     private struct Fields {
         enum Field: Int, CaseIterable {
             case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge, tokenRegisteredAt
-            case channelID, messageStoragePolicy
+            case channelID, messageStoragePolicy, metadata
 
             init?(key: String) {
                 switch key {
@@ -335,6 +364,7 @@ extension Intent {
                 case "token_registered_at": self = .tokenRegisteredAt
                 case "channel_id": self = .channelID
                 case "message_storage_policy": self = .messageStoragePolicy
+                case "metadata": self = .metadata
                 default: return nil
                 }
             }

@@ -18,6 +18,8 @@ public struct Invalidation: Sendable, Equatable {
     public var intentID: String?
     /// When the relay decided the outcome, ms since the epoch.
     public var at: Int64
+    /// The intent's `metadata` (a JSON object), as it came.
+    public var metadata: [UInt8]?
 
     public init(token: String, topic: String, unregisteredAt: Int64, reason: String, apnsID: String?, intentID: String?, at: Int64) {
         self.token = token
@@ -46,6 +48,7 @@ public struct Invalidation: Sendable, Equatable {
         writer.addOrNull("apns_id", apnsID)
         writer.addOrNull("intent_id", intentID)
         writer.add("at", at)
+        if let metadata { writer.addJSON("metadata", metadata) } else { writer.addOrNull("metadata", nil as String?) }
         return writer.finish()
     }
 
@@ -68,9 +71,10 @@ public struct Invalidation: Sendable, Equatable {
         let key = Array(Self.key(topic: topic, token: token).utf8)
         switch status {
         case .unregistered?:
-            let dead = Invalidation(token: token, topic: topic, unregisteredAt: outcome.unregisteredAt ?? outcome.at,
+            var dead = Invalidation(token: token, topic: topic, unregisteredAt: outcome.unregisteredAt ?? outcome.at,
                                     reason: outcome.reason ?? "Unregistered", apnsID: outcome.apnsID, intentID: outcome.id,
                                     at: outcome.at)
+            dead.metadata = outcome.metadata
             return (key, dead.utf8)
         case .delivered?:
             return (key, nil)

@@ -58,6 +58,8 @@ public struct Outcome: Sendable, Equatable {
     public var worker: String
     /// When the outcome was decided, ms since the epoch.
     public var at: Int64
+    /// The intent's `metadata` (a JSON object), as it came.
+    public var metadata: [UInt8]?
 
     public init(id: String?, token: String?, topic: String?, status: Status, httpStatus: Int? = nil,
                 reason: String? = nil, apnsID: String? = nil, unregisteredAt: Int64? = nil, attempts: Int = 0,
@@ -107,6 +109,7 @@ public struct Outcome: Sendable, Equatable {
         writer.add("offset", offset)
         writer.add("worker", worker)
         writer.add("at", at)
+        if let metadata { writer.addJSON("metadata", metadata) } else { writer.addOrNull("metadata", nil as String?) }
         return writer.finish()
     }
 }

@@ -96,6 +96,7 @@ extension RelayPipeline {
         var outcome = makeOutcome(item, id: invalid.id, token: invalid.token, topic: invalid.topic, status: .invalid,
                                   reason: "\(invalid.reason): \(invalid.message)")
         outcome.channelID = invalid.channelID
+        outcome.metadata = invalid.metadata
         return outcome
     }
 
@@ -109,6 +110,7 @@ extension RelayPipeline {
         outcome.apnsID = result?.apnsID ?? APNsIdentifiers.format(Intent.apnsID(for: intent.id))
         outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
         outcome.attempts = attempts
+        outcome.metadata = intent.metadata
         return outcome
     }
 
