@@ -36,6 +36,12 @@ public enum PushTypePayloads {
         }
     }
 
+    /// `aps.event` of a Live Activity payload, if it has one.
+    public static func liveActivityEvent(_ bytes: UnsafeRawBufferPointer) -> String? {
+        guard case .string(let event)? = apsMembers(bytes)?["event"] else { return nil }
+        return event
+    }
+
     /// The members of `aps`, as values (objects and arrays as ranges of `bytes`); nil when the
     /// payload has no `aps` object or does not read.
     private static func apsMembers(_ bytes: UnsafeRawBufferPointer) -> [String: JSONReader.Value]? {

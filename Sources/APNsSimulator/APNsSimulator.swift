@@ -26,6 +26,8 @@ public struct AcceptedNotification: Sendable {
     /// Why a device would drop it although APNs took it in (a Live Activity, widget or
     /// controls payload that breaks ``PushTypePayloads``' rules); nil when it would not.
     public var droppedOnDevice: String? = nil
+    /// A Live Activity push's `aps.event`.
+    public var liveActivityEvent: String? = nil
 }
 
 /// An APNs look-alike: TLS + HTTP/2 (nghttp2, the same engine as the client) answering as the

@@ -35,8 +35,11 @@ final class SharedState: Sendable {
         /// Answers other than 200, by "STATUS Reason".
         var answers: [String: Int] = [:]
         var delivered = 0
-        /// Notifications answered 200 that a device would drop (``PushTypePayloads``), by rule.
+        /// Notifications answered 200 that a device would drop (``PushTypePayloads``, or past a
+        /// Live Activity budget), by rule.
         var droppedOnDevice: [String: Int] = [:]
+        /// Per "<token> <budget>", when the device took pushes that spent a Live Activity budget (ms).
+        var liveActivitySpends: [String: [Int64]] = [:]
         var deviceWindows: [String: (start: NIODeadline, count: Int)] = [:]
         var connectionsAccepted = 0
         var peakWhileLimitedToOne = 0
@@ -150,6 +153,26 @@ final class SharedState: Sendable {
     /// Settles one request under one lock: an answer the header checks already found, or else
     /// the device's topic binding and the scripted behaviour; counts the answer and records what
     /// was accepted.
+    /// Why the device would drop `accepted` for a Live Activity budget (``SimulatorConfiguration/Behaviour/liveActivityBudgets``),
+    /// or nil, counting it when it spends one: a device counts what it takes, not what it drops.
+    static func overBudget(_ state: inout Fields, _ accepted: AcceptedNotification) -> String? {
+        guard let budgets = state.behaviour.liveActivityBudgets, let event = accepted.liveActivityEvent else { return nil }
+        let (name, limit, window): (String, Int, Int64)
+        if event == "start" {
+            (name, limit, window) = ("start", budgets.startsPerWindow, budgets.startWindow.nanoseconds / 1_000_000)
+        } else if accepted.priority == 10 {
+            (name, limit, window) = ("priority10", budgets.priority10PerHour, 3_600_000)
+        } else {
+            return nil
+        }
+        let key = "\(accepted.deviceToken) \(name)"
+        var spends = state.liveActivitySpends[key, default: []].filter { $0 > accepted.receivedAt - window }
+        defer { state.liveActivitySpends[key] = spends }
+        guard spends.count < limit else { return "over the device's Live Activity \(name) budget" }
+        spends.append(accepted.receivedAt)
+        return nil
+    }
+
     func settle(_ early: SimulatorAnswer?, openStreams: Int, _ notification: () -> AcceptedNotification) -> Settled {
         defer { answered.update { $0 += 1 } }
         return locked { state in
@@ -166,7 +189,9 @@ final class SharedState: Sendable {
                 }
                 if answer.status == 200 {
                     state.delivered += 1
-                    if let reason = accepted.droppedOnDevice { state.droppedOnDevice[reason, default: 0] += 1 }
+                    if let reason = accepted.droppedOnDevice ?? Self.overBudget(&state, accepted) {
+                        state.droppedOnDevice[reason, default: 0] += 1
+                    }
                     if recordInMemory { state.accepted.append(accepted) }
                     if let file = state.recordFile {
                         // A full disk must not bring the simulator down: the record loses lines.
@@ -374,6 +399,9 @@ final class SimulatorConnection: HTTP2ServerDelegate {
             receivedAt: APNsIdentifiers.epochMilliseconds(), clientCertificate: certificateSubject)
         // APNs takes these in (200) and the device drops them: counted, as a device would.
         accepted?.droppedOnDevice = request.body!.withUnsafeReadableBytes { PushTypePayloads.problem(pushType, $0) }
+        if pushType == .liveactivity {
+            accepted?.liveActivityEvent = request.body!.withUnsafeReadableBytes { PushTypePayloads.liveActivityEvent($0) }
+        }
         return nil
     }
 

@@ -366,6 +366,33 @@ struct ConfigurationTests {
         #expect(configuration.redactedYAML.contains("tls_ca_file: \"\(notPEM)\""))
     }
 
+    /// `policy.live_activity`: the defaults, a file's values, a topic's override over them, the
+    /// environment, and values out of range refused by name.
+    @Test func liveActivityBudgetsAreReadGloballyAndPerTopic() throws {
+        let defaults = try RelayConfiguration.load(yaml: "", environment: [:]).policy.defaults.liveActivity
+        #expect(defaults.priority10PerHour == 12 && defaults.startsPerWindow == 8 && defaults.startWindowSeconds == 3600)
+        let configuration = try RelayConfiguration.load(yaml: """
+            policy:
+              live_activity: {priority10_per_hour: 30, starts_per_window: 5}
+              topics:
+                com.example.food.push-type.liveactivity:
+                  live_activity: {priority10_per_hour: 0}
+            """, environment: ["APNS_RELAY_POLICY_LIVE_ACTIVITY_START_WINDOW_SECONDS": "600"])
+        let global = configuration.policy.defaults.liveActivity
+        #expect(global.priority10PerHour == 30 && global.startsPerWindow == 5 && global.startWindowSeconds == 600)
+        let topic = configuration.policy.rules(for: "com.example.food.push-type.liveactivity").liveActivity
+        #expect(topic.priority10PerHour == 0 && topic.startsPerWindow == 5 && topic.startWindowSeconds == 600)
+        #expect(try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:]).policy.defaults.liveActivity == global)
+        do {
+            _ = try RelayConfiguration.load(yaml: "policy:\n  live_activity: {priority10_per_hour: -1, start_window_seconds: 0, surprise: 1}\n",
+                                            environment: [:])
+            Issue.record("bad budgets were accepted")
+        } catch let error as ConfigurationError {
+            #expect(Set(error.issues.map(\.key)) == ["policy.live_activity.priority10_per_hour", "policy.live_activity.start_window_seconds",
+                                                     "policy.live_activity.surprise"])
+        }
+    }
+
     /// `redis.key_prefix`: today's keys unless set; a prefix with braces (which would move every
     /// key's hash tag), spaces or nothing in it is refused.
     @Test func theRedisKeyPrefixKeepsTheHashTagsWhereTheyAre() throws {

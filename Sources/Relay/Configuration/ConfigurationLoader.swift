@@ -195,7 +195,7 @@ struct ConfigurationReader {
         }
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
-        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "topics", "mailbox_poll_ms",
+        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "topics", "mailbox_poll_ms",
                                                            "mailbox_claim_lease_seconds",
                                                            "backoff_initial_seconds", "backoff_max_seconds", "skip_known_unregistered",
                                                            "known_unregistered_ttl_seconds"])
@@ -217,7 +217,7 @@ struct ConfigurationReader {
             for (topic, value) in topics.sorted(by: { $0.key < $1.key }) {
                 let prefix = "policy.topics.\(topic)."
                 guard let fields = mapping(value, key: "policy.topics.\(topic)") else { continue }
-                checkKnown(fields, prefix: prefix, known: ["dedupe_window_seconds", "rate_limit", "coalesce"])
+                checkKnown(fields, prefix: prefix, known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity"])
                 configuration.policy.topics[topic] = readRules(fields, prefix: prefix, base: configuration.policy.defaults,
                                                                overridable: false)
             }
@@ -277,6 +277,20 @@ struct ConfigurationReader {
             rules.rateLimit.burst = integer([:], prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000)
             rules.rateLimit.refillPerSecond = number([:], prefix + "rate_limit.refill_per_second",
                                                      default: base.rateLimit.refillPerSecond, range: 0.000_1...10_000)
+        }
+        let budgets = prefix + "live_activity."
+        for name in ["priority10_per_hour", "starts_per_window", "start_window_seconds"] { knownKeys.insert(budgets + name) }
+        let live = mapping(fields["live_activity"], key: prefix + "live_activity")
+        if let live { checkKnown(live, prefix: budgets, known: ["priority10_per_hour", "starts_per_window", "start_window_seconds"]) }
+        if live != nil || overridable {
+            let fields = live ?? [:]
+            rules.liveActivity.priority10PerHour = integer(fields, budgets + "priority10_per_hour", default: base.liveActivity.priority10PerHour,
+                                                           range: 0...3600, overridable: overridable)
+            rules.liveActivity.startsPerWindow = integer(fields, budgets + "starts_per_window", default: base.liveActivity.startsPerWindow,
+                                                         range: 0...1000, overridable: overridable)
+            rules.liveActivity.startWindowSeconds = Int64(integer(fields, budgets + "start_window_seconds",
+                                                                  default: Int(base.liveActivity.startWindowSeconds),
+                                                                  range: 1...86_400, overridable: overridable))
         }
         return rules
     }

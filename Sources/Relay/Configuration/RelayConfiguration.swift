@@ -262,6 +262,24 @@ public struct RelayConfiguration: Sendable {
             /// Intents of one consumed batch with the same (token, topic, collapse id) collapse
             /// to the newest; the others come out `coalesced`.
             public var coalesce = true
+            /// The device's unseen Live Activity budgets the relay paces (with Redis).
+            public var liveActivity = LiveActivityBudgets()
+
+            public init() {}
+        }
+
+        /// Budgets a device keeps for Live Activity pushes and APNs never reports (it answers
+        /// 200 and the device drops what is over): paced per token in Redis, each over a sliding
+        /// window (plus a second for the push's way to the device). 0 turns one off.
+        public struct LiveActivityBudgets: Sendable, Equatable {
+            /// Priority-10 updates per activity token per hour; past it an update goes out at
+            /// priority 5 (outcome `priority_downgraded: true`). `end` events count, and are
+            /// never downgraded.
+            public var priority10PerHour = 12
+            /// Push-to-starts per push-to-start token per ``startWindowSeconds``; past it a start
+            /// waits in the device's mailbox until the window allows (or its expiration).
+            public var startsPerWindow = 8
+            public var startWindowSeconds: Int64 = 3600
 
             public init() {}
         }

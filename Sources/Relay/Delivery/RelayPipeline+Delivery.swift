@@ -40,6 +40,7 @@ extension RelayPipeline {
     /// Badge change (if any), then delivery.
     @inline(never)
     func send(_ delivery: Delivery) async {
+        if delivery.intent.pushType == .liveactivity, delivery.intent.channelID == nil, await !pace(delivery) { return }
         if delivery.intent.badge != nil, await !applyBadge(delivery) { return }
         await deliver(delivery)
         Self.settle(delivery)
@@ -50,6 +51,7 @@ extension RelayPipeline {
     static func settle(_ delivery: Delivery) {
         guard var outcome = delivery.ending.outcome else { return }
         outcome.badge = delivery.badge
+        if delivery.priorityDowngraded { outcome.priorityDowngraded = true }
         delivery.ending.outcome = outcome
         if outcome.status == .delivered, delivery.intent.channelID == nil {
             delivery.ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
@@ -115,6 +117,8 @@ extension RelayPipeline {
         var client: APNsClient?
         /// When it is due from its mailbox, once parked.
         var parkedDue: Int64?
+        /// A priority-10 Live Activity update past its budget, sent at priority 5.
+        var priorityDowngraded = false
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
             self.intent = intent
@@ -124,6 +128,52 @@ extension RelayPipeline {
             self.credentialIndex = credentialIndex
             self.machine = machine
         }
+    }
+
+    /// Paces a Live Activity push by the device's budgets (``LiveActivityPacer``, with Redis): a
+    /// priority-10 update past its activity's hourly budget goes out at priority 5 (an `end`
+    /// counts and is never downgraded); a push-to-start past its token's window waits in the
+    /// device's mailbox until the window allows, as any parked intent (a newer one displaces it,
+    /// its expiration ends it). False when the delivery ended here (parked, or abandoned).
+    /// Redis failing with `redis.fail_open`: sent unpaced.
+    @inline(never)
+    func pace(_ delivery: Delivery) async -> Bool {
+        guard let pacer = liveActivityPacer else { return true }
+        let intent = delivery.intent
+        let budgets = configuration.policy.rules(for: intent.topic).liveActivity
+        guard let event = delivery.notification.payload.withUnsafeReadableBytes({ PushTypePayloads.liveActivityEvent($0) }) else {
+            return true
+        }
+        let start = event == "start"
+        let (budget, limit, window): (LiveActivityPacer.Budget, Int, Int64) = start
+            ? (.start, budgets.startsPerWindow, budgets.startWindowSeconds)
+            : (.priority10, budgets.priority10PerHour, 3600)
+        guard limit > 0, start || delivery.notification.effectivePriority == 10 else { return true }
+        let now = nowMilliseconds()
+        guard let spent = await withRedisRetries(delivery.item, { () throws(RedisError) in
+            try await pacer.spend(budget, token: intent.token, topic: intent.topic, intentID: intent.id, limit: limit,
+                                  windowSeconds: window, now: now)
+        }) else {
+            return isCurrent(delivery.item) && !Task.isCancelled
+        }
+        guard let wait = spent else { return true }
+        let topic = credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other"
+        if start {
+            RelayMetrics.liveActivityStartsDeferred(topic: topic)
+            if await park(delivery.item, due: now + wait) {
+                delivery.ending.parked = true
+                delivery.parkedDue = now + wait
+                return false
+            }
+            // Not parked (Redis failing with redis.fail_open): sent as it is.
+            return isCurrent(delivery.item) && !Task.isCancelled
+        }
+        if event != "end" {
+            delivery.notification.priority = 5
+            delivery.priorityDowngraded = true
+            RelayMetrics.liveActivityDowngrades(topic: topic)
+        }
+        return true
     }
 
     /// Applies the intent's badge change in Redis (once per intent, retries and redeliveries

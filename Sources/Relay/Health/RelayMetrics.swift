@@ -163,12 +163,28 @@ enum RelayMetrics {
 
     private static let kafkaSeries = Locked<(brokers: [String: Set<String>], partitions: Set<String>)>(([:], []))
 
+    /// `apns_relay_live_activity_downgrades_total{apns_topic}`: priority-10 Live Activity updates
+    /// past their activity's budget, sent at priority 5.
+    static func liveActivityDowngrades(topic: String, by count: Int64 = 1) {
+        Counter(label: "apns_relay_live_activity_downgrades_total", dimensions: [("apns_topic", topic)]).increment(by: count)
+    }
+
+    /// `apns_relay_live_activity_starts_deferred_total{apns_topic}`: push-to-starts past their
+    /// token's window, parked in the mailbox until it allows.
+    static func liveActivityStartsDeferred(topic: String, by count: Int64 = 1) {
+        Counter(label: "apns_relay_live_activity_starts_deferred_total", dimensions: [("apns_topic", topic)]).increment(by: count)
+    }
+
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
     /// appearing with the first event: the counters, every status of `apns_relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
         for topic in Set(topics) {
+            if topic.hasSuffix(PushType.liveactivity.topicSuffix) {
+                liveActivityDowngrades(topic: topic, by: 0)
+                liveActivityStartsDeferred(topic: topic, by: 0)
+            }
             for status in Outcome.Status.allCases {
                 Counter(label: "apns_relay_outcomes_total", dimensions: [("apns_topic", topic), ("status", status.rawValue), ("reason", "none")])
                     .increment(by: 0)

@@ -60,6 +60,8 @@ public struct Outcome: Sendable, Equatable {
     public var at: Int64
     /// The intent's `metadata` (a JSON object), as it came.
     public var metadata: [UInt8]?
+    /// A priority-10 Live Activity update past its budget, sent at priority 5; nil otherwise.
+    public var priorityDowngraded: Bool?
 
     public init(id: String?, token: String?, topic: String?, status: Status, httpStatus: Int? = nil,
                 reason: String? = nil, apnsID: String? = nil, unregisteredAt: Int64? = nil, attempts: Int = 0,
@@ -102,6 +104,9 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("unregistered_at", unregisteredAt)
         writer.addOrNull("badge", badge)
         writer.addOrNull("superseded_by", supersededBy)
+        if let priorityDowngraded { writer.addJSON("priority_downgraded", (priorityDowngraded ? "true" : "false").utf8) } else {
+            writer.addNull("priority_downgraded")
+        }
         writer.add("attempts", attempts)
         writer.add("latency_ms", latencyMilliseconds)
         writer.addOrNull("lane", lane)

@@ -96,6 +96,7 @@ public final class RelayPipeline: RelayStatus, Service {
     let deduplicator: Deduplicator?
     let policy: DevicePolicy?
     let badges: BadgeStore?
+    let liveActivityPacer: LiveActivityPacer?
 
     struct State {
         var partitions: PartitionLedger
@@ -169,6 +170,7 @@ public final class RelayPipeline: RelayStatus, Service {
             return policy
         }
         self.badges = clients.redis.map { BadgeStore(client: $0, keys: keys, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }
+        self.liveActivityPacer = clients.redis.map { LiveActivityPacer(client: $0, keys: keys) }
         if policy == nil { mailboxesEnded.open() }
         RelayMetrics.register(teamIDs: credentialTeams, topics: topics.flatMap { $0 })
         self.clients = clients.apns

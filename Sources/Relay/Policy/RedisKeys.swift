@@ -28,6 +28,10 @@
 ///   `apns-relay:badge:{<token>}:<topic>:applied` — hash of intent id → the count it produced
 ///   (``BadgeStore``).
 ///
+/// - `apns-relay:budget:{<token>}:<topic>:<kind>` — sorted set of the intent ids that spent a
+///   Live Activity budget (`p10`, `start`), scored by when (epoch ms), over a sliding window
+///   (``LiveActivityPacer``).
+///
 /// Per partition of the intents topic:
 /// - `apns-relay:due:{<intents topic>:<partition>}` — sorted set of `<token> <topic> <id>` by the
 ///   time the mailbox entry may be sent (or its claim's lease ends), so whichever relay owns the
@@ -58,6 +62,8 @@ struct RedisKeys: Sendable, Equatable {
     func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
     func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
     func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
+    /// A Live Activity budget of the device (``LiveActivityPacer``): `kind` `p10` or `start`.
+    func budget(token: String, topic: String, kind: String) -> String { string { write(&$0, "budget", token: token, topic: topic) } + ":" + kind }
     func due(intentsTopic: String, partition: Int32) -> String { "\(prefix)due:{\(intentsTopic):\(partition)}" }
     func providerToken(teamID: String, keyID: String) -> String { "\(prefix)jwt:{\(teamID):\(keyID)}" }
 

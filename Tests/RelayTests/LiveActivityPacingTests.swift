@@ -1,0 +1,123 @@
+import Foundation
+import Redis
+import RedisTesting
+@testable import Relay
+import TestSupport
+import Testing
+
+/// The Live Activity budgets a device keeps and APNs never reports, paced per token in Redis:
+/// the simulator counts per device what a device would have dropped.
+@Suite("Live Activity budgets", .stopsItsRelays, .timeLimit(.minutes(3)))
+struct LiveActivityPacingTests {
+    static let topic = "com.example.app.push-type.liveactivity"
+
+    static func update(_ id: String, token: String, priority: Int = 10) -> String {
+        #"{"id":"\#(id)","token":"\#(token)","topic":"\#(topic)","push_type":"liveactivity","priority":\#(priority),"#
+            + #""payload":{"aps":{"event":"update","timestamp":1732000000,"content-state":{"step":"\#(id)"}}}}"#
+    }
+
+    static func start(_ id: String, token: String) -> String {
+        #"{"id":"\#(id)","token":"\#(token)","topic":"\#(topic)","push_type":"liveactivity","payload":{"aps":{"event":"start","#
+            + #""timestamp":1732000000,"attributes-type":"Delivery","attributes":{},"content-state":{},"alert":"\#(id)"}}}"#
+    }
+
+    /// Budgets of 20 priority-10 updates an hour and 5 starts per 2 s, on the relay and on the
+    /// simulated device; `paced` false turns the relay's off.
+    static func harness(_ redis: RedisServerProcess, paced: Bool) async throws -> RelayHarness {
+        try await PolicyTests.harness(redis, burst: 100_000, refill: 10_000, configure: {
+            $0.policy.defaults.liveActivity.priority10PerHour = paced ? 20 : 0
+            $0.policy.defaults.liveActivity.startsPerWindow = paced ? 5 : 0
+            $0.policy.defaults.liveActivity.startWindowSeconds = 2
+        }, simulator: { $0.behaviour.liveActivityBudgets = (priority10PerHour: 20, startsPerWindow: 5, startWindow: .seconds(2)) })
+    }
+
+    /// 500 priority-10 updates to one activity and 50 push-to-starts to one token: nothing a
+    /// device would drop, every intent answered — the updates past the budget at priority 5,
+    /// the starts past the window from the mailbox (the newest; the others `coalesced`).
+    @Test func aBurstLeavesNothingForTheDeviceToDrop() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.harness(redis, paced: true)
+        let activity = hexToken(0xA1), pushToStart = hexToken(0xA2)
+        for index in 0..<50 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
+        for index in 0..<500 { try await harness.produce(Self.update("update-\(index)", token: activity), key: activity) }
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 550))
+        #expect(outcomes.count == 550)
+        let updates = outcomes.filter { $0.key.hasPrefix("update-") }.map(\.value)
+        #expect(updates.allSatisfy { $0["status"] as? String == "delivered" })
+        #expect(updates.filter { $0["priority_downgraded"] as? Bool == true }.count == 480)
+        let starts = outcomes.filter { $0.key.hasPrefix("start-") }.map(\.value)
+        let delivered = starts.filter { $0["status"] as? String == "delivered" }.count
+        #expect(delivered >= 6 && delivered + starts.filter { $0["status"] as? String == "coalesced" }.count == 50, "\(delivered) delivered")
+        #expect(outcomes["start-49"]?["status"] as? String == "delivered", "the newest start goes out")
+        #expect(harness.simulator.droppedOnDevice.isEmpty, "\(harness.simulator.droppedOnDevice)")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// The same device budgets without the relay's pacing: the device drops some.
+    @Test func withoutPacingTheDeviceDrops() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.harness(redis, paced: false)
+        let activity = hexToken(0xB1), pushToStart = hexToken(0xB2)
+        for index in 0..<10 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
+        for index in 0..<30 { try await harness.produce(Self.update("update-\(index)", token: activity), key: activity) }
+        _ = try await harness.outcomes(count: 40)
+        let dropped = harness.simulator.droppedOnDevice
+        #expect(dropped.values.reduce(0, +) == 15, "\(dropped)")  // 10 updates and 5 starts over
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+}
+
+/// The budget script on a manual clock, against redis-server: whatever the arrival pattern,
+/// never more than the limit spent in any window, every refusal says when the window allows,
+/// and an intent spends once however often it asks.
+@Suite("Live Activity budget arithmetic", .timeLimit(.minutes(3)))
+struct LiveActivityBudgetArithmeticTests {
+    @Test(arguments: [1, 2, 3, 4, 5])
+    func neverMoreThanTheLimitInAnyWindow(seed: UInt64) async throws {
+        let redis = try await RedisServerProcess.started()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let pacer = LiveActivityPacer(client: client, keys: .standard)
+        var generator = SplitMix(seed: seed)
+        let limit = Int(generator.next() % 6) + 1, windowSeconds = Int64(generator.next() % 5) + 1
+        let window = windowSeconds * 1000 + LiveActivityPacer.slackMilliseconds
+        var now: Int64 = 1_732_000_000_000
+        var spent: [Int64] = []
+        for index in 0..<300 {
+            // Bursts and gaps: 0 to 1.5 windows between arrivals, mostly short.
+            now += generator.next() % 4 == 0 ? Int64(generator.next() % UInt64(window * 3 / 2)) : Int64(generator.next() % 50)
+            let wait = try await pacer.spend(.start, token: "a1", topic: "t", intentID: "i\(index)", limit: limit,
+                                             windowSeconds: windowSeconds, now: now)
+            let inWindow = spent.filter { $0 > now - window }.count
+            if let wait {
+                #expect(inWindow == limit, "refused with \(inWindow) of \(limit) spent")
+                // The oldest spend in the window leaves it exactly then.
+                #expect(spent.filter { $0 > now - window }.min().map { $0 + window - now } == wait)
+            } else {
+                #expect(inWindow < limit)
+                spent.append(now)
+            }
+        }
+        #expect(spent.count > limit)
+        // Asking again for an intent that spent: it passes and spends nothing.
+        let before = try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: "start")])).integer
+        let last = "i\(299)"
+        if spent.last == now {
+            #expect(try await pacer.spend(.start, token: "a1", topic: "t", intentID: last, limit: limit, windowSeconds: windowSeconds, now: now) == nil)
+            #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: "start")])).integer == before)
+        }
+        await client.shutdown()
+    }
+}
+
+/// A small deterministic generator (SplitMix64) for the arrival patterns.
+struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
