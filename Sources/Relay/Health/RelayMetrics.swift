@@ -163,6 +163,10 @@ enum RelayMetrics {
 
     private static let kafkaSeries = Locked<(brokers: [String: Set<String>], partitions: Set<String>)>(([:], []))
 
+    /// `apns_relay_mailbox_entries_quarantined_total`: claimed mailbox entries no relay could read,
+    /// moved aside (their intents get no outcome).
+    static let mailboxEntriesQuarantined = Counter(label: "apns_relay_mailbox_entries_quarantined_total")
+
     /// `apns_relay_live_activity_downgrades_total{apns_topic}`: priority-10 Live Activity updates
     /// past their activity's budget, sent at priority 5.
     static func liveActivityDowngrades(topic: String, by count: Int64 = 1) {
@@ -179,7 +183,8 @@ enum RelayMetrics {
     /// appearing with the first event: the counters, every status of `apns_relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
-        for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished] { counter.increment(by: 0) }
+        for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished,
+                        mailboxEntriesQuarantined] { counter.increment(by: 0) }
         for topic in Set(topics) {
             if topic.hasSuffix(PushType.liveactivity.topicSuffix) {
                 liveActivityDowngrades(topic: topic, by: 0)

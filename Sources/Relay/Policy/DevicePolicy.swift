@@ -73,6 +73,11 @@ struct DevicePolicy: Sendable {
     /// their outcome is out.
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
 
+    /// Moves a claimed entry no relay can read to its quarantine key (Scripts/quarantine.lua).
+    static let quarantineScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.quarantine_lua))
+    /// How long a quarantined entry is kept for someone to look at.
+    static let quarantineMilliseconds: Int64 = 30 * 86_400_000
+
     /// Ends a claim once the claimed intent's outcome is published. KEYS: mailbox, waiting.
     /// ARGV: id.
     static let releaseScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.release_lua))
@@ -236,6 +241,9 @@ struct DevicePolicy: Sendable {
         /// A parked entry behind another intent's claim that still runs, until `until` (the end
         /// of that claim's lease) at the latest: the claim's release moves it up.
         case behindClaim(until: Int64)
+        /// Claimed, but no relay can read it (its header is not one a relay wrote): for
+        /// ``quarantine(partition:token:topic:id:)``.
+        case unreadable
     }
 
     /// Tries to take a due entry for sending; its index member first moves to the end of the
@@ -258,21 +266,19 @@ struct DevicePolicy: Sendable {
         guard case .array(let values) = replies[1], let code = values.first?.integer else {
             throw .protocolError("take script answered \(replies[1])")
         }
-        func entry() throws(RedisError) -> Entry {
-            guard values.count >= 2, let bytes = values[1].bytes, var entry = Entry(bytes) else {
-                throw .protocolError("take script answered an unreadable entry")
-            }
+        func entry() -> Entry? {
+            guard values.count >= 2, let bytes = values[1].bytes, var entry = Entry(bytes) else { return nil }
             entry.trace = values.count > 2 ? values[2].bytes : nil
             return entry
         }
         switch code {
         case 0: return .stale
-        case 1: return .answered(try entry(), values.count > 3 ? values[3].string.flatMap(AnswerRecord.init) : nil)
+        case 1: return entry().map { .answered($0, values.count > 3 ? values[3].string.flatMap(AnswerRecord.init) : nil) } ?? .unreadable
         case 2:
             guard values.count == 2, let due = values[1].integer else { throw .protocolError("take script answered \(replies[1])") }
             return .notYet(due: due)
-        case 3: return .claimed(try entry())
-        case 4: return .expired(try entry())
+        case 3: return entry().map { .claimed($0) } ?? .unreadable
+        case 4: return entry().map { .expired($0) } ?? .unreadable
         case 5:
             guard values.count == 2, let other = values[1].string else { throw .protocolError("take script answered \(replies[1])") }
             return .behindAbandonedClaim(id: other)
@@ -281,6 +287,17 @@ struct DevicePolicy: Sendable {
             return .behindClaim(until: until)
         default: throw .protocolError("take script answered \(replies[1])")
         }
+    }
+
+    /// Moves an unreadable claimed entry out of its mailbox into
+    /// `<prefix>quarantine:{<token>}:<topic>:<id>` (kept 30 days) and its member out of the due
+    /// index: it is no outage, and no poll takes it again.
+    func quarantine(partition: TopicPartition, token: String, topic: String, id: String) async throws(RedisError) {
+        _ = try await client.evaluate(Self.quarantineScript,
+                                      keys: [keys.mailbox(token: token, topic: topic), keys.waiting(token: token, topic: topic),
+                                             keys.quarantine(token: token, topic: topic, id: id)],
+                                      arguments: [id, Self.quarantineMilliseconds])
+        try await reindex(partition: partition, member: RedisKeys.member(token: token, topic: topic, id: id), due: nil)
     }
 
     /// Moves a member to a new due time, or removes it (nil); with `onlyEarlier`, only if that

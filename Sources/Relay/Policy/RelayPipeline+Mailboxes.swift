@@ -226,6 +226,19 @@ extension RelayPipeline {
                 // release come first).
                 _ = try? await policy.ensureIndexed(partition: partition, token: parts.token, topic: parts.topic, id: other, now: now)
                 continue
+            case .unreadable:
+                // Not an outage: no relay will ever read it. Moved aside, for an operator.
+                RelayMetrics.mailboxEntriesQuarantined.increment()
+                logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: [
+                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition.partition)",
+                    "kafka.topic": "\(partition.topic)", "redis.key": "\(policy.keys.quarantine(token: parts.token, topic: parts.topic, id: parts.id))",
+                ])
+                do {
+                    try await policy.quarantine(partition: partition, token: parts.token, topic: parts.topic, id: parts.id)
+                } catch {
+                    redisFailed(error)
+                }
+                continue
             case .behindClaim(let until):
                 // At the claim's lease end at the latest (the take moved it a little later), and
                 // earlier once the claim's release moved it up — which may have come first.
