@@ -1,4 +1,5 @@
 public import ArgumentParser
+import APNs
 import Foundation
 import Redis
 import Relay
@@ -73,7 +74,8 @@ struct InspectCommand: AsyncParsableCommand {
         let client = try RedisClient(configuration: settings)
         let read: Result<DeviceRecords, RedisError>
         do {
-            read = .success(try await DeviceRecords.read(token: token, topic: topic, keyPrefix: prefix, from: client))
+            read = .success(try await DeviceRecords.read(token: token, topic: topic, keyPrefix: prefix,
+                                                         startWindowSeconds: policy.rules(for: topic).liveActivity.startWindowSeconds, from: client))
         } catch {
             read = .failure(error)
         }
@@ -118,6 +120,11 @@ struct InspectCommand: AsyncParsableCommand {
         }
         if let unregisteredAt = records.unregisteredAt {
             Terminal.line("410 remembered: APNs said the token is dead since \(when(unregisteredAt)); intents without a newer token_registered_at are answered KnownUnregistered")
+        }
+        if topic.hasSuffix(PushType.liveactivity.topicSuffix) {
+            let budgets = policy.rules(for: topic).liveActivity
+            Terminal.line("live activity: \(records.priority10Spent) of \(budgets.priority10PerHour) priority-10 updates in the last hour, "
+                          + "\(records.startsSpent) of \(budgets.startsPerWindow) starts in the last \(budgets.startWindowSeconds) s (0: not paced)")
         }
         if let until = records.backoffUntil, until > now {
             Terminal.line("429 backoff: until \(when(until)) (doubled \(records.backoffLevel ?? 0) times)")

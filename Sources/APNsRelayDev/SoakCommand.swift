@@ -25,7 +25,8 @@ import Common
 /// reach their rate limit, park and have their parked intents superseded (`coalesced`), and
 /// the verdict checks what must hold all the same — every intent has exactly one status that
 /// is not `duplicate` (`delivered`, or `coalesced` if APNs never accepted it), each device's
-/// notifications reach APNs in order within a lane, and no device's badge goes down.
+/// notifications reach APNs in order within a lane, and no device's badge goes down. In both
+/// modes every outcome must name its own intent's lane, partition and offset.
 /// Sends twice are allowed where the relay cannot know better: the intents it had at APNs when
 /// it was killed (at most `--max-in-flight` per kill) and the sends APNs took in without
 /// answering while it stalled; an intent APNs accepted that a redelivery then answered
@@ -109,8 +110,10 @@ final class Soak: Sendable {
 
     private struct Seen {
         var produced = Set<String>()
-        /// Where each produced intent landed: `partition/offset`.
+        /// Where each produced intent landed: `<topic> <partition>/<offset>`.
         var landed: [String: String] = [:]
+        /// Per intent id, where its outcomes said it came from (`lane`, `partition`, `offset`).
+        var named: [String: Set<String>] = [:]
         var produceFailures = 0
         /// Per intent id, the statuses of its outcomes (with `original_status` for a duplicate).
         var outcomes: [String: [String]] = [:]
@@ -270,7 +273,7 @@ final class Soak: Sendable {
                             let delivery = try await producer.send(topic: topic, key: Array(token.utf8), value: Array(value.utf8))
                             self.seen.withLock {
                                 $0.produced.insert(id)
-                                $0.landed[id] = "\(delivery.partition)/\(delivery.offset)"
+                                $0.landed[id] = "\(topic) \(delivery.partition)/\(delivery.offset)"
                             }
                         } catch {
                             self.seen.withLock { $0.produceFailures += 1 }
@@ -287,6 +290,7 @@ final class Soak: Sendable {
         for await event in consumer.events {
             guard case .messages(let batch) = event else { continue }
             var read: [(String, String)] = []
+            var coordinates: [(String, String)] = []
             for message in batch {
                 guard let object = try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any],
                       let id = object["id"] as? String, let status = object["status"] as? String else {
@@ -295,10 +299,12 @@ final class Soak: Sendable {
                 }
                 let original = object["original_status"] as? String
                 read.append((id, original.map { "\(status)/\($0)" } ?? status))
+                coordinates.append((id, "\(object["lane"] as? String ?? "?") \(object["partition"] as? Int ?? -1)/\(object["offset"] as? Int ?? -1)"))
             }
             seen.withLock { seen in
                 seen.outcomeEvents += read.count
                 for (id, status) in read { seen.outcomes[id, default: []].append(status) }
+                for (id, named) in coordinates { seen.named[id, default: []].insert(named) }
             }
         }
     }
@@ -410,7 +416,9 @@ final class Soak: Sendable {
             let kills = seen.faults[.killRelay] ?? 0
             let bound = kills * maxInFlight + seen.unanswered
             let faults = Fault.allCases.map { "\(seen.faults[$0] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
-            let passed = missing == 0 && wrong == 0 && outOfOrder == 0 && badgeLowered == 0
+            // Every outcome names its own intent's lane, partition and offset.
+            let misnamed = seen.named.filter { id, named in seen.landed[id].map { named != [$0] } ?? false }.count
+            let passed = missing == 0 && wrong == 0 && outOfOrder == 0 && badgeLowered == 0 && misnamed == 0
                 && twice + coalescedAccepted <= bound && !seen.produced.isEmpty
             let statuses = seen.outcomes.values.reduce(into: [String: Int]()) { counts, statuses in
                 for status in statuses where !status.hasPrefix("duplicate") { counts[status, default: 0] += 1 }
@@ -421,6 +429,7 @@ final class Soak: Sendable {
                 + "intents \(seen.produced.count) (\(seen.produceFailures) not produced), outcomes \(seen.outcomeEvents) "
                 + "for \(seen.outcomes.count) intents (\(statuses); \(again.count) second ones, \(againDuplicate) of them duplicate), "
                 + "missing \(missing), wrong \(wrong), out of order \(outOfOrder), badge lowered \(badgeLowered), "
+                + "naming another intent's lane, partition or offset \(misnamed), "
                 + "sent twice \(twice) + coalesced after APNs accepted \(coalescedAccepted) "
                 + "(bound \(bound): \(kills) kills × \(maxInFlight) in flight + \(seen.unanswered) unanswered in stalls): "
                 + (passed ? "PASS" : "FAIL")

@@ -50,6 +50,11 @@ struct LiveActivityPacingTests {
         #expect(delivered >= 6 && delivered + starts.filter { $0["status"] as? String == "coalesced" }.count == 50, "\(delivered) delivered")
         #expect(outcomes["start-49"]?["status"] as? String == "delivered", "the newest start goes out")
         #expect(harness.simulator.droppedOnDevice.isEmpty, "\(harness.simulator.droppedOnDevice)")
+        // `inspect` shows the activity's budget spent.
+        let file = TestFiles.path("live-\(UUID()).yaml").path
+        try harness.configuration.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+        let inspected = try await RelayBinary.run(["inspect", "--config", file, "--token", activity, "--topic", Self.topic])
+        #expect(inspected.stdout.contains("live activity: 20 of 20 priority-10 updates in the last hour"), "\(inspected.stdout)")
         try await harness.stopExpectingOneOutcomeEach()
     }
 

@@ -180,15 +180,20 @@ enum RelayMetrics {
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
-    /// appearing with the first event: the counters, every status of `apns_relay_outcomes_total` for
+    /// appearing with the first event: the counters, the Live Activity budget counters of each
+    /// app, every status of `apns_relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished,
                         mailboxEntriesQuarantined] { counter.increment(by: 0) }
         for topic in Set(topics) {
-            if topic.hasSuffix(PushType.liveactivity.topicSuffix) {
-                liveActivityDowngrades(topic: topic, by: 0)
-                liveActivityStartsDeferred(topic: topic, by: 0)
+            // The app's Live Activity topic, as its pushes are labelled (a bundle id, or one
+            // named with that suffix; not another push type's topic).
+            let suffix = PushType.liveactivity.topicSuffix
+            if topic.hasSuffix(suffix) || !PushType.allCases.contains(where: { !$0.topicSuffix.isEmpty && topic.hasSuffix($0.topicSuffix) }) {
+                let live = topic.hasSuffix(suffix) ? topic : topic + suffix
+                liveActivityDowngrades(topic: live, by: 0)
+                liveActivityStartsDeferred(topic: live, by: 0)
             }
             for status in Outcome.Status.allCases {
                 Counter(label: "apns_relay_outcomes_total", dimensions: [("apns_topic", topic), ("status", status.rawValue), ("reason", "none")])

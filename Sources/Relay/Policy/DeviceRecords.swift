@@ -72,11 +72,17 @@ public struct DeviceRecords: Sendable {
         return max(0, Double(limit.burst) - Double(max(arrival - now, 0)) / Double(limit.intervalMilliseconds))
     }
 
+    /// Live Activity budgets the token spent (``LiveActivityPacer``): priority-10 updates in
+    /// the last hour, push-to-starts in the last start window.
+    public var priority10Spent = 0
+    public var startsSpent = 0
+
     /// Reads the device's records in one round trip, from the keys under `keyPrefix`
-    /// (`redis.key_prefix`).
-    public static func read(token: String, topic: String, keyPrefix: String = "apns-relay:",
-                            from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
-        let keys = RedisKeys(prefix: keyPrefix)
+    /// (`redis.key_prefix`); `startWindowSeconds`: the topic's `policy.live_activity.start_window_seconds`.
+    public static func read(token: String, topic: String, keyPrefix: String = "apns-relay:", startWindowSeconds: Int64 = 3600,
+                            now: Int64? = nil, from redis: RedisClient) async throws(RedisError) -> DeviceRecords {
+        let keys = RedisKeys(prefix: keyPrefix), now = now ?? APNsIdentifiers.epochMilliseconds()
+        func since(_ seconds: Int64) -> Int64 { now - seconds * 1000 - LiveActivityPacer.slackMilliseconds }
         let last = keys.lastSent(token: token, topic: topic)
         let replies = try await redis.pipeline([
             RedisCommand("GET", [last]), RedisCommand("TTL", [last]),
@@ -85,6 +91,9 @@ public struct DeviceRecords: Sendable {
             RedisCommand("GET", [keys.rate(token: token)]),
             RedisCommand("GET", [keys.backoff(token: token)]),
             RedisCommand("GET", [keys.unregistered(token: token, topic: topic)]),
+            RedisCommand("ZCOUNT", [keys.budget(token: token, topic: topic, kind: LiveActivityPacer.Budget.priority10.rawValue), "(\(since(3600))", "+inf"]),
+            RedisCommand("ZCOUNT", [keys.budget(token: token, topic: topic, kind: LiveActivityPacer.Budget.start.rawValue),
+                                    "(\(since(startWindowSeconds))", "+inf"]),
         ])
         for reply in replies { if case .error(let message) = reply { throw .server(message) } }
         var records = DeviceRecords(lastSentJSON: replies[0].string,
@@ -105,6 +114,8 @@ public struct DeviceRecords: Sendable {
             records.backoffLevel = backoff.level
         }
         records.unregisteredAt = replies[6].integer
+        records.priority10Spent = replies[7].integer.map(Int.init) ?? 0
+        records.startsSpent = replies[8].integer.map(Int.init) ?? 0
         return records
     }
 }
