@@ -204,7 +204,7 @@ struct IntentTests {
         let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
                               reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
                               latencyMilliseconds: 7, lane: "apns.intents", partition: 3, offset: 42, worker: "w", at: 9)
-        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"channel_id":null,"topic":"com.x","status":"unregistered","original_status":null,"http_status":410,"reason":"Unregistered","apns_id":"id","apns_unique_id":null,"unregistered_at":5,"badge":null,"superseded_by":null,"priority_downgraded":null,"attempts":2,"latency_ms":7,"lane":"apns.intents","partition":3,"offset":42,"worker":"w","at":9,"metadata":null}"#)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"channel_id":null,"topic":"com.x","status":"unregistered","original_status":null,"http_status":410,"reason":"Unregistered","apns_id":"id","apns_unique_id":null,"unregistered_at":5,"badge":null,"superseded_by":null,"policy_decision":null,"priority_downgraded":null,"attempts":2,"latency_ms":7,"lane":"apns.intents","partition":3,"offset":42,"worker":"w","at":9,"metadata":null}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
     }
 }

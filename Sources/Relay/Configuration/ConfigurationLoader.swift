@@ -195,7 +195,7 @@ struct ConfigurationReader {
         }
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
-        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "topics", "mailbox_poll_ms",
+        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "mode", "topics", "mailbox_poll_ms",
                                                            "mailbox_claim_lease_seconds",
                                                            "backoff_initial_seconds", "backoff_max_seconds", "skip_known_unregistered",
                                                            "known_unregistered_ttl_seconds"])
@@ -217,7 +217,7 @@ struct ConfigurationReader {
             for (topic, value) in topics.sorted(by: { $0.key < $1.key }) {
                 let prefix = "policy.topics.\(topic)."
                 guard let fields = mapping(value, key: "policy.topics.\(topic)") else { continue }
-                checkKnown(fields, prefix: prefix, known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity"])
+                checkKnown(fields, prefix: prefix, known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "mode"])
                 configuration.policy.topics[topic] = readRules(fields, prefix: prefix, base: configuration.policy.defaults,
                                                                overridable: false)
             }
@@ -265,6 +265,12 @@ struct ConfigurationReader {
         rules.dedupeWindowSeconds = Int64(integer(fields, prefix + "dedupe_window_seconds", default: Int(base.dedupeWindowSeconds),
                                                   range: 1...2_592_000, overridable: overridable))
         rules.coalesce = bool(fields, prefix + "coalesce", default: base.coalesce, overridable: overridable)
+        let mode = string(fields, prefix + "mode", default: base.mode.rawValue, overridable: overridable)
+        if let known = RelayConfiguration.Policy.Mode(rawValue: mode) {
+            rules.mode = known
+        } else {
+            issues.append(.init(key: prefix + "mode", value: describe(mode), allowed: "enforce or shadow"))
+        }
         if let limit = mapping(fields["rate_limit"], key: prefix + "rate_limit") {
             checkKnown(limit, prefix: prefix + "rate_limit.", known: ["burst", "refill_per_second"])
             rules.rateLimit.burst = integer(limit, prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000,

@@ -81,6 +81,7 @@ extension RelayConfiguration {
             lines.append("\(indent)dedupe_window_seconds: \(rules.dedupeWindowSeconds)")
             lines.append("\(indent)rate_limit: {burst: \(rules.rateLimit.burst), refill_per_second: \(rules.rateLimit.refillPerSecond)}")
             lines.append("\(indent)coalesce: \(rules.coalesce)")
+            lines.append("\(indent)mode: \(rules.mode.rawValue)")
             let live = rules.liveActivity
             lines.append("\(indent)live_activity: {priority10_per_hour: \(live.priority10PerHour), starts_per_window: \(live.startsPerWindow), "
                          + "start_window_seconds: \(live.startWindowSeconds)}")

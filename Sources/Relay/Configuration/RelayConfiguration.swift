@@ -264,8 +264,15 @@ public struct RelayConfiguration: Sendable {
             public var coalesce = true
             /// The device's unseen Live Activity budgets the relay paces (with Redis).
             public var liveActivity = LiveActivityBudgets()
+            /// `enforce`, or `shadow`: every decision is taken and counted as in enforce mode,
+            /// and the intent goes out as with the policy off (docs/redis.md, "Shadow mode").
+            public var mode = Mode.enforce
 
             public init() {}
+        }
+
+        public enum Mode: String, Sendable, Equatable {
+            case enforce, shadow
         }
 
         /// Budgets a device keeps for Live Activity pushes and APNs never reports (it answers

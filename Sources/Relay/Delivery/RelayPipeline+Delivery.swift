@@ -13,13 +13,14 @@ extension RelayPipeline {
     func handle(_ item: WorkItem) async -> Int64? {
         if case .readmit = item.admission {
             // Decided now, in its device's turn (its batch's read of its keys failed).
-            guard let admission = await readmit(item) else {
+            guard let decided = await readmit(item), case .success(let intent) = item.intent else {
                 await conclude(item, Ending())
                 return nil
             }
+            let (admission, decision) = shadowed(decided, intent)
             var records = false
             if deduplicator != nil, case .send = admission { records = true }
-            return await handle(item.admitted(as: admission, recordsAnswer: records))
+            return await handle(item.admitted(as: admission, recordsAnswer: records, policyDecision: decision))
         }
         let ending: Ending
         var parkedDue: Int64?
@@ -67,7 +68,9 @@ extension RelayPipeline {
         switch item.admission {
         case .send, .park:
             // A channel has no mailbox: its retries end at the retry deadline.
-            let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil && intent.channelID == nil,
+            // In shadow mode a 429 is retried as with the policy off, not parked.
+            let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil && intent.channelID == nil
+                                                         && configuration.policy.rules(for: intent.topic).mode == .enforce,
                                                      parkAfterDeadlineMilliseconds: Int64(configuration.retry.maxBackoffMilliseconds))
             let machine = DeliveryStateMachine(expiration: intent.expiration, limits: limits, backoff: backoff)
             return Delivery(intent: intent, item: item, credentialIndex: credentials.index(forTopic: intent.topic), machine: machine,

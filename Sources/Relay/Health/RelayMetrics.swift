@@ -163,6 +163,14 @@ enum RelayMetrics {
 
     private static let kafkaSeries = Locked<(brokers: [String: Set<String>], partitions: Set<String>)>(([:], []))
 
+    /// `apns_relay_policy_decisions_total{apns_topic,decision,mode}`: what the policy decided
+    /// for each intent (``RelayPipeline/policyDecision(_:)``), in enforce mode and in shadow
+    /// mode alike, so a dashboard compares what a shadowed topic would hold back.
+    static func policyDecision(topic: String, decision: String, mode: String) {
+        Counter(label: "apns_relay_policy_decisions_total", dimensions: [("apns_topic", topic), ("decision", decision), ("mode", mode)])
+            .increment()
+    }
+
     /// `apns_relay_mailbox_entries_quarantined_total`: claimed mailbox entries no relay could read,
     /// moved aside (their intents get no outcome).
     static let mailboxEntriesQuarantined = Counter(label: "apns_relay_mailbox_entries_quarantined_total")

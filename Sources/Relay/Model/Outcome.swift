@@ -62,6 +62,9 @@ public struct Outcome: Sendable, Equatable {
     public var metadata: [UInt8]?
     /// A priority-10 Live Activity update past its budget, sent at priority 5; nil otherwise.
     public var priorityDowngraded: Bool?
+    /// With Redis, what the policy decided (`send`, `duplicate`, `park`, `coalesce`, `skip`);
+    /// in shadow mode what enforce mode would have done. Nil without a decision.
+    public var policyDecision: String?
 
     public init(id: String?, token: String?, topic: String?, status: Status, httpStatus: Int? = nil,
                 reason: String? = nil, apnsID: String? = nil, unregisteredAt: Int64? = nil, attempts: Int = 0,
@@ -104,6 +107,7 @@ public struct Outcome: Sendable, Equatable {
         writer.addOrNull("unregistered_at", unregisteredAt)
         writer.addOrNull("badge", badge)
         writer.addOrNull("superseded_by", supersededBy)
+        writer.addOrNull("policy_decision", policyDecision)
         if let priorityDowngraded { writer.addJSON("priority_downgraded", (priorityDowngraded ? "true" : "false").utf8) } else {
             writer.addNull("priority_downgraded")
         }

@@ -97,6 +97,7 @@ extension RelayPipeline {
                                   reason: "\(invalid.reason): \(invalid.message)")
         outcome.channelID = invalid.channelID
         outcome.metadata = invalid.metadata
+        outcome.policyDecision = item.policyDecision
         return outcome
     }
 
@@ -111,6 +112,7 @@ extension RelayPipeline {
         outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
         outcome.attempts = attempts
         outcome.metadata = intent.metadata
+        outcome.policyDecision = item.policyDecision
         return outcome
     }
 

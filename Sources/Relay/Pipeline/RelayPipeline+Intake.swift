@@ -122,7 +122,8 @@ extension RelayPipeline {
         var groups = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
-                guard let admissions = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil else { return }
+                guard var admissions = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil else { return }
+                let decisions = self.applyPolicyMode(&admissions, batch.parsed)
                 let admitting = batch.admitting
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
@@ -140,7 +141,7 @@ extension RelayPipeline {
                     // not the batch's.
                     let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map {
                         (message: messages[$0], parsed: batch.parsed[$0], admission: admissions[$0],
-                         generation: batch.generations[messages[$0].topicPartition])
+                         generation: batch.generations[messages[$0].topicPartition], decision: decisions[$0])
                     }
                     let admitted = AsyncLatch()
                     let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
@@ -152,7 +153,8 @@ extension RelayPipeline {
                                 await self.waitForCapacity(lane)
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
-                                                          generation: member.generation, policy: policy, consumedAt: consumedAt) {
+                                                          generation: member.generation, policy: policy, consumedAt: consumedAt,
+                                                          policyDecision: member.decision) {
                                     if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }
                             }

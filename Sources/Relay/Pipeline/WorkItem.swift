@@ -24,10 +24,13 @@ extension RelayPipeline {
         let trace: TraceContext?
         /// Its spans' times, when it is traced (``IntentTrace``).
         let traced: IntentTrace?
+        /// What the policy decided for it (``RelayPipeline/policyDecision(_:)``): with Redis,
+        /// on its outcome as `policy_decision`; in shadow mode the decision it was not held to.
+        let policyDecision: String?
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
-             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil) {
+             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil, policyDecision: String? = nil) {
             self.partition = partition
             self.lane = lane
             self.offset = offset
@@ -39,14 +42,15 @@ extension RelayPipeline {
             self.mailboxMember = mailboxMember
             self.trace = trace
             self.traced = traced
+            self.policyDecision = policyDecision
         }
 
         /// The same item with another admission (an intent to send that is to park instead, its
         /// device's earlier intent having parked).
-        func admitted(as admission: Admission, recordsAnswer: Bool? = nil) -> WorkItem {
+        func admitted(as admission: Admission, recordsAnswer: Bool? = nil, policyDecision: String? = nil) -> WorkItem {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
                      intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
-                     mailboxMember: mailboxMember, trace: trace, traced: traced)
+                     mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision)
         }
 
         /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those

@@ -72,6 +72,45 @@ extension RelayPipeline {
         return admissions
     }
 
+    /// What the policy decided, as outcomes and metrics name it: `send`, `duplicate`, `park`,
+    /// `coalesce` or `skip` (answered without sending: a remembered 410, a now-or-never intent
+    /// the device could not take); nil for what is no policy decision (an intent already in its
+    /// mailbox, one decided again later, one the relay itself answers).
+    static func policyDecision(_ admission: Admission) -> String? {
+        switch admission {
+        case .send: "send"
+        case .duplicate: "duplicate"
+        case .park: "park"
+        case .coalesced: "coalesce"
+        case .knownUnregistered, .nowOrNever: "skip"
+        case .inMailbox, .readmit, .expiredParked, .recipientBacklog: nil
+        }
+    }
+
+    /// With Redis, names each usable intent's decision and counts it
+    /// (`apns_relay_policy_decisions_total{apns_topic,decision,mode}`); where its topic's
+    /// `policy.mode` is `shadow`, the intent then goes out as with the policy off (its admission
+    /// becomes `send`). An intent its mailbox holds already stays there whatever the mode: it
+    /// was parked in enforce mode, and its mailbox answers it. Returns the decisions by position.
+    func applyPolicyMode(_ admissions: inout [Admission], _ parsed: [Result<Intent, InvalidIntent>]) -> [String?] {
+        guard policy != nil else { return Array(repeating: nil, count: admissions.count) }
+        var decisions: [String?] = Array(repeating: nil, count: admissions.count)
+        for position in admissions.indices {
+            guard case .success(let intent) = parsed[position] else { continue }
+            (admissions[position], decisions[position]) = shadowed(admissions[position], intent)
+        }
+        return decisions
+    }
+
+    /// One intent's admission under its topic's mode, and its decision (counted).
+    func shadowed(_ admission: Admission, _ intent: Intent) -> (Admission, String?) {
+        guard let decision = Self.policyDecision(admission) else { return (admission, nil) }
+        let mode = configuration.policy.rules(for: intent.topic).mode
+        RelayMetrics.policyDecision(topic: credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other",
+                                    decision: decision, mode: mode.rawValue)
+        return (mode == .shadow ? .send : admission, decision)
+    }
+
     static func isUsable(_ parsed: Result<Intent, InvalidIntent>) -> Bool {
         if case .success = parsed { return true }
         return false

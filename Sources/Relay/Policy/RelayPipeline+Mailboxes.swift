@@ -112,7 +112,9 @@ extension RelayPipeline {
         return WorkItem(partition: partition, lane: lane(of: partition.topic), offset: entry.offset, generation: generation,
                         consumedAt: .now - .milliseconds(max(now - entry.consumedAt, 0)),
                         intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member,
-                        trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil, id: try? intent.get().id))
+                        trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil, id: try? intent.get().id),
+                        // Everything in a mailbox was parked there.
+                        policyDecision: "park")
     }
 
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease

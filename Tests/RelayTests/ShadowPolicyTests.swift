@@ -1,0 +1,45 @@
+import Foundation
+import RedisTesting
+@testable import Relay
+import TestSupport
+import Testing
+
+/// `policy.mode: shadow`: every decision taken and named as in enforce mode, every intent sent
+/// as with the policy off.
+@Suite("Shadow policy", .stopsItsRelays, .timeLimit(.minutes(3)))
+struct ShadowPolicyTests {
+    /// One batch: four intents for one device under a burst of 2 and a token a second (two go
+    /// out; of the two that cannot, the older collapses into the newer, which parks and goes out
+    /// from the mailbox in enforce mode), and a collapse pair for another device.
+    static func batch() -> [(json: String, key: String)] {
+        let device = hexToken(0x5A1), other = hexToken(0x5A2)
+        return (1...4).map { (intent("a\($0)", token: device), device) }
+            + [(intent("c1", token: other, extra: #","collapse_id":"score""#), other),
+               (intent("c2", token: other, extra: #","collapse_id":"score""#), other)]
+    }
+
+    static func run(_ mode: RelayConfiguration.Policy.Mode) async throws -> (outcomes: [String: [String: Any]], sent: Int) {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 2, refill: 1, configure: { $0.policy.defaults.mode = mode },
+                                                    preload: batch())
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 6))
+        let sent = harness.simulator.accepted.count
+        try await harness.stopExpectingOneOutcomeEach()
+        return (outcomes, sent)
+    }
+
+    @Test func shadowTakesEnforcesDecisionsAndSendsEverything() async throws {
+        let enforced = try await Self.run(.enforce)
+        let shadowed = try await Self.run(.shadow)
+        let expected = ["a1": "send", "a2": "send", "a3": "coalesce", "a4": "park", "c1": "coalesce", "c2": "send"]
+        for (id, decision) in expected {
+            #expect(enforced.outcomes[id]?["policy_decision"] as? String == decision, "enforce \(id): \(enforced.outcomes[id] ?? [:])")
+            #expect(shadowed.outcomes[id]?["policy_decision"] as? String == decision, "shadow \(id): \(shadowed.outcomes[id] ?? [:])")
+            #expect(shadowed.outcomes[id]?["status"] as? String == "delivered", "shadow \(id)")
+        }
+        #expect(enforced.outcomes["c1"]?["status"] as? String == "coalesced")
+        #expect(enforced.outcomes["a3"]?["status"] as? String == "coalesced" && enforced.outcomes["a4"]?["status"] as? String == "delivered")
+        #expect(enforced.sent == 4, "enforce sends a1, a2, c2, and a4 from the mailbox")
+        #expect(shadowed.sent == 6)
+    }
+}
