@@ -42,4 +42,24 @@ struct ShadowPolicyTests {
         #expect(enforced.sent == 4, "enforce sends a1, a2, c2, and a4 from the mailbox")
         #expect(shadowed.sent == 6)
     }
+
+    /// The Live Activity budgets in shadow mode: spent and counted, never acted on — every
+    /// update goes out at priority 10 and every start at once.
+    @Test func shadowLeavesLiveActivityPushesAsTheyCame() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 1000, refill: 1000, configure: {
+            $0.policy.defaults.mode = .shadow
+            $0.policy.defaults.liveActivity.priority10PerHour = 2
+            $0.policy.defaults.liveActivity.startsPerWindow = 1
+        })
+        let activity = hexToken(0x5B1), pushToStart = hexToken(0x5B2)
+        for index in 0..<3 {
+            try await harness.produce(LiveActivityPacingTests.start("start-\(index)", token: pushToStart), key: pushToStart)
+        }
+        for index in 0..<6 { try await harness.produce(LiveActivityPacingTests.update("update-\(index)", token: activity), key: activity) }
+        let outcomes = try await harness.outcomes(count: 9)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" && $0["priority_downgraded"] is NSNull }, "\(outcomes)")
+        #expect(harness.simulator.accepted.allSatisfy { $0.priority == 10 } && harness.simulator.accepted.count == 9)
+        try await harness.stopExpectingOneOutcomeEach()
+    }
 }

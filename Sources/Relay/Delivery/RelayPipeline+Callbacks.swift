@@ -33,7 +33,7 @@ extension RelayPipeline {
         case .finish:
             ended(delivery)
             Self.settle(delivery)
-            conclude(delivery.item, delivery.ending)
+            concludeByCallbacks(delivery.item, delivery.ending)
         case .send:
             guard let client = delivery.client else { return step(delivery, delivery.machine.cancelled()) }
             let sentAt = ContinuousClock.now
@@ -52,7 +52,7 @@ extension RelayPipeline {
 
     /// Publishes the outcome (no dedupe record, no invalidation record: see the extension's
     /// conditions) and ends the item once its delivery report is in.
-    private func conclude(_ item: WorkItem, _ ending: Ending) {
+    private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
         guard let (key, value) = Self.encoded(ending) else {
             finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return next(after: item)

@@ -138,12 +138,15 @@ extension RelayPipeline {
     /// counts and is never downgraded); a push-to-start past its token's window waits in the
     /// device's mailbox until the window allows, as any parked intent (a newer one displaces it,
     /// its expiration ends it). False when the delivery ended here (parked, or abandoned).
-    /// Redis failing with `redis.fail_open`: sent unpaced.
+    /// Redis failing with `redis.fail_open`: sent unpaced. In shadow mode (`policy.mode`) the
+    /// budget is spent as in enforce mode and what it would do is counted
+    /// (`apns_relay_policy_decisions_total`, decision `park` for a start, `downgrade` for an
+    /// update), and the push goes out as it came.
     @inline(never)
     func pace(_ delivery: Delivery) async -> Bool {
         guard let pacer = liveActivityPacer else { return true }
         let intent = delivery.intent
-        let budgets = configuration.policy.rules(for: intent.topic).liveActivity
+        let rules = configuration.policy.rules(for: intent.topic), budgets = rules.liveActivity
         guard let event = delivery.notification.payload.withUnsafeReadableBytes({ PushTypePayloads.liveActivityEvent($0) }) else {
             return true
         }
@@ -152,15 +155,23 @@ extension RelayPipeline {
             ? (.start, budgets.startsPerWindow, budgets.startWindowSeconds)
             : (.priority10, budgets.priority10PerHour, 3600)
         guard limit > 0, start || delivery.notification.effectivePriority == 10 else { return true }
-        let now = nowMilliseconds()
-        guard let spent = await withRedisRetries(delivery.item, { () throws(RedisError) in
+        // Now as each try asks: a spend scored before a long Redis outage would leave the
+        // window early.
+        guard let spent = await withRedisRetries(delivery.item, { () throws(RedisError) -> Int64? in
             try await pacer.spend(budget, token: intent.token, topic: intent.topic, intentID: intent.id, limit: limit,
-                                  windowSeconds: window, now: now)
+                                  windowSeconds: window, now: nowMilliseconds())
         }) else {
             return isCurrent(delivery.item) && !Task.isCancelled
         }
         guard let wait = spent else { return true }
+        let now = nowMilliseconds()
         let topic = credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other"
+        if rules.mode == .shadow {
+            if start || event != "end" {
+                RelayMetrics.policyDecision(topic: topic, decision: start ? "park" : "downgrade", mode: rules.mode.rawValue)
+            }
+            return true
+        }
         if start {
             RelayMetrics.liveActivityStartsDeferred(topic: topic)
             if await park(delivery.item, due: now + wait) {

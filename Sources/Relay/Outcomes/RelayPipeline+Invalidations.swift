@@ -76,7 +76,9 @@ extension RelayPipeline {
             logger.warning("the pair's last delivery record is unreadable: its dead record stands", metadata: ["intent.id": "\(outcome.id ?? "")"])
             return false
         }
-        return at > outcome.at
+        // A duplicate's own time is its redelivery's, not the 410's: compared with APNs'
+        // timestamp of the 410 instead, the latest time the token is known dead at.
+        return at > (outcome.status == .duplicate ? outcome.unregisteredAt ?? outcome.at : outcome.at)
     }
 
     /// An invalidation record's delivery failed (it is tried again).

@@ -13,17 +13,27 @@ extension RelayPipeline {
             return
         }
         // Any invalidation record goes out beside the outcome; the offset is stored once both are.
-        let invalidation = startInvalidation(ending)
+        // With Redis a tombstone waits for the delivery's record (the device's last
+        // notification): a relay whose dead record for the pair lands after this tombstone
+        // then finds the delivery (``deliveredSince(_:)``) and follows it with a tombstone.
+        let deferred = deduplicator != nil && Self.isTombstone(ending)
+        let early = deferred ? nil : startInvalidation(ending)
         guard await recordAndPublish(item, ending, records: Self.records(item, status, dedupe: deduplicator != nil)) else {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
-        if let invalidation, await !invalidationDelivered(invalidation, ending, item) {
+        if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
         if let member = item.mailboxMember { await release(member, item) }
         finish(item, stored: true, sent: ending.countedAtAPNs)
+    }
+
+    /// Whether the ending's invalidation record is a tombstone (a delivery, or a duplicate of one).
+    static func isTombstone(_ ending: Ending) -> Bool {
+        guard let outcome = ending.outcome, let record = Invalidation.record(for: outcome) else { return false }
+        return record.value == nil
     }
 
     /// Records the answer first when `records`, then publishes the outcome. False when the

@@ -28,11 +28,12 @@ extension RelayPipeline {
             var recordsAnswer = false
             if deduplicator != nil, case .send = admission {
                 // A copy in flight here is in its device's queue (Redis learns of it only once
-                // APNs answered it).
-                if state.answering[AnswerKey(intent)] != nil {
-                    admission = .duplicate(nil)
-                } else {
+                // APNs answered it). In shadow mode it is sent all the same, as with the policy
+                // off; the first copy records the answer.
+                if state.answering[AnswerKey(intent)] == nil {
                     recordsAnswer = true
+                } else if configuration.policy.rules(for: intent.topic).mode == .enforce {
+                    admission = .duplicate(nil)
                 }
             }
             // One recipient that cannot drain keeps no more than its share of the waiting room.

@@ -292,12 +292,15 @@ struct DevicePolicy: Sendable {
     /// Moves an unreadable claimed entry out of its mailbox into
     /// `<prefix>quarantine:{<token>}:<topic>:<id>` (kept 30 days) and its member out of the due
     /// index: it is no outage, and no poll takes it again.
-    func quarantine(partition: TopicPartition, token: String, topic: String, id: String) async throws(RedisError) {
-        _ = try await client.evaluate(Self.quarantineScript,
-                                      keys: [keys.mailbox(token: token, topic: topic), keys.waiting(token: token, topic: topic),
-                                             keys.quarantine(token: token, topic: topic, id: id)],
-                                      arguments: [id, Self.quarantineMilliseconds])
+    /// False when the entry no longer holds the claim (another take, a release): nothing moved.
+    func quarantine(partition: TopicPartition, token: String, topic: String, id: String) async throws(RedisError) -> Bool {
+        let moved = try await client.evaluate(Self.quarantineScript,
+                                              keys: [keys.mailbox(token: token, topic: topic), keys.waiting(token: token, topic: topic),
+                                                     keys.quarantine(token: token, topic: topic, id: id)],
+                                              arguments: [id, Self.quarantineMilliseconds])
+        guard moved.integer == 1 else { return false }
         try await reindex(partition: partition, member: RedisKeys.member(token: token, topic: topic, id: id), due: nil)
+        return true
     }
 
     /// Moves a member to a new due time, or removes it (nil); with `onlyEarlier`, only if that

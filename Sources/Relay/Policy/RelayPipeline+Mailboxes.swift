@@ -230,16 +230,17 @@ extension RelayPipeline {
                 continue
             case .unreadable:
                 // Not an outage: no relay will ever read it. Moved aside, for an operator.
+                do {
+                    guard try await policy.quarantine(partition: partition, token: parts.token, topic: parts.topic, id: parts.id) else { continue }
+                } catch {
+                    redisFailed(error)
+                    continue
+                }
                 RelayMetrics.mailboxEntriesQuarantined.increment()
                 logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: [
                     "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition.partition)",
                     "kafka.topic": "\(partition.topic)", "redis.key": "\(policy.keys.quarantine(token: parts.token, topic: parts.topic, id: parts.id))",
                 ])
-                do {
-                    try await policy.quarantine(partition: partition, token: parts.token, topic: parts.topic, id: parts.id)
-                } catch {
-                    redisFailed(error)
-                }
                 continue
             case .behindClaim(let until):
                 // At the claim's lease end at the latest (the take moved it a little later), and
