@@ -126,7 +126,9 @@ final class Soak: Sendable {
     private let stack: EmbeddedStack
     private let redis: RedisServerProcess
     private let relayBinary: String
-    private let configFile: String
+    /// Each relay's configuration: the same but for its status port (two on one port: the
+    /// second exits at start).
+    private let configFiles: [String]
     private let maxInFlight: Int
     /// `--devices` (0: a device per intent).
     private let devices: Int
@@ -134,6 +136,9 @@ final class Soak: Sendable {
     static let urgentTopic = "apns.intents.urgent"
     private let processes: Locked<[ChildProcess?]>
     private let seen = Locked(Seen())
+    /// Relays not running when the load ended and the outcomes settled (one that could not start,
+    /// or died): the soak then did not run the relays it names.
+    private let exited = Locked(0)
 
     init(stack: EmbeddedStack, relayBinary: String, relays: Int, maxInFlight: Int, devices: Int) throws {
         self.stack = stack
@@ -153,8 +158,14 @@ final class Soak: Sendable {
             try stack.cluster.createTopic(Self.urgentTopic, partitions: 8)
             configuration.kafka.lanes = [.init(topic: configuration.kafka.intentsTopic, weight: 1), .init(topic: Self.urgentTopic, weight: 8)]
         }
-        configFile = stack.directory.appendingPathComponent("relay.yaml").path
-        try configuration.redactedYAML.write(toFile: configFile, atomically: true, encoding: .utf8)
+        configuration.http.address = "127.0.0.1"
+        configFiles = try (0..<relays).map { index in
+            var own = configuration
+            own.http.port = try LoopbackPort.free()
+            let file = stack.directory.appendingPathComponent("relay-\(index).yaml").path
+            try own.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+            return file
+        }
         processes = Locked(Array(repeating: nil, count: relays))
         do {
             for index in 0..<relays { try startRelay(index) }
@@ -173,7 +184,7 @@ final class Soak: Sendable {
         let descriptor = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else { throw SoakError(description: "cannot open \(log): \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
-        let process = try ChildProcess(executable: relayBinary, arguments: ["run", "--config", configFile],
+        let process = try ChildProcess(executable: relayBinary, arguments: ["run", "--config", configFiles[index]],
                                        standardOutput: descriptor, standardError: descriptor)
         processes.withLock { $0[index] = process }
     }
@@ -181,7 +192,7 @@ final class Soak: Sendable {
     /// SIGTERM to every relay; one still running 30 s later is killed. False when one was.
     /// `keepingLogs`: the stack's directory (the relays' logs, their configuration) stays.
     func stop(keepingLogs: Bool = false) async -> Bool {
-        let running = processes.withLock { $0.compactMap { $0 } }
+        let running = processes.withLock { $0.compactMap { $0 } }.filter(\.isRunning)
         for process in running { process.signal(SIGTERM) }
         let deadline = ContinuousClock.now + .seconds(30)
         while ContinuousClock.now < deadline, running.contains(where: \.isRunning) {
@@ -224,7 +235,21 @@ final class Soak: Sendable {
         await reader.close()  // ends its events, and so the reading
         await reading.value
         let left = missing()
+        let down = processes.withLock { $0.filter { !($0?.isRunning ?? false) }.count }
+        exited.withLock { $0 = down }
         if !left.isEmpty {
+            // Outcomes the reader did not hand over, or outcomes not on the topic at all: the
+            // whole topic read again, plainly (no group), tells the two apart.
+            if let reader = try? KafkaTopicReader(bootstrapServers: stack.configuration.kafka.brokers, topic: stack.configuration.kafka.outcomesTopic),
+               let all = try? await reader.readToEnd(timeout: .seconds(60)) {
+                let ids = Set(all.compactMap { message in
+                    (try? JSONSerialization.jsonObject(with: Data(message.value)) as? [String: Any])?["id"] as? String
+                })
+                let onTopic = left.filter(ids.contains)
+                Self.progress("of those, \(onTopic.count) are on the outcomes topic read again from its start (\(all.count) records)"
+                              + (onTopic.isEmpty ? "" : ": the outcome reader skipped them, e.g. \(onTopic.sorted().prefix(5).joined(separator: ", "))"))
+                await reader.close()
+            }
             let named = seen.withLock { seen in left.sorted().prefix(10).map { "\($0) at \(seen.landed[$0] ?? "?")" } }
             Self.progress("no outcome for \(left.count) intents (partition/offset), e.g. \(named.joined(separator: ", "))")
         }
@@ -401,11 +426,13 @@ final class Soak: Sendable {
             // Right: exactly one status that is not `duplicate` — `delivered`, or with shared
             // devices `coalesced` — and every `duplicate` of it saying the same (or nothing).
             var wrong = 0, coalescedAccepted = 0
-            for (id, statuses) in seen.outcomes {
+            var examples: [String] = []
+            for (id, statuses) in seen.outcomes.sorted(by: { $0.key < $1.key }) {
                 let answers = statuses.filter { !$0.hasPrefix("duplicate") }
                 guard answers.count == 1, let status = answers.first, status == "delivered" || (sharedDevices && status == "coalesced"),
                       statuses.allSatisfy({ !$0.hasPrefix("duplicate/") || $0 == "duplicate/\(status)" }) else {
                     wrong += 1
+                    if examples.count < 5 { examples.append("\(id): \(statuses.joined(separator: ", "))") }
                     continue
                 }
                 if status == "coalesced", sends[APNsIdentifiers.format(Intent.apnsID(for: id)).lowercased()] != nil { coalescedAccepted += 1 }
@@ -416,14 +443,20 @@ final class Soak: Sendable {
             let kills = seen.faults[.killRelay] ?? 0
             let bound = kills * maxInFlight + seen.unanswered
             let faults = Fault.allCases.map { "\(seen.faults[$0] ?? 0) \($0.rawValue)" }.joined(separator: ", ")
+            if !examples.isEmpty { Self.progress("wrong, e.g. \(examples.joined(separator: "; "))") }
             // Every outcome names its own intent's lane, partition and offset.
-            let misnamed = seen.named.filter { id, named in seen.landed[id].map { named != [$0] } ?? false }.count
-            let passed = missing == 0 && wrong == 0 && outOfOrder == 0 && badgeLowered == 0 && misnamed == 0
+            let misnamedIDs = seen.named.filter { id, named in seen.landed[id].map { named != [$0] } ?? false }.keys.sorted()
+            let misnamed = misnamedIDs.count
+            if let id = misnamedIDs.first {
+                Self.progress("misnamed, e.g. \(id) landed at \(seen.landed[id] ?? "?"), its outcomes named \(seen.named[id]?.sorted() ?? [])")
+            }
+            let down = exited.withLock { $0 }
+            let passed = missing == 0 && wrong == 0 && outOfOrder == 0 && badgeLowered == 0 && misnamed == 0 && down == 0
                 && twice + coalescedAccepted <= bound && !seen.produced.isEmpty
             let statuses = seen.outcomes.values.reduce(into: [String: Int]()) { counts, statuses in
                 for status in statuses where !status.hasPrefix("duplicate") { counts[status, default: 0] += 1 }
             }.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
-            let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays, "
+            let line = "soak: \(Int(elapsed.totalSeconds)) s, \(processes.withLock { $0.count }) relays (\(down) not running at the end), "
                 + (sharedDevices ? "\(devices) devices, 2 lanes, badges, " : "")
                 + "faults: \(faults); "
                 + "intents \(seen.produced.count) (\(seen.produceFailures) not produced), outcomes \(seen.outcomeEvents) "
