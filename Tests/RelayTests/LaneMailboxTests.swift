@@ -44,6 +44,37 @@ struct LaneMailboxTests {
         await harness.stop()
     }
 
+    /// An entry that names its lane, found in another lane's due index (as a device's entries
+    /// of two lanes share its mailbox), is delivered by that index's owner and its outcome names
+    /// its own lane, partition and offset, not the index's.
+    @Test func anEntryFoundInAnotherLanesIndexNamesItsOwnCoordinates() async throws {
+        let redis = try await RedisServerProcess.started()
+        let urgentTopic = "apns.intents.urgent.\(UUID().uuidString.prefix(8))"
+        let token = hexToken(0x02d)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let harness = try await PolicyTests.harness(redis, burst: 10, refill: 10) {
+            $0.kafka.lanes = [.init(topic: urgentTopic, weight: 4), .init(topic: $0.kafka.intentsTopic, weight: 1)]
+        }
+        var entry = DevicePolicy.Entry(partition: 3, offset: 817, consumedAt: Int64(Date().timeIntervalSince1970 * 1000),
+                                       expiration: expiration, message: Array(intent("bulk-one", token: token).utf8))
+        entry.lane = harness.intentsTopic
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        _ = try await client.pipeline([
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"),
+                                  "pid", "bulk-one", "p", entry.encoded, "pe", expiration, "pd", 0]),
+            RedisCommand("SET", [RedisKeys.standard.waiting(token: token, topic: "com.example.app"), "8:bulk-one"]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: urgentTopic, partition: 0), 0,
+                                  RedisKeys.member(token: token, topic: "com.example.app", id: "bulk-one")]),
+        ])
+        let outcome = try #require(try await harness.outcomes(count: 1).first)
+        #expect(outcome["id"] as? String == "bulk-one" && outcome["status"] as? String == "delivered")
+        #expect(outcome["lane"] as? String == harness.intentsTopic && outcome["partition"] as? Int == 3 && outcome["offset"] as? Int == 817,
+                "\(outcome)")
+        await client.shutdown()
+        // Its offset is not one of the intents topic's (the entry was written here): no log check.
+        await harness.stop()
+    }
+
     /// An entry parked before `kafka.lanes` was set names no lane; found in the due index of a
     /// lane that is not the first, it is that lane's, whatever the first lane is.
     @Test func anEntryParkedBeforeLanesBelongsToTheDueIndexItWaitsIn() async throws {

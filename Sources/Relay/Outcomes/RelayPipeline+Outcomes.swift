@@ -119,9 +119,12 @@ extension RelayPipeline {
     func makeOutcome(_ item: WorkItem, id: String?, token: String?, topic: String?, status: Outcome.Status,
                              reason: String?) -> Outcome {
         let elapsed = ContinuousClock.now - item.consumedAt
+        // An intent taken from a mailbox names where it came from, not the due index it was
+        // found in (an entry can wait in another lane's index of its device).
+        let origin = item.origin ?? item.partition
         return Outcome(id: id, token: token, topic: topic, status: status, reason: reason, attempts: 0,
-                       latencyMilliseconds: elapsed.totalMilliseconds, lane: item.partition.topic,
-                       partition: item.partition.partition, offset: item.offset, worker: worker,
+                       latencyMilliseconds: elapsed.totalMilliseconds, lane: origin.topic,
+                       partition: origin.partition, offset: item.offset, worker: worker,
                        at: APNsIdentifiers.epochMilliseconds())
     }
 

@@ -27,10 +27,14 @@ extension RelayPipeline {
         /// What the policy decided for it (``RelayPipeline/policyDecision(_:)``): with Redis,
         /// on its outcome as `policy_decision`; in shadow mode the decision it was not held to.
         let policyDecision: String?
+        /// Taken from a mailbox: where its intent came from (its entry's lane and partition),
+        /// which its outcome names; the item's own partition is the due index's it was found in.
+        let origin: TopicPartition?
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
-             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil, policyDecision: String? = nil) {
+             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil, policyDecision: String? = nil,
+             origin: TopicPartition? = nil) {
             self.partition = partition
             self.lane = lane
             self.offset = offset
@@ -43,6 +47,7 @@ extension RelayPipeline {
             self.trace = trace
             self.traced = traced
             self.policyDecision = policyDecision
+            self.origin = origin
         }
 
         /// The same item with another admission (an intent to send that is to park instead, its
@@ -50,7 +55,8 @@ extension RelayPipeline {
         func admitted(as admission: Admission, recordsAnswer: Bool? = nil, policyDecision: String? = nil) -> WorkItem {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
                      intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
-                     mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision)
+                     mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision,
+                     origin: origin)
         }
 
         /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those

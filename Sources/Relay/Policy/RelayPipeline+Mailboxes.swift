@@ -114,7 +114,9 @@ extension RelayPipeline {
                         intent: intent, admission: admission, recordsAnswer: recordsAnswer, mailboxMember: member,
                         trace: trace, traced: Self.intentTrace(trace, tracer: tracer, policy: nil, id: try? intent.get().id),
                         // Everything in a mailbox was parked there.
-                        policyDecision: "park")
+                        policyDecision: "park",
+                        // Its own coordinates, whichever due index it was found in.
+                        origin: TopicPartition(topic: entry.lane ?? partition.topic, partition: entry.partition))
     }
 
     /// Ends a mailbox claim once its outcome is out (a failure only means the claim's lease
