@@ -1,6 +1,7 @@
 import Common
 import APNs
 import Kafka
+import Logging
 import Redis
 
 extension RelayPipeline {
@@ -90,6 +91,11 @@ extension RelayPipeline {
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
+    }
+
+    /// Log metadata naming a mailbox entry of a due index (never its token).
+    static func entryMetadata(_ id: String, _ topic: String, _ partition: TopicPartition) -> Logger.Metadata {
+        ["intent.id": "\(id)", "apns.topic": "\(topic)", "kafka.partition": "\(partition.partition)", "kafka.topic": "\(partition.topic)"]
     }
 
     /// A work item for an intent kept in a mailbox (its offset is not stored again), with the
@@ -208,10 +214,9 @@ extension RelayPipeline {
                 // Not an outage: its index member already moved to the lease's end, so it is
                 // asked again then; the other entries go on.
                 RelayMetrics.redisRefused.increment()
-                logger.error("Redis refuses taking a mailbox entry", metadata: [
-                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition.partition)",
-                    "kafka.topic": "\(partition.topic)", "redis.error": "\(error)",
-                ])
+                var metadata = Self.entryMetadata(parts.id, parts.topic, partition)
+                metadata["redis.error"] = "\(error)"
+                logger.error("Redis refuses taking a mailbox entry", metadata: metadata)
                 continue
             }
             failingTakes = 0
@@ -239,10 +244,9 @@ extension RelayPipeline {
                     continue
                 }
                 RelayMetrics.mailboxEntriesQuarantined.increment()
-                logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: [
-                    "intent.id": "\(parts.id)", "apns.topic": "\(parts.topic)", "kafka.partition": "\(partition.partition)",
-                    "kafka.topic": "\(partition.topic)", "redis.key": "\(policy.keys.quarantine(token: parts.token, topic: parts.topic, id: parts.id))",
-                ])
+                var metadata = Self.entryMetadata(parts.id, parts.topic, partition)
+                metadata["redis.key"] = "\(policy.keys.quarantine(token: parts.token, topic: parts.topic, id: parts.id))"
+                logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: metadata)
                 continue
             case .behindClaim(let until):
                 // At the claim's lease end at the latest (the take moved it a little later), and
