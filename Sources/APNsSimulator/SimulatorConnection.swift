@@ -153,26 +153,6 @@ final class SharedState: Sendable {
     /// Settles one request under one lock: an answer the header checks already found, or else
     /// the device's topic binding and the scripted behaviour; counts the answer and records what
     /// was accepted.
-    /// Why the device would drop `accepted` for a Live Activity budget (``SimulatorConfiguration/Behaviour/liveActivityBudgets``),
-    /// or nil, counting it when it spends one: a device counts what it takes, not what it drops.
-    static func overBudget(_ state: inout Fields, _ accepted: AcceptedNotification) -> String? {
-        guard let budgets = state.behaviour.liveActivityBudgets, let event = accepted.liveActivityEvent else { return nil }
-        let (name, limit, window): (String, Int, Int64)
-        if event == "start" {
-            (name, limit, window) = ("start", budgets.startsPerWindow, budgets.startWindow.nanoseconds / 1_000_000)
-        } else if accepted.priority == 10 {
-            (name, limit, window) = ("priority10", budgets.priority10PerHour, 3_600_000)
-        } else {
-            return nil
-        }
-        let key = "\(accepted.deviceToken) \(name)"
-        var spends = state.liveActivitySpends[key, default: []].filter { $0 > accepted.receivedAt - window }
-        defer { state.liveActivitySpends[key] = spends }
-        guard spends.count < limit else { return "over the device's Live Activity \(name) budget" }
-        spends.append(accepted.receivedAt)
-        return nil
-    }
-
     func settle(_ early: SimulatorAnswer?, openStreams: Int, _ notification: () -> AcceptedNotification) -> Settled {
         defer { answered.update { $0 += 1 } }
         return locked { state in
