@@ -118,7 +118,7 @@ public final class RelayApplication: Service, Sendable {
         let consumer = try KafkaConsumer(bootstrapServers: configuration.kafka.brokers,
                                          groupID: configuration.kafka.groupID,
                                          topics: configuration.kafka.intentTopics,
-                                         properties: configuration.kafka.consumerSettings.merging(Self.statistics) { given, _ in given },
+                                         properties: Self.consumerProperties(configuration.kafka),
                                          maxBatch: 1000, bufferedMessages: 5000,
                                          topicQueues: configuration.kafka.intentLanes.count > 1,
                                          outstandingPerTopic: RelayPipeline.laneBacklogLimit, logger: logger)
@@ -135,6 +135,24 @@ public final class RelayApplication: Service, Sendable {
         consumer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "consumer") }
     }
 
+
+    /// What the consumer is given: `kafka.config` and `kafka.consumer_config`, over librdkafka's
+    /// statistics (``statistics``) and, with several lanes, the `range` assignor.
+    ///
+    /// With lanes, each lane is a topic of its own, and cooperative-sticky (the consumer's
+    /// default) assigns every topic's partitions on its own: a device's urgent and bulk intents
+    /// could be consumed, and sent, by two relays at once (its badge going backwards, its bucket
+    /// overrun by a burst per lane). `range` gives partition N of every lane to the same relay
+    /// when the lanes have as many partitions each, so a device's intents of every lane are one
+    /// relay's (docs/lanes.md says what upstream services and the topics must do for that). Its
+    /// rebalances are eager: each one revokes every partition of the group, which waits for the
+    /// work at APNs as any revocation does. A `partition.assignment.strategy` in the
+    /// configuration wins.
+    static func consumerProperties(_ kafka: RelayConfiguration.Kafka) -> [String: String] {
+        var defaults = statistics
+        if kafka.intentLanes.count > 1 { defaults["partition.assignment.strategy"] = "range" }
+        return kafka.consumerSettings.merging(defaults) { given, _ in given }
+    }
 
     /// librdkafka's statistics every 15 s unless `kafka.config` says otherwise
     /// (`statistics.interval.ms`; 0 turns them off): brokers, the producer's queue and the fetch

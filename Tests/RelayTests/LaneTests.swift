@@ -102,4 +102,52 @@ struct LaneTests {
         #expect(position < queued, "the urgent intent came last: consumed \(consumed), \(order.map { "\($0.id ?? "?")@\($0.at)" })")
         #expect(order.compactMap(\.id).filter { $0 != "urgent" } == (0..<queued).map { "bulk-\($0)" }, "the bulk intents keep their order")
     }
+
+    /// Review N9: a device's intents of every lane are consumed, and sent, by one relay. Each
+    /// lane is a topic of its own; with lanes the relays' group assigns partition N of every lane
+    /// to the same relay (the lanes have as many partitions each, and upstream services key an
+    /// intent by its device on every lane), so two relays never send to one device at once.
+    @Test func aDevicesLanesAreConsumedByOneRelay() async throws {
+        let urgentTopic = "apns.intents.urgent.\(UUID().uuidString.prefix(8))"
+        let harness = try await RelayHarness.start(configureRelay: {
+            $0.kafka.lanes = [.init(topic: urgentTopic, weight: 8), .init(topic: $0.kafka.intentsTopic, weight: 1)]
+        })
+        // Three relays for two lanes of four partitions: a relay holds three of the eight, or two.
+        let others = try ["second", "third"].map { try RelayApplication(configuration: harness.configuration, worker: $0) }
+        let running = others.map { other in Task { await other.run() } }
+        let relays = [harness.pipeline] + others.map(\.pipeline)
+        // The group settles: every partition of both lanes owned, by one relay each, every relay
+        // holding some.
+        try await waitUntil(timeout: .seconds(60)) {
+            let owned = relays.map { Set($0.ownedPartitions.map { "\($0.topic) \($0.partition)" }) }
+            return owned.allSatisfy { !$0.isEmpty } && owned.map(\.count).reduce(0, +) == 8 && Set(owned.flatMap { $0 }).count == 8
+        }
+        for relay in relays {
+            let owned = relay.ownedPartitions
+            let urgent = Set(owned.filter { $0.topic == urgentTopic }.map(\.partition))
+            let bulk = Set(owned.filter { $0.topic == harness.intentsTopic }.map(\.partition))
+            #expect(urgent == bulk, "a relay owns urgent partitions \(urgent.sorted()) and bulk partitions \(bulk.sorted())")
+        }
+        // And so each device's intents, of both lanes, are answered by one relay.
+        let devices = 24
+        for device in 0..<devices {
+            let token = hexToken(0x3100 + device)
+            for round in 0..<2 {
+                try await harness.produce(intent("u-\(device)-\(round)", token: token), key: token, topic: urgentTopic)
+                try await harness.produce(intent("b-\(device)-\(round)", token: token), key: token)
+            }
+        }
+        let outcomes = try await harness.outcomes(count: devices * 4)
+        var workers: [String: Set<String>] = [:]
+        for outcome in outcomes {
+            guard let id = outcome["id"] as? String, let worker = outcome["worker"] as? String else { continue }
+            workers[String(id.split(separator: "-")[1]), default: []].insert(worker)
+        }
+        #expect(workers.count == devices)
+        let split = workers.filter { $0.value.count > 1 }.keys.sorted()
+        #expect(split.isEmpty, "devices answered by two relays: \(split)")
+        for other in others { other.requestStop() }
+        for task in running { await task.value }
+        await harness.stop()
+    }
 }

@@ -47,6 +47,9 @@ struct PartitionLedger: Sendable {
         }
     }
 
+    /// The partitions this relay owns now.
+    var owned: [TopicPartition] { Array(trackers.keys) }
+
     /// librdkafka is revoking `partitions`: from now on none of their work starts, even when
     /// their assignment has not reached the ledger yet (it waits behind consumed batches); the
     /// mark stays until the revocation itself arrives (``revoke(_:)``).

@@ -59,14 +59,33 @@ extension RelayPipeline {
         }
     }
 
+    /// With several lanes, the partition numbers each lane's topic has in `owned`, when they
+    /// are not the same for every lane (nil when they are): then a device's intents of two lanes
+    /// can be another relay's too (`partition.assignment.strategy` set to other than `range`,
+    /// or lanes with different partition counts).
+    static func lanesApart(_ owned: [TopicPartition], _ laneTopics: [String]) -> [String: [Int32]]? {
+        guard laneTopics.count > 1 else { return nil }
+        var numbers: [String: [Int32]] = Dictionary(uniqueKeysWithValues: laneTopics.map { ($0, []) })
+        for partition in owned { numbers[partition.topic]?.append(partition.partition) }
+        let sets = numbers.mapValues { $0.sorted() }
+        return Set(sets.values).count > 1 ? sets : nil
+    }
+
     /// Reads the consumer's events until cancelled: rebalances go to the ledger, records to
     /// their lanes' queues.
     private func read(into queues: [AsyncBoundedQueue<LaneBatch>]) async {
         events: for await event in consumer.events {
             switch event {
             case .assigned(let partitions):
-                state.withLock { $0.partitions.assign(partitions) }
+                let owned = state.withLock { state in
+                    state.partitions.assign(partitions)
+                    return state.partitions.owned
+                }
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
+                if let apart = Self.lanesApart(owned, laneTopics) {
+                    logger.warning("a device's lanes may be consumed by two relays: this relay owns different partitions of its lanes (see docs/lanes.md, Order)",
+                                   metadata: ["kafka.partitions": "\(apart)"])
+                }
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
                 let uncounted = state.withLock { state in

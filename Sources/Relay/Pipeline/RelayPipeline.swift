@@ -288,6 +288,11 @@ public final class RelayPipeline: RelayStatus, Service {
     /// wait behind an unfinished intent.
     public var heldPartitions: [Int32] { state.withLock { $0.partitions.held.map(\.partition).sorted() } }
 
+    /// The intents partitions (of every lane) this relay owns now.
+    public var ownedPartitions: [(topic: String, partition: Int32)] {
+        state.withLock { $0.partitions.owned.map { ($0.topic, $0.partition) } }
+    }
+
     /// Asks ``run()`` to stop consuming and drain.
     public func requestStop() {
         stopping.open()
