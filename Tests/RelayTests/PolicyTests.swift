@@ -408,6 +408,29 @@ struct PolicyTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// Review N10: the bucket is spent by a write that is checked. A Redis that reads but cannot
+    /// write (here `min-replicas-to-write` with no replica: `NOREPLICAS`, as a demoted master
+    /// answers `READONLY` and a full one `OOM`) is an outage for admission: nothing goes out
+    /// that the bucket did not count. Before, the bucket's write was not waited for, and the
+    /// intent was sent with the rate limit silently off.
+    @Test func aBucketWriteRedisRefusesHoldsTheIntentBack() async throws {
+        let redis = try await RedisServerProcess.started()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.01)
+        // The first intent goes out while Redis writes (the provider token is minted and kept).
+        try await harness.produce(intent("first", token: hexToken(0x5e1)), key: hexToken(0x5e1))
+        try await harness.published.waitUntil { $0.count("delivered") == 1 }
+        _ = try await client.send(RedisCommand("CONFIG", ["SET", "min-replicas-to-write", "1"]))
+        try await harness.produce(intent("second", token: hexToken(0x5e2)), key: hexToken(0x5e2))
+        try await waitUntil { harness.pipeline.redisOutages >= 1 }
+        #expect(Self.sent(harness, "second") == 0, "sent while its bucket could not be spent")
+        _ = try await client.send(RedisCommand("CONFIG", ["SET", "min-replicas-to-write", "0"]))
+        try await harness.published.waitUntil(timeout: .seconds(30)) { $0.count("delivered") == 2 }
+        #expect(Self.sent(harness, "second") == 1)
+        await client.shutdown()
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     @Test func unreadablePolicyValuesInRedisDoNotStopAdmission() async throws {
         let redis = try await RedisServerProcess.started()
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))

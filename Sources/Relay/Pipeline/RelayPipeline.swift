@@ -163,10 +163,6 @@ public final class RelayPipeline: RelayStatus, Service {
             policy.parkReplicas = (configuration.redis.parkMinReplicas, max(configuration.redis.timeoutMilliseconds / 4, 1))
             policy.namesLanes = !configuration.kafka.lanes.isEmpty
             policy.claimLeaseMilliseconds = Int64(configuration.policy.mailboxClaimLeaseSeconds) * 1000
-            policy.bucketWriteFailed = { [logger] error in
-                RelayMetrics.redisError(error)
-                logger.warning("bucket write failed: that batch's sends are not counted", metadata: ["redis.error": "\(error)"])
-            }
             return policy
         }
         self.badges = clients.redis.map { BadgeStore(client: $0, keys: keys, appliedTTL: configuration.policy.longestDedupeWindowSeconds) }

@@ -153,8 +153,10 @@ extension DevicePolicy {
 
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
     /// topic one `MGET` of the bucket, the backoff, the mailbox's ids, the intents' dedupe
-    /// records and, with `policy.skip_known_unregistered`, the pair's remembered 410), the decisions taken here, and the buckets' new arrival times written after
-    /// them in the same connection's order (not waited for).
+    /// records and, with `policy.skip_known_unregistered`, the pair's remembered 410), the
+    /// decisions taken here, and the buckets' new arrival times written after them in a second
+    /// round trip on the same connection, whose replies are checked (a group whose write failed
+    /// fails as a failed read does).
     ///
     /// Batches are admitted one after another on one connection, so a batch reads what the
     /// batches before it wrote. What this gives up against one script per device: a mailbox
@@ -191,6 +193,8 @@ extension DevicePolicy {
             var answers: [Result<(decisions: [Admission], due: Int64), RedisError>] = []
             answers.reserveCapacity(groups.count)
             var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
+            // Per bucket write, the answer it belongs to.
+            var written: [Int] = []
             for (index, group) in groups.enumerated() {
                 let stored = replies[index]
                 if case .error(let message) = stored {
@@ -218,17 +222,22 @@ extension DevicePolicy {
                         command.append("PX")
                         command.append(arrival - now + 60_000)
                     }
+                    written.append(answers.count)
                 }
                 answers.append(.success((decisions, max(backoffUntil, bucket.due))))
             }
+            // The buckets are spent before anything is sent: a write Redis refuses (a replica
+            // that was a master, `READONLY`; a full `noeviction` server, `OOM`; a slot moved)
+            // fails its group as a failed read does, so nothing goes out that the bucket did not
+            // count. (Not waiting for them, a Redis that reads but cannot write let every intent
+            // through with the rate limit silently off.)
             if !writes.isEmpty {
-                let written = policy.client.submit(writes), failed = policy.bucketWriteFailed
-                Task {
-                    do throws(RedisError) {
-                        for case .error(let message) in try await written.get() { throw .server(message) }
-                    } catch {
-                        failed(error)
-                    }
+                let replies = try await policy.client.submit(writes).get()
+                guard replies.count == written.count else {
+                    throw .protocolError("\(replies.count) replies to \(written.count) bucket writes")
+                }
+                for (reply, index) in zip(replies, written) {
+                    if case .error(let message) = reply { answers[index] = .failure(.server(message)) }
                 }
             }
             return answers

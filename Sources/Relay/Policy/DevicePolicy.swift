@@ -15,8 +15,6 @@ struct DevicePolicy: Sendable {
     /// 429 backoff: the first wait, doubling while 429s repeat, up to the maximum.
     let backoffBaseMilliseconds: Int64
     let backoffMaximumMilliseconds: Int64
-    /// Hears when the bucket writes after an admission failed (nobody waits for them).
-    var bucketWriteFailed: @Sendable (RedisError) -> Void = { _ in }
     /// `redis.park_min_replicas`, and how long a park waits for them (ms): each park and its
     /// due-index write are followed by `WAIT` on their connection, and fewer replicas than
     /// asked fail the park (``RedisError/server(_:)`` `NOREPLICAS`, an outage: it is tried
