@@ -261,19 +261,68 @@ struct MailboxRepairTests {
         let policy = DevicePolicy(client: client, keys: .standard, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
         let token = hexToken(0x2d)
         let expiration = Int64(Date().timeIntervalSince1970) + 3600
-        func park(_ id: String) async throws -> [String] {
+        func park(_ id: String, owner: String) async throws -> [DevicePolicy.Displaced] {
             let entry = DevicePolicy.Entry(partition: 0, offset: 0, consumedAt: Self.nowMilliseconds(), expiration: expiration,
                                            message: Array(intent(id, token: token).utf8))
             return try await policy.park(token: token, topic: "com.example.app", id: id, entry: entry, due: Self.nowMilliseconds() + 60_000,
-                                         now: Self.nowMilliseconds(), tooManyRequests: false).displaced.map(\.id)
+                                         now: Self.nowMilliseconds(), tooManyRequests: false, owner: owner).displaced
         }
-        #expect(try await park("older") == [])
-        #expect(try await park("newer") == ["older"])
-        // The reply was lost: the relay parks again, and is handed the displaced entry again.
-        #expect(try await park("newer") == ["older"])
-        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "older")
-        #expect(try await park("newer") == [])
-        #expect(try await park("newest") == ["newer"])
+        #expect(try await park("older", owner: "a").isEmpty)
+        #expect(try await park("newer", owner: "b").map(\.id) == ["older"])
+        // The reply was lost: the relay parks again (the same park, the same owner), and is
+        // handed the displaced entry again.
+        let again = try await park("newer", owner: "b")
+        #expect(again.map(\.id) == ["older"] && again.allSatisfy(\.mine) && again.first?.by == "newer")
+        try await policy.acknowledgeDisplaced(#require(again.first), token: token, topic: "com.example.app")
+        #expect(try await park("newer", owner: "c").isEmpty)
+        #expect(try await park("newest", owner: "d").map(\.id) == ["newer"])
+        await client.shutdown()
+    }
+
+    /// A displaced entry's `coalesced` outcome is published by one hand-over: two relays finding
+    /// its mailbox at once (a park on one, a take or a redelivery on the other) are not both
+    /// handed it, so it is not answered twice. Its due-index member stands at the lease's end:
+    /// if the relay holding the lease dies, the partition's poll hands it over then.
+    @Test func aDisplacedEntryIsHandedToOneRelayAtATime() async throws {
+        let redis = try await RedisServerProcess.started()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        var policy = DevicePolicy(client: client, keys: .standard, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        policy.claimLeaseMilliseconds = 60_000
+        let token = hexToken(0x2f), topic = "com.example.app"
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let now = Self.nowMilliseconds()
+        func park(_ id: String, offset: Int64, owner: String) async throws -> [DevicePolicy.Displaced] {
+            let entry = DevicePolicy.Entry(partition: 1, offset: offset, consumedAt: now, expiration: expiration,
+                                           message: Array(intent(id, token: token).utf8))
+            return try await policy.park(token: token, topic: topic, id: id, entry: entry, due: now + 600_000, now: now,
+                                         tooManyRequests: false, owner: owner).displaced
+        }
+        _ = try await park("older", offset: 1, owner: "relay-a")
+        let first = try await park("newer", offset: 2, owner: "relay-a")
+        #expect(first.map(\.id) == ["older"] && first.allSatisfy(\.mine))
+        // Relay A died before publishing. Relay B finds the mailbox meanwhile: it is told of the
+        // entry, not handed it.
+        let found = try await policy.handOver(token: token, topic: topic, now: now + 1_000, owner: "relay-b")
+        #expect(found.holder == "newer")
+        #expect(found.entries.map(\.id) == ["older"] && !found.entries.contains(where: \.mine), "\(found.entries)")
+        #expect(found.entries.first?.leaseEnds == now + 60_000)
+        // Its due-index member waits for the lease's end.
+        let partition = TopicPartition(topic: "intents", partition: 1)
+        let member = RedisKeys.member(token: token, topic: topic, id: "older")
+        #expect(try await client.send(RedisCommand("ZSCORE", [policy.dueKey(partition: partition), member])).string == "\(now + 60_000)")
+        // A take before then is told to ask again at the lease's end.
+        let early = try await policy.take(partition: partition, token: token, topic: topic, id: "older", rules: .init(), now: now + 2_000)
+        guard case .notYet(let due) = early else { Issue.record("\(early)"); return }
+        #expect(due == now + 60_000)
+        // At the lease's end the partition's poll takes it, for its hand-over; and then nobody
+        // else is handed it.
+        let taken = try await policy.take(partition: partition, token: token, topic: topic, id: "older", rules: .init(), now: now + 60_001)
+        guard case .displaced(let displaced) = taken else { Issue.record("\(taken)"); return }
+        #expect(displaced.id == "older" && displaced.by == "newer")
+        #expect(try await policy.handOver(token: token, topic: topic, now: now + 60_002, owner: "relay-c").entries.allSatisfy { !$0.mine })
+        try await policy.acknowledgeDisplaced(displaced, token: token, topic: topic)
+        #expect(try await policy.handOver(token: token, topic: topic, now: now + 60_003, owner: "relay-c").entries.isEmpty)
+        #expect(try await client.send(RedisCommand("ZSCORE", [policy.dueKey(partition: partition), member])) == .null)
         await client.shutdown()
     }
 
@@ -290,17 +339,26 @@ struct MailboxRepairTests {
             DevicePolicy.Entry(partition: 3, offset: offset, consumedAt: Self.nowMilliseconds(), expiration: expiration,
                                message: Array(intent(id, token: token).utf8))
         }
+        var handedOver: [DevicePolicy.Displaced] = []
         func park(_ id: String, offset: Int64) async throws -> (displaced: [String], keeper: String) {
             let parked = try await policy.park(token: token, topic: "com.example.app", id: id, entry: entry(id, offset: offset),
-                                               due: Self.nowMilliseconds() + 60_000, now: Self.nowMilliseconds(), tooManyRequests: false)
-            return (parked.displaced.map(\.id), parked.keeper)
+                                               due: Self.nowMilliseconds() + 60_000, now: Self.nowMilliseconds(), tooManyRequests: false,
+                                               owner: DevicePolicy.handOverOwner())
+            handedOver = parked.displaced.filter(\.mine)
+            return (handedOver.map(\.id), parked.keeper)
         }
+        func acknowledge() async throws {
+            for displaced in handedOver { try await policy.acknowledgeDisplaced(displaced, token: token, topic: "com.example.app") }
+        }
+        let index = RedisKeys.standard.due(intentsTopic: "intents", partition: 3)
         #expect(try await park("newer", offset: 10) == ([], "newer"))
         #expect(try await park("older", offset: 5) == (["older"], "newer"))
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "newer")
-        // Nothing of the older one was indexed.
-        #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.due(intentsTopic: "intents", partition: 3)])).integer == 1)
-        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "older")
+        // The older one is indexed only for its hand-over's lease end (its outcome not out yet),
+        // and no longer once that is acknowledged.
+        #expect(try await client.send(RedisCommand("ZCARD", [index])).integer == 2)
+        try await acknowledge()
+        #expect(try await client.send(RedisCommand("ZCARD", [index])).integer == 1)
 
         // The same with the newer one being sent (claimed) and nothing parked.
         _ = try await client.send(RedisCommand("DEL", [mailbox]))
@@ -308,7 +366,7 @@ struct MailboxRepairTests {
                                                         "ce", expiration, "cu", Self.nowMilliseconds() + 60_000]))
         #expect(try await park("stale", offset: 15) == (["stale"], "sending"))
         #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "pid"])).integer == 0)
-        try await policy.acknowledgeDisplaced(token: token, topic: "com.example.app", id: "stale")
+        try await acknowledge()
         // A newer one than the one being sent parks behind it as before.
         #expect(try await park("next", offset: 21) == ([], "next"))
         // The one being sent meets a 429 and parks again: the newer one behind it keeps the

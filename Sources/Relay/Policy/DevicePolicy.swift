@@ -52,24 +52,34 @@ struct DevicePolicy: Sendable {
     /// the maximum, so that the level is remembered).
     /// KEYS: mailbox, backoff, waiting. ARGV: id, entry, expiration (s), due ms, now ms, "1"
     /// for a 429, backoff base ms, backoff maximum ms, the intent's stored trace context (empty:
-    /// none; kept as `t:<id>` while it is parked or claimed). Answers
-    /// {due ms, {id, entry, ...}, keeper}:
+    /// none; kept as `t:<id>` while it is parked or claimed), hand-over lease ms, owner
+    /// (``handOverOwner()``). A displaced entry stays as `d:<id>`, what displaced it as
+    /// `db:<id>`, until its `coalesced` outcome is acknowledged. Answers
+    /// {due ms, {id, entry, by, mine, lease end, ...}, keeper}:
     /// every displaced entry whose `coalesced` outcome is not acknowledged yet
-    /// (``acknowledgeDisplaced(token:topic:id:)``), this park's included, and the id the
+    /// (``acknowledgeDisplaced(_:token:topic:)``), this park's included, leased to this park
+    /// where no other hand-over's lease runs (Scripts/displaced.lua), and the id the
     /// mailbox keeps (the one parking, or the newer one that displaced it: then the due time
     /// answered is not the one parking's, and a claim the one parking held ends).
-    static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.park_lua))
+    static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.displaced_lua,
+                                                            PackageResources.park_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
-    /// interval ms, lease ms. Answers ``Take``'s codes: {0} stale, {1, entry, trace, record}
-    /// answered before, {2, due} not yet (or claimed under a lease that runs until `due`: a claim
-    /// never loses its index member while its lease runs), {3, entry, trace} claimed,
-    /// {4, entry, trace} expired; `trace` is the entry's stored trace context, or nil. Answered,
+    /// interval ms, lease ms, owner (``handOverOwner()``). Answers ``Take``'s codes: {0} stale,
+    /// {1, entry, trace, record} answered before, {2, due} not yet (or claimed under a lease
+    /// that runs until `due`: a claim never loses its index member while its lease runs; or
+    /// displaced and under another hand-over's lease), {3, entry, trace} claimed,
+    /// {4, entry, trace} expired, {7, entry, displaced by} displaced and now leased to this take
+    /// for its `coalesced` outcome; `trace` is the entry's stored trace context, or nil. Answered,
     /// expired and claimed entries all become the take's claim, removed by the release once
     /// their outcome is out.
     static let takeScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.take_lua))
+
+    /// Hands over a mailbox's displaced entries (Scripts/displaced.lua, hand_over.lua): see
+    /// ``handOver(token:topic:now:owner:)``.
+    static let handOverScript = RedisScript(RedisScripts.source(PackageResources.displaced_lua, PackageResources.hand_over_lua))
 
     /// Moves a claimed entry no relay can read to its quarantine key (Scripts/quarantine.lua).
     static let quarantineScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.quarantine_lua))
@@ -128,15 +138,35 @@ struct DevicePolicy: Sendable {
         }
     }
 
+    /// An entry displaced from a mailbox whose `coalesced` outcome is not out yet, as a
+    /// hand-over answers it (Scripts/displaced.lua).
+    struct Displaced: Sendable {
+        var id: String
+        var entry: Entry
+        /// The intent that displaced it, when the mailbox recorded one.
+        var by: String?
+        /// Leased to this hand-over, which publishes its outcome and acknowledges it
+        /// (``acknowledgeDisplaced(_:token:topic:)``); else another hand-over's lease runs.
+        var mine: Bool
+        /// The end of that lease: its due-index member stands there, so that if the relay
+        /// holding the lease dies, the partition's poll hands it over then.
+        var leaseEnds: Int64
+    }
+
+    /// A hand-over's owner, for the leases of the displaced entries it is handed: the same
+    /// across the tries of one park or hand-over (a reply lost and asked again), new for the next.
+    static func handOverOwner() -> String { String(UInt64.random(in: 1...UInt64.max), radix: 36) }
+
     /// Parks an intent (see ``parkScript``) and indexes it; answers the entries displaced and
     /// the id the mailbox keeps (`id`, or a newer intent that displaced it: then nothing is
-    /// indexed).
+    /// indexed). `owner`: ``handOverOwner()``, the same when the park is asked again.
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
-              tooManyRequests: Bool) async throws(RedisError) -> (due: Int64, displaced: [(id: String, entry: Entry)], keeper: String) {
+              tooManyRequests: Bool, owner: String) async throws(RedisError) -> (due: Int64, displaced: [Displaced], keeper: String) {
         let call = RedisCommand.evalsha(Self.parkScript, keys: [keys.mailbox(token: token, topic: topic), keys.backoff(token: token),
                                                                 keys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
-                                                    backoffBaseMilliseconds, backoffMaximumMilliseconds, entry.trace ?? []])
+                                                    backoffBaseMilliseconds, backoffMaximumMilliseconds, entry.trace ?? [],
+                                                    claimLeaseMilliseconds, owner])
         let replicated = parkReplicas.count > 0 ? [RedisCommand("WAIT", [parkReplicas.count, parkReplicas.timeoutMilliseconds])] : []
         let replies = try await client.pipelineLoading([Self.parkScript], [call], then: replicated)
         let reply = replies[0]
@@ -146,22 +176,42 @@ struct DevicePolicy: Sendable {
               let keeper = values[2].string else {
             throw .protocolError("park script answered \(reply)")
         }
+        let displaced = Self.displaced(values[1])
+        var indexing = displacedIndexing(displaced, token: token, topic: topic)
         if keeper == id {
             // Indexed after the mailbox write (the two keys are in different hash slots): a
             // crash between the two leaves the intent's offset uncommitted, and its redelivery,
             // which finds it in the mailbox, indexes it (``ensureIndexed``).
-            let member = RedisKeys.member(token: token, topic: topic, id: id)
-            let indexed = try await client.pipeline([RedisCommand("ZADD", [dueKey(partition: partition(of: entry)), parkedDue, member])] + replicated)
-            if case .error(let message) = indexed[0] { throw .server(message) }
-            try checkReplicas(indexed.dropFirst())
+            indexing.insert(RedisCommand("ZADD", [dueKey(partition: partition(of: entry)), parkedDue,
+                                                  RedisKeys.member(token: token, topic: topic, id: id)]), at: 0)
         }
-        var displaced: [(id: String, entry: Entry)] = []
-        let pairs = values[1].array ?? []
-        for index in stride(from: 0, to: pairs.count - 1, by: 2) {
-            guard let displacedID = pairs[index].string, let entry = pairs[index + 1].bytes.flatMap(Entry.init) else { continue }
-            displaced.append((displacedID, entry))
+        if !indexing.isEmpty {
+            let indexed = try await client.pipeline(indexing + replicated)
+            for reply in indexed.prefix(indexing.count) { if case .error(let message) = reply { throw .server(message) } }
+            try checkReplicas(indexed.dropFirst(indexing.count))
         }
         return (parkedDue, displaced, keeper)
+    }
+
+    /// The displaced entries of a hand-over's answer ({id, entry, by, mine, lease end, ...});
+    /// unreadable ones are left out (they stay in the mailbox until it expires).
+    private static func displaced(_ reply: RESPValue) -> [Displaced] {
+        let values = reply.array ?? []
+        var displaced: [Displaced] = []
+        for index in stride(from: 0, to: values.count - 4, by: 5) {
+            guard let id = values[index].string, let entry = values[index + 1].bytes.flatMap(Entry.init),
+                  let mine = values[index + 3].integer, let leaseEnds = values[index + 4].integer else { continue }
+            let by = values[index + 2].string.flatMap { $0.isEmpty ? nil : $0 }
+            displaced.append(Displaced(id: id, entry: entry, by: by, mine: mine == 1, leaseEnds: leaseEnds))
+        }
+        return displaced
+    }
+
+    /// Each displaced entry's due-index member, at its hand-over lease's end.
+    private func displacedIndexing(_ displaced: [Displaced], token: String, topic: String) -> [RedisCommand] {
+        displaced.map {
+            RedisCommand("ZADD", [dueKey(partition: partition(of: $0.entry)), $0.leaseEnds, RedisKeys.member(token: token, topic: topic, id: $0.id)])
+        }
     }
 
     /// Throws when a `WAIT` after a park heard from fewer replicas than `redis.park_min_replicas`.
@@ -174,31 +224,34 @@ struct DevicePolicy: Sendable {
         }
     }
 
-    /// The entries displaced from a device's mailbox whose `coalesced` outcome is not
-    /// acknowledged yet (fields `d:<id>`), and the intent the mailbox holds now (parked, else
-    /// being sent): what displaced them, as far as the mailbox knows.
-    func displaced(token: String, topic: String) async throws(RedisError) -> (holder: String?, entries: [(id: String, entry: Entry)]) {
-        let reply = try await client.send(RedisCommand("HGETALL", [keys.mailbox(token: token, topic: topic)]))
+    /// Hands over what a device's mailbox holds displaced (Scripts/hand_over.lua): the entries
+    /// whose `coalesced` outcome is not out, leased to `owner` where no other hand-over's lease
+    /// runs, each one's due-index member moved to its lease's end; and the intent the mailbox
+    /// holds now (parked, else being sent), for an entry that does not name what displaced it.
+    func handOver(token: String, topic: String, now: Int64, owner: String) async throws(RedisError) -> (holder: String?, entries: [Displaced]) {
+        let reply = try await client.evaluate(Self.handOverScript, keys: [keys.mailbox(token: token, topic: topic)],
+                                              arguments: [now, claimLeaseMilliseconds, owner])
         if case .error(let message) = reply { throw .server(message) }
-        guard case .array(let values) = reply else { throw .protocolError("HGETALL answered \(reply)") }
-        var holder: (parked: String?, claimed: String?) = (nil, nil)
-        var entries: [(id: String, entry: Entry)] = []
-        for index in stride(from: 0, to: values.count - 1, by: 2) {
-            guard let field = values[index].string else { continue }
-            switch field {
-            case "pid": holder.parked = values[index + 1].string
-            case "cid": holder.claimed = values[index + 1].string
-            default:
-                guard field.hasPrefix("d:"), let entry = values[index + 1].bytes.flatMap(Entry.init) else { continue }
-                entries.append((String(field.dropFirst(2)), entry))
-            }
+        guard case .array(let values) = reply, values.count == 2, let holder = values[0].string else {
+            throw .protocolError("hand-over script answered \(reply)")
         }
-        return (holder.parked ?? holder.claimed, entries)
+        let entries = Self.displaced(values[1])
+        let indexing = displacedIndexing(entries, token: token, topic: topic)
+        if !indexing.isEmpty {
+            for reply in try await client.pipeline(indexing) { if case .error(let message) = reply { throw .server(message) } }
+        }
+        return (holder.isEmpty ? nil : holder, entries)
     }
 
-    /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox.
-    func acknowledgeDisplaced(token: String, topic: String, id: String) async throws(RedisError) {
-        _ = try await client.send(RedisCommand("HDEL", [keys.mailbox(token: token, topic: topic), "d:" + id, "t:" + id]))
+    /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox, and its
+    /// due-index member goes.
+    func acknowledgeDisplaced(_ displaced: Displaced, token: String, topic: String) async throws(RedisError) {
+        let id = displaced.id
+        let replies = try await client.pipeline([
+            RedisCommand("HDEL", [keys.mailbox(token: token, topic: topic), "d:" + id, "db:" + id, "dl:" + id, "t:" + id]),
+            RedisCommand("ZREM", [dueKey(partition: partition(of: displaced.entry)), RedisKeys.member(token: token, topic: topic, id: id)]),
+        ])
+        for reply in replies { if case .error(let message) = reply { throw .server(message) } }
     }
 
     /// Mailbox members of these partitions due by `now`, at most `limit` per partition, and the
@@ -239,16 +292,19 @@ struct DevicePolicy: Sendable {
         /// A parked entry behind another intent's claim that still runs, until `until` (the end
         /// of that claim's lease) at the latest: the claim's release moves it up.
         case behindClaim(until: Int64)
-        /// Claimed, but no relay can read it (its header is not one a relay wrote): for
-        /// ``quarantine(partition:token:topic:id:)``.
+        /// Claimed (or a displaced entry taken for its hand-over), but no relay can read it (its
+        /// header is not one a relay wrote): for ``quarantine(partition:token:topic:id:)``.
         case unreadable
+        /// Displaced from its mailbox, its `coalesced` outcome not out (the relay handing it
+        /// over died, or failed to publish): leased to this take, to hand over.
+        case displaced(Displaced)
     }
 
     /// Tries to take a due entry for sending; its index member first moves to the end of the
     /// claim's lease, so that if this relay dies with the entry claimed, the partition's next
     /// owner takes it again then.
     func take(partition: TopicPartition, token: String, topic: String, id: String, rules: RelayConfiguration.Policy.Rules,
-              now: Int64) async throws(RedisError) -> Take {
+              now: Int64, owner: String = handOverOwner()) async throws(RedisError) -> Take {
         let member = RedisKeys.member(token: token, topic: topic, id: id)
         let limit = rules.rateLimit
         let replies = try await client.pipelineLoading([Self.takeScript], [
@@ -258,7 +314,7 @@ struct DevicePolicy: Sendable {
                                         keys.seen(token: token, topic: topic, id: id), keys.backoff(token: token),
                                         keys.waiting(token: token, topic: topic)],
                                  arguments: [id, now, limit.isEnabled ? limit.burst : 0, limit.intervalMilliseconds,
-                                             claimLeaseMilliseconds]),
+                                             claimLeaseMilliseconds, owner]),
         ])
         for case .error(let message) in replies { throw .server(message) }
         guard case .array(let values) = replies[1], let code = values.first?.integer else {
@@ -283,6 +339,10 @@ struct DevicePolicy: Sendable {
         case 6:
             guard values.count == 2, let until = values[1].integer else { throw .protocolError("take script answered \(replies[1])") }
             return .behindClaim(until: until)
+        case 7:
+            guard values.count == 3, let by = values[2].string else { throw .protocolError("take script answered \(replies[1])") }
+            guard let bytes = values[1].bytes, let entry = Entry(bytes) else { return .unreadable }
+            return .displaced(Displaced(id: id, entry: entry, by: by.isEmpty ? nil : by, mine: true, leaseEnds: now + claimLeaseMilliseconds))
         default: throw .protocolError("take script answered \(replies[1])")
         }
     }

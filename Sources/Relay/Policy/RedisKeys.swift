@@ -15,7 +15,8 @@
 ///   doubles the wait while 429s repeat).
 /// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
 ///   expiration, `pd` due ms), the one being sent from it (`cid`, `c`, `ce`, `cu` lease end ms),
-///   and the displaced ones whose `coalesced` outcome is not acknowledged yet (`d:<id>` entry).
+///   and the displaced ones whose `coalesced` outcome is not acknowledged yet (`d:<id>` entry,
+///   `db:<id>` what displaced it, `dl:<id>` `<until ms> <owner>` its hand-over's lease).
 /// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
 ///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
 ///   them with the other strings in one `MGET`.

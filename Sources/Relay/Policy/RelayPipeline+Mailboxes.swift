@@ -24,9 +24,11 @@ extension RelayPipeline {
         let member = RedisKeys.member(token: intent.token, topic: intent.topic, id: intent.id)
         let guarded = state.withLock { $0.mailboxJobs.insert(member).inserted }
         defer { if guarded { _ = state.withLock { $0.mailboxJobs.remove(member) } } }
+        // One owner over the tries: a try whose reply was lost leased the displaced entries to it.
+        let owner = DevicePolicy.handOverOwner()
         guard let parked = await withRedisRetries(item, { () throws(RedisError) in
             try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
-                                  due: max(due, now), now: now, tooManyRequests: tooManyRequests)
+                                  due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
@@ -36,15 +38,16 @@ extension RelayPipeline {
         return true
     }
 
-    /// Publishes `coalesced` for each displaced entry and acknowledges it (it leaves the
-    /// mailbox); one not published stays, for the next park, take or redelivery of the device's
-    /// mailbox to hand over.
-    func handOver(_ displaced: [(id: String, entry: DevicePolicy.Entry)], by keeper: String, token: String, topic: String,
+    /// Publishes `coalesced` for each displaced entry leased to this hand-over and acknowledges
+    /// it (it leaves the mailbox); one not published stays, for the next park, take or
+    /// redelivery of the device's mailbox to hand over once its lease ends, or for the poll of
+    /// its partition then. Entries under another hand-over's lease are that one's.
+    func handOver(_ displaced: [DevicePolicy.Displaced], by keeper: String, token: String, topic: String,
                   _ item: WorkItem, _ policy: DevicePolicy) async {
-        for (displacedID, entry) in displaced {
-            guard await publishDisplaced(entry, by: keeper, item) else { continue }
+        for entry in displaced where entry.mine {
+            guard await publishDisplaced(entry.entry, by: entry.by ?? keeper, item) else { continue }
             do throws(RedisError) {
-                try await policy.acknowledgeDisplaced(token: token, topic: topic, id: displacedID)
+                try await policy.acknowledgeDisplaced(entry, token: token, topic: topic)
             } catch {
                 redisFailed(error)
             }
@@ -54,12 +57,12 @@ extension RelayPipeline {
     /// Hands over what a device's mailbox still holds displaced (``handOver(_:by:token:topic:_:_:)``):
     /// every path that finds the mailbox does, so that a `coalesced` outcome never waits for a
     /// later park of the device (a relay that died between the park that displaced an entry and
-    /// its outcome left it there). `keeper`: the intent that holds the mailbox, when the mailbox
-    /// does not name one.
+    /// its outcome left it there, under a lease that ends). `keeper`: the intent that holds the
+    /// mailbox, when the mailbox does not name one.
     func handOverDisplaced(token: String, topic: String, keeper: String, _ item: WorkItem, _ policy: DevicePolicy) async {
-        let found: (holder: String?, entries: [(id: String, entry: DevicePolicy.Entry)])?
+        let found: (holder: String?, entries: [DevicePolicy.Displaced])?
         do throws(RedisError) {
-            found = try await policy.displaced(token: token, topic: topic)
+            found = try await policy.handOver(token: token, topic: topic, now: nowMilliseconds(), owner: DevicePolicy.handOverOwner())
         } catch {
             redisFailed(error)
             found = nil
@@ -76,7 +79,7 @@ extension RelayPipeline {
     func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async -> Bool {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
-        outcome.supersededBy = newer
+        outcome.supersededBy = newer.isEmpty ? nil : newer
         if case .success(let intent) = displaced.intent, let change = intent.badge, let badges {
             outcome.badge = await withRedisRetries(item) { () throws(RedisError) in
                 try await badges.apply(change, intentID: intent.id, token: intent.token, topic: intent.topic)
@@ -261,6 +264,12 @@ extension RelayPipeline {
                                    admission: .expiredParked)
             case .claimed(let entry):
                 item = mailboxItem(entry, partition: partition, token: parts.token, member: member, generation: generation)
+            case .displaced(let displaced):
+                // Its hand-over did not end (its relay died, or the publish failed): this poll's.
+                // Published here, as the park that displaced it would have; nothing is sent.
+                let item = mailboxItem(displaced.entry, partition: partition, token: parts.token, member: nil, generation: generation)
+                await handOver([displaced], by: displaced.by ?? "", token: parts.token, topic: parts.topic, item, policy)
+                continue
             }
             // What the mailbox still holds displaced goes out first (older than this one).
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)

@@ -28,13 +28,14 @@ local function newer(id, entry)
     return p ~= nil and p == partition and l == lane and offset ~= nil and o > offset
 end
 local keeper = ARGV[1]
--- A displaced entry is kept (field `d:<id>`) until the relay acknowledged its `coalesced`
--- outcome: a lost reply to this park, or a relay dying before publishing, does not lose it.
+-- A displaced entry is kept (field `d:<id>`, what displaced it `db:<id>`) until the relay
+-- acknowledged its `coalesced` outcome: a lost reply to this park, or a relay dying before
+-- publishing, does not lose it (displaced.lua hands it over).
 if newer(m[1], m[2]) or newer(m[3], m[4]) then
     keeper = newer(m[1], m[2]) and m[1] or m[3]
     due = tonumber(m[5]) or due
-    redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2])
-    redis.call('HDEL', KEYS[1], 't:' .. ARGV[1])
+    redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2], 'db:' .. ARGV[1], keeper)
+    redis.call('HDEL', KEYS[1], 't:' .. ARGV[1], 'dl:' .. ARGV[1])
     -- The one parking was being sent (a 429, or the retry budget ran out): its claim ends.
     if m[3] == ARGV[1] then
         redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
@@ -42,8 +43,8 @@ if newer(m[1], m[2]) or newer(m[3], m[4]) then
     end
 else
     if m[1] and m[1] ~= ARGV[1] then
-        redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2])
-        redis.call('HDEL', KEYS[1], 't:' .. m[1])
+        redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2], 'db:' .. m[1], ARGV[1])
+        redis.call('HDEL', KEYS[1], 't:' .. m[1], 'dl:' .. m[1])
     end
     -- Its trace context (`t:<id>`: traceparent, a newline, tracestate), for its outcome.
     if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 't:' .. ARGV[1], ARGV[9])
@@ -56,12 +57,6 @@ else
     if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
     markWaiting(3)
 end
--- Every displaced entry not yet acknowledged: {id, entry, id, entry, ...}.
-local displaced = {}
-for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(field, 1, 2) == 'd:' then
-        table.insert(displaced, string.sub(field, 3))
-        table.insert(displaced, redis.call('HGET', KEYS[1], field))
-    end
-end
-return {due, displaced, keeper}
+-- Every displaced entry not yet acknowledged, leased to this park where no other hand-over's
+-- lease runs (ARGV 10 and 11: lease ms, owner).
+return {due, leaseDisplaced(now, tonumber(ARGV[10]), ARGV[11]), keeper}

@@ -18,6 +18,15 @@ elseif m[4] == id then
     local cu = tonumber(m[7]) or 0
     if cu > now then return {2, cu} end
     entry, expiration, parked = m[5], tonumber(m[6]) or 0, false
+elseif redis.call('HEXISTS', KEYS[1], 'd:' .. id) == 1 then
+    -- Displaced, its `coalesced` outcome not out (the relay handing it over died, or its
+    -- publish failed): this take hands it over, unless another hand-over's lease runs (then it
+    -- is asked again at the lease's end). {7, entry, the intent that displaced it}.
+    local ends, holder = string.match(redis.call('HGET', KEYS[1], 'dl:' .. id) or '', '^(%d+) (.*)$')
+    ends = tonumber(ends) or 0
+    if ends > now and holder ~= ARGV[6] then return {2, ends} end
+    redis.call('HSET', KEYS[1], 'dl:' .. id, (now + tonumber(ARGV[5])) .. ' ' .. ARGV[6])
+    return {7, redis.call('HGET', KEYS[1], 'd:' .. id), redis.call('HGET', KEYS[1], 'db:' .. id) or m[1] or m[4] or ''}
 else return {0} end
 local function clear()
     if parked then redis.call('HDEL', KEYS[1], 'pid', 'p', 'pe', 'pd')
