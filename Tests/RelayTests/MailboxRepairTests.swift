@@ -221,6 +221,22 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// A poll whose due-index read failed reports Redis trouble; once its reads succeed again
+    /// the trouble is over, though no intent comes meanwhile (the poll was the only call that
+    /// could clear it, and /readyz named a trouble long gone).
+    @Test func aPollsTroubleEndsWithItsNextFullRead() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.pollingRelay(redis)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let index = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 2)
+        _ = try await client.send(RedisCommand("SET", [index, "not-an-index"]))
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble != nil }
+        _ = try await client.send(RedisCommand("DEL", [index]))
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Mailbox deliveries count against `limits.max_in_flight` in all, not per partition: 200
     /// due entries over the four partitions, APNs taking 1 s each, and never more than 10 sends
     /// under way (each poll took up to 10 per partition, 40 at once, before).

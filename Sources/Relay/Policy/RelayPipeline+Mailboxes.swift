@@ -178,10 +178,12 @@ extension RelayPipeline {
             let read = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
                                             now: now, limit: min(rooms.max() ?? 0, 500))
             found = read.due
-            // Some partitions' indexes could not be read: the others are taken from.
-            if let failed = read.failed { redisFailed(failed) }
+            // Some partitions' indexes could not be read: the others are taken from. Every one
+            // read: an earlier poll's trouble is over (the poll may be the only call while no
+            // intent comes, and would otherwise leave it the relay's Redis trouble for good).
+            if let failed = read.failed { redisFailed(failed, byThePoll: true) } else { redisRecovered(byThePoll: true) }
         } catch {
-            redisFailed(error)
+            redisFailed(error, byThePoll: true)
             return
         }
         // Takes failing one after another (Redis down) end the poll; one failing take (its

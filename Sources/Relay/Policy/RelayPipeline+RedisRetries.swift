@@ -2,9 +2,13 @@ import Common
 import Redis
 
 extension RelayPipeline {
-    func redisFailed(_ error: RedisError) {
+    /// `byThePoll`: the mailbox poll's due-index read failed (``redisRecovered(byThePoll:)``).
+    func redisFailed(_ error: RedisError, byThePoll: Bool = false) {
         let isNew = incidents.update { incidents in
-            defer { incidents.redisTrouble = "\(error)" }
+            defer {
+                incidents.redisTrouble = "\(error)"
+                incidents.redisTroubleIsThePolls = byThePoll
+            }
             if incidents.redisTrouble == nil { incidents.redisOutages += 1 }
             return incidents.redisTrouble == nil
         }
@@ -16,8 +20,11 @@ extension RelayPipeline {
         }
     }
 
-    func redisRecovered() {
+    /// `byThePoll`: the mailbox poll read every due index; that clears only a trouble the poll
+    /// itself reported.
+    func redisRecovered(byThePoll: Bool = false) {
         let wasDown = incidents.update { incidents in
+            guard !byThePoll || incidents.redisTroubleIsThePolls else { return false }
             defer { incidents.redisTrouble = nil }
             return incidents.redisTrouble != nil
         }
