@@ -12,5 +12,5 @@ struct APNsRelayCommand: AsyncParsableCommand {
         discussion: "Demo, simulator and benchmarks: apns-relay-dev.",
         version: "apns-relay \(BuildInfo.description)",
         subcommands: [RunCommand.self, CheckConfigCommand.self, SendCommand.self, JWTCommand.self, InspectCommand.self,
-                      InvalidationsCommand.self, ChannelsCommand.self])
+                      InvalidationsCommand.self, ChannelsCommand.self, RedriveCommand.self])
 }

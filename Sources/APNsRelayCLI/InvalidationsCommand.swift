@@ -30,13 +30,7 @@ struct InvalidationsCommand: AsyncParsableCommand {
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .error)
-        let configuration: RelayConfiguration
-        do {
-            configuration = try RelayConfiguration.load(file: config)
-        } catch {
-            Terminal.error("\(error)")
-            throw ExitCode(2)
-        }
+        let configuration = try loadConfiguration(config)
         let topic = configuration.kafka.invalidationsTopic
         guard !topic.isEmpty else {
             Terminal.error("\(config): kafka.invalidations_topic is empty, so the relay publishes no invalidations")
@@ -55,6 +49,17 @@ struct InvalidationsCommand: AsyncParsableCommand {
         for record in state.records(since: cutoff) {
             Terminal.line(String(decoding: record, as: UTF8.self))
         }
+    }
+}
+
+/// The relays' configuration file for a command that reads it: a file that does not load is
+/// named on standard error, and the command exits 2.
+func loadConfiguration(_ path: String) throws -> RelayConfiguration {
+    do {
+        return try RelayConfiguration.load(file: path)
+    } catch {
+        Terminal.error("\(error)")
+        throw ExitCode(2)
     }
 }
 

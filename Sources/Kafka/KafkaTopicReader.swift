@@ -18,6 +18,9 @@ public final class KafkaTopicReader: Sendable {
     private let state = Locked<State?>(nil)
     /// Held for a whole read: reads share the assignment and the positions.
     private let reading = Locked(())
+    /// Where reads start: nil, every partition's start; else each partition's first record
+    /// stamped at or after it (ms since the epoch; the broker's time index answers).
+    private let since: Int64?
 
     private struct State {
         var next: [Int32: Int64]
@@ -35,8 +38,11 @@ public final class KafkaTopicReader: Sendable {
 
     /// Only configures the client; the first read asks for the topic's partitions.
     /// - Parameter properties: passed to librdkafka as they are, after the defaults (so they win).
-    public init(bootstrapServers: String, topic: String, properties: [String: String] = [:],
+    /// - Parameter since: read from each partition's first record stamped at or after this time
+    ///   (ms since the epoch), not from its start.
+    public init(bootstrapServers: String, topic: String, properties: [String: String] = [:], since: Int64? = nil,
                 logger: Logger = Logger(label: "apns-relay.kafka.reader")) throws(KafkaError) {
+        self.since = since
         var settings: [String: String] = [
             "bootstrap.servers": bootstrapServers,
             // librdkafka's consumer needs a group id even when it never joins the group.
@@ -152,16 +158,105 @@ public final class KafkaTopicReader: Sendable {
         }
     }
 
-    /// Asks for the topic's partitions and assigns all of them from their start, once.
+    /// Asks for the topic's partitions and assigns all of them from their start (or from
+    /// ``since``), once.
     private func assignIfNeeded(deadline: ContinuousClock.Instant) throws(KafkaError) {
         guard state.withLock({ $0 == nil }) else { return }
         let count = try handle.partitionCount(of: topic, deadline: deadline)
         let partitions = (0..<Int32(count)).map { TopicPartition(topic: topic, partition: $0) }
+        var starts = partitions.map { _ in Int64(RD_KAFKA_OFFSET_BEGINNING) }
+        var next = Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, Int64(0)) })
+        if let since {
+            starts = try offsets(at: since, partitions, deadline: deadline)
+            for (partition, start) in zip(partitions, starts) { next[partition.partition] = start }
+        }
         let error = handle.withHandle { rk in
-            withPartitionList(partitions, offsets: partitions.map { _ in Int64(RD_KAFKA_OFFSET_BEGINNING) }) { rd_kafka_assign(rk, $0) }
+            withPartitionList(partitions, offsets: starts) { rd_kafka_assign(rk, $0) }
         }
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "assign \(topic)") }
-        state.withLock { $0 = State(next: Dictionary(uniqueKeysWithValues: partitions.map { ($0.partition, 0) }), lastError: nil) }
+        state.withLock { $0 = State(next: next, lastError: nil) }
+    }
+
+    /// Per partition, the offset of its first record stamped at or after `timestamp`, or its end
+    /// when it has none.
+    private func offsets(at timestamp: Int64, _ partitions: [TopicPartition], deadline: ContinuousClock.Instant) throws(KafkaError) -> [Int64] {
+        try handle.withHandle { rk throws(KafkaError) -> [Int64] in
+            try withPartitionList(partitions, offsets: partitions.map { _ in timestamp }) { list in Result { () throws(KafkaError) -> [Int64] in
+                let error = rd_kafka_offsets_for_times(rk, list, remainingMilliseconds(deadline))
+                guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "offsets of \(topic) at \(timestamp)") }
+                var offsets: [Int64] = []
+                for index in 0..<Int(list.pointee.cnt) {
+                    let element = list.pointee.elems[index]
+                    guard element.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                        throw KafkaError(element.err, context: "offset of \(topic) [\(element.partition)] at \(timestamp)")
+                    }
+                    if element.offset >= 0 {
+                        offsets.append(element.offset)
+                    } else {
+                        var low: Int64 = 0, high: Int64 = 0
+                        let error = rd_kafka_query_watermark_offsets(rk, topic, element.partition, &low, &high, remainingMilliseconds(deadline))
+                        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "watermarks of \(topic) [\(element.partition)]") }
+                        offsets.append(high)
+                    }
+                }
+                return offsets
+            } }.get()
+        }
+    }
+
+    /// The records at these offsets (per partition), read by assigning each partition where
+    /// they are; an offset the partition no longer holds (retention, compaction), or never
+    /// held, is left out. Not with ``read(timeout:until:)`` or ``readToEnd(timeout:)`` on the
+    /// same reader: this replaces their assignment.
+    public func records(at wanted: [Int32: [Int64]], timeout: Duration) async throws(KafkaError) -> [Int32: [Int64: KafkaMessage]] {
+        let deadline = ContinuousClock.now + timeout
+        return try await runBlocking { [self] in
+            Result { () throws(KafkaError) -> [Int32: [Int64: KafkaMessage]] in try reading.withLock { _ throws(KafkaError) in
+                var found: [Int32: [Int64: KafkaMessage]] = [:]
+                for (partition, offsets) in wanted.sorted(by: { $0.key < $1.key }) {
+                    let ends = try handle.withHandle { rk throws(KafkaError) -> (low: Int64, high: Int64) in
+                        var low: Int64 = 0, high: Int64 = 0
+                        let error = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, remainingMilliseconds(deadline))
+                        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "watermarks of \(topic) [\(partition)]") }
+                        return (low, high)
+                    }
+                    var pending = Set(offsets.filter { $0 >= ends.low && $0 < ends.high }).sorted()[...]
+                    while let first = pending.first {
+                        let error = handle.withHandle { rk in
+                            withPartitionList([TopicPartition(topic: topic, partition: partition)], offsets: [first]) { rd_kafka_assign(rk, $0) }
+                        }
+                        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, context: "assign \(topic) [\(partition)]") }
+                        // Reads on from there while the records keep coming in order: the next
+                        // wanted ones are often close by.
+                        var reached = first - 1
+                        while let next = pending.first, next > reached, ContinuousClock.now < deadline {
+                            let batch = try poll(deadline: deadline).filter { $0.partition == partition }
+                            for message in batch where message.offset >= first {
+                                reached = max(reached, message.offset)
+                                if pending.first.map({ message.offset >= $0 }) == true {
+                                    while let head = pending.first, head < message.offset { pending.removeFirst() }
+                                    if pending.first == message.offset {
+                                        found[partition, default: [:]][message.offset] = message
+                                        pending.removeFirst()
+                                    }
+                                }
+                            }
+                            if reached >= ends.high - 1 { break }
+                            // Far ahead: assign there rather than read everything between.
+                            if let head = pending.first, head > reached + 500 { break }
+                        }
+                        guard ContinuousClock.now < deadline else {
+                            throw KafkaError(code: RD_KAFKA_RESP_ERR__TIMED_OUT.rawValue,
+                                             message: "read \(topic) [\(partition)] at \(pending.count) offsets from \(pending.first ?? -1): not done in \(timeout)",
+                                             isRetriable: true)
+                        }
+                        // Past the partition's end: nothing more to find there.
+                        if reached >= ends.high - 1 { pending.removeAll() }
+                    }
+                }
+                return found
+            } }
+        }.get()
     }
 
     /// One poll (up to 100 ms, or less before the deadline), then whatever else is ready.

@@ -72,16 +72,7 @@ public final class RelayApplication: Service, Sendable {
         self.logger = logger
         var redis: RedisClient?
         if !configuration.redis.url.isEmpty {
-            var settings = RedisConfiguration(url: try RedisURL(parsing: configuration.redis.url))
-            settings.mode = configuration.redis.mode
-            settings.clusterSeeds = configuration.redis.clusterSeeds
-            settings.connections = configuration.redis.connections
-            settings.commandTimeout = .milliseconds(configuration.redis.timeoutMilliseconds)
-            if !configuration.redis.tlsCAFile.isEmpty { settings.tlsCAFile = configuration.redis.tlsCAFile }
-            if !configuration.redis.tlsCertFile.isEmpty {
-                settings.tlsClientCertificate = (configuration.redis.tlsCertFile, configuration.redis.tlsKeyFile)
-            }
-            redis = try RedisClient(configuration: settings, logger: logger)
+            redis = try RedisClient(configuration: configuration.redis.clientConfiguration(), logger: logger)
         }
         let tokenSources = try credentials.map { [redis] credential -> (any ProviderTokenSource)? in
             guard case .token(let signer) = credential else { return nil }

@@ -34,6 +34,23 @@ struct IntentTests {
         #expect(nowOrNever.environment == .development)
     }
 
+    /// A re-drive's mark (`redrive`, written by `apns-relay redrive`): an object, kept through a
+    /// mailbox (the intent's encoding) and, as a re-drive adds it last, over an earlier one.
+    @Test func aRedriveMarkIsReadKeptAndChecked() throws {
+        let base = #"{"id":"r","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{}}"#
+        let marked = try Self.parse(base + #","redrive":{"lane":"old","offset":1},"redrive":{"lane":"apns.intents","offset":7}}"#).get()
+        #expect(marked.redrive.map { String(decoding: $0, as: UTF8.self) } == #"{"lane":"apns.intents","offset":7}"#)
+        let again = try Intent.parse(marked.encoded, key: nil, now: Self.now, defaultTTL: 86_400)
+        #expect(again.redrive == marked.redrive)
+        #expect(Self.reason(base + #","redrive":"x"}"#) == "BadRedrive")
+        #expect(Self.reason(base + #","redrive":{"pad":"\#(String(repeating: "x", count: 600))"}}"#) == "BadRedrive")
+        // What a re-drive produces reads back with the mark last and the expiration pinned.
+        let produced = Redrive.marked(Array((base + "}").utf8), lane: "apns.intents", partition: 2, offset: 9, at: 5, expiration: Self.now + 60)
+        let parsed = try Intent.parse(produced, key: nil, now: Self.now + 1000, defaultTTL: 86_400)
+        #expect(parsed.expiration == Self.now + 60)
+        #expect(parsed.redrive.map { String(decoding: $0, as: UTF8.self) } == #"{"lane":"apns.intents","partition":2,"offset":9,"at":5}"#)
+    }
+
     /// The dedupe record keeps APNs' answer; records written before it (the status alone)
     /// still read.
     @Test func answerRecordsReadBackAsWritten() {
@@ -204,7 +221,7 @@ struct IntentTests {
         let outcome = Outcome(id: "a\"b", token: nil, topic: "com.x", status: .unregistered, httpStatus: 410,
                               reason: "Unregistered", apnsID: "id", unregisteredAt: 5, attempts: 2,
                               latencyMilliseconds: 7, lane: "apns.intents", partition: 3, offset: 42, worker: "w", at: 9)
-        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"channel_id":null,"topic":"com.x","status":"unregistered","original_status":null,"http_status":410,"reason":"Unregistered","apns_id":"id","apns_unique_id":null,"unregistered_at":5,"badge":null,"superseded_by":null,"policy_decision":null,"priority_downgraded":null,"attempts":2,"latency_ms":7,"lane":"apns.intents","partition":3,"offset":42,"worker":"w","at":9,"metadata":null}"#)
+        #expect(outcome.json == #"{"v":1,"id":"a\"b","token":null,"channel_id":null,"topic":"com.x","status":"unregistered","original_status":null,"http_status":410,"reason":"Unregistered","apns_id":"id","apns_unique_id":null,"unregistered_at":5,"badge":null,"superseded_by":null,"policy_decision":null,"priority_downgraded":null,"attempts":2,"latency_ms":7,"lane":"apns.intents","partition":3,"offset":42,"worker":"w","at":9,"metadata":null,"collapse_id":null,"redrive":null}"#)
         #expect(try JSONSerialization.jsonObject(with: Data(outcome.json.utf8)) is [String: Any])
     }
 }

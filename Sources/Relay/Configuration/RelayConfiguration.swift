@@ -224,6 +224,18 @@ public struct RelayConfiguration: Sendable {
         public var tlsKeyFile = ""
         public init() {}
 
+        /// The client's settings for ``url`` (which must not be empty).
+        public func clientConfiguration() throws -> RedisConfiguration {
+            var settings = RedisConfiguration(url: try RedisURL(parsing: url))
+            settings.mode = mode
+            settings.clusterSeeds = clusterSeeds
+            settings.connections = connections
+            settings.commandTimeout = .milliseconds(timeoutMilliseconds)
+            if !tlsCAFile.isEmpty { settings.tlsCAFile = tlsCAFile }
+            if !tlsCertFile.isEmpty { settings.tlsClientCertificate = (tlsCertFile, tlsKeyFile) }
+            return settings
+        }
+
         /// What ``keyPrefix`` may be: 1–64 of letters, digits and `_ . : / -`.
         public static func isValidKeyPrefix(_ prefix: String) -> Bool {
             (1...64).contains(prefix.utf8.count) && prefix.utf8.allSatisfy { byte in

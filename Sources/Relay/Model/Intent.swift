@@ -42,6 +42,10 @@ public struct Intent: Sendable {
     /// never read by the relay, copied into every outcome of the intent and its invalidation
     /// record.
     public var metadata: [UInt8]?
+    /// Set by `apns-relay redrive` on an intent it produced again (a JSON object, compact, at
+    /// most ``maxRedriveBytes``: where the original was and when it was re-driven): copied into
+    /// every outcome of the intent, which so names the re-drive.
+    public var redrive: [UInt8]?
 
     /// What the relay keys its per-recipient state by: the device token, or `channel:<id>`
     /// for a channel intent (its device queue, its dedupe records; no token is ever spelled
@@ -94,6 +98,7 @@ public struct Intent: Sendable {
         }
         writer.addIfPresent("token_registered_at", tokenRegisteredAt)
         if let metadata { writer.addJSON("metadata", metadata) }
+        if let redrive { writer.addJSON("redrive", redrive) }
         writer.addJSON("payload", payload.readableBytesView)
         return writer.finish()
     }
@@ -164,6 +169,8 @@ public struct InvalidIntent: Error, Sendable, Equatable {
     public var channelID: String?
     /// The intent's `metadata` when it was a usable one (its outcome carries it all the same).
     public var metadata: [UInt8]?
+    /// The intent's `redrive` when it was a usable one (its outcome carries it all the same).
+    public var redrive: [UInt8]?
 }
 
 extension Intent {
@@ -171,6 +178,8 @@ extension Intent {
     public static let maxMessageBytes = 16 * 1024
     /// Largest `metadata`, in bytes of compact JSON.
     public static let maxMetadataBytes = 1024
+    /// Largest `redrive`, in bytes of compact JSON.
+    public static let maxRedriveBytes = 512
 
     /// Parses and validates one message value. `now` is epoch seconds; `defaultTTL` applies when
     /// the intent names no expiration.
@@ -202,26 +211,22 @@ extension Intent {
         let topic = fields.string(.topic)
         let channelID = fields.string(.channelID)
         let namesChannel = fields[.channelID] != nil
-        // `metadata`: an object of at most maxMetadataBytes once compacted; read first, so that
-        // an outcome `invalid` for another reason carries it too.
-        var metadata: [UInt8]?
-        var metadataProblem: String?
-        if let field = fields[.metadata] {
-            if case .object(let range) = field {
-                let compacted = value.withUnsafeBytes { Array(JSONReader.compacted(UnsafeRawBufferPointer(rebasing: $0[range])).readableBytesView) }
-                if compacted.count <= maxMetadataBytes {
-                    metadata = compacted
-                } else {
-                    metadataProblem = "\"metadata\" is \(compacted.count) bytes, at most \(maxMetadataBytes) allowed"
-                }
-            } else {
-                metadataProblem = "\"metadata\" must be a JSON object"
-            }
+        // `metadata` and `redrive`: objects of at most their size once compacted; read first,
+        // so that an outcome `invalid` for another reason carries them too.
+        func object(_ field: Fields.Field, _ name: String, max: Int) -> (bytes: [UInt8]?, problem: String?) {
+            guard let found = fields[field] else { return (nil, nil) }
+            guard case .object(let range) = found else { return (nil, "\"\(name)\" must be a JSON object") }
+            let compacted = value.withUnsafeBytes { Array(JSONReader.compacted(UnsafeRawBufferPointer(rebasing: $0[range])).readableBytesView) }
+            guard compacted.count <= max else { return (nil, "\"\(name)\" is \(compacted.count) bytes, at most \(max) allowed") }
+            return (compacted, nil)
         }
+        let (metadata, metadataProblem) = object(.metadata, "metadata", max: maxMetadataBytes)
+        let (redrive, redriveProblem) = object(.redrive, "redrive", max: maxRedriveBytes)
         func fail(_ reason: String, _ message: String) -> InvalidIntent {
             var failure = invalid(reason, message, id: id.flatMap { (1...128).contains($0.count) ? $0 : nil }, token: token, topic: topic,
                                   channelID: channelID, namesChannel: namesChannel)
             failure.metadata = metadata
+            failure.redrive = redrive
             return failure
         }
         guard let id else {
@@ -248,6 +253,7 @@ extension Intent {
             throw fail("BadTopic", "\"topic\" must be a bundle id: ASCII letters, digits, \".\", \"-\" and \"_\"")
         }
         if let metadataProblem { throw fail("BadMetadata", metadataProblem) }
+        if let redriveProblem { throw fail("BadRedrive", redriveProblem) }
         guard let payloadValue = fields[.payload] else { throw fail("MissingField", "\"payload\" is missing") }
         guard case .object(let payloadRange) = payloadValue else { throw fail("BadPayload", "\"payload\" must be a JSON object") }
 
@@ -335,6 +341,7 @@ extension Intent {
         intent.channelID = channelID
         intent.messageStoragePolicy = messageStoragePolicy
         intent.metadata = metadata
+        intent.redrive = redrive
         do {
             try intent.notification.validate()
         } catch {
@@ -347,7 +354,7 @@ extension Intent {
     private struct Fields {
         enum Field: Int, CaseIterable {
             case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge, tokenRegisteredAt
-            case channelID, messageStoragePolicy, metadata
+            case channelID, messageStoragePolicy, metadata, redrive
 
             init?(key: String) {
                 switch key {
@@ -365,6 +372,7 @@ extension Intent {
                 case "channel_id": self = .channelID
                 case "message_storage_policy": self = .messageStoragePolicy
                 case "metadata": self = .metadata
+                case "redrive": self = .redrive
                 default: return nil
                 }
             }

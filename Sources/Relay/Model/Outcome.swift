@@ -60,6 +60,10 @@ public struct Outcome: Sendable, Equatable {
     public var at: Int64
     /// The intent's `metadata` (a JSON object), as it came.
     public var metadata: [UInt8]?
+    /// The intent's `collapse_id`, if it had one.
+    public var collapseID: String?
+    /// The intent's `redrive` (a JSON object): it was produced again by `apns-relay redrive`.
+    public var redrive: [UInt8]?
     /// A priority-10 Live Activity update past its budget, sent at priority 5; nil otherwise.
     public var priorityDowngraded: Bool?
     /// With Redis, what the policy decided (`send`, `duplicate`, `park`, `coalesce`, `skip`);
@@ -119,6 +123,8 @@ public struct Outcome: Sendable, Equatable {
         writer.add("worker", worker)
         writer.add("at", at)
         if let metadata { writer.addJSON("metadata", metadata) } else { writer.addOrNull("metadata", nil as String?) }
+        writer.addOrNull("collapse_id", collapseID)
+        if let redrive { writer.addJSON("redrive", redrive) } else { writer.addOrNull("redrive", nil as String?) }
         return writer.finish()
     }
 }

@@ -97,6 +97,7 @@ extension RelayPipeline {
                                   reason: "\(invalid.reason): \(invalid.message)")
         outcome.channelID = invalid.channelID
         outcome.metadata = invalid.metadata
+        outcome.redrive = invalid.redrive
         outcome.policyDecision = item.policyDecision
         return outcome
     }
@@ -112,6 +113,8 @@ extension RelayPipeline {
         outcome.unregisteredAt = status == .unregistered ? result?.timestamp : nil
         outcome.attempts = attempts
         outcome.metadata = intent.metadata
+        outcome.collapseID = intent.collapseID
+        outcome.redrive = intent.redrive
         outcome.policyDecision = item.policyDecision
         return outcome
     }

@@ -29,6 +29,8 @@
 ///   `apns-relay:badge:{<token>}:<topic>:applied` — hash of intent id → the count it produced
 ///   (``BadgeStore``).
 ///
+/// - `apns-relay:redrive:{<token>}:<topic>:<id>` — string: when `apns-relay redrive` produced the
+///   intent again (epoch ms), kept until its expiration, so that a second run does not.
 /// - `apns-relay:quarantine:{<token>}:<topic>:<id>` — string: a claimed mailbox entry no relay
 ///   could read, moved out of the mailbox, kept 30 days for an operator.
 /// - `apns-relay:budget:{<token>}:<topic>:<kind>` — sorted set of the intent ids that spent a
@@ -66,6 +68,7 @@ struct RedisKeys: Sendable, Equatable {
     func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
     func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
     /// A mailbox entry no relay could read, moved aside (``DevicePolicy/quarantine(partition:token:topic:id:)``).
+    func redrive(token: String, topic: String, id: String) -> String { string { write(&$0, "redrive", token: token, topic: topic) } + ":" + id }
     func quarantine(token: String, topic: String, id: String) -> String { string { write(&$0, "quarantine", token: token, topic: topic) } + ":" + id }
     /// A Live Activity budget of the device (``LiveActivityPacer``): `kind` `p10` or `start`.
     func budget(token: String, topic: String, kind: String) -> String { string { write(&$0, "budget", token: token, topic: topic) } + ":" + kind }

@@ -1,0 +1,163 @@
+import Foundation
+
+/// Which outcomes `apns-relay redrive` re-drives: the filter.
+public struct RedriveFilter: Sendable {
+    /// Outcome statuses to re-drive (`failed`, `expired`: the ones no dedupe record holds).
+    public var statuses: Set<String> = ["failed", "expired"]
+    /// Only outcomes whose `reason` starts so (`RetryDeadline`, `CredentialFault`...).
+    public var reasonPrefix: String?
+    /// Only these apps (`topic`); empty: every one.
+    public var topics: Set<String> = []
+    /// Only these lanes (intents topics); empty: every one.
+    public var lanes: Set<String> = []
+    /// Outcomes decided from then on (`at`, ms since the epoch)...
+    public var since: Int64
+    /// ...up to then (nil: up to now).
+    public var until: Int64?
+
+    public init(since: Int64) {
+        self.since = since
+    }
+
+    func matches(_ outcome: RedriveSelection.Outcome) -> Bool {
+        statuses.contains(outcome.status) && outcome.at >= since && until.map { outcome.at <= $0 } != false
+            && reasonPrefix.map { outcome.reason?.hasPrefix($0) == true } != false
+            && (topics.isEmpty || topics.contains(outcome.topic)) && (lanes.isEmpty || lanes.contains(outcome.lane))
+    }
+}
+
+/// What a redrive run decides, from the outcomes topic alone: the intents to fetch (the newest
+/// matching outcome of each (topic, id)), and those skipped because a later outcome answered them,
+/// or a later delivery with their `collapse_id` reached their recipient. Fed the outcomes in the
+/// order read; pure, so that its rules are tested without Kafka.
+public struct RedriveSelection: Sendable {
+    /// The fields of an outcome a redrive reads.
+    public struct Outcome: Sendable, Equatable {
+        public var id: String
+        /// The device token, or `channel:<id>` for a channel intent.
+        public var recipient: String
+        public var topic: String
+        public var status: String
+        public var reason: String?
+        public var collapseID: String?
+        public var lane: String
+        public var partition: Int32
+        public var offset: Int64
+        public var at: Int64
+
+        /// Nil for what is no outcome of an intent a redrive could fetch (an invalid message
+        /// without an id, a record that is not an outcome).
+        public init?(json: [UInt8]) {
+            guard let object = try? JSONSerialization.jsonObject(with: Data(json)) as? [String: Any],
+                  let id = object["id"] as? String, let topic = object["topic"] as? String, let status = object["status"] as? String,
+                  let partition = object["partition"] as? Int, let offset = object["offset"] as? Int, let at = object["at"] as? Int,
+                  let lane = object["lane"] as? String else { return nil }
+            if let token = object["token"] as? String {
+                recipient = token
+            } else if let channel = object["channel_id"] as? String {
+                recipient = "channel:" + channel
+            } else {
+                return nil
+            }
+            self.id = id
+            self.topic = topic
+            self.status = status
+            reason = object["reason"] as? String
+            collapseID = object["collapse_id"] as? String
+            self.lane = lane
+            self.partition = Int32(clamping: partition)
+            self.offset = Int64(offset)
+            self.at = Int64(at)
+        }
+
+        public init(id: String, recipient: String, topic: String, status: String, reason: String? = nil, collapseID: String? = nil,
+                    lane: String, partition: Int32, offset: Int64, at: Int64) {
+            self.id = id
+            self.recipient = recipient
+            self.topic = topic
+            self.status = status
+            self.reason = reason
+            self.collapseID = collapseID
+            self.lane = lane
+            self.partition = partition
+            self.offset = offset
+            self.at = at
+        }
+    }
+
+    /// Why an intent the filter matched is not re-driven.
+    public enum Skip: String, Sendable, CaseIterable {
+        /// A later outcome answered it (`delivered`, `duplicate`...), or its dedupe record says so.
+        case answered
+        /// A later delivery with the same `collapse_id` reached its recipient, or a newer
+        /// selected intent has the same one: it would replace a newer notification.
+        case superseded
+        /// Its expiration passed (or it was now-or-never).
+        case expired
+        /// The intents topic no longer holds it (retention).
+        case gone
+        /// It no longer reads as an intent (the relay's rules changed since).
+        case invalid
+        /// A redrive produced it already (the mark in Redis).
+        case redriven
+    }
+
+    public let filter: RedriveFilter
+    /// Per (topic, id), the newest outcome the filter matched.
+    private var matched: [String: Outcome] = [:]
+    /// Per (topic, id), when its newest outcome the filter does not select was decided.
+    private var answeredAt: [String: Int64] = [:]
+    /// Per (recipient, topic, collapse id), the newest delivery.
+    private var deliveredAt: [String: Int64] = [:]
+    public private(set) var outcomesRead = 0
+
+    public init(filter: RedriveFilter) {
+        self.filter = filter
+    }
+
+    private static func key(_ outcome: Outcome) -> String { outcome.topic + " " + outcome.id }
+    private static func collapseKey(_ outcome: Outcome, _ collapseID: String) -> String {
+        outcome.recipient + " " + outcome.topic + " " + collapseID
+    }
+
+    /// Reads one outcome.
+    public mutating func add(_ outcome: Outcome) {
+        outcomesRead += 1
+        let key = Self.key(outcome)
+        if filter.matches(outcome) {
+            if (matched[key]?.at ?? .min) <= outcome.at { matched[key] = outcome }
+        } else if outcome.status != "failed" && outcome.status != "expired" {
+            // An answer (a failure again is none: the intent is still to be sent).
+            answeredAt[key] = max(answeredAt[key] ?? .min, outcome.at)
+        }
+        if outcome.status == "delivered", let collapseID = outcome.collapseID {
+            let collapse = Self.collapseKey(outcome, collapseID)
+            deliveredAt[collapse] = max(deliveredAt[collapse] ?? .min, outcome.at)
+        }
+    }
+
+    /// The outcomes to re-drive, oldest first, and the ones skipped with why.
+    public func decide() -> (redrive: [Outcome], skipped: [(Outcome, Skip)]) {
+        var redrive: [Outcome] = [], skipped: [(Outcome, Skip)] = []
+        // The newest selected one per recipient and collapse id: the older ones would be
+        // replaced by it on the device anyway.
+        var newestSelected: [String: Int64] = [:]
+        for outcome in matched.values {
+            guard let collapseID = outcome.collapseID else { continue }
+            let collapse = Self.collapseKey(outcome, collapseID)
+            newestSelected[collapse] = max(newestSelected[collapse] ?? .min, outcome.at)
+        }
+        for outcome in matched.values.sorted(by: { ($0.at, $0.lane, $0.partition, $0.offset) < ($1.at, $1.lane, $1.partition, $1.offset) }) {
+            if let answered = answeredAt[Self.key(outcome)], answered > outcome.at {
+                skipped.append((outcome, .answered))
+            } else if let collapseID = outcome.collapseID,
+                      (deliveredAt[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at
+                        || (newestSelected[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at {
+                skipped.append((outcome, .superseded))
+            } else {
+                redrive.append(outcome)
+            }
+        }
+        return (redrive, skipped)
+    }
+}
