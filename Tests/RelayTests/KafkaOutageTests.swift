@@ -48,7 +48,9 @@ struct KafkaOutageTests {
     /// not when librdkafka's `message.timeout.ms` (20 s here) gives up on them. The intents
     /// stay uncommitted: redelivered to the next owner.
     @Test func aStopWhileKafkaTakesNoOutcomeEndsByTheDeadline() async throws {
-        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(1000) }, configureRelay: {
+        // APNs takes 3 s per request: long enough that all 20 are at APNs at once (below) also
+        // when a loaded machine spreads their consumption over more than a second.
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(3000) }, configureRelay: {
             $0.shutdownDeadlineSeconds = 2
             $0.kafka.properties["message.timeout.ms"] = "20000"
         })
@@ -57,7 +59,7 @@ struct KafkaOutageTests {
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<20).map {
             (Array(hexToken(100 + $0).utf8), Array(intent("stuck-\($0)", token: hexToken(100 + $0)).utf8))
         })
-        // All at APNs (1 s each), then Kafka refuses every produce: their outcomes wait.
+        // All at APNs (3 s each), then Kafka refuses every produce: their outcomes wait.
         try await waitUntil(timeout: .seconds(20)) { harness.pipeline.inFlight == 20 }
         harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notLeaderForPartition)
         try await waitUntil(timeout: .seconds(20)) { harness.simulator.accepted.count == 21 }
