@@ -12,8 +12,8 @@ struct RedriveCommand: AsyncParsableCommand {
         abstract: "Produce again the intents that came out failed or expired in a time range (after an incident).",
         discussion: """
             Reads kafka.outcomes_topic of --config from --since on (no consumer group joins), \
-            picks the newest outcome of each intent the filter matches, fetches the intent from \
-            its lane by partition and offset and produces it again to its lane, with a \
+            picks the newest outcome of each intent the filter matches (failed ones by default), fetches the intent from \
+            its lane by partition and offset and produces it again to that partition of its lane, with a \
             "redrive" field the relay copies into its outcomes and an apns-relay-redrive header. \
             Skipped, and counted: an intent a later outcome answered (or, with redis.url, whose \
             dedupe record says so); one a later delivery with the same collapse_id superseded, \
@@ -35,7 +35,7 @@ struct RedriveCommand: AsyncParsableCommand {
     @Option(help: "...and at least this long before now (default: up to now).")
     var until: AgeLimit?
 
-    @Option(name: .customLong("status"), help: "An outcome status to re-drive: failed, expired or invalid (repeatable; default: failed and expired).")
+    @Option(name: .customLong("status"), help: "An outcome status to re-drive: failed, invalid, or expired (only counted: past their expiration) (repeatable; default: failed).")
     var statuses: [String] = []
 
     @Option(help: "Only outcomes whose reason starts so (e.g. RetryDeadline, CredentialFault).")
@@ -71,6 +71,10 @@ struct RedriveCommand: AsyncParsableCommand {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         var filter = RedriveFilter(since: now - since.seconds * 1000)
         filter.until = until.map { now - $0.seconds * 1000 }
+        if let until, until.seconds >= since.seconds {
+            Terminal.error("--until \(until.seconds) s ago is not after --since \(since.seconds) s ago: the range is empty")
+            throw ExitCode(2)
+        }
         if !statuses.isEmpty { filter.statuses = Set(statuses) }
         filter.reasonPrefix = reasonPrefix
         filter.topics = Set(topics)

@@ -4,8 +4,8 @@ extension KafkaProducer {
     /// Hands one record with headers to librdkafka (`rd_kafka_produceva`: `rd_kafka_produce`
     /// takes none). Value, key and headers are copied by librdkafka before this returns. Nil
     /// when it took the record; the error otherwise (the caller releases `opaque`).
-    static func produceWithHeaders(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader],
-                                   opaque: UnsafeMutableRawPointer, topic: String) -> KafkaError? {
+    static func produceWithHeaders(_ topicHandle: TopicHandle, partition: Int32 = RD_KAFKA_PARTITION_UA, key: [UInt8]?, value: [UInt8]?,
+                                   headers: [KafkaHeader], opaque: UnsafeMutableRawPointer, topic: String) -> KafkaError? {
         // Every header's name (NUL-terminated) and value in one buffer, so that one pointer
         // stays valid for the whole call.
         var storage: [UInt8] = []
@@ -25,7 +25,7 @@ extension KafkaProducer {
                     fields[0].vtype = RD_KAFKA_VTYPE_RKT
                     fields[0].u.rkt = topicHandle.pointer
                     fields[1].vtype = RD_KAFKA_VTYPE_PARTITION
-                    fields[1].u.i32 = RD_KAFKA_PARTITION_UA
+                    fields[1].u.i32 = partition
                     fields[2].vtype = RD_KAFKA_VTYPE_VALUE
                     fields[2].u.mem.ptr = valueBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }
                     fields[2].u.mem.size = valueBytes?.count ?? 0

@@ -107,10 +107,12 @@ public final class KafkaProducer: Service, Sendable {
     ///
     /// Throws when librdkafka refuses the record at once (its local queue is full:
     /// ``KafkaError/queueFullCode``, retriable) or when the delivery report carries an error.
-    /// A nil `value` is a null value: a tombstone on a compacted topic.
-    public func send(topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = []) async throws(KafkaError) -> Delivery {
+    /// A nil `value` is a null value: a tombstone on a compacted topic. `partition`: that one,
+    /// not the partitioner's choice for `key`.
+    public func send(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?,
+                     headers: [KafkaHeader] = []) async throws(KafkaError) -> Delivery {
         let result: Result<Delivery, KafkaError> = await withUnsafeContinuation { continuation in
-            send(topic: topic, key: key, value: value, headers: headers) { continuation.resume(returning: $0) }
+            send(topic: topic, partition: partition, key: key, value: value, headers: headers) { continuation.resume(returning: $0) }
         }
         return try result.get()
     }
@@ -118,7 +120,7 @@ public final class KafkaProducer: Service, Sendable {
     /// Hands the record over now; `report` hears its delivery report (on librdkafka's poll
     /// thread, or at once when the record is refused). For callers that chain the report into
     /// work of their own instead of waiting for it.
-    public func send(topic: String, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
+    public func send(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
                      report: @escaping @Sendable (Result<Delivery, KafkaError>) -> Void) {
         guard !closed.load(ordering: .relaxed) else {
             return report(.failure(KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed")))
@@ -130,7 +132,8 @@ public final class KafkaProducer: Service, Sendable {
         } catch {
             return report(.failure(error))
         }
-        Self.produce(topicHandle, key: key, value: value, headers: headers, to: DeliveryCallback(report), topic: topic)
+        Self.produce(topicHandle, partition: partition ?? RD_KAFKA_PARTITION_UA, key: key, value: value, headers: headers,
+                     to: DeliveryCallback(report), topic: topic)
     }
 
     /// Appends the records in the order given (records for one partition keep it) and waits for
@@ -153,8 +156,8 @@ public final class KafkaProducer: Service, Sendable {
 
     /// Hands one record to librdkafka; `target` hears its delivery report (at once when
     /// librdkafka refuses the record).
-    private static func produce(_ topicHandle: TopicHandle, key: [UInt8]?, value: [UInt8]?, headers: [KafkaHeader] = [],
-                                to target: DeliveryTarget, topic: String) {
+    private static func produce(_ topicHandle: TopicHandle, partition: Int32 = RD_KAFKA_PARTITION_UA, key: [UInt8]?, value: [UInt8]?,
+                                headers: [KafkaHeader] = [], to target: DeliveryTarget, topic: String) {
         // Retained here, released by the delivery report (or below when produce fails).
         let opaque = Unmanaged.passRetained(target).toOpaque()
         let failure: KafkaError?
@@ -162,14 +165,14 @@ public final class KafkaProducer: Service, Sendable {
             let produced = withOptionalBytes(value) { valueBytes in
                 withOptionalBytes(key) { keyBytes in
                     rd_kafka_produce(
-                        topicHandle.pointer, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY,
+                        topicHandle.pointer, partition, RD_KAFKA_MSG_F_COPY,
                         valueBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }, valueBytes?.count ?? 0,
                         keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
                 }
             }
             failure = produced == 0 ? nil : KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")
         } else {
-            failure = produceWithHeaders(topicHandle, key: key, value: value, headers: headers, opaque: opaque, topic: topic)
+            failure = produceWithHeaders(topicHandle, partition: partition, key: key, value: value, headers: headers, opaque: opaque, topic: topic)
         }
         if let failure {
             Unmanaged<DeliveryTarget>.fromOpaque(opaque).release()

@@ -67,8 +67,9 @@ struct RedisKeys: Sendable, Equatable {
     func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
     func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
     func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
-    /// A mailbox entry no relay could read, moved aside (``DevicePolicy/quarantine(partition:token:topic:id:)``).
+    /// An intent `apns-relay redrive` produced again (``Redrive``).
     func redrive(token: String, topic: String, id: String) -> String { string { write(&$0, "redrive", token: token, topic: topic) } + ":" + id }
+    /// A mailbox entry no relay could read, moved aside (``DevicePolicy/quarantine(partition:token:topic:id:)``).
     func quarantine(token: String, topic: String, id: String) -> String { string { write(&$0, "quarantine", token: token, topic: topic) } + ":" + id }
     /// A Live Activity budget of the device (``LiveActivityPacer``): `kind` `p10` or `start`.
     func budget(token: String, topic: String, kind: String) -> String { string { write(&$0, "budget", token: token, topic: topic) } + ":" + kind }

@@ -6,9 +6,10 @@ import Redis
 
 /// `apns-relay redrive`: reads the outcomes topic from `filter.since`, picks the intents the
 /// filter matches (``RedriveSelection``), fetches each one from its lane by partition and offset,
-/// and produces it again to its lane, marked (the intent's `redrive` field, which its outcomes
+/// and produces it again to that partition of its lane, marked (the intent's `redrive` field, which its outcomes
 /// carry, and an `apns-relay-redrive: <lane>/<partition>/<offset>` header). Skipped, with the
-/// reason counted: intents a later outcome answered, superseded ones, expired ones, ones the topic
+/// reason counted: intents a later outcome answered, ones a newer delivery or a newer re-driven
+/// intent with their `collapse_id` supersedes, expired ones, ones the topic
 /// no longer holds or that no longer read as intents and, with Redis, ones whose dedupe record
 /// says they were answered or that a redrive produced already.
 public struct Redrive: Sendable {
@@ -131,45 +132,70 @@ public struct Redrive: Sendable {
             }
         }
 
-        // 3. The guards that need the original, and Redis; then the produce.
+        // 3. The guards that need the original (and the dedupe record, with Redis).
         let redis = configuration.redis.url.isEmpty ? nil : try RedisClient(configuration: configuration.redis.clientConfiguration())
         let keys = RedisKeys(prefix: configuration.redis.keyPrefix)
-        let producer = dryRun ? nil : try KafkaProducer(bootstrapServers: kafka.brokers, properties: kafka.producerSettings)
         defer {
             if let redis { Task { await redis.shutdown() } }
         }
-        var done = 0
+        /// Throws an error reply: it says nothing of what Redis holds.
+        func ask(_ redis: RedisClient, _ command: RedisCommand) async throws -> RESPValue {
+            let reply = try await redis.send(command)
+            if case .error(let message) = reply { throw RedisError.server(message) }
+            return reply
+        }
+        var checked: [(outcome: RedriveSelection.Outcome, original: KafkaMessage, intent: Intent)] = []
+        for (done, outcome) in chosen.enumerated() {
+            if (done + 1) % 100 == 0 { progress("\(done + 1) of \(chosen.count) intents checked") }
+            guard let original = originals["\(outcome.lane) \(outcome.partition) \(outcome.offset)"] else {
+                note(Decision(outcome: outcome, skipped: .gone))
+                continue
+            }
+            // Read as the relay read it then: a default expiration runs from when it was produced.
+            let producedAt = (original.timestamp ?? outcome.at) / 1000
+            guard let intent = try? Intent.parse(original.value, key: original.key, now: producedAt,
+                                                 defaultTTL: configuration.defaults.expirationSeconds),
+                  intent.id == outcome.id, intent.topic == outcome.topic, intent.recipient == outcome.recipient else {
+                note(Decision(outcome: outcome, skipped: .invalid))
+                continue
+            }
+            guard intent.expiration > 0, intent.expiration * 1000 > now else {
+                note(Decision(outcome: outcome, skipped: .expired))
+                continue
+            }
+            if let redis, !(try await ask(redis, RedisCommand("GET", [keys.seen(token: intent.recipient, topic: intent.topic, id: intent.id)]))).isNull {
+                note(Decision(outcome: outcome, skipped: .answered))
+                continue
+            }
+            checked.append((outcome, original, intent))
+        }
+        // 4. Of those with one collapse id for one recipient, the newest only: the older ones
+        // would only replace it on the device.
+        var covered: Set<String> = []
+        var superseded: Set<Int> = []
+        for (index, candidate) in checked.enumerated().reversed() {
+            guard let collapseID = candidate.intent.collapseID else { continue }
+            let key = RedriveSelection.collapseKey(candidate.outcome, collapseID)
+            if !covered.insert(key).inserted { superseded.insert(index) }
+        }
+
+        // 5. Marked (with Redis) and produced, oldest first: to its lane and its partition, so
+        // that it reaches the relay that holds its device's other intents.
+        let producer = dryRun ? nil : try KafkaProducer(bootstrapServers: kafka.brokers, properties: kafka.producerSettings)
         do {
-            for outcome in chosen {
-                done += 1
-                if done % 100 == 0 { progress("\(done) of \(chosen.count) intents decided") }
-                guard let original = originals["\(outcome.lane) \(outcome.partition) \(outcome.offset)"] else {
-                    note(Decision(outcome: outcome, skipped: .gone))
+            for (index, candidate) in checked.enumerated() {
+                let (outcome, original, intent) = candidate
+                if superseded.contains(index) {
+                    note(Decision(outcome: outcome, skipped: .superseded))
                     continue
                 }
-                // Read as the relay read it then: a default expiration runs from when it was produced.
-                let producedAt = (original.timestamp ?? outcome.at) / 1000
-                guard let intent = try? Intent.parse(original.value, key: original.key, now: producedAt,
-                                                     defaultTTL: configuration.defaults.expirationSeconds),
-                      intent.id == outcome.id, intent.topic == outcome.topic else {
-                    note(Decision(outcome: outcome, skipped: .invalid))
-                    continue
-                }
-                guard intent.expiration > 0, intent.expiration * 1000 > now else {
-                    note(Decision(outcome: outcome, skipped: .expired))
-                    continue
-                }
+                let mark = keys.redrive(token: intent.recipient, topic: intent.topic, id: intent.id)
                 if let redis {
-                    let seen = try await redis.send(RedisCommand("GET", [keys.seen(token: intent.recipient, topic: intent.topic, id: intent.id)]))
-                    if case .error(let message) = seen { throw RedisError.server(message) }
-                    if !seen.isNull {
-                        note(Decision(outcome: outcome, skipped: .answered))
-                        continue
-                    }
-                    let mark = keys.redrive(token: intent.recipient, topic: intent.topic, id: intent.id)
-                    let marked = dryRun ? try await redis.send(RedisCommand("EXISTS", [mark])).integer == 0
-                        : try await redis.send(RedisCommand("SET", [mark, now, "NX", "PX", max(intent.expiration * 1000 - now, 60_000)])).string == "OK"
-                    if !marked {
+                    // Short at first: a run that dies before its produce leaves the intent to
+                    // the next run minutes later, not for its whole expiration.
+                    let marked = dryRun ? try await ask(redis, RedisCommand("EXISTS", [mark])).integer == 0
+                        : !(try await ask(redis, RedisCommand("SET", [mark, now, "NX", "PX", Self.markBeforeProducing.totalMilliseconds]))).isNull
+                    guard marked else {
                         note(Decision(outcome: outcome, skipped: .redriven))
                         continue
                     }
@@ -182,14 +208,21 @@ public struct Redrive: Sendable {
                                         expiration: intent.expiration)
                 var headers = original.headers.filter { $0.name != Self.header }
                 headers.append(KafkaHeader(name: Self.header, value: Array("\(outcome.lane)/\(outcome.partition)/\(outcome.offset)".utf8)))
+                let delivery: KafkaProducer.Delivery
                 do {
-                    let delivery = try await producer.send(topic: outcome.lane, key: original.key, value: value, headers: headers)
-                    note(Decision(outcome: outcome, landed: "\(outcome.lane) \(delivery.partition)/\(delivery.offset)"))
+                    delivery = try await producer.send(topic: outcome.lane, partition: outcome.partition, key: original.key, value: value,
+                                                       headers: headers)
                 } catch {
-                    // Not produced: its mark goes, so that the next run tries it again.
-                    if let redis { _ = try? await redis.send(RedisCommand("DEL", [keys.redrive(token: intent.recipient, topic: intent.topic, id: intent.id)])) }
+                    // Not produced (as far as librdkafka knows): its mark goes, so that the
+                    // next run tries it again.
+                    if let redis { _ = try? await redis.send(RedisCommand("DEL", [mark])) }
                     throw error
                 }
+                // Produced: marked for as long as it lives.
+                if let redis {
+                    _ = try await ask(redis, RedisCommand("PEXPIRE", [mark, max(intent.expiration * 1000 - now, Self.markBeforeProducing.totalMilliseconds)]))
+                }
+                note(Decision(outcome: outcome, landed: "\(outcome.lane) \(delivery.partition)/\(delivery.offset)"))
             }
         } catch {
             await producer?.close()
@@ -198,6 +231,9 @@ public struct Redrive: Sendable {
         await producer?.close()
         return report
     }
+
+    /// How long a redrive mark stands before its produce is confirmed.
+    static let markBeforeProducing = Duration.seconds(300)
 
     /// The intent's message with `redrive` and its expiration added as its last members, which
     /// the relay reads over earlier ones of the same name.

@@ -2,8 +2,10 @@ import Foundation
 
 /// Which outcomes `apns-relay redrive` re-drives: the filter.
 public struct RedriveFilter: Sendable {
-    /// Outcome statuses to re-drive (`failed`, `expired`: the ones no dedupe record holds).
-    public var statuses: Set<String> = ["failed", "expired"]
+    /// Outcome statuses to re-drive: `failed` by default; `expired` and `invalid` may be asked
+    /// for (no dedupe record holds them), though an `expired` intent is past its expiration
+    /// (or was now-or-never), so it is skipped and only counted.
+    public var statuses: Set<String> = ["failed"]
     /// Only outcomes whose `reason` starts so (`RetryDeadline`, `CredentialFault`...).
     public var reasonPrefix: String?
     /// Only these apps (`topic`); empty: every one.
@@ -26,10 +28,12 @@ public struct RedriveFilter: Sendable {
     }
 }
 
-/// What a redrive run decides, from the outcomes topic alone: the intents to fetch (the newest
-/// matching outcome of each (topic, id)), and those skipped because a later outcome answered them,
-/// or a later delivery with their `collapse_id` reached their recipient. Fed the outcomes in the
-/// order read; pure, so that its rules are tested without Kafka.
+/// What a redrive run decides from the outcomes topic alone: the intents to fetch (the newest
+/// matching outcome of each (recipient, topic, id), the relay's dedupe key), and those skipped
+/// because a later outcome answered them, or a later delivery with their `collapse_id` reached
+/// their recipient. Fed the outcomes in the order read; pure, so that its rules are tested
+/// without Kafka. (Which of the fetched ones a newer re-driven one supersedes, ``Redrive``
+/// decides once it knows which are re-driven.)
 public struct RedriveSelection: Sendable {
     /// The fields of an outcome a redrive reads.
     public struct Outcome: Sendable, Equatable {
@@ -103,9 +107,9 @@ public struct RedriveSelection: Sendable {
     }
 
     public let filter: RedriveFilter
-    /// Per (topic, id), the newest outcome the filter matched.
+    /// Per (recipient, topic, id), the newest outcome the filter matched.
     private var matched: [String: Outcome] = [:]
-    /// Per (topic, id), when its newest outcome the filter does not select was decided.
+    /// Per (recipient, topic, id), when its newest outcome the filter does not select was decided.
     private var answeredAt: [String: Int64] = [:]
     /// Per (recipient, topic, collapse id), the newest delivery.
     private var deliveredAt: [String: Int64] = [:]
@@ -115,8 +119,8 @@ public struct RedriveSelection: Sendable {
         self.filter = filter
     }
 
-    private static func key(_ outcome: Outcome) -> String { outcome.topic + " " + outcome.id }
-    private static func collapseKey(_ outcome: Outcome, _ collapseID: String) -> String {
+    private static func key(_ outcome: Outcome) -> String { outcome.recipient + " " + outcome.topic + " " + outcome.id }
+    static func collapseKey(_ outcome: Outcome, _ collapseID: String) -> String {
         outcome.recipient + " " + outcome.topic + " " + collapseID
     }
 
@@ -136,28 +140,23 @@ public struct RedriveSelection: Sendable {
         }
     }
 
-    /// The outcomes to re-drive, oldest first, and the ones skipped with why.
+    /// The outcomes to fetch, oldest first, and the ones skipped with why.
     public func decide() -> (redrive: [Outcome], skipped: [(Outcome, Skip)]) {
         var redrive: [Outcome] = [], skipped: [(Outcome, Skip)] = []
-        // The newest selected one per recipient and collapse id: the older ones would be
-        // replaced by it on the device anyway.
-        var newestSelected: [String: Int64] = [:]
-        for outcome in matched.values {
-            guard let collapseID = outcome.collapseID else { continue }
-            let collapse = Self.collapseKey(outcome, collapseID)
-            newestSelected[collapse] = max(newestSelected[collapse] ?? .min, outcome.at)
-        }
-        for outcome in matched.values.sorted(by: { ($0.at, $0.lane, $0.partition, $0.offset) < ($1.at, $1.lane, $1.partition, $1.offset) }) {
+        for outcome in matched.values.sorted(by: Self.older) {
             if let answered = answeredAt[Self.key(outcome)], answered > outcome.at {
                 skipped.append((outcome, .answered))
-            } else if let collapseID = outcome.collapseID,
-                      (deliveredAt[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at
-                        || (newestSelected[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at {
+            } else if let collapseID = outcome.collapseID, (deliveredAt[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at {
                 skipped.append((outcome, .superseded))
             } else {
                 redrive.append(outcome)
             }
         }
         return (redrive, skipped)
+    }
+
+    /// Older first: by when the outcome was decided, then where the intent was.
+    static func older(_ one: Outcome, _ other: Outcome) -> Bool {
+        (one.at, one.lane, one.partition, one.offset) < (other.at, other.lane, other.partition, other.offset)
     }
 }
