@@ -14,6 +14,11 @@ public struct RedisConfiguration: Sendable {
         case standalone
         /// A Redis Cluster: `url` names a seed node (database 0), calls are routed by hash slot.
         case cluster
+        /// A master and its replicas watched by Redis Sentinel: `url` names one Sentinel (with
+        /// ``RedisConfiguration/sentinels`` more) and the master's credentials, database and
+        /// scheme; the connections go to the master the Sentinels name for
+        /// ``RedisConfiguration/sentinelMaster``, again after a failover.
+        case sentinel
     }
 
     public var url: RedisURL
@@ -21,6 +26,16 @@ public struct RedisConfiguration: Sendable {
     /// Cluster mode: more seed nodes besides `url`'s, asked for the slot map when the known
     /// masters do not answer. Credentials and TLS are `url`'s for every node.
     public var clusterSeeds: [RedisNodeAddress] = []
+    /// Sentinel mode: more Sentinels besides `url`'s.
+    public var sentinels: [RedisNodeAddress] = []
+    /// Sentinel mode: the name the Sentinels monitor the master under.
+    public var sentinelMaster = "mymaster"
+    /// Sentinel mode: the Sentinels' own password (`requirepass` in their configuration), nil
+    /// when they ask none. `url`'s credentials are the master's.
+    public var sentinelPassword: String?
+    /// Sentinel mode: how often the Sentinels are asked whether the master changed (while the
+    /// client runs as a service): connections to an old master close then.
+    public var sentinelCheckInterval: Duration = .seconds(1)
     /// Cluster mode: redirect rounds (`MOVED`, `ASK`, `TRYAGAIN`...) a call follows at most.
     public var maxRedirects = 5
     /// Cluster mode: how often the slot map is read again when nothing said it changed.
@@ -62,6 +77,7 @@ public final class RedisClient: Service, Sendable {
     public let configuration: RedisConfiguration
     private let slots: [RedisSlot]
     private let cluster: RedisClusterRouter?
+    private let sentinel: RedisSentinelResolver?
     private let group: any EventLoopGroup
     private let ownsGroup: Bool
     private let next = Atomic<Int>(0)
@@ -103,12 +119,23 @@ public final class RedisClient: Service, Sendable {
         switch configuration.mode {
         case .standalone:
             cluster = nil
+            sentinel = nil
             slots = (0..<configuration.connections).map { index in
                 RedisSlot(eventLoop: loops[index % loops.count], configuration: configuration, sslContext: context, logger: logger)
             }
         case .cluster:
             cluster = RedisClusterRouter(configuration: configuration, loops: loops, sslContext: context, logger: logger)
+            sentinel = nil
             slots = []
+        case .sentinel:
+            guard !configuration.sentinelMaster.isEmpty else { throw .invalidURL("sentinel mode needs the master's name") }
+            let resolver = RedisSentinelResolver(configuration: configuration, loops: loops, sslContext: context, logger: logger)
+            cluster = nil
+            sentinel = resolver
+            slots = (0..<configuration.connections).map { index in
+                RedisSlot(eventLoop: loops[index % loops.count], configuration: configuration, sslContext: context, logger: logger,
+                          masterAddress: { deadline, loop in resolver.masterAddress(deadline: deadline, on: loop) })
+            }
         }
     }
 
@@ -153,9 +180,10 @@ public final class RedisClient: Service, Sendable {
     }
 
     /// Cluster mode: the masters of the slot map (read on first use, then kept up to date);
+    /// Sentinel mode: the master the Sentinels named last (`url`'s Sentinel before they did);
     /// standalone: the server of `url`.
     public var nodes: [RedisNodeAddress] {
-        cluster?.masters ?? [RedisNodeAddress(host: configuration.url.host, port: configuration.url.port)]
+        cluster?.masters ?? [sentinel?.master ?? RedisNodeAddress(host: configuration.url.host, port: configuration.url.port)]
     }
 
     /// Runs keyless commands (`INFO`, `CONFIG GET`...) on every node (cluster mode: every
@@ -225,10 +253,31 @@ public final class RedisClient: Service, Sendable {
             if let cluster {
                 group.addTask { await cluster.refreshPeriodically() }
             }
+            if sentinel != nil {
+                group.addTask { await self.watchSentinels() }
+            }
             await waitForGracefulShutdown(orUntil: shutDownLatch)
             group.cancelAll()
         }
         await shutdown()
+    }
+
+    /// Sentinel mode: asks the Sentinels every ``RedisConfiguration/sentinelCheckInterval``
+    /// which server is the master, and closes the connections to any other (a master a failover
+    /// replaced takes writes until the Sentinels make it a replica, which can take seconds).
+    private func watchSentinels() async {
+        guard let sentinel else { return }
+        let loop = group.any()
+        while !Task.isCancelled {
+            do {
+                try await Task.sleep(for: configuration.sentinelCheckInterval)
+            } catch {
+                return
+            }
+            let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
+            guard let master = try? await sentinel.masterAddress(deadline: deadline, on: loop).get() else { continue }
+            for slot in slots { slot.leave(unless: master) }
+        }
     }
 
     /// Closes every connection; calls made afterwards fail. Later calls wait for the first.
@@ -241,6 +290,7 @@ public final class RedisClient: Service, Sendable {
             try? await slot.shutdown().get()
         }
         await cluster?.shutdown()
+        await sentinel?.shutdown()
         if ownsGroup {
             try? await group.shutdownGracefully()
         }

@@ -13,6 +13,10 @@ final class RedisSlot: @unchecked Sendable {
     private let configuration: RedisConfiguration
     private let sslContext: NIOSSLContext?
     private let logger: Logger
+    /// Sentinel mode: where the master is now, asked at every connect (nil: `url`'s host and
+    /// port). Such a connection checks `ROLE` at connect and closes on a `READONLY` reply, so
+    /// that after a failover the next call connects to the new master.
+    private let masterAddress: (@Sendable (NIODeadline, any EventLoop) -> EventLoopFuture<RedisNodeAddress>)?
 
     private enum State {
         case idle
@@ -25,20 +29,39 @@ final class RedisSlot: @unchecked Sendable {
     // Confined to `eventLoop`.
     private var state = State.idle
     private var failures = 0
+    /// Sentinel mode: the master the open connection goes to.
+    private var connectedTo: RedisNodeAddress?
 
-    init(eventLoop: any EventLoop, configuration: RedisConfiguration, sslContext: NIOSSLContext?, logger: Logger) {
+    init(eventLoop: any EventLoop, configuration: RedisConfiguration, sslContext: NIOSSLContext?, logger: Logger,
+         masterAddress: (@Sendable (NIODeadline, any EventLoop) -> EventLoopFuture<RedisNodeAddress>)? = nil) {
         self.eventLoop = eventLoop
         self.configuration = configuration
         self.sslContext = sslContext
         self.logger = logger
+        self.masterAddress = masterAddress
     }
 
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
         eventLoop.flatSubmit {
             self.connection(deadline: deadline).flatMap { channel, handler in
-                Self.send(commands, on: channel, handler: handler, deadline: deadline)
+                let replies = Self.send(commands, on: channel, handler: handler, deadline: deadline)
+                guard self.masterAddress != nil else { return replies }
+                return replies.map { replies in
+                    // A master a failover made a replica: the next call connects to the new one.
+                    if replies.contains(where: Self.isReadOnly) {
+                        self.logger.warning("the Redis master became a replica: connecting to the one the Sentinels name",
+                                            metadata: ["redis.url": "\(self.configuration.url)"])
+                        channel.close(promise: nil)
+                    }
+                    return replies
+                }
             }
         }
+    }
+
+    private static func isReadOnly(_ reply: RESPValue) -> Bool {
+        guard case .error(let message) = reply else { return false }
+        return RedisError.code(of: message) == "READONLY"
     }
 
     /// Writes a batch to a connection and returns its replies, failed at `deadline` (the
@@ -129,10 +152,35 @@ final class RedisSlot: @unchecked Sendable {
         }
     }
 
-    /// Opens the socket (TLS for rediss), then AUTH and SELECT as one round trip.
+    /// Opens the socket (TLS for rediss), then AUTH and SELECT as one round trip (and, in
+    /// Sentinel mode, to the master the Sentinels name, checked with `ROLE`).
     private func connect(deadline: NIODeadline) -> EventLoopFuture<(any Channel, RedisHandler)> {
         eventLoop.assertInEventLoop()
-        let url = configuration.url
+        guard let masterAddress else {
+            return connect(host: configuration.url.host, port: configuration.url.port, deadline: deadline)
+        }
+        return masterAddress(deadline, eventLoop).hop(to: eventLoop).flatMap { address in
+            self.connect(host: address.host, port: address.port, deadline: deadline).map { connected in
+                self.connectedTo = address
+                return connected
+            }
+        }
+    }
+
+    /// Sentinel mode: closes the open connection if it goes to another server than `master`
+    /// (the Sentinels switched masters: the old one may take writes until it is made a replica),
+    /// so that the next call connects to the new one.
+    func leave(unless master: RedisNodeAddress) {
+        eventLoop.execute {
+            guard case .ready(let channel, _) = self.state, let connectedTo = self.connectedTo, connectedTo != master else { return }
+            self.logger.warning("the Sentinels name another Redis master: connecting to it",
+                                metadata: ["redis.master": "\(master)", "redis.previous_master": "\(connectedTo)"])
+            channel.close(promise: nil)
+        }
+    }
+
+    private func connect(host: String, port: Int, deadline: NIODeadline) -> EventLoopFuture<(any Channel, RedisHandler)> {
+        eventLoop.assertInEventLoop()
         let sslContext = self.sslContext
         let connectTimeout = TimeAmount.nanoseconds(configuration.connectTimeout.totalNanoseconds)
         let bootstrap = ClientBootstrap(group: eventLoop)
@@ -141,22 +189,22 @@ final class RedisSlot: @unchecked Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     if let sslContext {
-                        let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: TLSServerName.of(host: url.host))
+                        let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: TLSServerName.of(host: host))
                         try channel.pipeline.syncOperations.addHandler(tls)
                     }
                     try channel.pipeline.syncOperations.addHandler(RedisHandler())
                 }
             }
-        return bootstrap.connect(host: url.host, port: url.port)
-            .flatMapErrorThrowing { error in throw RedisError.unavailable("cannot connect to \(url.host):\(url.port): \(error)") }
+        return bootstrap.connect(host: host, port: port)
+            .flatMapErrorThrowing { error in throw RedisError.unavailable("cannot connect to \(host):\(port): \(error)") }
             .flatMap { channel in
                 channel.pipeline.handler(type: RedisHandler.self).flatMap { handler in
-                    self.handshake(channel, handler, deadline: deadline).map { (channel, handler) }
+                    self.handshake(channel, handler, address: "\(host):\(port)", deadline: deadline).map { (channel, handler) }
                 }
             }
     }
 
-    private func handshake(_ channel: any Channel, _ handler: RedisHandler, deadline: NIODeadline) -> EventLoopFuture<Void> {
+    private func handshake(_ channel: any Channel, _ handler: RedisHandler, address: String, deadline: NIODeadline) -> EventLoopFuture<Void> {
         eventLoop.assertInEventLoop()
         let url = configuration.url
         var commands: [RedisCommand] = []
@@ -166,11 +214,17 @@ final class RedisSlot: @unchecked Sendable {
         if url.database != 0 {
             commands.append(RedisCommand("SELECT", [url.database]))
         }
+        let checksRole = masterAddress != nil
+        if checksRole { commands.append(RedisCommand("ROLE", [])) }
         guard !commands.isEmpty else { return eventLoop.makeSucceededVoidFuture() }
         return Self.send(RedisCommandBuffer(commands), on: channel, handler: handler, deadline: deadline).flatMapThrowing { replies in
             for reply in replies {
                 // The reply never echoes the password.
                 if case .error(let message) = reply { throw RedisError.unavailable(message) }
+            }
+            // The Sentinels' answer can be late for a failover under way: only a master is taken.
+            if checksRole, case .array(let role)? = replies.last, role.first?.string != "master" {
+                throw RedisError.unavailable("\(address), named master by the Sentinels, is a \(role.first?.string ?? "?") now")
             }
         }.flatMapError { error in
             channel.close(promise: nil)

@@ -60,7 +60,7 @@ public final class RedisServerProcess: Sendable {
         process.withLock { $0 = started }
     }
 
-    private static func launch(port: Int, tls: (certificate: String, key: String)?, extraArguments: [String]) throws -> ChildProcess {
+    static func launch(port: Int, tls: (certificate: String, key: String)?, extraArguments: [String]) throws -> ChildProcess {
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
         // Its files (a replica's full sync writes an RDB) go to the temporary directory, not
@@ -109,7 +109,7 @@ public final class RedisServerProcess: Sendable {
         var description: String { "redis-server did not start:\n\(log)" }
     }
 
-    private static func executable() throws -> String {
+    static func executable() throws -> String {
         for path in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] where FileManager.default.isExecutableFile(atPath: path) {
             return path
         }

@@ -252,6 +252,46 @@ struct ConfigurationTests {
         }
     }
 
+    @Test func aSentinelDeploymentIsNamedByItsSentinelsAndTheMastersName() throws {
+        let sentinel = try RelayConfiguration.load(yaml: """
+            redis:
+              url: redis://:pa55word@sentinel-0.internal:26379/2
+              mode: sentinel
+              sentinels: [sentinel-1.internal:26379, sentinel-2.internal:26379]
+              sentinel_master: cache
+              sentinel_password: s3ntinel
+            """, environment: [:])
+        #expect(sentinel.redis.mode == .sentinel && sentinel.redis.sentinelMaster == "cache")
+        #expect(sentinel.redis.sentinels.map(\.host) == ["sentinel-1.internal", "sentinel-2.internal"])
+        let settings = try sentinel.redis.clientConfiguration()
+        #expect(settings.sentinelPassword == "s3ntinel" && settings.url.database == 2 && settings.url.password == "pa55word")
+        // Printed without either password, and read back the same.
+        #expect(!sentinel.redactedYAML.contains("pa55word") && !sentinel.redactedYAML.contains("s3ntinel"))
+        #expect(sentinel.redactedYAML.contains(#"sentinels: ["sentinel-1.internal:26379", "sentinel-2.internal:26379"]"#))
+        let again = try RelayConfiguration.load(yaml: sentinel.redactedYAML.replacingOccurrences(of: "<redacted>", with: "x"), environment: [:])
+        #expect(again.redis.sentinels == sentinel.redis.sentinels && again.redis.sentinelMaster == "cache")
+        // The password from the environment (a Secret), and the defaults.
+        let fromEnvironment = try RelayConfiguration.load(yaml: "redis: {url: redis://sentinel-0:26379, mode: sentinel}",
+                                                          environment: ["APNS_RELAY_REDIS_SENTINEL_PASSWORD": "from-a-secret"])
+        #expect(fromEnvironment.redis.sentinelPassword == "from-a-secret" && fromEnvironment.redis.sentinelMaster == "mymaster")
+        let bad: [(yaml: String, keys: Set<String>)] = [
+            ("redis: {mode: sentinel}", ["redis.url"]),
+            ("redis: {url: redis://s0:26379, mode: sentinel, sentinel_master: ''}", ["redis.sentinel_master"]),
+            ("redis: {url: redis://s0:26379, mode: sentinel, sentinel_master: 'my master'}", ["redis.sentinel_master"]),
+            ("redis: {url: redis://s0:26379, mode: sentinel, sentinels: [s1]}", ["redis.sentinels"]),
+            ("redis: {url: redis://cache, sentinels: [s1:26379]}", ["redis.sentinels"]),
+            ("redis: {url: redis://cache, mode: cluster, sentinels: [s1:26379]}", ["redis.sentinels"]),
+        ]
+        for (yaml, keys) in bad {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                Issue.record("accepted: \(yaml)")
+            } catch let error as ConfigurationError {
+                #expect(Set(error.issues.map(\.key)) == keys, "\(yaml): \(error)")
+            }
+        }
+    }
+
     @Test func librdkafkaSettingsComeFromTheEnvironmentToo() throws {
         let configuration = try RelayConfiguration.load(yaml: """
             kafka:

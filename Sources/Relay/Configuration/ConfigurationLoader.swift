@@ -145,16 +145,27 @@ struct ConfigurationReader {
                        "retry.initial_backoff_ms", Int64(configuration.retry.initialBackoffMilliseconds))
 
         let redis = mapping(top["redis"], key: "redis") ?? [:]
-        checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "fail_open", "allow_eviction", "connections", "timeout_ms",
+        checkKnown(redis, prefix: "redis.", known: ["url", "mode", "cluster_seeds", "sentinels", "sentinel_master", "sentinel_password",
+                                                          "fail_open", "allow_eviction", "connections", "timeout_ms",
                                                           "park_min_replicas", "key_prefix", "tls_ca_file", "tls_cert_file", "tls_key_file"])
         configuration.redis.url = string(redis, "redis.url", default: "")
         let mode = string(redis, "redis.mode", default: RedisConfiguration.Mode.standalone.rawValue)
         if let known = RedisConfiguration.Mode(rawValue: mode) {
             configuration.redis.mode = known
         } else {
-            issues.append(.init(key: "redis.mode", value: describe(mode), allowed: "standalone or cluster"))
+            issues.append(.init(key: "redis.mode", value: describe(mode), allowed: "standalone, cluster or sentinel"))
         }
-        readClusterSeeds(redis["cluster_seeds"], into: &configuration)
+        configuration.redis.clusterSeeds = readAddresses(redis["cluster_seeds"], key: "redis.cluster_seeds", for: .cluster,
+                                                         mode: configuration.redis.mode)
+        configuration.redis.sentinels = readAddresses(redis["sentinels"], key: "redis.sentinels", for: .sentinel,
+                                                      mode: configuration.redis.mode)
+        configuration.redis.sentinelMaster = string(redis, "redis.sentinel_master", default: "mymaster")
+        if configuration.redis.sentinelMaster.isEmpty
+            || !configuration.redis.sentinelMaster.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7f }) {
+            issues.append(.init(key: "redis.sentinel_master", value: describe(configuration.redis.sentinelMaster),
+                                allowed: "the name the Sentinels monitor the master under (printable ASCII, no spaces)"))
+        }
+        configuration.redis.sentinelPassword = string(redis, "redis.sentinel_password", default: "")
         if !configuration.redis.url.isEmpty {
             do {
                 let url = try RedisURL(parsing: configuration.redis.url)
@@ -170,6 +181,10 @@ struct ConfigurationReader {
         }
         if configuration.redis.mode == .cluster, configuration.redis.url.isEmpty {
             issues.append(.init(key: "redis.url", value: "\"\"", allowed: "redis.mode cluster needs a seed node's URL here"))
+        }
+        if configuration.redis.mode == .sentinel, configuration.redis.url.isEmpty {
+            issues.append(.init(key: "redis.url", value: "\"\"",
+                                allowed: "redis.mode sentinel needs one Sentinel's address here, with the master's credentials and database"))
         }
         configuration.redis.failOpen = bool(redis, "redis.fail_open", default: false)
         configuration.redis.allowEviction = bool(redis, "redis.allow_eviction", default: false)
@@ -324,8 +339,6 @@ struct ConfigurationReader {
         }
     }
 
-    /// `redis.cluster_seeds`: a list of `host:port` (or one string of them separated by commas,
-    /// as `APNS_RELAY_REDIS_CLUSTER_SEEDS` gives them); only with `redis.mode: cluster`.
     /// A list of strings: a YAML list, or one comma-separated string (as an environment
     /// override gives it).
     private mutating func stringList(_ value: Any?, key: String) -> [String] {
@@ -348,18 +361,21 @@ struct ConfigurationReader {
         }
     }
 
-    private mutating func readClusterSeeds(_ value: Any?, into configuration: inout RelayConfiguration) {
-        let key = "redis.cluster_seeds"
+    /// `redis.cluster_seeds` or `redis.sentinels`: `host:port` each, for `redis.mode` `only`.
+    private mutating func readAddresses(_ value: Any?, key: String, for only: RedisConfiguration.Mode,
+                                        mode: RedisConfiguration.Mode) -> [RedisNodeAddress] {
+        var addresses: [RedisNodeAddress] = []
         for text in stringList(value, key: key) {
             guard let address = try? RedisNodeAddress(parsing: text) else {
-                issues.append(.init(key: key, value: text, allowed: "each seed is host:port (port 1-65535)"))
+                issues.append(.init(key: key, value: text, allowed: "each entry is host:port (port 1-65535)"))
                 continue
             }
-            configuration.redis.clusterSeeds.append(address)
+            addresses.append(address)
         }
-        if !configuration.redis.clusterSeeds.isEmpty, configuration.redis.mode != .cluster {
-            issues.append(.init(key: key, value: "(a list)", allowed: "seeds are for redis.mode: cluster"))
+        if !addresses.isEmpty, mode != only {
+            issues.append(.init(key: key, value: "(a list)", allowed: "only for redis.mode: \(only.rawValue)"))
         }
+        return addresses
     }
 
     /// The value given for `key` (its last path component in `fields`), or its environment

@@ -67,6 +67,11 @@ extension RelayConfiguration {
         if !redis.clusterSeeds.isEmpty {
             lines.append("  cluster_seeds: [\(redis.clusterSeeds.map { quote($0.description) }.joined(separator: ", "))]")
         }
+        if redis.mode == .sentinel {
+            lines.append("  sentinels: [\(redis.sentinels.map { quote($0.description) }.joined(separator: ", "))]")
+            lines.append("  sentinel_master: \(quote(redis.sentinelMaster))")
+            lines.append("  sentinel_password: \(quote(redis.sentinelPassword.isEmpty ? "" : "<redacted>"))")
+        }
         lines.append("  fail_open: \(redis.failOpen)")
         lines.append("  allow_eviction: \(redis.allowEviction)")
         lines.append("  connections: \(redis.connections)")

@@ -192,11 +192,19 @@ public struct RelayConfiguration: Sendable {
         /// `redis://[[user]:password@]host[:port][/db]` or `rediss://…`; empty: no Redis, and
         /// so no per-device policy (every intent is sent as it comes).
         public var url = ""
-        /// `standalone`, or `cluster`: `url` names one seed node of a Redis Cluster (database
-        /// 0), and calls are routed by hash slot to every master.
+        /// `standalone`; `cluster`: `url` names one seed node of a Redis Cluster (database 0),
+        /// and calls are routed by hash slot to every master; `sentinel`: `url` names one
+        /// Sentinel, and the connections go to the master the Sentinels name.
         public var mode = RedisConfiguration.Mode.standalone
         /// Cluster mode: more seed nodes (`host:port`) besides `url`'s.
         public var clusterSeeds: [RedisNodeAddress] = []
+        /// Sentinel mode (`url` names one Sentinel, and the master's credentials and
+        /// database): more Sentinels (`host:port`).
+        public var sentinels: [RedisNodeAddress] = []
+        /// Sentinel mode: the name the Sentinels monitor the master under.
+        public var sentinelMaster = "mymaster"
+        /// Sentinel mode: the Sentinels' own password; empty when they ask none.
+        public var sentinelPassword = ""
         /// While Redis is unreachable: false (default) stops consuming until it is back; true
         /// sends without policy (no dedupe) meanwhile.
         public var failOpen = false
@@ -229,6 +237,9 @@ public struct RelayConfiguration: Sendable {
             var settings = RedisConfiguration(url: try RedisURL(parsing: url))
             settings.mode = mode
             settings.clusterSeeds = clusterSeeds
+            settings.sentinels = sentinels
+            settings.sentinelMaster = sentinelMaster
+            settings.sentinelPassword = sentinelPassword.isEmpty ? nil : sentinelPassword
             settings.connections = connections
             settings.commandTimeout = .milliseconds(timeoutMilliseconds)
             if !tlsCAFile.isEmpty { settings.tlsCAFile = tlsCAFile }
