@@ -27,7 +27,12 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// delivers a second time within one assignment is skipped (``HandedOverOffsets``).
     var handedOverOffsets = HandedOverOffsets()
 
-    init(capacity: Int, outstandingLimit: Int = .max, logger: Logger) {
+    /// Whether the configured assignors rebalance cooperatively: what a rebalance goes by when
+    /// librdkafka names no protocol (no assignor chosen yet).
+    let configuredCooperative: Bool
+
+    init(capacity: Int, outstandingLimit: Int = .max, cooperative: Bool = true, logger: Logger) {
+        configuredCooperative = cooperative
         queue = AsyncBoundedQueue(capacity: capacity) { event in
             if case .messages(let batch) = event { return batch.count }
             return 0
@@ -242,7 +247,9 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
     guard let rk, let opaque else { return }
     let shared = Unmanaged<ConsumerShared>.fromOpaque(opaque).takeUnretainedValue()
     let changed = partitions(of: list)
-    let cooperative = String(cString: rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE"
+    // librdkafka answers NULL when it has chosen no assignor yet (seen with an eager assignor's
+    // first rebalance failing): the configuration says then.
+    let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) == "COOPERATIVE" } ?? shared.configuredCooperative
     switch error {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
         shared.handedOverOffsets.reset(changed)

@@ -68,7 +68,8 @@ public final class KafkaConsumer: Service, Sendable {
         let separate = topicQueues && topics.count > 1
         // Each topic may have its share handed over at once without the buffer counting as full.
         let shared = ConsumerShared(capacity: separate ? max(bufferedMessages, outstandingPerTopic * topics.count + maxBatch) : bufferedMessages,
-                                    outstandingLimit: outstandingPerTopic, logger: logger)
+                                    outstandingLimit: outstandingPerTopic,
+                                    cooperative: settings["partition.assignment.strategy"]?.contains("cooperative") ?? false, logger: logger)
         shared.install(on: builder)
         builder.withConf { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalance)
