@@ -55,6 +55,9 @@ public final class KafkaTopicReader: Sendable {
             "auto.offset.reset": "earliest",
         ]
         settings.merge(properties) { _, given in given }
+        // What reading as a reader needs, whatever the consumer's settings passed say.
+        for key in ["enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof"] { settings[key] = "false" }
+        settings["auto.offset.reset"] = "earliest"
         let builder = try KafkaConfigBuilder(settings)
         let context = KafkaCallbackContext(logger: logger)
         context.install(on: builder)
@@ -231,6 +234,12 @@ public final class KafkaTopicReader: Sendable {
                         var reached = first - 1
                         while let next = pending.first, next > reached, ContinuousClock.now < deadline {
                             let batch = try poll(deadline: deadline).filter { $0.partition == partition }
+                            if batch.isEmpty, position(of: partition) >= ends.high {
+                                // Past the last record (what follows is no record a reader
+                                // gets: a transaction marker, say).
+                                reached = ends.high - 1
+                                break
+                            }
                             for message in batch where message.offset >= first {
                                 reached = max(reached, message.offset)
                                 if pending.first.map({ message.offset >= $0 }) == true {
@@ -281,6 +290,17 @@ public final class KafkaTopicReader: Sendable {
             for message in batch { state?.next[message.partition] = message.offset + 1 }
         }
         return batch
+    }
+
+    /// librdkafka's position in `partition`: the offset after the last one it handed over or
+    /// skipped (-1 before the first).
+    private func position(of partition: Int32) -> Int64 {
+        handle.withHandle { rk in
+            withPartitionList([TopicPartition(topic: topic, partition: partition)]) { list in
+                _ = rd_kafka_position(rk, list)
+                return list.pointee.elems[0].offset
+            }
+        }
     }
 
     /// Leaves nothing behind (no group was joined, nothing to commit).

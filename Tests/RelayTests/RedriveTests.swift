@@ -21,7 +21,7 @@ struct RedriveTests {
         let harness = try await RelayHarness.start(configure: { $0.behaviour.failureRate = 1 },
                                                    configureRelay: { $0.retry.deadlineSeconds = 1 })
         let hour = Int64(Date().timeIntervalSince1970) + 3600
-        let soon = Int64(Date().timeIntervalSince1970) + 5
+        let soon = Int64(Date().timeIntervalSince1970) + 20
         let collapsed = hexToken(0x7d0)
         let intents: [(id: String, token: String, extra: String)] =
             (0..<5).map { ("live-\($0)", hexToken(0x7a0 + $0), #","expiration":\#(hour),"metadata":{"n":\#($0)}"#) }
@@ -38,9 +38,9 @@ struct RedriveTests {
 
         var filter = RedriveFilter(since: start - 1000)
         filter.reasonPrefix = nil
-        // Ten seconds on: the "short" intent's expiration has passed by then. (The now-or-never
+        // Thirty seconds on: the "short" intent's expiration has passed by then. (The now-or-never
         // one came out `expired`, which the default filter does not take.)
-        let later = Self.nowMilliseconds() + 10_000
+        let later = Self.nowMilliseconds() + 30_000
         func redrive() -> Redrive {
             var redrive = Redrive(configuration: harness.configuration, filter: filter)
             redrive.seeksByTime = false
