@@ -237,6 +237,33 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// A take that failed (Redis refusing writes: `NOREPLICAS`) is Redis trouble until a poll
+    /// reads every index and takes what it found; no intent needs to come meanwhile.
+    @Test func aFailedTakesTroubleEndsWithTheNextCleanPoll() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.pollingRelay(redis)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let token = hexToken(0x3e)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        // Due in 3 s; Redis refuses writes from the next moment on, so the take fails.
+        let due = Self.nowMilliseconds() + 3000
+        for reply in try await client.pipeline([
+            RedisCommand("HSET", [RedisKeys.standard.mailbox(token: token, topic: "com.example.app"), "pid", "due-2",
+                                  "p", Self.entry(intent("due-2", token: token), expiration: expiration), "pe", expiration, "pd", due]),
+            RedisCommand("ZADD", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 2), due,
+                                  RedisKeys.member(token: token, topic: "com.example.app", id: "due-2")]),
+            RedisCommand("CONFIG", ["SET", "min-replicas-to-write", "1"]),
+        ]) {
+            if case .error(let message) = reply { Issue.record("\(message)") }
+        }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble?.contains("NOREPLICAS") == true }
+        _ = try await client.send(RedisCommand("CONFIG", ["SET", "min-replicas-to-write", "0"]))
+        try await harness.published.waitUntil(timeout: .seconds(20)) { published in published.all.contains { $0.id == "due-2" } }
+        try await harness.pipeline.incidents.waitUntil { $0.redisTrouble == nil }
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// Mailbox deliveries count against `limits.max_in_flight` in all, not per partition: 200
     /// due entries over the four partitions, APNs taking 1 s each, and never more than 10 sends
     /// under way (each poll took up to 10 per partition, 40 at once, before).
@@ -339,6 +366,34 @@ struct MailboxRepairTests {
         try await policy.acknowledgeDisplaced(displaced, token: token, topic: topic)
         #expect(try await policy.handOver(token: token, topic: topic, now: now + 60_003, owner: "relay-c").entries.isEmpty)
         #expect(try await client.send(RedisCommand("ZSCORE", [policy.dueKey(partition: partition), member])) == .null)
+        await client.shutdown()
+    }
+
+    /// An intent displaced from its mailbox whose `coalesced` outcome is not out yet, redelivered
+    /// once the intent that displaced it has left the mailbox (delivered), stays displaced: it is
+    /// not parked again, which would send it after its successor.
+    @Test func aDisplacedIntentRedeliveredIsNotParkedAgain() async throws {
+        let redis = try await RedisServerProcess.started()
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let policy = DevicePolicy(client: client, keys: .standard, intentsTopic: "intents", backoffBaseMilliseconds: 1000, backoffMaximumMilliseconds: 8000)
+        let token = hexToken(0x2a1), topic = "com.example.app"
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: topic)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        func park(_ id: String, offset: Int64) async throws -> (displaced: [DevicePolicy.Displaced], keeper: String) {
+            let entry = DevicePolicy.Entry(partition: 0, offset: offset, consumedAt: Self.nowMilliseconds(), expiration: expiration,
+                                           message: Array(intent(id, token: token).utf8))
+            let parked = try await policy.park(token: token, topic: topic, id: id, entry: entry, due: Self.nowMilliseconds() + 60_000,
+                                               now: Self.nowMilliseconds(), tooManyRequests: false, owner: DevicePolicy.handOverOwner())
+            return (parked.displaced, parked.keeper)
+        }
+        _ = try await park("older", offset: 1)
+        #expect(try await park("newer", offset: 2).displaced.map(\.id) == ["older"])
+        // The newer one was delivered and released; the relay handing the older one over died.
+        _ = try await client.send(RedisCommand("HDEL", [mailbox, "pid", "p", "pe", "pd"]))
+        let again = try await park("older", offset: 1)
+        #expect(again.keeper == "newer", "\(again.keeper)")
+        #expect(again.displaced.map(\.id) == ["older"])
+        #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "pid"])).integer == 0, "parked again")
         await client.shutdown()
     }
 

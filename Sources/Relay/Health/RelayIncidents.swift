@@ -1,11 +1,12 @@
 /// What has gone wrong with the relay's dependencies so far (``RelayPipeline/incidents``).
 public struct RelayIncidents: Sendable, Equatable {
-    /// Why Redis is failing, while it is (nil once a call succeeds again).
-    public var redisTrouble: String?
-    /// The trouble is the mailbox poll's (its due-index read failed): its next full read
-    /// clears it. Another call's trouble only that call's success clears (a Redis that reads
-    /// but cannot write must not flap between failing and answering with every poll).
-    var redisTroubleIsThePolls = false
+    /// Why Redis is failing, while it is: nil once every kind of call that failed succeeds again.
+    public var redisTrouble: String? { redisTroubles[.calls] ?? redisTroubles[.mailboxes] ?? redisTroubles[.poll] }
+    /// The last failure of each kind of call still failing. Each kind's success clears only its
+    /// own: the poll's due-index reads can succeed while writes fail (a Redis that reads but
+    /// cannot write must not flap between failing and answering with every poll), and the poll
+    /// may be the only call while no intent comes (its failure must not stay for good).
+    var redisTroubles: [RedisCaller: String] = [:]
     /// Times Redis started failing (each outage counted once, when it begins).
     public var redisOutages = 0
     /// Outcome and invalidation record deliveries Kafka has failed so far (each is tried
@@ -13,4 +14,14 @@ public struct RelayIncidents: Sendable, Equatable {
     public var publishFailures = 0
 
     public init() {}
+}
+
+/// Who met a Redis failure (``RelayIncidents/redisTroubles``).
+enum RedisCaller: Hashable, Sendable {
+    /// Admission, parks and records: cleared by their next success.
+    case calls
+    /// The mailbox poll's due-index reads: cleared by a poll that read every index.
+    case poll
+    /// Mailbox takes, releases, hand-overs: cleared by a take that succeeds.
+    case mailboxes
 }

@@ -17,7 +17,6 @@ extension RelayPipeline {
                                        expiration: intent.expiration, message: intent.encoded)
         entry.lane = policy.entryLane(item.partition.topic)
         entry.trace = item.trace.map(Self.storedTrace)
-        let now = nowMilliseconds()
         // While the park is under way (asked again after a failure, say, when its replicas did
         // not acknowledge it in time) this relay's deliverer does not take the entry: a take
         // between two tries would be undone by the second.
@@ -27,12 +26,14 @@ extension RelayPipeline {
         // One owner over the tries: a try whose reply was lost leased the displaced entries to it.
         let owner = DevicePolicy.handOverOwner()
         guard let parked = await withRedisRetries(item, { () throws(RedisError) in
-            try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
-                                  due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
+            // Each try at its own time: the hand-over leases it grants run from then.
+            let now = nowMilliseconds()
+            return try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
+                                         due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
-            logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - now)"]))
+            logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
         }
         await handOver(parked.displaced, by: parked.keeper, token: intent.token, topic: intent.topic, item, policy)
         return true
@@ -49,7 +50,7 @@ extension RelayPipeline {
             do throws(RedisError) {
                 try await policy.acknowledgeDisplaced(entry, token: token, topic: topic)
             } catch {
-                redisFailed(error)
+                redisFailed(error, by: .mailboxes)
             }
         }
     }
@@ -64,7 +65,7 @@ extension RelayPipeline {
         do throws(RedisError) {
             found = try await policy.handOver(token: token, topic: topic, now: nowMilliseconds(), owner: DevicePolicy.handOverOwner())
         } catch {
-            redisFailed(error)
+            redisFailed(error, by: .mailboxes)
             found = nil
         }
         guard let found, !found.entries.isEmpty else { return }
@@ -136,7 +137,7 @@ extension RelayPipeline {
             try await policy.release(partition: item.partition, token: parts.token, topic: parts.topic, id: parts.id,
                                      now: nowMilliseconds())
         } catch {
-            redisFailed(error)
+            redisFailed(error, by: .mailboxes)
         }
     }
 
@@ -174,6 +175,11 @@ extension RelayPipeline {
         let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
         let now = nowMilliseconds()
         let found: [(partition: TopicPartition, member: String)]
+        // A poll that read every index and whose takes all succeeded (or that had none to do)
+        // ends the mailboxes' trouble (a release or hand-over that failed): with no intent
+        // coming it may be the only call there is.
+        var readEvery = false, takeFailed = false
+        defer { if readEvery && !takeFailed { redisRecovered(by: .mailboxes) } }
         do {
             let read = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
                                             now: now, limit: min(rooms.max() ?? 0, 500))
@@ -181,9 +187,14 @@ extension RelayPipeline {
             // Some partitions' indexes could not be read: the others are taken from. Every one
             // read: an earlier poll's trouble is over (the poll may be the only call while no
             // intent comes, and would otherwise leave it the relay's Redis trouble for good).
-            if let failed = read.failed { redisFailed(failed, byThePoll: true) } else { redisRecovered(byThePoll: true) }
+            if let failed = read.failed {
+                redisFailed(failed, by: .poll)
+            } else {
+                redisRecovered(by: .poll)
+                readEvery = true
+            }
         } catch {
-            redisFailed(error, byThePoll: true)
+            redisFailed(error, by: .poll)
             return
         }
         // Takes failing one after another (Redis down) end the poll; one failing take (its
@@ -212,8 +223,9 @@ extension RelayPipeline {
                                               rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
             } catch {
                 guard error.isRefusal else {
-                    redisFailed(error)
+                    redisFailed(error, by: .mailboxes)
                     failingTakes += 1
+                    takeFailed = true
                     continue
                 }
                 // Not an outage: its index member already moved to the lease's end, so it is
@@ -245,7 +257,7 @@ extension RelayPipeline {
                 do {
                     guard try await policy.quarantine(partition: partition, token: parts.token, topic: parts.topic, id: parts.id) else { continue }
                 } catch {
-                    redisFailed(error)
+                    redisFailed(error, by: .mailboxes)
                     continue
                 }
                 RelayMetrics.mailboxEntriesQuarantined.increment()

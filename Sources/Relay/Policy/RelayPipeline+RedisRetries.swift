@@ -2,15 +2,14 @@ import Common
 import Redis
 
 extension RelayPipeline {
-    /// `byThePoll`: the mailbox poll's due-index read failed (``redisRecovered(byThePoll:)``).
-    func redisFailed(_ error: RedisError, byThePoll: Bool = false) {
+    /// A Redis call failed (``RelayIncidents/redisTroubles``): the first failure while Redis
+    /// answered starts an outage (counted, logged once).
+    func redisFailed(_ error: RedisError, by caller: RedisCaller = .calls) {
         let isNew = incidents.update { incidents in
-            defer {
-                incidents.redisTrouble = "\(error)"
-                incidents.redisTroubleIsThePolls = byThePoll
-            }
-            if incidents.redisTrouble == nil { incidents.redisOutages += 1 }
-            return incidents.redisTrouble == nil
+            let wasFine = incidents.redisTrouble == nil
+            incidents.redisTroubles[caller] = "\(error)"
+            if wasFine { incidents.redisOutages += 1 }
+            return wasFine
         }
         RelayMetrics.redisError(error)
         if isNew {
@@ -20,15 +19,13 @@ extension RelayPipeline {
         }
     }
 
-    /// `byThePoll`: the mailbox poll read every due index; that clears only a trouble the poll
-    /// itself reported.
-    func redisRecovered(byThePoll: Bool = false) {
-        let wasDown = incidents.update { incidents in
-            guard !byThePoll || incidents.redisTroubleIsThePolls else { return false }
-            defer { incidents.redisTrouble = nil }
-            return incidents.redisTrouble != nil
+    /// A kind of Redis call succeeded: its trouble is over, and the outage once none is left.
+    func redisRecovered(by caller: RedisCaller = .calls) {
+        let over = incidents.update { incidents in
+            guard incidents.redisTroubles.removeValue(forKey: caller) != nil else { return false }
+            return incidents.redisTrouble == nil
         }
-        if wasDown { logger.warning("Redis answers again") }
+        if over { logger.warning("Redis answers again") }
     }
 
     /// How often Redis' eviction policy and persistence are checked again while running.

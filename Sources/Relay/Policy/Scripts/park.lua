@@ -28,6 +28,13 @@ local function newer(id, entry)
     return p ~= nil and p == partition and l == lane and offset ~= nil and o > offset
 end
 local keeper = ARGV[1]
+if redis.call('HEXISTS', KEYS[1], 'd:' .. ARGV[1]) == 1 then
+    -- Displaced before (a redelivery, its `coalesced` outcome not out yet): it stays displaced,
+    -- under whatever lease its hand-over has, and is not parked again, which would send it
+    -- after the intent that displaced it.
+    keeper = redis.call('HGET', KEYS[1], 'db:' .. ARGV[1]) or m[1] or m[3] or ''
+    return {tonumber(m[5]) or due, leaseDisplaced(now, tonumber(ARGV[10]), ARGV[11]), keeper}
+end
 -- A displaced entry is kept (field `d:<id>`, what displaced it `db:<id>`) until the relay
 -- acknowledged its `coalesced` outcome: a lost reply to this park, or a relay dying before
 -- publishing, does not lose it (displaced.lua hands it over).
@@ -35,7 +42,7 @@ if newer(m[1], m[2]) or newer(m[3], m[4]) then
     keeper = newer(m[1], m[2]) and m[1] or m[3]
     due = tonumber(m[5]) or due
     redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], ARGV[2], 'db:' .. ARGV[1], keeper)
-    redis.call('HDEL', KEYS[1], 't:' .. ARGV[1], 'dl:' .. ARGV[1])
+    redis.call('HDEL', KEYS[1], 't:' .. ARGV[1])
     -- The one parking was being sent (a 429, or the retry budget ran out): its claim ends.
     if m[3] == ARGV[1] then
         redis.call('HDEL', KEYS[1], 'cid', 'c', 'ce', 'cu')
@@ -44,7 +51,7 @@ if newer(m[1], m[2]) or newer(m[3], m[4]) then
 else
     if m[1] and m[1] ~= ARGV[1] then
         redis.call('HSET', KEYS[1], 'd:' .. m[1], m[2], 'db:' .. m[1], ARGV[1])
-        redis.call('HDEL', KEYS[1], 't:' .. m[1], 'dl:' .. m[1])
+        redis.call('HDEL', KEYS[1], 't:' .. m[1])
     end
     -- Its trace context (`t:<id>`: traceparent, a newline, tracestate), for its outcome.
     if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 't:' .. ARGV[1], ARGV[9])
