@@ -397,6 +397,40 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// Review 1.1's other half: a park that ran but was not known to (Redis failing after it,
+    /// with `redis.fail_open`, or refusals) leaves the intent in the mailbox while it is sent. When
+    /// a newer park displaces it there, its hand-over finds APNs' answer in its dedupe record and
+    /// publishes nothing: no `coalesced` after `delivered`. A displaced intent never answered is
+    /// answered `coalesced` as before.
+    @Test func aDisplacedIntentAPNsAnsweredIsNotAnsweredAgain() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.pollingRelay(redis)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let token = hexToken(0x3f), topic = "com.example.app"
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: topic)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let index = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 1)
+        var commands: [RedisCommand] = [
+            RedisCommand("SET", [RedisKeys.standard.seen(token: token, topic: topic, id: "sent-anyway"), "delivered", "EX", 3600]),
+        ]
+        for id in ["sent-anyway", "never-sent"] {
+            commands.append(RedisCommand("HSET", [mailbox, "d:" + id, Self.entry(intent(id, token: token), expiration: expiration),
+                                                  "db:" + id, "newest"]))
+            commands.append(RedisCommand("ZADD", [index, 0, RedisKeys.member(token: token, topic: topic, id: id)]))
+        }
+        for reply in try await client.pipeline(commands) {
+            if case .error(let message) = reply { Issue.record("\(message)") }
+        }
+        // Both handed over by the poll: the entries leave the mailbox.
+        try await waitUntil(timeout: .seconds(20), asking: {
+            (try? await client.send(RedisCommand("HLEN", [mailbox])))?.integer == 0
+        })
+        let published = harness.published.value.all.filter { $0.id == "sent-anyway" || $0.id == "never-sent" }
+        #expect(published.map { "\($0.id ?? "?") \($0.status.rawValue)" } == ["never-sent coalesced"])
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// An older intent of the partition (a redelivery after a crash) never displaces a newer one
     /// from the mailbox, parked or being sent: it is displaced itself, `coalesced` by the newer.
     @Test func anOlderIntentNeverDisplacesANewerOneFromTheMailbox() async throws {

@@ -76,9 +76,21 @@ extension RelayPipeline {
     /// change counts, as a coalesced intent's does (applied once per intent: it may have been
     /// applied already, when it was tried before it parked): the newer notification, sent
     /// later, carries the sum, and the outcome names the count it reached.
+    /// An intent APNs answered already (its dedupe record holds APNs' answer) is not answered
+    /// again: it went out after all (a park that failed part way, with `redis.fail_open` or
+    /// refusals, left it in the mailbox while it was sent), so nothing is published and the
+    /// entry is acknowledged all the same.
     @inline(never)
     func publishDisplaced(_ entry: DevicePolicy.Entry, by newer: String, _ item: WorkItem) async -> Bool {
         let displaced = mailboxItem(entry, token: nil, member: nil, generation: item.generation)
+        if case .success(let intent) = displaced.intent, let policy, let redis,
+           let recorded = await withRedisRetries(item, { () throws(RedisError) in
+               try await redis.send(RedisCommand("GET", [policy.keys.seen(token: intent.recipient, topic: intent.topic, id: intent.id)]))
+           }), let record = recorded.string.flatMap(AnswerRecord.init), record.status != Outcome.Status.coalesced.rawValue {
+            logger.info("a displaced intent APNs answered already is not answered coalesced",
+                        metadata: Self.entryMetadata(intent.id, intent.topic, displaced.partition).merging(["relay.recorded": "\(record.status)"]) { $1 })
+            return true
+        }
         var outcome = earlyOutcome(displaced, .coalesced(by: newer))
         outcome.supersededBy = newer.isEmpty ? nil : newer
         if case .success(let intent) = displaced.intent, let change = intent.badge, let badges {
