@@ -310,7 +310,10 @@ struct RedisClusterChangeTests {
         let metrics = TestMetrics()
         var configuration = RedisConfiguration(url: try RedisURL(parsing: cluster.url))
         configuration.mode = .cluster
-        configuration.commandTimeout = .milliseconds(500)
+        // Short, so that the node's grace (two call deadlines) passes soon; longer under a
+        // sanitizer, where a first call's connect and slot-map read took more than 500 ms in a
+        // full thread-sanitizer run.
+        configuration.commandTimeout = slowed(.milliseconds(500))
         configuration.metricsFactory = metrics
         let client = try RedisClient(configuration: configuration)
         let ports = try cluster.masterPorts()
