@@ -32,23 +32,8 @@ public final class RedisSentinelProcess: Sendable {
             sentinel parallel-syncs \(masterName) 1
 
             """.write(toFile: configFile, atomically: true, encoding: .utf8)
-        let (started, output) = try ChildProcess.capturingOutput(executable: try RedisServerProcess.executable(),
-                                                                 arguments: [configFile, "--sentinel", "--logfile", ""])
         // Its log says when it watches the master.
-        var log: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(output, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            if count <= 0 {
-                close(output)
-                started.wait()
-                throw RedisServerProcess.ServerFailed(log: String(decoding: log, as: UTF8.self))
-            }
-            log.append(contentsOf: chunk[..<count])
-            if String(decoding: log, as: UTF8.self).contains("+monitor master") { break }
-        }
-        Thread.detachNewThread { _ = ChildProcess.readToEnd(output) }
+        let started = try RedisServerProcess.started([configFile, "--sentinel", "--logfile", ""], readyWhenItLogs: "+monitor master")
         process = Mutex(started)
     }
 

@@ -68,8 +68,14 @@ public final class RedisServerProcess: Sendable {
         let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                   "--daemonize", "no", "--logfile", "", "--dir", FileManager.default.temporaryDirectory.path]
             + extraArguments
+        return try started(arguments, readyWhenItLogs: "Ready to accept connections")
+    }
+
+    /// Starts redis-server with `arguments` and returns once its log says `ready` (it throws
+    /// with the log when the server ends first); its log is drained from then on, so that it
+    /// never blocks on a full pipe.
+    static func started(_ arguments: [String], readyWhenItLogs ready: String) throws -> ChildProcess {
         let (process, output) = try ChildProcess.capturingOutput(executable: try Self.executable(), arguments: arguments)
-        // Its log says when it is ready.
         var log: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
@@ -81,9 +87,8 @@ public final class RedisServerProcess: Sendable {
                 throw ServerFailed(log: String(decoding: log, as: UTF8.self))
             }
             log.append(contentsOf: chunk[..<count])
-            if String(decoding: log, as: UTF8.self).contains("Ready to accept connections") { break }
+            if String(decoding: log, as: UTF8.self).contains(ready) { break }
         }
-        // Keep draining its log so it never blocks on a full pipe.
         Thread.detachNewThread { _ = ChildProcess.readToEnd(output) }
         return process
     }

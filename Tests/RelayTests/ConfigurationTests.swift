@@ -8,6 +8,20 @@ import Yams
 
 @Suite("Configuration", .timeLimit(.minutes(3)))
 struct ConfigurationTests {
+    /// Each YAML is refused, naming exactly these keys.
+    static func expectRefused(_ bad: [(yaml: String, keys: Set<String>)], sourceLocation: SourceLocation = #_sourceLocation) {
+        for (yaml, keys) in bad {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                Issue.record("accepted: \(yaml)", sourceLocation: sourceLocation)
+            } catch let error as ConfigurationError {
+                #expect(Set(error.issues.map(\.key)) == keys, "\(yaml): \(error)", sourceLocation: sourceLocation)
+            } catch {
+                Issue.record("\(yaml): \(error)", sourceLocation: sourceLocation)
+            }
+        }
+    }
+
     static var shippedFile: String {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("config/apns-relay.yaml").path
@@ -242,14 +256,7 @@ struct ConfigurationTests {
             ("redis: {url: redis://cache, mode: cluster, cluster_seeds: {a: 1}}", ["redis.cluster_seeds"]),
             ("redis: {url: redis://cache, cluster_seeds: [cache-1:6379]}", ["redis.cluster_seeds"]),
         ]
-        for (yaml, keys) in bad {
-            do {
-                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
-                Issue.record("accepted: \(yaml)")
-            } catch let error as ConfigurationError {
-                #expect(Set(error.issues.map(\.key)) == keys, "\(yaml): \(error)")
-            }
-        }
+        Self.expectRefused(bad)
     }
 
     @Test func aSentinelDeploymentIsNamedByItsSentinelsAndTheMastersName() throws {
@@ -282,14 +289,7 @@ struct ConfigurationTests {
             ("redis: {url: redis://cache, sentinels: [s1:26379]}", ["redis.sentinels"]),
             ("redis: {url: redis://cache, mode: cluster, sentinels: [s1:26379]}", ["redis.sentinels"]),
         ]
-        for (yaml, keys) in bad {
-            do {
-                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
-                Issue.record("accepted: \(yaml)")
-            } catch let error as ConfigurationError {
-                #expect(Set(error.issues.map(\.key)) == keys, "\(yaml): \(error)")
-            }
-        }
+        Self.expectRefused(bad)
     }
 
     @Test func librdkafkaSettingsComeFromTheEnvironmentToo() throws {
