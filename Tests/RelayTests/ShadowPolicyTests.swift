@@ -1,4 +1,5 @@
 import Foundation
+import Redis
 import RedisTesting
 @testable import Relay
 import TestSupport
@@ -41,6 +42,65 @@ struct ShadowPolicyTests {
         #expect(enforced.outcomes["a3"]?["status"] as? String == "coalesced" && enforced.outcomes["a4"]?["status"] as? String == "delivered")
         #expect(enforced.sent == 4, "enforce sends a1, a2, c2, and a4 from the mailbox")
         #expect(shadowed.sent == 6)
+    }
+
+    /// Switching from shadow to enforce under traffic (a relay in each mode in turn, as a
+    /// rollout or a reload makes it): no intent lost, none sent twice. What shadow mode wrote
+    /// (dedupe records among it) is what enforce mode reads, so an intent the shadow relay sent
+    /// and the enforcing one gets again (its offset not committed yet) comes out `duplicate`.
+    @Test func switchingToEnforceUnderTrafficLosesAndRepeatsNothing() async throws {
+        let redis = try await RedisServerProcess.started()
+        // APNs takes 100 ms a request: the shadow relay has intents under way when it stops.
+        let shadow = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: { $0.policy.defaults.mode = .shadow },
+                                                   simulator: { $0.behaviour.latency = .milliseconds(100) })
+        let count = 300
+        func produce(_ range: Range<Int>) async throws {
+            for start in stride(from: range.lowerBound, to: range.upperBound, by: 10) {
+                _ = try await shadow.producer.send(topic: shadow.intentsTopic, records: (start..<min(start + 10, range.upperBound)).map {
+                    let token = hexToken(0x6000 + $0)
+                    return (Array(token.utf8), Array(intent("switch-\($0)", token: token).utf8))
+                })
+            }
+        }
+        try await produce(0..<150)
+        try await shadow.published.waitUntil(timeout: .seconds(60)) { $0.all.count >= 50 }
+        var enforcing = shadow.configuration
+        enforcing.policy.defaults.mode = .enforce
+        let enforcer = try RelayApplication(configuration: enforcing, worker: "enforcing")
+        let running = Task { await enforcer.run() }
+        // The shadow relay drains and leaves; the enforcing one takes every partition, and the
+        // rest of the traffic.
+        shadow.pipeline.requestStop()
+        try await produce(150..<count)
+        await shadow.running.value
+        try await waitUntil(timeout: .seconds(90)) {
+            Set(shadow.simulator.accepted.map(\.apnsID)).count >= count
+        }
+        #expect(enforcer.pipeline.outcomeCounts.values.reduce(0, +) > 0, "the enforcing relay took over")
+        let accepted = shadow.simulator.accepted.map(\.apnsID)
+        #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice")
+        enforcer.requestStop()
+        await running.value
+        // Every intent answered once (a redelivered one may add a `duplicate`).
+        let log = try await OutcomeLog.read(shadow.cluster.bootstrapServers, shadow.outcomesTopic)
+        var answers: [String: [String]] = [:]
+        for outcome in log.outcomes {
+            guard let id = outcome["id"] as? String, let status = outcome["status"] as? String else { continue }
+            answers[id, default: []].append(status)
+        }
+        #expect(answers.count == count)
+        // What keeps a redelivery of the shadow relay's intents from going out again: their
+        // dedupe records, which shadow mode writes as enforce mode does.
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let shadowSent = log.outcomes.filter { $0["worker"] as? String != "enforcing" }.compactMap { $0["id"] as? String }
+        #expect(!shadowSent.isEmpty)
+        for id in shadowSent.prefix(20) {
+            let token = hexToken(0x6000 + Int(id.dropFirst("switch-".count))!)
+            #expect(try await client.send(RedisCommand("EXISTS", [RedisKeys.standard.seen(token: token, topic: "com.example.app", id: id)])).integer == 1, "\(id)")
+        }
+        await client.shutdown()
+        #expect(answers.values.allSatisfy { $0.filter { $0 != "duplicate" } == ["delivered"] }, "\(answers.filter { $0.value.filter { $0 != "duplicate" } != ["delivered"] })")
+        await shadow.stop()
     }
 
     /// The Live Activity budgets in shadow mode: spent and counted, never acted on — every
