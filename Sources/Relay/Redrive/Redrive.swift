@@ -82,27 +82,28 @@ public struct Redrive: Sendable {
                     decided: (Decision) -> Void = { _ in }) async throws -> Report {
         let now = now ?? APNsIdentifiers.epochMilliseconds()
         var report = Report()
-        var selection = RedriveSelection(filter: filter)
         let kafka = configuration.kafka
         // 1. The outcomes from `since` on.
         let reader = try KafkaTopicReader(bootstrapServers: kafka.brokers, topic: kafka.outcomesTopic, properties: kafka.consumerSettings,
                                           since: seeksByTime ? filter.since : nil)
-        let read = Locked<[RedriveSelection.Outcome]>([])
+        // Folded into the selection as they come: what it keeps is per intent, not per outcome read.
+        let folded = Locked(RedriveSelection(filter: filter))
         do {
             try await reader.readToEnd(timeout: timeout) { batch in
-                let outcomes = batch.compactMap { RedriveSelection.Outcome(json: $0.value) }
-                let total = read.withLock { read in
-                    read += outcomes
-                    return read.count
+                let total = folded.withLock { selection in
+                    for message in batch {
+                        if let outcome = RedriveSelection.Outcome(json: message.value) { selection.add(outcome) }
+                    }
+                    return selection.outcomesRead
                 }
-                if total / 10_000 != (total - outcomes.count) / 10_000 { progress("read \(total) outcomes") }
+                if total / 10_000 != (total - batch.count) / 10_000 { progress("read \(total) outcomes") }
             }
         } catch {
             await reader.close()
             throw error
         }
         await reader.close()
-        for outcome in read.withLock({ $0 }) { selection.add(outcome) }
+        let selection = folded.withLock { $0 }
         report.outcomesRead = selection.outcomesRead
         let (chosen, skipped) = selection.decide()
         func note(_ decision: Decision) {
