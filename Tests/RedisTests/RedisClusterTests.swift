@@ -310,10 +310,10 @@ struct RedisClusterChangeTests {
         let metrics = TestMetrics()
         var configuration = RedisConfiguration(url: try RedisURL(parsing: cluster.url))
         configuration.mode = .cluster
-        // Short, so that the node's grace (two call deadlines) passes soon; longer under a
-        // sanitizer, where a first call's connect and slot-map read took more than 500 ms in a
-        // full thread-sanitizer run.
-        configuration.commandTimeout = slowed(.milliseconds(500))
+        // Short enough that the node's grace (two call deadlines) passes well within the wait
+        // below; 500 ms was too short for a first call's connect and slot-map read in a loaded
+        // full run (plain, and under the thread sanitizer).
+        configuration.commandTimeout = slowed(.seconds(2))
         configuration.metricsFactory = metrics
         let client = try RedisClient(configuration: configuration)
         let ports = try cluster.masterPorts()
