@@ -30,6 +30,8 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// Whether the configured assignors rebalance cooperatively: what a rebalance goes by when
     /// librdkafka names no protocol (no assignor chosen yet).
     let configuredCooperative: Bool
+    /// What the rebalance callback saw of the group, for ``KafkaConsumer/close()`` to wait on.
+    let membership = AsyncWatched(GroupMembership())
 
     init(capacity: Int, outstandingLimit: Int = .max, cooperative: Bool = true, logger: Logger) {
         configuredCooperative = cooperative
@@ -93,6 +95,15 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     func push(_ event: KafkaConsumerEvent) -> Int {
         queue.offer(event) ?? 0
     }
+}
+
+/// What the rebalance callback has seen of this member's place in its group.
+struct GroupMembership: Sendable {
+    /// An assignment was served since the subscription (even an empty one): the member
+    /// completed a join and a sync.
+    var synced = false
+    /// Partitions assigned now.
+    var assigned = 0
 }
 
 /// A consumed message's headers, copied (a record without any: one librdkafka call answering
@@ -267,6 +278,8 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
             withPartitionList(pauseNow) { _ = rd_kafka_pause_partitions(rk, $0) }
         }
         shared.push(.assigned(changed))
+        let held = shared.flow.withLock { $0.assigned.count }
+        shared.membership.update { $0.synced = true; $0.assigned = held }
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
         // The application stops new work of these partitions and lets what is under way finish
         // first (bounded by the handler), so that the commit below covers it.
@@ -304,9 +317,13 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         } else {
             _ = rd_kafka_assign(rk, nil)
         }
-        shared.flow.withLock { $0.revoked(changed) }
+        let held = shared.flow.withLock { flow in
+            flow.revoked(changed)
+            return flow.assigned.count
+        }
         shared.handedOverOffsets.reset(changed)
         shared.push(.revoked(changed))
+        shared.membership.update { $0.assigned = held }
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
         let (assigned, paused) = shared.flow.withLock { flow in
@@ -317,6 +334,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         _ = rd_kafka_assign(rk, nil)
         shared.handedOverOffsets.resetAll()
         shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
+        shared.membership.update { $0.assigned = 0 }
     }
 }
 

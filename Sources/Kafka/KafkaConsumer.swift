@@ -217,8 +217,20 @@ public final class KafkaConsumer: Service, Sendable {
         shared.statistics.withLock { $0 = handler }
     }
 
-    /// Commits what is stored, leaves the group (revoking every partition) and ends ``events``.
-    /// Later calls wait for the first one to finish.
+    /// Leaves the group (revoking every partition, whose stored offsets are committed) and ends
+    /// ``events``. Later calls wait for the first one to finish.
+    ///
+    /// The member leaves while its poll thread still serves the group, and only then is
+    /// librdkafka's consumer closed, because librdkafka 2.0.2 aborts the process when a member is
+    /// closed at the wrong moment of a rebalance:
+    /// - one that joined the group but never completed a sync (`rd_kafka_sticky_assignor_state_destroy`,
+    ///   with the cooperative-sticky assignor): the close first waits, up to
+    ///   ``firstSyncTimeout``, for the assignment its join is about to receive;
+    /// - one closed while an assignment is still being applied (`rd_kafka_cgrp_terminated`): it
+    ///   unsubscribes first and waits, up to ``leaveTimeout``, until the revocation that follows
+    ///   is served (the revocation's commit and unassignment done).
+    /// Past either bound the close goes on (a member cut off from its coordinator has nothing to
+    /// wait for).
     public func close() async {
         let previous = polling.withLock { polling in
             defer { polling = .closed }
@@ -232,6 +244,7 @@ public final class KafkaConsumer: Service, Sendable {
         let (handle, shared) = (self.handle, self.shared)
         let poller: PollThread? = if case .running(let poller) = previous { poller } else { nil }
         let logger = self.logger
+        if poller != nil, !topics.isEmpty { await leaveGroup() }
         await runBlocking {
             poller?.stop()
             // The final commit can meet a rebalance or a coordinator change: try a few times.
@@ -249,6 +262,33 @@ public final class KafkaConsumer: Service, Sendable {
         shared.queue.finish()
         logger.info("consumer closed: offsets committed, left the group")
         closed.open()
+    }
+
+    /// How long ``close()`` waits for the sync of a join under way.
+    public static let firstSyncTimeout: Duration = .seconds(10)
+    /// How long ``close()`` waits for the revocation after its unsubscription: the revocation
+    /// handler's bound plus the revocation's commit attempts fit in it.
+    public static let leaveTimeout: Duration = .seconds(20)
+
+    /// Unsubscribes with the poll thread still running, and waits (bounded) until the member
+    /// holds no partition: see ``close()``.
+    private func leaveGroup() async {
+        let (handle, shared) = (self.handle, self.shared)
+        // librdkafka names a protocol once a JoinGroup was answered (an assignor is chosen).
+        let joined = await runBlocking { handle.withHandle { rd_kafka_rebalance_protocol($0) != nil } }
+        if joined, !(await shared.membership.wait(atMost: Self.firstSyncTimeout, until: { $0.synced })) {
+            logger.warning("closing before the group's first assignment arrived")
+        }
+        let unsubscribed = handle.withHandle { rd_kafka_unsubscribe($0) }
+        guard unsubscribed == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            logger.warning("unsubscribe failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(unsubscribed)))"])
+            return
+        }
+        let empty = await shared.membership.wait(atMost: Self.leaveTimeout) { $0.assigned == 0 }
+        let assigned = assignment
+        if !empty || !assigned.isEmpty {
+            logger.warning("closing with partitions still assigned", metadata: ["kafka.partitions": "\(assigned.count)"])
+        }
     }
 
     /// The current assignment.

@@ -432,3 +432,51 @@ struct KafkaStatisticsTests {
         }
     }
 }
+
+@Suite("Closing consumers while their group rebalances", .timeLimit(.minutes(3)))
+struct KafkaCloseDuringRebalanceTests {
+    /// Members of a group closed together while the group is still handing out partitions, with
+    /// lanes' topic queues and a revocation handler that takes a moment, as in the relay: each
+    /// leaves cleanly. librdkafka 2.0.2 aborted the test process here (in
+    /// `rd_kafka_sticky_assignor_state_destroy` for a cooperative-sticky member closed between
+    /// its join and its first sync; with `range`, once in a full relay test, in
+    /// `rd_kafka_cgrp_terminated`) before ``KafkaConsumer/close()`` left the group first.
+    @Test(arguments: ["range", "cooperative-sticky"])
+    func membersClosedDuringARebalanceLeaveCleanly(assignor: String) async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topics = [uniqueName("urgent"), uniqueName("bulk")]
+        for topic in topics { try cluster.createTopic(topic, partitions: 4) }
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for index in 0..<200 { _ = try await producer.send(topic: topics[index % 2], key: Array("k\(index)".utf8), value: [1]) }
+        await producer.close()
+        let properties = fastGroup.merging(["partition.assignment.strategy": assignor, "enable.auto.commit": "false"]) { $1 }
+        for _ in 0..<6 {
+            let group = uniqueName("group")
+            let members = try (0..<4).map { _ in
+                try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: topics, properties: properties,
+                                  topicQueues: true)
+            }
+            // As the relay does: a revocation lets the work under way finish first.
+            for member in members { member.onRevoking { _, _ in usleep(20_000) } }
+            let firstAssignment = AsyncLatch()
+            let draining = members.map { member in
+                Task {
+                    for await event in member.events {
+                        if case .assigned(let assigned) = event, !assigned.isEmpty { firstAssignment.open() }
+                        if case .messages(let batch) = event {
+                            for message in batch { try? member.storeOffset(message.topicPartition, offset: message.offset) }
+                            member.release(topic: batch[0].topicPartition.topic, records: batch.count)
+                        }
+                    }
+                }
+            }
+            // The first assignment anywhere: the others are joining, the group rebalances.
+            #expect(await firstAssignment.wait(atMost: .seconds(30)))
+            await withTaskGroup(of: Void.self) { closing in
+                for member in members { closing.addTask { await member.close() } }
+            }
+            for task in draining { await task.value }
+            for member in members { #expect(member.assignment.isEmpty) }
+        }
+    }
+}
