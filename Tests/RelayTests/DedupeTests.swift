@@ -3,7 +3,7 @@ import APNsSimulator
 import Foundation
 import Kafka
 import Redis
-import Relay
+@testable import Relay
 import TestSupport
 import Testing
 import RedisTesting
@@ -189,6 +189,67 @@ struct DedupeTests {
         #expect(after.compactMap { $0["status"] as? String } == ["delivered", "duplicate"], "\(after)")
         #expect(harness.simulator.accepted.filter { $0.apnsID == APNsIdentifiers.format(Intent.apnsID(for: "o-after")) }.count == 1)
         #expect(try await harness.stopExpectingOneOutcomeEach().count == answered)
+    }
+
+    /// Review N7: Redis refuses every write (out of memory) while intents are at APNs, and a
+    /// second relay joins the group. The first relay's revocation waits past its shutdown
+    /// deadline (2 s) while Redis fails, so the answers it has are recorded before the partitions
+    /// move: the next owner finds their records, and no intent reaches APNs twice. (A paused
+    /// `redis-server` would not show it: the writes in its socket's buffer are executed when
+    /// it resumes, however long ago the relay gave up on them.)
+    @Test func aRedisPauseOverlappingARevocationSendsNothingTwice() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .seconds(1) }, configureRelay: {
+            $0.redis.url = redis.url
+            $0.redis.timeoutMilliseconds = 300 * sanitizerSlowdown
+            $0.policy.dedupeWindowSeconds = 3600
+            $0.shutdownDeadlineSeconds = 2
+            // Kafka gives a member its rebalance timeout (`max.poll.interval.ms`, 5 minutes) to
+            // rejoin; the mock coordinator holds every rebalance open for the session timeout
+            // less a second, and evicts a member that has not rejoined by then: 9 s, for a
+            // revocation that waits out the outage below.
+            $0.kafka.properties["session.timeout.ms"] = "10000"
+        })
+        let count = 300
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
+            let token = hexToken(0x3000 + $0)
+            return (Array(token.utf8), Array(intent("n7-\($0)", token: token).utf8))
+        })
+        // Most of them at APNs (every partition's), then Redis refuses writes.
+        try await waitUntil { harness.pipeline.inFlight >= 200 }
+        let noRoom = try LoopbackRedisCommand.run(port: redis.port, ["CONFIG", "SET", "maxmemory", "1"])
+        #expect(noRoom.hasPrefix("OK"))
+        // Answers from APNs now wait for their records.
+        try await waitUntil { harness.simulator.accepted.count >= harness.published.value.all.count + 100 }
+        let second = try RelayApplication(configuration: harness.configuration, worker: "second")
+        let running = Task { await second.run() }
+        // The outage goes on well past the revocation's usual wait (the shutdown deadline).
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.state.withLock { !$0.partitions.revoking.isEmpty } }
+        try await Task.sleep(for: .seconds(4))
+        #expect(try LoopbackRedisCommand.run(port: redis.port, ["CONFIG", "SET", "maxmemory", "0"]).hasPrefix("OK"))
+        try await waitUntil(timeout: .seconds(90)) { Set(harness.simulator.accepted.map(\.apnsID)).count >= count }
+        // The second relay took its share over and consumed it from the revocation's commit, up
+        // to the end: the group committed every intent.
+        try await waitUntil(timeout: .seconds(60)) { !second.pipeline.ownedPartitions.isEmpty }
+        try await waitUntil(timeout: .seconds(60)) { (try? await harness.committedTotal()) == Int64(count) }
+        #expect(await harness.pipeline.idle(within: .seconds(30)))
+        #expect(await second.pipeline.idle(within: .seconds(30)))
+        let accepted = harness.simulator.accepted.map(\.apnsID)
+        let refused = harness.pipeline.revocationCommitFailures + second.pipeline.revocationCommitFailures
+        let summary = "outcomes: \(harness.pipeline.outcomeCounts) and \(second.pipeline.outcomeCounts); revocation commits refused: \(refused)"
+        #expect(Set(accepted).count == count, "\(summary)")
+        // The mock coordinator may refuse the revocation's commit (see
+        // `aRebalanceUnderLoadSendsNoIntentFromBothRelays`): a redelivery then finds its record
+        // and comes out `duplicate`, it is not sent again. So every intent reaches APNs once.
+        #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(summary)")
+        let published = (harness.pipeline.outcomeCounts.values.reduce(0, +) + second.pipeline.outcomeCounts.values.reduce(0, +))
+        let outcomes = try await harness.outcomes(count: published)
+        let answered = Dictionary(grouping: outcomes.filter { $0["status"] as? String != "duplicate" }) { $0["id"] as? String ?? "" }
+        #expect(answered.count == count)
+        #expect(answered.values.allSatisfy { $0.count == 1 }, "\(answered.filter { $0.value.count > 1 }.keys.sorted().prefix(10))")
+        second.requestStop()
+        await running.value
+        await harness.stop()
     }
 
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {

@@ -61,12 +61,23 @@ extension RelayPipeline {
     }
 
     static let revocationWaitLimitSeconds = 60
+    /// How long a revocation goes on waiting past its usual bound while Redis fails: well inside
+    /// librdkafka's `max.poll.interval.ms` (300 s by default), past which the group would take
+    /// the partitions away without a commit.
+    static let revocationRedisWaitLimitSeconds = 180
 
     /// On the consumer's poll thread, before a revocation's commit: no new work of
     /// `partitions` starts from now on, and, unless the assignment was lost, this waits (up to
     /// the shutdown deadline, 60 s at most) until their requests at APNs were answered and
     /// concluded, their offsets stored, so that the commit covers them up to the partition's
     /// first unfinished intent and the next owner does not send them again.
+    ///
+    /// While Redis fails (without `redis.fail_open`), a relay that is not stopping goes on
+    /// waiting, up to ``revocationRedisWaitLimitSeconds`` in all: the answers APNs gave wait for
+    /// their records, and a partition moved before they land has its next owner, finding no
+    /// record, send them again. The partitions could not go on elsewhere meanwhile anyway: their
+    /// next owner needs Redis to admit anything. A stopping relay keeps the usual bound, which
+    /// its pod's grace period counts on.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
         let semaphore = DispatchSemaphore(value: 0)
         let settled = state.withLock { state -> Bool in
@@ -81,12 +92,34 @@ extension RelayPipeline {
         guard !settled else { return }
         // Well inside librdkafka's max.poll.interval.ms (300 s by default): the poll thread waits.
         let bound = min(configuration.shutdownDeadlineSeconds, Self.revocationWaitLimitSeconds)
-        if semaphore.wait(timeout: .now() + .seconds(bound)) == .timedOut {
+        let started = ContinuousClock.now
+        var waited = semaphore.wait(timeout: .now() + .seconds(bound))
+        if waited == .timedOut, awaitsRedis {
+            logger.warning("revocation waits for Redis: answers from APNs wait for their records", metadata: [
+                "kafka.partitions": "\(partitions.map(\.partition))",
+            ])
+            let limit = started + .seconds(Self.revocationRedisWaitLimitSeconds)
+            while waited == .timedOut, awaitsRedis, ContinuousClock.now < limit {
+                waited = semaphore.wait(timeout: .now() + .seconds(1))
+            }
+            // Redis answers again: the records retrying land within a backoff step or two.
+            let rest = min(limit - ContinuousClock.now, backoff.maximum + .seconds(bound))
+            if waited == .timedOut, rest > .zero {
+                waited = semaphore.wait(timeout: .now() + .milliseconds(Int(rest.totalMilliseconds)))
+            }
+        }
+        if waited == .timedOut {
             state.withLock { $0.revokeWaiter = nil }
             logger.warning("revocation goes on with work still at APNs (its next owner may send it again)", metadata: [
-                "kafka.partitions": "\(partitions.map(\.partition))", "relay.waited_seconds": "\(bound)",
+                "kafka.partitions": "\(partitions.map(\.partition))",
+                "relay.waited_seconds": "\((ContinuousClock.now - started).components.seconds)",
             ])
         }
+    }
+
+    /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``).
+    private var awaitsRedis: Bool {
+        !configuration.redis.failOpen && !stopping.isOpen && incidents.value.redisTrouble != nil
     }
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its
