@@ -26,6 +26,10 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// Poll thread only: what was handed over per partition, so that a record librdkafka
     /// delivers a second time within one assignment is skipped (``HandedOverOffsets``).
     var handedOverOffsets = HandedOverOffsets()
+    /// Poll thread only: the records the main queue's poll collected so far, not handed over
+    /// yet. A rebalance callback served in the middle of that poll hands them over before its
+    /// own event, so that no record taken before a revocation reaches the application after it.
+    var collecting: [KafkaMessage] = []
 
     /// Whether the configured assignors rebalance cooperatively: what a rebalance goes by when
     /// librdkafka names no protocol (no assignor chosen yet).
@@ -177,16 +181,15 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
 /// application in one batch, with errors between them; callbacks run. Waits `timeout` ms for
 /// the first event. Returns the records handed over.
 private func pollMainQueue(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int, timeout: Int32) -> Int {
-    var batch: [KafkaMessage] = []
     var total = 0
     handle.withHandle { rk in
         var timeout = timeout
-        while batch.count < batchSize, let message = rd_kafka_consumer_poll(rk, timeout) {
+        while shared.collecting.count < batchSize, let message = rd_kafka_consumer_poll(rk, timeout) {
             timeout = 0
-            total += take(message, into: &batch, shared)
+            total += take(message, into: &shared.collecting, shared)
         }
     }
-    return total + handOver(&batch, shared)
+    return total + handOver(&shared.collecting, shared)
 }
 
 /// Takes from each topic's queue that has room, without waiting. Returns the records handed over.
@@ -257,6 +260,9 @@ private func handOver(_ batch: inout [KafkaMessage], _ shared: ConsumerShared) -
 let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?) -> Void = { rk, error, list, opaque in
     guard let rk, let opaque else { return }
     let shared = Unmanaged<ConsumerShared>.fromOpaque(opaque).takeUnretainedValue()
+    // Records taken before this rebalance go first (served on the poll thread, or by the
+    // consumer's close once that thread stopped: then there are none).
+    _ = handOver(&shared.collecting, shared)
     let changed = partitions(of: list)
     // librdkafka answers NULL when it has chosen no assignor yet (seen with an eager assignor's
     // first rebalance failing): the configuration says then.
