@@ -92,6 +92,50 @@ struct ChannelRelayTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// `policy.channels.rate_limit`: a burst of updates on a channel that stores the most recent
+    /// message goes out as the channel's bucket allows. Past it the newest update waits in the
+    /// channel's mailbox and the older ones are `coalesced` by it; on a No-Message-Stored channel
+    /// (expiration 0, nothing can wait) the newest goes when the bucket allows, else `expired`.
+    /// The device rate limit still does not apply to channels.
+    @Test(arguments: RedisKind.allCases)
+    func aChannelsUpdatesArePacedByItsOwnBucket(_ kind: RedisKind) async throws {
+        let redis = try await TestRedis.start(kind)
+        let harness = try await RelayHarness.start(configureRelay: {
+            redis.apply(to: &$0)
+            $0.policy.dedupeWindowSeconds = 3600
+            $0.policy.defaults.rateLimit = .init(burst: 100, refillPerSecond: 100)
+            // Two at once, then one every 2 s.
+            $0.policy.channels.rateLimit = .init(burst: 2, refillPerSecond: 0.5)
+            $0.policy.mailboxPollMilliseconds = 50
+        })
+        let stored = try #require(try await Self.channels(harness, ["create", "--storage-policy", "1"]).lines.first?["channel_id"] as? String)
+        let unstored = try #require(try await Self.channels(harness, ["create", "--storage-policy", "0"]).lines.first?["channel_id"] as? String)
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (1...6).map {
+            (Array(stored.utf8), Array(Self.intent("kept-\($0)", channel: stored).utf8))
+        } + (1...4).map {
+            (Array(unstored.utf8), Array(Self.intent("now-\($0)", channel: unstored, extra: #","message_storage_policy":0"#).utf8))
+        })
+        let outcomes = try await harness.outcomes(count: 10)
+        let status = Dictionary(uniqueKeysWithValues: outcomes.compactMap { outcome in
+            (outcome["id"] as? String).map { ($0, outcome["status"] as? String ?? "") }
+        })
+        // The stored channel: two at once, the newest waits and goes out, the rest coalesced by it.
+        #expect(status["kept-1"] == "delivered" && status["kept-2"] == "delivered", "\(status)")
+        #expect(status["kept-6"] == "delivered", "\(status)")
+        #expect((3...5).allSatisfy { status["kept-\($0)"] == "coalesced" }, "\(status)")
+        let superseded = outcomes.filter { $0["status"] as? String == "coalesced" }.map { $0["superseded_by"] as? String }
+        #expect(superseded == ["kept-6", "kept-6", "kept-6"], "\(superseded)")
+        // It waited for the channel's next token (2 s).
+        let waited = try #require(outcomes.first { $0["id"] as? String == "kept-6" })
+        #expect((waited["latency_ms"] as? Int ?? 0) >= 1500, "\(waited)")
+        // The unstored channel: two at once; the two left cannot wait (expiration 0): expired.
+        #expect(status["now-1"] == "delivered" && status["now-2"] == "delivered", "\(status)")
+        #expect(status["now-3"] == "expired" && status["now-4"] == "expired", "\(status)")
+        let broadcasts = harness.simulator.broadcasts
+        #expect(broadcasts.filter { $0.channelID == stored }.count == 3 && broadcasts.filter { $0.channelID == unstored }.count == 2)
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     /// Every broadcast reason an intent can meet maps to its outcome: the ones the relay sees
     /// first are `invalid` under APNs' name, the ones only APNs (the simulator) knows come back
     /// as APNs answered them.

@@ -433,6 +433,28 @@ struct ConfigurationTests {
         }
     }
 
+    /// `policy.channels.rate_limit`: off unless set, read from the file and the environment, kept
+    /// through the redacted YAML, and refused by name out of range or with an unknown key.
+    @Test func theChannelsRateLimitIsReadOnItsOwn() throws {
+        let defaults = try RelayConfiguration.load(yaml: "", environment: [:]).policy.channels.rateLimit
+        #expect(!defaults.isEnabled)
+        let configuration = try RelayConfiguration.load(yaml: """
+            policy:
+              rate_limit: {burst: 3, refill_per_second: 0.05}
+              channels:
+                rate_limit: {burst: 4}
+            """, environment: ["APNS_RELAY_POLICY_CHANNELS_RATE_LIMIT_REFILL_PER_SECOND": "0.5"])
+        #expect(configuration.policy.channels.rateLimit == .init(burst: 4, refillPerSecond: 0.5))
+        #expect(configuration.policy.defaults.rateLimit == .init(burst: 3, refillPerSecond: 0.05))
+        #expect(try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:]).policy.channels == configuration.policy.channels)
+        do {
+            _ = try RelayConfiguration.load(yaml: "policy:\n  channels: {rate_limit: {burst: -1}, limit: 1}\n", environment: [:])
+            Issue.record("a bad channel rate limit was accepted")
+        } catch let error as ConfigurationError {
+            #expect(Set(error.issues.map(\.key)) == ["policy.channels.rate_limit.burst", "policy.channels.limit"])
+        }
+    }
+
     /// `redis.key_prefix`: today's keys unless set; a prefix with braces (which would move every
     /// key's hash tag), spaces or nothing in it is refused.
     @Test func theRedisKeyPrefixKeepsTheHashTagsWhereTheyAre() throws {

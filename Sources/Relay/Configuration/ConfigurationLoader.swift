@@ -147,7 +147,8 @@ struct ConfigurationReader {
         readRedis(mapping(top["redis"], key: "redis") ?? [:], into: &configuration)
 
         let policy = mapping(top["policy"], key: "policy") ?? [:]
-        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "mode", "topics", "mailbox_poll_ms",
+        checkKnown(policy, prefix: "policy.", known: ["dedupe_window_seconds", "rate_limit", "coalesce", "live_activity", "mode", "topics", "channels",
+                                                           "mailbox_poll_ms",
                                                            "mailbox_claim_lease_seconds",
                                                            "backoff_initial_seconds", "backoff_max_seconds", "skip_known_unregistered",
                                                            "known_unregistered_ttl_seconds"])
@@ -165,6 +166,10 @@ struct ConfigurationReader {
         }
         configuration.policy.knownUnregisteredTTLSeconds = Int64(integer(policy, "policy.known_unregistered_ttl_seconds",
                                                                          default: 2_592_000, range: 60...315_360_000))
+        let channels = mapping(policy["channels"], key: "policy.channels") ?? [:]
+        checkKnown(channels, prefix: "policy.channels.", known: ["rate_limit"])
+        configuration.policy.channels.rateLimit = readRateLimit(mapping(channels["rate_limit"], key: "policy.channels.rate_limit") ?? [:],
+                                                                prefix: "policy.channels.", base: configuration.policy.channels.rateLimit)
         if let topics = mapping(policy["topics"], key: "policy.topics") {
             for (topic, value) in topics.sorted(by: { $0.key < $1.key }) {
                 let prefix = "policy.topics.\(topic)."
@@ -209,11 +214,21 @@ struct ConfigurationReader {
         }
     }
 
+    /// The token bucket under `prefix` + `rate_limit.`, keys absent taking `base`'s values.
+    private mutating func readRateLimit(_ limit: [String: Any], prefix: String, base: RelayConfiguration.Policy.RateLimit,
+                                        overridable: Bool = true) -> RelayConfiguration.Policy.RateLimit {
+        for name in ["burst", "refill_per_second"] { knownKeys.insert(prefix + "rate_limit." + name) }
+        checkKnown(limit, prefix: prefix + "rate_limit.", known: ["burst", "refill_per_second"])
+        return RelayConfiguration.Policy.RateLimit(
+            burst: integer(limit, prefix + "rate_limit.burst", default: base.burst, range: 0...100_000, overridable: overridable),
+            refillPerSecond: number(limit, prefix + "rate_limit.refill_per_second", default: base.refillPerSecond,
+                                    range: 0.000_1...10_000, overridable: overridable))
+    }
+
     /// Policy rules under `prefix`, keys absent taking `base`'s values.
     private mutating func readRules(_ fields: [String: Any], prefix: String, base: RelayConfiguration.Policy.Rules,
                                     overridable: Bool = true) -> RelayConfiguration.Policy.Rules {
         var rules = base
-        for name in ["burst", "refill_per_second"] { knownKeys.insert(prefix + "rate_limit." + name) }
         rules.dedupeWindowSeconds = Int64(integer(fields, prefix + "dedupe_window_seconds", default: Int(base.dedupeWindowSeconds),
                                                   range: 1...2_592_000, overridable: overridable))
         rules.coalesce = bool(fields, prefix + "coalesce", default: base.coalesce, overridable: overridable)
@@ -224,17 +239,10 @@ struct ConfigurationReader {
             issues.append(.init(key: prefix + "mode", value: describe(mode), allowed: "enforce or shadow"))
         }
         if let limit = mapping(fields["rate_limit"], key: prefix + "rate_limit") {
-            checkKnown(limit, prefix: prefix + "rate_limit.", known: ["burst", "refill_per_second"])
-            rules.rateLimit.burst = integer(limit, prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000,
-                                            overridable: overridable)
-            rules.rateLimit.refillPerSecond = number(limit, prefix + "rate_limit.refill_per_second",
-                                                     default: base.rateLimit.refillPerSecond, range: 0.000_1...10_000,
-                                                     overridable: overridable)
+            rules.rateLimit = readRateLimit(limit, prefix: prefix, base: base.rateLimit, overridable: overridable)
         } else if overridable {
             // Environment overrides apply to the global rules even without the mapping in the file.
-            rules.rateLimit.burst = integer([:], prefix + "rate_limit.burst", default: base.rateLimit.burst, range: 0...100_000)
-            rules.rateLimit.refillPerSecond = number([:], prefix + "rate_limit.refill_per_second",
-                                                     default: base.rateLimit.refillPerSecond, range: 0.000_1...10_000)
+            rules.rateLimit = readRateLimit([:], prefix: prefix, base: base.rateLimit)
         }
         let budgets = prefix + "live_activity."
         for name in ["priority10_per_hour", "starts_per_window", "start_window_seconds"] { knownKeys.insert(budgets + name) }

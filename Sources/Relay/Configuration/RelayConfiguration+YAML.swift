@@ -82,9 +82,12 @@ extension RelayConfiguration {
         lines.append("  tls_cert_file: \(quote(redis.tlsCertFile))")
         lines.append("  tls_key_file: \(quote(redis.tlsKeyFile))")
         lines.append("policy:")
+        func rateLimit(_ limit: Policy.RateLimit) -> String {
+            "rate_limit: {burst: \(limit.burst), refill_per_second: \(limit.refillPerSecond)}"
+        }
         func rules(_ rules: Policy.Rules, indent: String) {
             lines.append("\(indent)dedupe_window_seconds: \(rules.dedupeWindowSeconds)")
-            lines.append("\(indent)rate_limit: {burst: \(rules.rateLimit.burst), refill_per_second: \(rules.rateLimit.refillPerSecond)}")
+            lines.append("\(indent)\(rateLimit(rules.rateLimit))")
             lines.append("\(indent)coalesce: \(rules.coalesce)")
             lines.append("\(indent)mode: \(rules.mode.rawValue)")
             let live = rules.liveActivity
@@ -92,6 +95,7 @@ extension RelayConfiguration {
                          + "start_window_seconds: \(live.startWindowSeconds)}")
         }
         rules(policy.defaults, indent: "  ")
+        lines.append("  channels: {\(rateLimit(policy.channels.rateLimit))}")
         lines.append("  mailbox_poll_ms: \(policy.mailboxPollMilliseconds)")
         lines.append("  mailbox_claim_lease_seconds: \(policy.mailboxClaimLeaseSeconds)")
         lines.append("  backoff_initial_seconds: \(policy.backoffInitialSeconds)")

@@ -314,8 +314,21 @@ public struct RelayConfiguration: Sendable {
             public init() {}
         }
 
+        /// What applies to broadcast channels (with Redis): one token bucket per channel and
+        /// app, since an update reaches every subscriber at once. Off by default (`burst` 0): a
+        /// channel's sender knows its cadence, and a limit makes updates wait. Past it, the
+        /// newest update waits in the channel's mailbox (a channel with storage policy 1) and the
+        /// older ones are `coalesced` by it; a No-Message-Stored channel's update (expiration 0)
+        /// cannot wait: the newest of a batch goes when the bucket allows, else `expired`.
+        public struct Channels: Sendable, Equatable {
+            public var rateLimit = RateLimit(burst: 0, refillPerSecond: 0.1)
+
+            public init() {}
+        }
+
         /// The global rules.
         public var defaults = Rules()
+        public var channels = Channels()
         /// Per-topic rules (complete: overrides merged with the global rules when loaded).
         public var topics: [String: Rules] = [:]
         /// How often the owner of a partition looks for mailboxes that became due.

@@ -48,10 +48,10 @@ extension RelayPipeline {
         guard let policy, case .success(let intent) = item.intent else { return Ending(parked: true) }
         let now = nowMilliseconds()
         let indexed: Void? = await withRedisRetries(item) { () throws(RedisError) in
-            try await policy.ensureIndexed(partition: item.partition, token: intent.token, topic: intent.topic,
+            try await policy.ensureIndexed(partition: item.partition, token: intent.recipient, topic: intent.topic,
                                            id: intent.id, now: now)
         }
-        if indexed != nil { await handOverDisplaced(token: intent.token, topic: intent.topic, keeper: intent.id, item, policy) }
+        if indexed != nil { await handOverDisplaced(token: intent.recipient, topic: intent.topic, keeper: intent.id, item, policy) }
         return indexed != nil || (isCurrent(item) && !Task.isCancelled) ? Ending(parked: true) : Ending()
     }
 

@@ -42,6 +42,7 @@ enum BatchAdmission {
     /// `readsUnregistered`: each group also reads the pair's remembered 410
     /// (`policy.skip_known_unregistered`).
     static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (String) -> RelayConfiguration.Policy.Rules,
+                      channels: RelayConfiguration.Policy.Channels = .init(),
                       readsUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
         func collapseKey(_ intent: Intent) -> CollapseKey? {
@@ -69,7 +70,7 @@ enum BatchAdmission {
                 group = groups.count
                 groupIndex[key] = group
                 groups.append(DevicePolicy.Group(token: key.token, topic: intent.topic,
-                                                 rules: intent.channelID == nil ? rules(intent.topic) : channelRules(rules(intent.topic))))
+                                                 rules: intent.channelID == nil ? rules(intent.topic) : channelRules(rules(intent.topic), channels)))
                 // A channel has no 410 to remember.
                 groups[group].readsUnregistered = readsUnregistered && intent.channelID == nil
                 members.append([])
@@ -84,12 +85,16 @@ enum BatchAdmission {
         }
     }
 
-    /// The rules for a channel's intents: its topic's dedupe window, and nothing of a device's
-    /// (no token bucket, no collapsing; a channel has no mailbox and no backoff).
-    static func channelRules(_ topicRules: RelayConfiguration.Policy.Rules) -> RelayConfiguration.Policy.Rules {
+    /// The rules for a channel's intents: its topic's dedupe window and mode, the channels' own
+    /// token bucket (`policy.channels.rate_limit`, off by default), and nothing else of a
+    /// device's (no collapsing by collapse id, no 429 backoff). Past the bucket an update
+    /// waits in the channel's mailbox like a device's (``apply(_:to:_:_:)``).
+    static func channelRules(_ topicRules: RelayConfiguration.Policy.Rules,
+                             _ channels: RelayConfiguration.Policy.Channels) -> RelayConfiguration.Policy.Rules {
         var rules = RelayConfiguration.Policy.Rules()
         rules.dedupeWindowSeconds = topicRules.dedupeWindowSeconds
-        rules.rateLimit.burst = 0
+        rules.mode = topicRules.mode
+        rules.rateLimit = channels.rateLimit
         rules.coalesce = false
         return rules
     }

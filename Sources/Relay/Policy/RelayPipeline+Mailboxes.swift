@@ -20,7 +20,7 @@ extension RelayPipeline {
         // While the park is under way (asked again after a failure, say, when its replicas did
         // not acknowledge it in time) this relay's deliverer does not take the entry: a take
         // between two tries would be undone by the second.
-        let member = RedisKeys.member(token: intent.token, topic: intent.topic, id: intent.id)
+        let member = RedisKeys.member(token: intent.recipient, topic: intent.topic, id: intent.id)
         let guarded = state.withLock { $0.mailboxJobs.insert(member).inserted }
         defer { if guarded { _ = state.withLock { $0.mailboxJobs.remove(member) } } }
         // One owner over the tries: a try whose reply was lost leased the displaced entries to it.
@@ -28,14 +28,14 @@ extension RelayPipeline {
         guard let parked = await withRedisRetries(item, { () throws(RedisError) in
             // Each try at its own time: the hand-over leases it grants run from then.
             let now = nowMilliseconds()
-            return try await policy.park(token: intent.token, topic: intent.topic, id: intent.id, entry: entry,
+            return try await policy.park(token: intent.recipient, topic: intent.topic, id: intent.id, entry: entry,
                                          due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
         }
-        await handOver(parked.displaced, by: parked.keeper, token: intent.token, topic: intent.topic, item, policy)
+        await handOver(parked.displaced, by: parked.keeper, token: intent.recipient, topic: intent.topic, item, policy)
         return true
     }
 
