@@ -110,7 +110,7 @@ struct InspectCommand: AsyncParsableCommand {
         if let sending = records.sending {
             Terminal.line("being sent: \(sending.id) (claim ends \(sending.at.map(when) ?? "?")): \(sending.intentJSON)")
         }
-        let limit = policy.rules(for: topic).rateLimit
+        let limit = policy.rules(for: topic, recipient: token).rateLimit
         if !limit.isEnabled {
             Terminal.line("bucket: rate limit off for \(topic)")
         } else {

@@ -264,9 +264,10 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
     // consumer's close once that thread stopped: then there are none).
     _ = handOver(&shared.collecting, shared)
     let changed = partitions(of: list)
-    // librdkafka answers NULL when it has chosen no assignor yet (seen with an eager assignor's
-    // first rebalance failing): the configuration says then.
-    let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) == "COOPERATIVE" } ?? shared.configuredCooperative
+    // librdkafka names no protocol ("NONE", or NULL when asking failed) before it has chosen an
+    // assignor (seen with an eager assignor's first rebalance failing): the configuration says then.
+    let named = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) }
+    let cooperative = named == nil || named == "NONE" ? shared.configuredCooperative : named == "COOPERATIVE"
     switch error {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
         shared.handedOverOffsets.reset(changed)

@@ -244,7 +244,11 @@ public final class KafkaConsumer: Service, Sendable {
         let (handle, shared) = (self.handle, self.shared)
         let poller: PollThread? = if case .running(let poller) = previous { poller } else { nil }
         let logger = self.logger
-        if poller != nil, !topics.isEmpty { await leaveGroup() }
+        if poller != nil, !topics.isEmpty, failure == nil {
+            // Not cut short if the closing task is cancelled: that would reopen the moments
+            // librdkafka aborts in.
+            await Task { await self.leaveGroup() }.value
+        }
         await runBlocking {
             poller?.stop()
             // The final commit can meet a rebalance or a coordinator change: try a few times.
@@ -274,18 +278,25 @@ public final class KafkaConsumer: Service, Sendable {
     /// holds no partition: see ``close()``.
     private func leaveGroup() async {
         let (handle, shared) = (self.handle, self.shared)
-        // librdkafka names a protocol once a JoinGroup was answered (an assignor is chosen).
-        let joined = await runBlocking { handle.withHandle { rd_kafka_rebalance_protocol($0) != nil } }
+        // librdkafka names a protocol once a JoinGroup was answered (an assignor is chosen),
+        // "NONE" before.
+        let joined = await runBlocking {
+            handle.withHandle { rk in rd_kafka_rebalance_protocol(rk).map { String(cString: $0) != "NONE" } ?? false }
+        }
         if joined, !(await shared.membership.wait(atMost: Self.firstSyncTimeout, until: { $0.synced })) {
             logger.warning("closing before the group's first assignment arrived")
         }
-        let unsubscribed = handle.withHandle { rd_kafka_unsubscribe($0) }
+        // Nobody reads the events any more: what is assigned stops fetching, so that records
+        // do not pile up while the group is left.
+        let held = assignment
+        if !held.isEmpty { pause(held) }
+        let unsubscribed = await runBlocking { handle.withHandle { rd_kafka_unsubscribe($0) } }
         guard unsubscribed == RD_KAFKA_RESP_ERR_NO_ERROR else {
             logger.warning("unsubscribe failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(unsubscribed)))"])
             return
         }
         let empty = await shared.membership.wait(atMost: Self.leaveTimeout) { $0.assigned == 0 }
-        let assigned = assignment
+        let assigned = await runBlocking { [self] in assignment }
         if !empty || !assigned.isEmpty {
             logger.warning("closing with partitions still assigned", metadata: ["kafka.partitions": "\(assigned.count)"])
         }

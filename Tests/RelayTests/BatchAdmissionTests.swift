@@ -16,8 +16,8 @@ struct BatchAdmissionTests {
         return IntentTests.parse("{" + fields.joined(separator: ",") + "}")
     }
 
-    static func rules(coalesce: Bool = true) -> (String) -> RelayConfiguration.Policy.Rules {
-        { _ in
+    static func rules(coalesce: Bool = true) -> (String, String) -> RelayConfiguration.Policy.Rules {
+        { _, _ in
             var rules = RelayConfiguration.Policy.Rules()
             rules.coalesce = coalesce
             return rules

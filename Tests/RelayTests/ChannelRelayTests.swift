@@ -103,7 +103,7 @@ struct ChannelRelayTests {
         let harness = try await RelayHarness.start(configureRelay: {
             redis.apply(to: &$0)
             $0.policy.dedupeWindowSeconds = 3600
-            $0.policy.defaults.rateLimit = .init(burst: 100, refillPerSecond: 100)
+            // The device limit (the default one) is not the channel's.
             // Two at once, then one every 2 s.
             $0.policy.channels.rateLimit = .init(burst: 2, refillPerSecond: 0.5)
             $0.policy.mailboxPollMilliseconds = 50

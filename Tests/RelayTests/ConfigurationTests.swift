@@ -446,6 +446,11 @@ struct ConfigurationTests {
             """, environment: ["APNS_RELAY_POLICY_CHANNELS_RATE_LIMIT_REFILL_PER_SECOND": "0.5"])
         #expect(configuration.policy.channels.rateLimit == .init(burst: 4, refillPerSecond: 0.5))
         #expect(configuration.policy.defaults.rateLimit == .init(burst: 3, refillPerSecond: 0.05))
+        // What admissions and mailbox takes go by, per recipient: a channel's bucket is its own.
+        let channel = configuration.policy.rules(for: "com.example.app", recipient: "channel:dHN0")
+        #expect(channel.rateLimit == .init(burst: 4, refillPerSecond: 0.5) && !channel.coalesce)
+        #expect(configuration.policy.rules(for: "com.example.app", recipient: String(repeating: "ab", count: 32)).rateLimit
+            == .init(burst: 3, refillPerSecond: 0.05))
         #expect(try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:]).policy.channels == configuration.policy.channels)
         do {
             _ = try RelayConfiguration.load(yaml: "policy:\n  channels: {rate_limit: {burst: -1}, limit: 1}\n", environment: [:])

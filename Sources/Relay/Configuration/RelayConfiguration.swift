@@ -314,12 +314,12 @@ public struct RelayConfiguration: Sendable {
             public init() {}
         }
 
-        /// What applies to broadcast channels (with Redis): one token bucket per channel and
-        /// app, since an update reaches every subscriber at once. Off by default (`burst` 0): a
-        /// channel's sender knows its cadence, and a limit makes updates wait. Past it, the
-        /// newest update waits in the channel's mailbox (a channel with storage policy 1) and the
-        /// older ones are `coalesced` by it; a No-Message-Stored channel's update (expiration 0)
-        /// cannot wait: the newest of a batch goes when the bucket allows, else `expired`.
+        /// What applies to broadcast channels (with Redis): one token bucket per channel, since
+        /// an update reaches every subscriber at once. Off by default (`burst` 0): a channel's
+        /// sender knows its cadence, and a limit makes updates wait. Past it, the newest update
+        /// waits in the channel's mailbox (a channel with storage policy 1) and the older ones
+        /// are `coalesced` by it; a No-Message-Stored channel's update (expiration 0) cannot
+        /// wait: it comes out `expired` (a batch's updates take the tokens in order).
         public struct Channels: Sendable, Equatable {
             public var rateLimit = RateLimit(burst: 0, refillPerSecond: 0.1)
 
@@ -358,6 +358,21 @@ public struct RelayConfiguration: Sendable {
         /// The rules that apply to `topic`.
         public func rules(for topic: String) -> Rules {
             topics.isEmpty ? defaults : topics[topic] ?? defaults
+        }
+
+        /// The rules for `recipient` (``Intent/recipient``) under `topic`: the topic's, or for a
+        /// broadcast channel (`channel:<id>`) the topic's dedupe window and mode with the
+        /// channels' own token bucket, and nothing else of a device's (no collapsing by collapse
+        /// id, no 429 backoff).
+        public func rules(for topic: String, recipient: String) -> Rules {
+            let topicRules = rules(for: topic)
+            guard recipient.hasPrefix(Intent.channelRecipientPrefix) else { return topicRules }
+            var rules = Rules()
+            rules.dedupeWindowSeconds = topicRules.dedupeWindowSeconds
+            rules.mode = topicRules.mode
+            rules.rateLimit = channels.rateLimit
+            rules.coalesce = false
+            return rules
         }
 
         /// The longest dedupe window of any topic (records that serve every topic keep this long).

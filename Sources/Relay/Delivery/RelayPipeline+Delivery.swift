@@ -67,7 +67,8 @@ extension RelayPipeline {
         guard case .success(let intent) = item.intent else { return nil }
         switch item.admission {
         case .send, .park:
-            // A channel has no mailbox: its retries end at the retry deadline.
+            // A channel has no 429 backoff: its retries end at the retry deadline (it parks
+            // only where its own rate limit holds it, at admission).
             // In shadow mode a 429 is retried as with the policy off, not parked.
             let limits = DeliveryStateMachine.Limits(retryDeadline: 0, canPark: policy != nil && intent.channelID == nil
                                                          && configuration.policy.rules(for: intent.topic).mode == .enforce,

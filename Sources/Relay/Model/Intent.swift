@@ -8,7 +8,7 @@ public import NIOCore
 ///
 /// It goes to one device (`token`) or, as a broadcast, to everyone subscribed to a channel
 /// (`channel_id`, iOS 18 Live Activities): then ``token`` is empty, and of the per-device rules
-/// only dedupe applies (see ``recipient``).
+/// dedupe applies, and the channels' own rate limit (see ``recipient``).
 public struct Intent: Sendable {
     /// The last second of the year 9999: a parked intent's expiration is stored in Redis (a
     /// key's lifetime, in milliseconds) and read back, so later ones are refused as invalid.
@@ -48,10 +48,14 @@ public struct Intent: Sendable {
     public var redrive: [UInt8]?
 
     /// What the relay keys its per-recipient state by: the device token, or `channel:<id>`
-    /// for a channel intent (its device queue, its dedupe records; no token is ever spelled
-    /// so, hex has no colon). Rate limits, mailboxes, badges and remembered 410s are a
-    /// device's and never apply to a channel.
-    public var recipient: String { channelID.map { "channel:" + $0 } ?? token }
+    /// for a channel intent (its device queue, its dedupe records and, with
+    /// `policy.channels.rate_limit`, its bucket and mailbox; no token is ever spelled so, hex has
+    /// no colon). Badges, 429 backoffs and remembered 410s are a device's and never apply to a
+    /// channel.
+    public var recipient: String { channelID.map { Self.channelRecipientPrefix + $0 } ?? token }
+
+    /// What starts a channel's ``recipient``.
+    public static let channelRecipientPrefix = "channel:"
 
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.

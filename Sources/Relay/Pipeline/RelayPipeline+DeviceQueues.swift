@@ -85,7 +85,7 @@ extension RelayPipeline {
     /// cannot wait); nil when it is not such an intent.
     static func parkingBehind(_ queued: WorkItem, due: Int64) -> WorkItem? {
         guard case .send = queued.admission, queued.mailboxMember == nil,
-              case .success(let later) = queued.intent, later.channelID == nil else { return nil }
+              case .success(let later) = queued.intent else { return nil }
         return queued.admitted(as: later.expiration == 0 ? .nowOrNever : .park(due: due))
     }
 

@@ -104,7 +104,7 @@ extension RelayPipeline {
             }
             // Redis answers again: the records retrying land within a backoff step or two.
             let rest = min(limit - ContinuousClock.now, backoff.maximum + .seconds(bound))
-            if waited == .timedOut, rest > .zero {
+            if waited == .timedOut, !stopping.isOpen, rest > .zero {
                 waited = semaphore.wait(timeout: .now() + .milliseconds(Int(rest.totalMilliseconds)))
             }
         }
@@ -117,9 +117,10 @@ extension RelayPipeline {
         }
     }
 
-    /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``).
+    /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``):
+    /// the calls work waits on (records, admissions) fail, not only the mailbox poll.
     private var awaitsRedis: Bool {
-        !configuration.redis.failOpen && !stopping.isOpen && incidents.value.redisTrouble != nil
+        !configuration.redis.failOpen && !stopping.isOpen && incidents.value.redisTroubles[.calls] != nil
     }
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its

@@ -41,12 +41,11 @@ enum BatchAdmission {
     ///
     /// `readsUnregistered`: each group also reads the pair's remembered 410
     /// (`policy.skip_known_unregistered`).
-    static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (String) -> RelayConfiguration.Policy.Rules,
-                      channels: RelayConfiguration.Policy.Channels = .init(),
+    static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (_ topic: String, _ recipient: String) -> RelayConfiguration.Policy.Rules,
                       readsUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
         func collapseKey(_ intent: Intent) -> CollapseKey? {
-            guard let collapseID = intent.collapseID, rules(intent.topic).coalesce else { return nil }
+            guard let collapseID = intent.collapseID, rules(intent.topic, intent.recipient).coalesce else { return nil }
             return CollapseKey(token: intent.token, topic: intent.topic, collapseID: collapseID)
         }
         var newest: [CollapseKey: Int] = [:]
@@ -70,7 +69,7 @@ enum BatchAdmission {
                 group = groups.count
                 groupIndex[key] = group
                 groups.append(DevicePolicy.Group(token: key.token, topic: intent.topic,
-                                                 rules: intent.channelID == nil ? rules(intent.topic) : channelRules(rules(intent.topic), channels)))
+                                                 rules: rules(intent.topic, intent.recipient)))
                 // A channel has no 410 to remember.
                 groups[group].readsUnregistered = readsUnregistered && intent.channelID == nil
                 members.append([])
@@ -83,20 +82,6 @@ enum BatchAdmission {
             guard let older = placed[index], let newer = placed[into] else { continue }
             groups[older.group].collapsesInto[older.position] = newer.position
         }
-    }
-
-    /// The rules for a channel's intents: its topic's dedupe window and mode, the channels' own
-    /// token bucket (`policy.channels.rate_limit`, off by default), and nothing else of a
-    /// device's (no collapsing by collapse id, no 429 backoff). Past the bucket an update
-    /// waits in the channel's mailbox like a device's (``apply(_:to:_:_:)``).
-    static func channelRules(_ topicRules: RelayConfiguration.Policy.Rules,
-                             _ channels: RelayConfiguration.Policy.Channels) -> RelayConfiguration.Policy.Rules {
-        var rules = RelayConfiguration.Policy.Rules()
-        rules.dedupeWindowSeconds = topicRules.dedupeWindowSeconds
-        rules.mode = topicRules.mode
-        rules.rateLimit = channels.rateLimit
-        rules.coalesce = false
-        return rules
     }
 
     /// Turns one group's answer into admissions: of the intents that must wait, the newest is

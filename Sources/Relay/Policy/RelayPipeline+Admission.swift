@@ -21,7 +21,7 @@ extension RelayPipeline {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count), members: [])
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
-        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:), channels: configuration.policy.channels, readsUnregistered: configuration.policy.skipKnownUnregistered,
+        BatchAdmission.group(parsed, rules: configuration.policy.rules(for:recipient:), readsUnregistered: configuration.policy.skipKnownUnregistered,
                              groups: &groups, members: &admitting.members)
         if !groups.isEmpty {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
@@ -123,7 +123,7 @@ extension RelayPipeline {
     func readmit(_ item: WorkItem) async -> Admission? {
         guard let policy, case .success = item.intent else { return .send }
         var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
-        BatchAdmission.group([item.intent], rules: configuration.policy.rules(for:), channels: configuration.policy.channels, readsUnregistered: configuration.policy.skipKnownUnregistered,
+        BatchAdmission.group([item.intent], rules: configuration.policy.rules(for:recipient:), readsUnregistered: configuration.policy.skipKnownUnregistered,
                              groups: &groups, members: &members)
         guard !groups.isEmpty else { return .send }
         let pending = policy.admission(groups)

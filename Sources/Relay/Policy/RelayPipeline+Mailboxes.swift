@@ -232,7 +232,7 @@ extension RelayPipeline {
             let taken: DevicePolicy.Take
             do {
                 taken = try await policy.take(partition: partition, token: parts.token, topic: parts.topic, id: parts.id,
-                                              rules: configuration.policy.rules(for: parts.topic), now: nowMilliseconds())
+                                              rules: configuration.policy.rules(for: parts.topic, recipient: parts.token), now: nowMilliseconds())
             } catch {
                 guard error.isRefusal else {
                     redisFailed(error, by: .mailboxes)
