@@ -192,6 +192,41 @@ struct MailboxRepairTests {
         await client.shutdown()
     }
 
+    /// Review 1.2, the race itself: the partition is taken away after the poll read its due
+    /// index and before the take. The entry stays in its mailbox, unclaimed and indexed, for
+    /// the partition's next owner; nothing is sent.
+    @Test func aPartitionLostBetweenTheDueReadAndTheTakeIsNotTakenFrom() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.pollingRelay(redis)
+        let expiration = Int64(Date().timeIntervalSince1970) + 3600
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let token = hexToken(0x3e)
+        let lost = AsyncLatch()
+        harness.pipeline.afterDueRead.withLock { hook in
+            hook = { [pipeline = harness.pipeline] partitions in
+                // As librdkafka's revocation does, on another thread, before the takes.
+                guard !lost.isOpen else { return }
+                pipeline.partitionsRevoking(partitions, lost: true)
+                lost.open()
+            }
+        }
+        _ = try await client.pipeline(Self.dueEntry("raced-1", token: token, partition: 2, intentsTopic: harness.intentsTopic,
+                                                    expiration: expiration))
+        #expect(await lost.wait(atMost: .seconds(20)))
+        // The poll that read it went on to its takes (a second poll begins after it).
+        let polled = AsyncLatch()
+        harness.pipeline.afterDueRead.withLock { $0 = { _ in polled.open() } }
+        #expect(await polled.wait(atMost: .seconds(20)))
+        let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "raced-1")
+        #expect(try await client.send(RedisCommand("HEXISTS", [mailbox, "cid"])).integer == 0)
+        #expect(try await client.send(RedisCommand("ZSCORE", [RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: 2),
+                                                               RedisKeys.member(token: token, topic: "com.example.app", id: "raced-1")])).string == "0")
+        #expect(PolicyTests.sent(harness, "raced-1") == 0)
+        await harness.stop()
+        await client.shutdown()
+    }
+
     /// One partition's due index that cannot be read (here: a key of another type; in a Redis
     /// Cluster, a node in trouble) does not stop the poll for the other partitions, nor does
     /// an entry whose take fails.
