@@ -1,9 +1,11 @@
 public import Glibc
+import Synchronization
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now, for a child process (a server
 /// started for a test, the demo or a benchmark) to listen on: bound and released with plain
 /// system calls, so it never waits on an event loop (callers may be on the concurrency pool).
-/// Someone else may take it before the child binds it: callers try another then.
+/// Someone else may take it before the child binds it: callers try another then. A port is
+/// handed out once per process (two servers of one test run never race for the same one).
 ///
 /// The port is below the kernel's ephemeral range (`ip_local_port_range`), from which every
 /// outgoing connection and every bind to port 0 takes its local port: a server stopped and
@@ -19,6 +21,7 @@ public enum LoopbackPort {
         if below > 10_000 {
             for _ in 0..<200 {
                 let port = Int.random(in: 10_000..<below)
+                guard handedOut.withLock({ $0.insert(port).inserted }) else { continue }
                 if try bindable(port) != nil { return port }
             }
         }
@@ -26,6 +29,9 @@ public enum LoopbackPort {
         guard let port = try bindable(0) else { throw Unavailable(description: "bind 127.0.0.1:0: errno \(errno)") }
         return port
     }
+
+    /// The ports below the ephemeral range tried so far in this process.
+    private static let handedOut = Mutex<Set<Int>>([])
 
     /// Binds 127.0.0.1:`port` (0: the kernel picks) and releases it; the port bound, nil when
     /// it is taken.
