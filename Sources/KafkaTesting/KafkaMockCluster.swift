@@ -1,4 +1,5 @@
 import CRdKafka
+import Glibc
 public import Kafka
 
 /// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
@@ -92,9 +93,52 @@ public final class KafkaMockCluster: @unchecked Sendable {
 
     /// Takes a broker down (its connections are closed and new ones refused: librdkafka sees it
     /// `DOWN`), or back up.
-    public func setBroker(_ broker: Int32, up: Bool) {
+    ///
+    /// A broker comes back on the port it had, and librdkafka aborts the process when that port
+    /// is taken meanwhile: it is in the ephemeral range, from which any outgoing connection on
+    /// the machine may have drawn it while the broker was down. So before bringing it up this
+    /// waits, up to `timeout`, until the port is free, and throws ``PortTaken`` if it stays
+    /// taken.
+    public func setBroker(_ broker: Int32, up: Bool, timeout: Duration = .seconds(30)) async throws(PortTaken) {
+        if up, let port = port(of: broker) {
+            let deadline = ContinuousClock.now + timeout
+            while !Self.isFree(port) {
+                guard ContinuousClock.now < deadline else { throw PortTaken(broker: broker, port: port) }
+                try? await Task.sleep(for: .milliseconds(50))
+            }
+        }
         let result = up ? rd_kafka_mock_broker_set_up(cluster, broker) : rd_kafka_mock_broker_set_down(cluster, broker)
         precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused to change broker \(broker): \(result)")
+    }
+
+    public struct PortTaken: Error, CustomStringConvertible {
+        public var broker: Int32
+        public var port: Int
+        public var description: String { "broker \(broker)'s port \(port) stayed taken: it cannot come back up" }
+    }
+
+    /// The port broker `broker` listens on (brokers are numbered from 1, in the bootstrap list's order).
+    private func port(of broker: Int32) -> Int? {
+        let servers = bootstrapServers.split(separator: ",")
+        guard broker >= 1, Int(broker) <= servers.count, let colon = servers[Int(broker) - 1].lastIndex(of: ":") else { return nil }
+        return Int(servers[Int(broker) - 1][servers[Int(broker) - 1].index(after: colon)...])
+    }
+
+    /// Whether 127.0.0.1:`port` can be listened on as librdkafka's mock broker does (with
+    /// `SO_REUSEADDR`, so a connection of the broker's past in TIME_WAIT does not count).
+    private static func isFree(_ port: Int) -> Bool {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        var on: Int32 = 1
+        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
     }
 
     /// How many of ``pushBrokerRequestErrors(broker:apiKey:_:)``'s errors are still to come.
