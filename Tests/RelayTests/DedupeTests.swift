@@ -252,6 +252,16 @@ struct DedupeTests {
         await harness.stop()
     }
 
+    /// The revocation's wait for Redis stays inside `max.poll.interval.ms`, past which the
+    /// group would take the partitions away without their commit: 180 s with librdkafka's
+    /// default (300 s), 10 s inside a lower setting.
+    @Test func theRevocationsRedisWaitStaysInsideThePollInterval() {
+        #expect(RelayPipeline.revocationRedisWaitLimit([:]) == 180)
+        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "120000"]) == 110)
+        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "5000"]) == 0)
+        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "not a number"]) == 180)
+    }
+
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {
         let redis = try await RedisServerProcess.started()
         // Outcome records time out after 1 s while the brokers refuse them. The intents are in

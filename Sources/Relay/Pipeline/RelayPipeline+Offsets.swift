@@ -98,7 +98,7 @@ extension RelayPipeline {
             logger.warning("revocation waits for Redis: answers from APNs wait for their records", metadata: [
                 "kafka.partitions": "\(partitions.map(\.partition))",
             ])
-            let limit = started + .seconds(Self.revocationRedisWaitLimitSeconds)
+            let limit = started + .seconds(Self.revocationRedisWaitLimit(configuration.kafka.consumerSettings))
             while waited == .timedOut, awaitsRedis, ContinuousClock.now < limit {
                 waited = semaphore.wait(timeout: .now() + .seconds(1))
             }
@@ -115,6 +115,13 @@ extension RelayPipeline {
                 "relay.waited_seconds": "\((ContinuousClock.now - started).components.seconds)",
             ])
         }
+    }
+
+    /// ``revocationRedisWaitLimitSeconds``, or less with a `max.poll.interval.ms` configured
+    /// below 190 s: 10 s inside it (the revocation's commit retries come on top).
+    static func revocationRedisWaitLimit(_ consumerSettings: [String: String]) -> Int {
+        let pollInterval = consumerSettings["max.poll.interval.ms"].flatMap { Int($0) }.map { $0 / 1000 } ?? 300
+        return min(Self.revocationRedisWaitLimitSeconds, max(pollInterval - 10, 0))
     }
 
     /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``):
