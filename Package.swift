@@ -218,7 +218,7 @@ let package = Package(
         .systemLibrary(name: "CSpawn"),
         .target(name: "Spawn", dependencies: ["CSpawn"], swiftSettings: strict),
         // librdkafka's mock cluster, for tests, the demo and benchmarks.
-        .target(name: "KafkaTesting", dependencies: ["CRdKafka", "Kafka"], swiftSettings: strict),
+        .target(name: "KafkaTesting", dependencies: ["CRdKafka", "Kafka", "Spawn"], swiftSettings: strict),
         // A private redis-server on a free loopback port, for tests, the demo and benchmarks.
         .target(
             name: "RedisTesting",
@@ -306,7 +306,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Common", "Kafka", "KafkaTesting", "TestSupport"],
+            dependencies: ["Common", "Kafka", "KafkaTesting", "Spawn", "TestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "FuzzingTests",

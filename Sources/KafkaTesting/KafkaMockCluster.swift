@@ -1,6 +1,8 @@
 import CRdKafka
+import Spawn
 import Glibc
 public import Kafka
+import Synchronization
 
 /// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
 /// taken down and brought back, injected request errors. For tests, the demo and benchmarks.
@@ -10,6 +12,8 @@ public final class KafkaMockCluster: @unchecked Sendable {
     /// The `rd_kafka_t` the cluster lives in (destroyed after it).
     private let owner: OpaquePointer
     private let cluster: OpaquePointer
+    /// When the cluster's thread last answered a request (see ``command(_:)``).
+    private let lastAnswered = Mutex<ContinuousClock.Instant?>(nil)
 
     /// Kafka API keys for ``pushRequestErrors(apiKey:_:)``.
     public enum APIKey {
@@ -47,22 +51,40 @@ public final class KafkaMockCluster: @unchecked Sendable {
         rd_kafka_destroy(owner)
     }
 
+    /// Runs one request to the cluster's thread (librdkafka posts it and waits for the answer),
+    /// one at a time and at least a millisecond after the previous one was answered.
+    ///
+    /// librdkafka 2.0.2's mock thread, woken by a byte on its wake-up pipe, serves its request
+    /// queue and only then drains the pipe. A request posted in between, as the next one of a
+    /// loop is, has its byte drained with the earlier one's and waits for the thread's next
+    /// timer tick: up to a second per request (a loop of 3,000 took a second per round; with
+    /// the pause, 2 ms). No event tells that the thread is back in its poll, hence the pause.
+    private func command<Result>(_ request: () -> Result) -> Result {
+        lastAnswered.withLock { lastAnswered in
+            if let lastAnswered {
+                let pause = lastAnswered + .milliseconds(1) - .now
+                if pause > .zero { usleep(UInt32(pause.components.attoseconds / 1_000_000_000_000) + 1) }
+            }
+            defer { lastAnswered = .now }
+            return request()
+        }
+    }
+
     /// `host:port,...` of the mock brokers.
     public var bootstrapServers: String {
         String(cString: rd_kafka_mock_cluster_bootstraps(cluster))
     }
 
     public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1) throws(KafkaError) {
-        let error = rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor))
+        let error = command { rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor)) }
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
             throw KafkaError(code: error.rawValue, message: "create topic \(name): \(String(cString: rd_kafka_err2str(error)))")
         }
     }
 
     /// Every request of this kind fails with `errorCode` until ``restoreRequests(apiKey:)``: an
-    /// outage as clients see it, without closing the brokers' listeners. (librdkafka's own
-    /// `rd_kafka_mock_broker_set_down` closes a broker's listener and binds its port again, and
-    /// aborts the whole process when that bind fails, so it is not offered here.)
+    /// outage as clients see it, with the brokers still accepting connections (see
+    /// ``setBroker(_:up:)`` for brokers that refuse them).
     public func failRequests(apiKey: Int16, errorCode: Int32) {
         // A stack deep enough to outlast any outage a test holds (clients retry at most every
         // few milliseconds); `restoreRequests` empties it.
@@ -71,7 +93,7 @@ public final class KafkaMockCluster: @unchecked Sendable {
 
     /// Ends ``failRequests(apiKey:errorCode:)``, and drops any errors still pushed for that kind.
     public func restoreRequests(apiKey: Int16) {
-        rd_kafka_mock_clear_request_errors(cluster, apiKey)
+        command { rd_kafka_mock_clear_request_errors(cluster, apiKey) }
     }
 
     /// The next requests of this kind that broker `broker` (1, 2, ...) gets are answered these
@@ -80,71 +102,37 @@ public final class KafkaMockCluster: @unchecked Sendable {
     /// shorter sends it again).
     public func pushBrokerRequestErrors(broker: Int32, apiKey: Int16, _ errors: [(code: Int32, delayMilliseconds: Int32)]) {
         for (code, delay) in errors {
-            let result = apns_relay_mock_broker_push_error_rtt(cluster, broker, apiKey, rd_kafka_resp_err_t(rawValue: code), delay)
+            let result = command { apns_relay_mock_broker_push_error_rtt(cluster, broker, apiKey, rd_kafka_resp_err_t(rawValue: code), delay) }
             precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused the injection: \(result)")
         }
     }
 
     /// Makes broker `broker` the leader of the partition.
     public func setLeader(topic: String, partition: Int32, broker: Int32) {
-        let result = rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker)
+        let result = command { rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker) }
         precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused the leader: \(result)")
     }
 
     /// Takes a broker down (its connections are closed and new ones refused: librdkafka sees it
     /// `DOWN`), or back up.
     ///
-    /// A broker comes back on the port it had, and librdkafka aborts the process when that port
-    /// is taken meanwhile: it is in the ephemeral range, from which any outgoing connection on
-    /// the machine may have drawn it while the broker was down. So before bringing it up this
-    /// waits, up to `timeout`, until the port is free, and throws ``PortTaken`` if it stays
-    /// taken.
-    public func setBroker(_ broker: Int32, up: Bool, timeout: Duration = .seconds(30)) async throws(PortTaken) {
-        if up, let port = port(of: broker) {
-            let deadline = ContinuousClock.now + timeout
-            while !Self.isFree(port) {
-                guard ContinuousClock.now < deadline else { throw PortTaken(broker: broker, port: port) }
-                try? await Task.sleep(for: .milliseconds(50))
+    /// Taken down, librdkafka's mock broker closes its listener and binds its port again at
+    /// once (to come back on it), and aborts the process if that bind fails. It fails while a
+    /// child process this process is starting still holds a copy of the listener, so no child
+    /// starts meanwhile (``ChildProcess/withoutChildrenStarting(_:)``).
+    public func setBroker(_ broker: Int32, up: Bool) {
+        let result = command {
+            ChildProcess.withoutChildrenStarting {
+                up ? rd_kafka_mock_broker_set_up(cluster, broker) : rd_kafka_mock_broker_set_down(cluster, broker)
             }
         }
-        let result = up ? rd_kafka_mock_broker_set_up(cluster, broker) : rd_kafka_mock_broker_set_down(cluster, broker)
         precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster refused to change broker \(broker): \(result)")
-    }
-
-    public struct PortTaken: Error, CustomStringConvertible {
-        public var broker: Int32
-        public var port: Int
-        public var description: String { "broker \(broker)'s port \(port) stayed taken: it cannot come back up" }
-    }
-
-    /// The port broker `broker` listens on (brokers are numbered from 1, in the bootstrap list's order).
-    private func port(of broker: Int32) -> Int? {
-        let servers = bootstrapServers.split(separator: ",")
-        guard broker >= 1, Int(broker) <= servers.count, let colon = servers[Int(broker) - 1].lastIndex(of: ":") else { return nil }
-        return Int(servers[Int(broker) - 1][servers[Int(broker) - 1].index(after: colon)...])
-    }
-
-    /// Whether 127.0.0.1:`port` can be listened on as librdkafka's mock broker does (with
-    /// `SO_REUSEADDR`, so a connection of the broker's past in TIME_WAIT does not count).
-    private static func isFree(_ port: Int) -> Bool {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { return false }
-        defer { close(descriptor) }
-        var on: Int32 = 1
-        setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        return withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
     }
 
     /// How many of ``pushBrokerRequestErrors(broker:apiKey:_:)``'s errors are still to come.
     public func brokerErrorsLeft(broker: Int32, apiKey: Int16) -> Int {
         var count = 0
-        let result = rd_kafka_mock_broker_error_stack_cnt(cluster, broker, apiKey, &count)
+        let result = command { rd_kafka_mock_broker_error_stack_cnt(cluster, broker, apiKey, &count) }
         precondition(result == RD_KAFKA_RESP_ERR_NO_ERROR, "the mock cluster cannot count broker \(broker)'s errors: \(result)")
         return count
     }
@@ -153,7 +141,7 @@ public final class KafkaMockCluster: @unchecked Sendable {
     public func pushRequestErrors(apiKey: Int16, _ errorCodes: [Int32]) {
         let errors = errorCodes.map { rd_kafka_resp_err_t(rawValue: $0) }
         errors.withUnsafeBufferPointer { buffer in
-            rd_kafka_mock_push_request_errors_array(cluster, apiKey, buffer.count, buffer.baseAddress)
+            command { rd_kafka_mock_push_request_errors_array(cluster, apiKey, buffer.count, buffer.baseAddress) }
         }
     }
 }

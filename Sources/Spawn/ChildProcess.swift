@@ -51,13 +51,28 @@ public final class ChildProcess: Sendable {
         var pid: pid_t = 0
         let envp = Self.environment(overriding: environment)
         defer { for variable in envp { free(variable) } }
-        let result = envp.isEmpty
-            ? posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
-            : posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+        let result = Self.spawning.withLock { _ in
+            envp.isEmpty
+                ? posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+                : posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+        }
         guard result == 0 else {
             throw SpawnError(description: "cannot start \(executable): \(String(cString: strerror(result)))")
         }
         self.pid = pid
+    }
+
+    /// Held while a child starts: from its `clone` until its `exec` (glibc's `posix_spawn`
+    /// returns only then) the child holds a copy of every descriptor of this process, so a
+    /// socket this process closes meanwhile stays open, and listened on, for that moment.
+    private static let spawning = Mutex<Void>(())
+
+    /// Runs `body` while no child is starting, so that a socket closed in it is closed at once:
+    /// a listener closed and bound again on its port (as librdkafka's mock broker does when it
+    /// is taken down) would otherwise find the port still listened on by a child's copy, and
+    /// fail with `EADDRINUSE`.
+    public static func withoutChildrenStarting<Result>(_ body: () throws -> Result) rethrows -> Result {
+        try spawning.withLock { _ in try body() }
     }
 
     /// This process's environment with `overrides` set, as `NAME=value` strings and a final nil;
