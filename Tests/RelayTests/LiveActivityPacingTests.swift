@@ -23,7 +23,7 @@ struct LiveActivityPacingTests {
 
     /// Budgets of 20 priority-10 updates an hour and 5 starts per 2 s, on the relay and on the
     /// simulated device; `paced` false turns the relay's off.
-    static func harness(_ redis: RedisServerProcess, paced: Bool) async throws -> RelayHarness {
+    static func harness(_ redis: TestRedis, paced: Bool) async throws -> RelayHarness {
         try await PolicyTests.harness(redis, burst: 100_000, refill: 10_000, configure: {
             $0.policy.defaults.liveActivity.priority10PerHour = paced ? 20 : 0
             $0.policy.defaults.liveActivity.startsPerWindow = paced ? 5 : 0
@@ -33,9 +33,11 @@ struct LiveActivityPacingTests {
 
     /// 500 priority-10 updates to one activity and 50 push-to-starts to one token: nothing a
     /// device would drop, every intent answered — the updates past the budget at priority 5,
-    /// the starts past the window from the mailbox (the newest; the others `coalesced`).
-    @Test func aBurstLeavesNothingForTheDeviceToDrop() async throws {
-        let redis = try await RedisServerProcess.started()
+    /// the starts past the window from the mailbox (the newest; the others `coalesced`). On one
+    /// redis-server and on a Redis Cluster (the budgets' keys live in their token's slot).
+    @Test(arguments: RedisKind.allCases)
+    func aBurstLeavesNothingForTheDeviceToDrop(_ kind: RedisKind) async throws {
+        let redis = try await TestRedis.start(kind)
         let harness = try await Self.harness(redis, paced: true)
         let activity = hexToken(0xA1), pushToStart = hexToken(0xA2)
         for index in 0..<50 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
@@ -60,7 +62,7 @@ struct LiveActivityPacingTests {
 
     /// The same device budgets without the relay's pacing: the device drops some.
     @Test func withoutPacingTheDeviceDrops() async throws {
-        let redis = try await RedisServerProcess.started()
+        let redis = TestRedis(try await RedisServerProcess.started())
         let harness = try await Self.harness(redis, paced: false)
         let activity = hexToken(0xB1), pushToStart = hexToken(0xB2)
         for index in 0..<10 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
