@@ -121,7 +121,9 @@ public enum PushTypePayloads {
         return nil
     }
 
-    /// The size of a JSON value re-encoded compactly (numbers as the system writes them).
+    /// The size of a JSON value re-encoded compactly (numbers as the system writes them, and `/`
+    /// as `\/`, as Foundation's encoders write it by default: where the device's encoding is not
+    /// known, the count errs on the large side).
     static func canonicalSize(_ bytes: UnsafeRawBufferPointer) -> Int {
         guard let object = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]),
               let encoded = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .fragmentsAllowed]) else {

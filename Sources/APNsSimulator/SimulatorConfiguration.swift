@@ -51,7 +51,8 @@ public struct SimulatorConfiguration: Sendable {
         /// Budgets the device keeps for Live Activity pushes, as a device counts them (sliding
         /// windows, by arrival): priority-10 updates and ends per activity token per hour, starts
         /// per push-to-start token per `startWindow`. A push past one is answered 200, as APNs
-        /// does, and counted in ``APNsSimulator/droppedOnDevice``. Nil: no budget counted.
+        /// does, and counted in ``APNsSimulator/droppedOnDevice``; an `end` past the budget is
+        /// taken (it ends the activity). Nil: no budget counted.
         public var liveActivityBudgets: (priority10PerHour: Int, startsPerWindow: Int, startWindow: TimeAmount)?
         /// Tokens bound to one topic; another topic gets 400 DeviceTokenNotForTopic.
         public var deviceTopics: [String: String] = [:]

@@ -18,7 +18,11 @@ extension SharedState {
         let key = "\(accepted.deviceToken) \(name)"
         var spends = state.liveActivitySpends[key, default: []].filter { $0 > accepted.receivedAt - window }
         defer { state.liveActivitySpends[key] = spends }
-        guard spends.count < limit else { return "over the device's Live Activity \(name) budget" }
+        guard spends.count < limit else {
+            // An `end` ends the activity whatever the budget: the system throttles updates, and
+            // an activity left showing past its end would be worse than an alert spent.
+            return event == "end" ? nil : "over the device's Live Activity \(name) budget"
+        }
         spends.append(accepted.receivedAt)
         return nil
     }

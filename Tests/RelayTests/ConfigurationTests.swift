@@ -69,12 +69,14 @@ struct ConfigurationTests {
     /// Numbers YAML reads in base 60 (`1:30`) overflow in Yams past Int's range and stopped the
     /// process: they are read as text, and a number key holding one is refused as such.
     /// The intents config/examples/refused lists (the schema refuses them too: scripts/check-schemas)
-    /// are refused at intake, `BadPayload` with the rule named.
-    @Test func theRefusedExamplesAreRefusedAtIntake() throws {
+    /// are refused at intake, with the case's `reason` (`BadPayload` unless it says) and the rule
+    /// named.
+    @Test(arguments: [("push-type-payloads.json", 16), ("topics.json", 5)])
+    func theRefusedExamplesAreRefusedAtIntake(_ name: String, atLeast: Int) throws {
         let file = URL(fileURLWithPath: Self.shippedFile).deletingLastPathComponent()
-            .appendingPathComponent("examples/refused/push-type-payloads.json")
+            .appendingPathComponent("examples/refused/\(name)")
         let cases = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: file)) as? [[String: Any]])
-        #expect(cases.count >= 16)
+        #expect(cases.count >= atLeast)
         for entry in cases {
             let why = entry["why"] as? String ?? "?"
             let intent = try JSONSerialization.data(withJSONObject: try #require(entry["intent"]))
@@ -82,7 +84,7 @@ struct ConfigurationTests {
                 _ = try Intent.parse([UInt8](intent), key: nil, now: 1_732_000_000, defaultTTL: 86_400)
                 Issue.record("accepted: \(why)")
             } catch {
-                #expect(error.reason == "BadPayload", "\(why): \(error.reason) \(error.message)")
+                #expect(error.reason == entry["reason"] as? String ?? "BadPayload", "\(why): \(error.reason) \(error.message)")
             }
         }
     }

@@ -16,19 +16,27 @@ struct LiveActivityPacingTests {
             + #""payload":{"aps":{"event":"update","timestamp":1732000000,"content-state":{"step":"\#(id)"}}}}"#
     }
 
-    static func start(_ id: String, token: String) -> String {
-        #"{"id":"\#(id)","token":"\#(token)","topic":"\#(topic)","push_type":"liveactivity","payload":{"aps":{"event":"start","#
+    static func start(_ id: String, token: String, expiration: Int? = nil) -> String {
+        let expires = expiration.map { #""expiration":\#($0),"# } ?? ""
+        return #"{"id":"\#(id)","token":"\#(token)","topic":"\#(topic)","push_type":"liveactivity",\#(expires)"payload":{"aps":{"event":"start","#
             + #""timestamp":1732000000,"attributes-type":"Delivery","attributes":{},"content-state":{},"alert":"\#(id)"}}}"#
     }
 
-    /// Budgets of 20 priority-10 updates an hour and 5 starts per 2 s, on the relay and on the
-    /// simulated device; `paced` false turns the relay's off.
-    static func harness(_ redis: TestRedis, paced: Bool) async throws -> RelayHarness {
+    static func end(_ id: String, token: String) -> String {
+        #"{"id":"\#(id)","token":"\#(token)","topic":"\#(topic)","push_type":"liveactivity","priority":10,"#
+            + #""payload":{"aps":{"event":"end","timestamp":1732000001,"content-state":{"step":"done"},"dismissal-date":1732003600}}}"#
+    }
+
+    /// Budgets of 20 priority-10 updates an hour and 5 starts per `startWindow` seconds (2), on
+    /// the relay and on the simulated device; `paced` false turns the relay's off.
+    static func harness(_ redis: TestRedis, paced: Bool, startWindow: Int = 2) async throws -> RelayHarness {
         try await PolicyTests.harness(redis, burst: 100_000, refill: 10_000, configure: {
             $0.policy.defaults.liveActivity.priority10PerHour = paced ? 20 : 0
             $0.policy.defaults.liveActivity.startsPerWindow = paced ? 5 : 0
-            $0.policy.defaults.liveActivity.startWindowSeconds = 2
-        }, simulator: { $0.behaviour.liveActivityBudgets = (priority10PerHour: 20, startsPerWindow: 5, startWindow: .seconds(2)) })
+            $0.policy.defaults.liveActivity.startWindowSeconds = Int64(startWindow)
+        }, simulator: {
+            $0.behaviour.liveActivityBudgets = (priority10PerHour: 20, startsPerWindow: 5, startWindow: .seconds(Int64(startWindow)))
+        })
     }
 
     /// 500 priority-10 updates to one activity and 50 push-to-starts to one token: nothing a
@@ -60,10 +68,48 @@ struct LiveActivityPacingTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// An activity's `end` past its priority-10 budget goes out at priority 10 (never
+    /// downgraded: the activity must end now), and the device takes it; the updates past the
+    /// budget before it went at priority 5.
+    @Test func anEndPastTheBudgetGoesOutAsItCame() async throws {
+        let redis = TestRedis(try await RedisServerProcess.started())
+        let harness = try await Self.harness(redis, paced: true)
+        let activity = hexToken(0xC1)
+        for index in 0..<25 { try await harness.produce(Self.update("update-\(index)", token: activity), key: activity) }
+        _ = try await harness.outcomes(count: 25)
+        try await harness.produce(Self.end("end", token: activity), key: activity)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 26))
+        #expect(outcomes.filter { $0.value["priority_downgraded"] as? Bool == true }.count == 5)
+        #expect(outcomes["end"]?["status"] as? String == "delivered" && outcomes["end"]?["priority_downgraded"] as? Bool != true, "\(outcomes["end"] ?? [:])")
+        let ended = harness.simulator.accepted.filter { $0.liveActivityEvent == "end" }
+        #expect(ended.map(\.priority) == [10])
+        #expect(harness.simulator.droppedOnDevice.isEmpty, "\(harness.simulator.droppedOnDevice)")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// A push-to-start past its window waits in the mailbox, and one whose expiration comes
+    /// before the window allows comes out `expired`: never a silent drop.
+    @Test func aWaitingStartExpiresWithItsExpiration() async throws {
+        let redis = TestRedis(try await RedisServerProcess.started())
+        let harness = try await Self.harness(redis, paced: true)
+        let token = hexToken(0xC2)
+        for index in 0..<5 { try await harness.produce(Self.start("start-\(index)", token: token), key: token) }
+        _ = try await harness.outcomes(count: 5)
+        // The window (2 s, and a second's slack) opens in about 3 s; this start expires in one.
+        let expiration = Int(Date().timeIntervalSince1970) + 1
+        try await harness.produce(Self.start("late", token: token, expiration: expiration), key: token)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 6))
+        #expect(outcomes["late"]?["status"] as? String == "expired", "\(outcomes["late"] ?? [:])")
+        #expect(harness.simulator.accepted.filter { $0.liveActivityEvent == "start" }.count == 5)
+        #expect(harness.simulator.droppedOnDevice.isEmpty, "\(harness.simulator.droppedOnDevice)")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     /// The same device budgets without the relay's pacing: the device drops some.
     @Test func withoutPacingTheDeviceDrops() async throws {
         let redis = TestRedis(try await RedisServerProcess.started())
-        let harness = try await Self.harness(redis, paced: false)
+        // A window longer than the burst takes on a loaded machine: 5 of the 10 starts are over.
+        let harness = try await Self.harness(redis, paced: false, startWindow: 120)
         let activity = hexToken(0xB1), pushToStart = hexToken(0xB2)
         for index in 0..<10 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
         for index in 0..<30 { try await harness.produce(Self.update("update-\(index)", token: activity), key: activity) }
@@ -85,32 +131,35 @@ struct LiveActivityBudgetArithmeticTests {
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let pacer = LiveActivityPacer(client: client, keys: .standard)
         var generator = SplitMix(seed: seed)
-        let limit = Int(generator.next() % 6) + 1, windowSeconds = Int64(generator.next() % 5) + 1
-        let window = windowSeconds * 1000 + LiveActivityPacer.slackMilliseconds
-        var now: Int64 = 1_732_000_000_000
-        var spent: [Int64] = []
-        for index in 0..<300 {
-            // Bursts and gaps: 0 to 1.5 windows between arrivals, mostly short.
-            now += generator.next() % 4 == 0 ? Int64(generator.next() % UInt64(window * 3 / 2)) : Int64(generator.next() % 50)
-            let wait = try await pacer.spend(.start, token: "a1", topic: "t", intentID: "i\(index)", limit: limit,
-                                             windowSeconds: windowSeconds, now: now)
-            let inWindow = spent.filter { $0 > now - window }.count
-            if let wait {
-                #expect(inWindow == limit, "refused with \(inWindow) of \(limit) spent")
-                // The oldest spend in the window leaves it exactly then.
-                #expect(spent.filter { $0 > now - window }.min().map { $0 + window - now } == wait)
-            } else {
-                #expect(inWindow < limit)
-                spent.append(now)
+        // Both budgets (priority-10 updates and starts), each under its own key.
+        for budget in LiveActivityPacer.Budget.allCases {
+            let limit = Int(generator.next() % 6) + 1, windowSeconds = Int64(generator.next() % 5) + 1
+            let window = windowSeconds * 1000 + LiveActivityPacer.slackMilliseconds
+            var now: Int64 = 1_732_000_000_000
+            var spent: [Int64] = []
+            for index in 0..<300 {
+                // Bursts and gaps: 0 to 1.5 windows between arrivals, mostly short.
+                now += generator.next() % 4 == 0 ? Int64(generator.next() % UInt64(window * 3 / 2)) : Int64(generator.next() % 50)
+                let wait = try await pacer.spend(budget, token: "a1", topic: "t", intentID: "\(budget)-\(index)", limit: limit,
+                                                 windowSeconds: windowSeconds, now: now)
+                let inWindow = spent.filter { $0 > now - window }.count
+                if let wait {
+                    #expect(inWindow == limit, "refused with \(inWindow) of \(limit) spent")
+                    // The oldest spend in the window leaves it exactly then.
+                    #expect(spent.filter { $0 > now - window }.min().map { $0 + window - now } == wait)
+                } else {
+                    #expect(inWindow < limit)
+                    spent.append(now)
+                }
             }
-        }
-        #expect(spent.count > limit)
-        // Asking again for an intent that spent: it passes and spends nothing.
-        let before = try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: "start")])).integer
-        let last = "i\(299)"
-        if spent.last == now {
-            #expect(try await pacer.spend(.start, token: "a1", topic: "t", intentID: last, limit: limit, windowSeconds: windowSeconds, now: now) == nil)
-            #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: "start")])).integer == before)
+            #expect(spent.count > limit)
+            // Asking again for an intent that spent: it passes and spends nothing.
+            let before = try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: budget.rawValue)])).integer
+            let last = "\(budget)-299"
+            if spent.last == now {
+                #expect(try await pacer.spend(budget, token: "a1", topic: "t", intentID: last, limit: limit, windowSeconds: windowSeconds, now: now) == nil)
+                #expect(try await client.send(RedisCommand("ZCARD", [RedisKeys.standard.budget(token: "a1", topic: "t", kind: budget.rawValue)])).integer == before)
+            }
         }
         await client.shutdown()
     }

@@ -164,9 +164,12 @@ extension RelayPipeline {
         }) else {
             return isCurrent(delivery.item) && !Task.isCancelled
         }
-        guard let wait = spent else { return true }
-        let now = nowMilliseconds()
         let topic = credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other"
+        guard let wait = spent else {
+            RelayMetrics.liveActivityBudgetSpent(topic: topic, budget: budget.name)
+            return true
+        }
+        let now = nowMilliseconds()
         if rules.mode == .shadow {
             if start || event != "end" {
                 RelayMetrics.policyDecision(topic: topic, decision: start ? "park" : "downgrade", mode: rules.mode.rawValue)

@@ -187,6 +187,14 @@ enum RelayMetrics {
         Counter(label: "apns_relay_live_activity_starts_deferred_total", dimensions: [("apns_topic", topic)]).increment(by: count)
     }
 
+    /// `apns_relay_live_activity_budget_spent_total{apns_topic,budget}`: pushes that spent a
+    /// Live Activity budget (`budget` `priority10` for a priority-10 update or end, `start` for
+    /// a push-to-start), in either policy mode: set against the budget, how much of it an app uses.
+    static func liveActivityBudgetSpent(topic: String, budget: String, by count: Int64 = 1) {
+        Counter(label: "apns_relay_live_activity_budget_spent_total", dimensions: [("apns_topic", topic), ("budget", budget)])
+            .increment(by: count)
+    }
+
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
     /// appearing with the first event: the counters, the Live Activity budget counters of each
     /// app, every status of `apns_relay_outcomes_total` for
@@ -202,6 +210,7 @@ enum RelayMetrics {
                 let live = topic.hasSuffix(suffix) ? topic : topic + suffix
                 liveActivityDowngrades(topic: live, by: 0)
                 liveActivityStartsDeferred(topic: live, by: 0)
+                for budget in LiveActivityPacer.Budget.allCases { liveActivityBudgetSpent(topic: live, budget: budget.name, by: 0) }
             }
             for status in Outcome.Status.allCases {
                 Counter(label: "apns_relay_outcomes_total", dimensions: [("apns_topic", topic), ("status", status.rawValue), ("reason", "none")])

@@ -14,11 +14,14 @@ struct LiveActivityPacer: Sendable {
     /// closer together.
     static let slackMilliseconds: Int64 = 1000
 
-    enum Budget: String, Sendable {
+    enum Budget: String, Sendable, CaseIterable {
         /// Priority-10 updates (and ends) of one activity token, per hour.
         case priority10 = "p10"
         /// Push-to-starts of one push-to-start token, per `start_window_seconds`.
         case start
+
+        /// The name metrics give it (`budget` label).
+        var name: String { self == .priority10 ? "priority10" : "start" }
     }
 
     let client: RedisClient
