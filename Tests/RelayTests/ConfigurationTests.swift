@@ -435,6 +435,36 @@ struct ConfigurationTests {
         }
     }
 
+    /// `policy.mode`: enforce unless set, shadow globally (file or environment) or for one topic
+    /// only, kept through the redacted YAML; another value is refused by its key.
+    @Test func thePolicyModeIsReadGloballyAndPerTopic() throws {
+        #expect(try RelayConfiguration.load(yaml: "", environment: [:]).policy.defaults.mode == .enforce)
+        let configuration = try RelayConfiguration.load(yaml: """
+            policy:
+              topics:
+                com.example.new: {mode: shadow}
+                com.example.old: {dedupe_window_seconds: 60}
+            """, environment: [:])
+        #expect(configuration.policy.rules(for: "com.example.new").mode == .shadow)
+        #expect(configuration.policy.rules(for: "com.example.old").mode == .enforce)
+        #expect(configuration.policy.rules(for: "com.example.other").mode == .enforce)
+        // A channel takes its topic's mode.
+        #expect(configuration.policy.rules(for: "com.example.new", recipient: "channel:dHJhY2s=").mode == .shadow)
+        let reloaded = try RelayConfiguration.load(yaml: configuration.redactedYAML, environment: [:])
+        #expect(reloaded.policy.rules(for: "com.example.new").mode == .shadow && reloaded.policy.defaults.mode == .enforce)
+        let global = try RelayConfiguration.load(yaml: "", environment: ["APNS_RELAY_POLICY_MODE": "shadow"])
+        #expect(global.policy.defaults.mode == .shadow && global.policy.rules(for: "com.example.any").mode == .shadow)
+        for yaml in ["policy:\n  mode: dry-run\n", "policy:\n  topics:\n    com.example.new: {mode: Shadow}\n"] {
+            do {
+                _ = try RelayConfiguration.load(yaml: yaml, environment: [:])
+                Issue.record("accepted: \(yaml)")
+            } catch let error as ConfigurationError {
+                #expect(error.issues.map(\.key) == [yaml.contains("topics") ? "policy.topics.com.example.new.mode" : "policy.mode"], "\(error)")
+                #expect(error.issues.first?.allowed == "enforce or shadow")
+            }
+        }
+    }
+
     /// `policy.channels.rate_limit`: off unless set, read from the file and the environment, kept
     /// through the redacted YAML, and refused by name out of range or with an unknown key.
     @Test func theChannelsRateLimitIsReadOnItsOwn() throws {

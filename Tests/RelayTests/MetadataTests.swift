@@ -5,7 +5,8 @@ import TestSupport
 import Testing
 
 /// An intent's `metadata` travels, as it came, into every outcome of the intent — delivered,
-/// coalesced, sent from a mailbox, duplicate, invalid, unregistered — and its invalidation record.
+/// coalesced, sent from a mailbox, duplicate, invalid, unregistered, expired, rejected, failed — and its
+/// invalidation record.
 @Suite("Metadata that travels", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct MetadataTests {
     static func metadata(_ id: String) -> String { #","metadata":{"user":"u-\#(id)","campaign":{"name":"spring","wave":2}}"# }
@@ -52,5 +53,37 @@ struct MetadataTests {
         let records = try await InvalidationTests.records(harness)
         let dead = try records.filter { !$0.hasNullValue }.map { try InvalidationTests.object($0) }
         #expect(dead.count == 1 && Self.user(dead.first) == "u-gone", "\(dead)")
+    }
+
+    /// The other statuses carry it too: `coalesced` in its batch, `expired`, `rejected`.
+    @Test func theOtherStatusesCarryItToo() async throws {
+        let redis = try await RedisServerProcess.started()
+        let collapsing = hexToken(0xc5), foreign = hexToken(0xc6)
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.retry.deadlineSeconds = 1
+        }, simulator: { $0.behaviour.deviceTopics = [foreign: "com.example.other"] }, preload: [
+            (intent("older", token: collapsing, extra: #","collapse_id":"score""# + Self.metadata("older")), collapsing),
+            (intent("newer", token: collapsing, extra: #","collapse_id":"score""# + Self.metadata("newer")), collapsing),
+            (intent("stale", token: hexToken(0xc8), extra: #","expiration":1000"# + Self.metadata("stale")), hexToken(0xc8)),
+            (intent("foreign", token: foreign, extra: Self.metadata("foreign")), foreign),
+        ])
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 4))
+        #expect(outcomes["older"]?["status"] as? String == "coalesced" && Self.user(outcomes["older"]) == "u-older")
+        #expect(outcomes["newer"]?["status"] as? String == "delivered" && Self.user(outcomes["newer"]) == "u-newer")
+        #expect(outcomes["stale"]?["status"] as? String == "expired" && Self.user(outcomes["stale"]) == "u-stale")
+        #expect(outcomes["foreign"]?["status"] as? String == "rejected" && Self.user(outcomes["foreign"]) == "u-foreign")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// And `failed`: APNs answers 500 or 503 past the retry deadline (without Redis, where such
+    /// an intent parks instead).
+    @Test func aFailedIntentCarriesIt() async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.failureRate = 1 },
+                                                   configureRelay: { $0.retry.deadlineSeconds = 1 })
+        let token = hexToken(0xc7)
+        try await harness.produce(intent("unlucky", token: token, extra: Self.metadata("unlucky")), key: token)
+        let outcome = try #require(try await harness.outcomes(count: 1).first)
+        #expect(outcome["status"] as? String == "failed" && Self.user(outcome) == "u-unlucky", "\(outcome)")
+        try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -122,7 +122,13 @@ struct RedriveTests {
         let lines = preview.stdout.split(separator: "\n").map(String.init)
         #expect(lines.filter { $0.contains(#""action":"would_redrive""#) }.count == 3, "\(lines)")
         #expect(lines.filter { $0.contains(#""action":"skip","reason":"answered""#) }.count == 1, "\(lines)")
+        // The exit codes docs/commands.md gives: 2 for a selection that cannot be re-driven, 64
+        // for arguments the parser refuses.
         #expect(try await RelayBinary.run(["redrive", "--config", config, "--since", "1h", "--status", "delivered"]).status == 2)
+        #expect(try await RelayBinary.run(["redrive", "--config", config, "--since", "1h", "--until", "2h"]).status == 2)
+        #expect(try await RelayBinary.run(["redrive", "--config", config, "--since", "1h", "--lane", "not.a.lane"]).status == 2)
+        #expect(try await RelayBinary.run(["redrive", "--config", config]).status == 64)
+        #expect(try await RelayBinary.run(["redrive", "--config", config, "--since", "soon"]).status == 64)
 
         var redrive = Redrive(configuration: configuration, filter: RedriveFilter(since: now - 60_000))
         redrive.seeksByTime = false

@@ -68,11 +68,12 @@ struct ShadowPolicyTests {
         enforcing.policy.defaults.mode = .enforce
         let enforcer = try RelayApplication(configuration: enforcing, worker: "enforcing")
         let running = Task { await enforcer.run() }
-        // The shadow relay drains and leaves; the enforcing one takes every partition, and the
-        // rest of the traffic.
+        // The shadow relay drains and leaves with intents under way; the enforcing one takes
+        // every partition, and the rest of the traffic (produced once the shadow relay is gone:
+        // a poll under way when it was asked to stop may still take records produced then).
         shadow.pipeline.requestStop()
-        try await produce(150..<count)
         await shadow.running.value
+        try await produce(150..<count)
         try await waitUntil(timeout: .seconds(90)) {
             Set(shadow.simulator.accepted.map(\.apnsID)).count >= count
         }
@@ -120,6 +121,12 @@ struct ShadowPolicyTests {
         let outcomes = try await harness.outcomes(count: 9)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" && $0["priority_downgraded"] is NSNull }, "\(outcomes)")
         #expect(harness.simulator.accepted.allSatisfy { $0.priority == 10 } && harness.simulator.accepted.count == 9)
+        // The starts past the budget say what enforce mode would have done with them.
+        let decisions = Dictionary(uniqueKeysWithValues: outcomes.compactMap { outcome in
+            (outcome["id"] as? String).map { ($0, outcome["policy_decision"] as? String ?? "") }
+        })
+        #expect(decisions.filter { $0.key.hasPrefix("start-") && $0.value == "park" }.count == 2, "\(decisions)")
+        #expect(decisions.filter { $0.key.hasPrefix("update-") }.allSatisfy { $0.value == "send" }, "\(decisions)")
         try await harness.stopExpectingOneOutcomeEach()
     }
 }

@@ -53,6 +53,7 @@ extension RelayPipeline {
         guard var outcome = delivery.ending.outcome else { return }
         outcome.badge = delivery.badge
         if delivery.priorityDowngraded { outcome.priorityDowngraded = true }
+        if let decision = delivery.policyDecision { outcome.policyDecision = decision }
         delivery.ending.outcome = outcome
         if outcome.status == .delivered, delivery.intent.channelID == nil {
             delivery.ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
@@ -123,6 +124,9 @@ extension RelayPipeline {
         var parkedDue: Int64?
         /// A priority-10 Live Activity update past its budget, sent at priority 5.
         var priorityDowngraded = false
+        /// The outcome's `policy_decision` when pacing decided past the admission (a start past
+        /// its budget in shadow mode: `park`), else the admission's.
+        var policyDecision: String?
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
             self.intent = intent
@@ -140,9 +144,10 @@ extension RelayPipeline {
     /// device's mailbox until the window allows, as any parked intent (a newer one displaces it,
     /// its expiration ends it). False when the delivery ended here (parked, or abandoned).
     /// Redis failing with `redis.fail_open`: sent unpaced. In shadow mode (`policy.mode`) the
-    /// budget is spent as in enforce mode and what it would do is counted
-    /// (`apns_relay_policy_decisions_total`, decision `park` for a start, `downgrade` for an
-    /// update), and the push goes out as it came.
+    /// budget is spent as in enforce mode, and the push goes out as it came, its outcome saying
+    /// `park` for a start past its budget. In both modes a push past its budget is counted in
+    /// `apns_relay_policy_decisions_total` (decision `park` for a start, `downgrade` for an
+    /// update).
     @inline(never)
     func pace(_ delivery: Delivery) async -> Bool {
         guard let pacer = liveActivityPacer else { return true }
@@ -170,10 +175,13 @@ extension RelayPipeline {
             return true
         }
         let now = nowMilliseconds()
+        // Counted in both modes, so that shadow and enforce compare (the admission counted `send`).
+        if start || event != "end" {
+            RelayMetrics.policyDecision(topic: topic, decision: start ? "park" : "downgrade", mode: rules.mode.rawValue)
+        }
         if rules.mode == .shadow {
-            if start || event != "end" {
-                RelayMetrics.policyDecision(topic: topic, decision: start ? "park" : "downgrade", mode: rules.mode.rawValue)
-            }
+            // What enforce mode would have done with a start (an update stays `send`, downgraded).
+            if start { delivery.policyDecision = "park" }
             return true
         }
         if start {
