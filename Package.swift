@@ -161,7 +161,8 @@ let package = Package(
                 .product(name: "OTel", package: "swift-otel", condition: .when(traits: ["OTLPExport"])),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
-            resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token", "budget", "quarantine", "displaced", "hand_over"].map {
+            resources: ["mark_waiting", "park", "take", "release", "badge", "provider_token", "budget", "quarantine", "displaced", "hand_over", "backoff",
+                        "note_backoff"].map {
                 .embedInCode("Policy/Scripts/\($0).lua")
             },
             swiftSettings: strict),

@@ -129,4 +129,39 @@ struct ShadowPolicyTests {
         #expect(decisions.filter { $0.key.hasPrefix("update-") }.allSatisfy { $0.value == "send" }, "\(decisions)")
         try await harness.stopExpectingOneOutcomeEach()
     }
+
+    /// A 429 in shadow mode: enforce mode would have parked the intent and backed its device
+    /// off. The intent is retried and delivered as with the policy off, its outcome says `park`,
+    /// and the device's backoff moves in Redis as enforce mode's park moves it, so that the next
+    /// intent during the backoff is decided `park` as enforce mode would (and sent all the same).
+    @Test func aTooManyRequestsIsDecidedAsEnforceModeWouldAndRetried() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.defaults.mode = .shadow
+            $0.policy.backoffInitialSeconds = 30
+            $0.policy.backoffMaxSeconds = 60
+        }, simulator: {
+            $0.behaviour.rateLimitPerDevice = 1
+            $0.behaviour.rateLimitWindow = .seconds(1)
+        })
+        let device = hexToken(0x5C1)
+        try await harness.produce(intent("first", token: device), key: device)
+        try await harness.produce(intent("second", token: device), key: device)
+        var outcomes = PolicyTests.byID(try await harness.outcomes(count: 2))
+        #expect(outcomes["first"]?["policy_decision"] as? String == "send")
+        #expect(outcomes["second"]?["status"] as? String == "delivered" && outcomes["second"]?["policy_decision"] as? String == "park",
+                "\(outcomes["second"] ?? [:])")
+        #expect((outcomes["second"]?["attempts"] as? Int ?? 0) >= 2, "retried after its 429")
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let backoff = try await client.send(RedisCommand("GET", [RedisKeys.standard.backoff(token: device)])).string
+        let until = try #require(backoff.flatMap { Int64($0.split(separator: " ").first ?? "") }, "no backoff written")
+        #expect(until > Int64(Date().timeIntervalSince1970 * 1000) + 20_000, "\(backoff ?? "")")
+        await client.shutdown()
+        // During the backoff: decided `park`, sent.
+        try await harness.produce(intent("third", token: device), key: device)
+        outcomes = PolicyTests.byID(Array(try await harness.outcomes(count: 3).suffix(1)))
+        #expect(outcomes["third"]?["status"] as? String == "delivered" && outcomes["third"]?["policy_decision"] as? String == "park",
+                "\(outcomes["third"] ?? [:])")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
 }

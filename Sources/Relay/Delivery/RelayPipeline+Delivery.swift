@@ -124,8 +124,8 @@ extension RelayPipeline {
         var parkedDue: Int64?
         /// A priority-10 Live Activity update past its budget, sent at priority 5.
         var priorityDowngraded = false
-        /// The outcome's `policy_decision` when pacing decided past the admission (a start past
-        /// its budget in shadow mode: `park`), else the admission's.
+        /// The outcome's `policy_decision` when a decision came past the admission in shadow
+        /// mode (a start past its budget, a 429: `park`), else the admission's.
         var policyDecision: String?
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
@@ -169,7 +169,7 @@ extension RelayPipeline {
         }) else {
             return isCurrent(delivery.item) && !Task.isCancelled
         }
-        let topic = credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other"
+        let topic = metricsTopic(intent.topic)
         guard let wait = spent else {
             RelayMetrics.liveActivityBudgetSpent(topic: topic, budget: budget.name)
             return true
@@ -277,7 +277,31 @@ extension RelayPipeline {
             answer = .failure(error)
         }
         delivery.item.traced?.sendEnds()
-        return judge(answer, delivery, sentAt: sentAt)
+        let action = judge(answer, delivery, sentAt: sentAt)
+        if case .success(let result) = answer, result.reason == .tooManyRequests { await noteShadowBackoff(delivery) }
+        return action
+    }
+
+    /// A 429 for a device whose topic is in shadow mode: enforce mode would have parked the
+    /// intent and backed the device off. The decision is counted and named on the outcome
+    /// (`park`), and the device's backoff moves as enforce mode's park moves it, so that later
+    /// admissions decide as enforce mode's would; the intent is retried as with the policy off.
+    /// One try: a Redis that fails leaves the backoff where it was (shadow mode only observes).
+    func noteShadowBackoff(_ delivery: Delivery) async {
+        let intent = delivery.intent
+        guard let policy, intent.channelID == nil, configuration.policy.rules(for: intent.topic).mode == .shadow else { return }
+        RelayMetrics.policyDecision(topic: metricsTopic(intent.topic), decision: "park", mode: RelayConfiguration.Policy.Mode.shadow.rawValue)
+        delivery.policyDecision = "park"
+        do {
+            _ = try await policy.noteBackoff(token: intent.token, now: nowMilliseconds())
+        } catch {
+            logger.warning("a 429 in shadow mode did not move the device's backoff", metadata: metadata(delivery.item, ["redis.error": "\(error)"]))
+        }
+    }
+
+    /// The `apns_topic` label for `topic`: a configured one, else `other` (labels stay bounded).
+    func metricsTopic(_ topic: String) -> String {
+        credentials.index(forTopic: topic) != nil ? topic : "other"
     }
 
     func leftAPNs(_ delivery: Delivery) {
@@ -303,6 +327,11 @@ extension RelayPipeline {
     func park(_ delivery: Delivery, due: Int64, tooManyRequests: Bool) async -> DeliveryStateMachine.Action {
         let parked = await park(delivery.item, due: due, tooManyRequests: tooManyRequests)
         if parked { delivery.parkedDue = due }
+        if parked, tooManyRequests {
+            // Counted as shadow mode counts its 429s (``noteShadowBackoff(_:)``).
+            RelayMetrics.policyDecision(topic: metricsTopic(delivery.intent.topic), decision: "park",
+                                        mode: RelayConfiguration.Policy.Mode.enforce.rawValue)
+        }
         return delivery.machine.park(succeeded: parked, tooManyRequests: tooManyRequests, now: clock(),
                                      nowMilliseconds: nowMilliseconds())
     }

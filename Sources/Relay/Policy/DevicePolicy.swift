@@ -62,7 +62,12 @@ struct DevicePolicy: Sendable {
     /// mailbox keeps (the one parking, or the newer one that displaced it: then the due time
     /// answered is not the one parking's, and a claim the one parking held ends).
     static let parkScript = RedisScript(RedisScripts.source(PackageResources.mark_waiting_lua, PackageResources.displaced_lua,
-                                                            PackageResources.park_lua))
+                                                            PackageResources.backoff_lua, PackageResources.park_lua))
+
+    /// Moves a device's 429 backoff as a park after a 429 does (Scripts/backoff.lua), parking
+    /// nothing: shadow mode's 429. KEYS: backoff. ARGV: now ms, base ms, maximum ms. Answers
+    /// when the backoff ends.
+    static let noteBackoffScript = RedisScript(RedisScripts.source(PackageResources.backoff_lua, PackageResources.note_backoff_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
     /// token as an admission does, see ``Bucket``).
@@ -151,6 +156,20 @@ struct DevicePolicy: Sendable {
         /// The end of that lease: its due-index member stands there, so that if the relay
         /// holding the lease dies, the partition's poll hands it over then.
         var leaseEnds: Int64
+    }
+
+    /// A 429 for `token` in shadow mode: its backoff moves as enforce mode's park would move it
+    /// (``noteBackoffScript``), so that shadow mode's later admissions decide as enforce mode's.
+    func noteBackoff(token: String, now: Int64) async throws(RedisError) -> Int64 {
+        let replies = try await client.pipelineLoading([Self.noteBackoffScript], [
+            RedisCommand.evalsha(Self.noteBackoffScript, keys: [keys.backoff(token: token)],
+                                 arguments: [now, backoffBaseMilliseconds, backoffMaximumMilliseconds]),
+        ])
+        guard let until = replies[0].integer else {
+            if case .error(let message) = replies[0] { throw .server(message) }
+            throw .protocolError("the backoff script answered \(replies[0])")
+        }
+        return until
     }
 
     /// A hand-over's owner, for the leases of the displaced entries it is handed: the same

@@ -106,7 +106,7 @@ extension RelayPipeline {
     func shadowed(_ admission: Admission, _ intent: Intent) -> (Admission, String?) {
         guard let decision = Self.policyDecision(admission) else { return (admission, nil) }
         let mode = configuration.policy.rules(for: intent.topic).mode
-        RelayMetrics.policyDecision(topic: credentials.index(forTopic: intent.topic) != nil ? intent.topic : "other",
+        RelayMetrics.policyDecision(topic: metricsTopic(intent.topic),
                                     decision: decision, mode: mode.rawValue)
         return (mode == .shadow ? .send : admission, decision)
     }

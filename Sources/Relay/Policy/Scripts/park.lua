@@ -1,17 +1,6 @@
 local now, due = tonumber(ARGV[5]), tonumber(ARGV[4])
 if ARGV[6] == '1' then
-    local bu, bl = 0, 0
-    local b = redis.call('GET', KEYS[2])
-    if b then
-        local u, l = string.match(b, '^(%d+) (%d+)$')
-        bu, bl = tonumber(u) or 0, tonumber(l) or 0
-    end
-    local base, top = tonumber(ARGV[7]), tonumber(ARGV[8])
-    if bu == 0 or now > bu + top then bl = 0 else bl = bl + 1 end
-    local length = math.min(top, base * (2 ^ math.min(bl, 30)))
-    bu = now + length
-    redis.call('SET', KEYS[2], bu .. ' ' .. bl, 'PX', length + top)
-    due = math.max(due, bu)
+    due = math.max(due, backOff(KEYS[2], now, tonumber(ARGV[7]), tonumber(ARGV[8])))
 end
 local m = redis.call('HMGET', KEYS[1], 'pid', 'p', 'cid', 'c', 'pd')
 -- Whether the entry of `id` (parked or being sent) came later in the same partition of the
