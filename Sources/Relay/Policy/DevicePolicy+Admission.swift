@@ -184,6 +184,7 @@ extension DevicePolicy {
                     command.appendArgument { keys.writeWaiting(&$0, token: token, topic: topic) }
                     for id in ids { command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: id) } }
                     if group.readsUnregistered { command.appendArgument { keys.writeUnregistered(&$0, token: token, topic: topic) } }
+                    if group.rules.mode == .shadow { command.appendArgument { keys.writeShadowWaiting(&$0, token: token, topic: topic) } }
                 }
             }
             let replies = try await policy.client.submit(reads).get()
@@ -201,7 +202,9 @@ extension DevicePolicy {
                     answers.append(.failure(.server(message)))
                     continue
                 }
-                guard let values = stored.array, values.count == 3 + group.ids.count + (group.readsUnregistered ? 1 : 0) else {
+                let shadow = group.rules.mode == .shadow
+                guard let values = stored.array,
+                      values.count == 3 + group.ids.count + (group.readsUnregistered ? 1 : 0) + (shadow ? 1 : 0) else {
                     throw .protocolError("MGET answered \(stored)")
                 }
                 var bucket = Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
@@ -209,10 +212,27 @@ extension DevicePolicy {
                 // A value that does not read as a time (Redis holds whatever was written) is
                 // no remembered 410: the intent is sent and APNs answers.
                 let unregisteredAt = group.readsUnregistered ? values[3 + group.ids.count].integer : nil
-                let decisions = DevicePolicy.decide(group, waiting: values[2].bytes, backoffUntil: backoffUntil,
-                                                    bucket: &bucket, now: now, unregisteredAt: unregisteredAt) { position in
+                // In shadow mode the mailbox enforce mode would have (``ShadowMailbox``), unless
+                // the real one holds an intent (parked before a switch to shadow mode).
+                let mailbox = values[2].bytes
+                let shadowMailbox = shadow && (values[values.count - 1].integer ?? .min) > now ? ShadowMailbox.note : nil
+                let holdsParked = DevicePolicy.mailbox(mailbox, holdsFor: "") != .nothing
+                let decisions = DevicePolicy.decide(group, waiting: holdsParked ? mailbox : shadowMailbox ?? mailbox,
+                                                    backoffUntil: backoffUntil, bucket: &bucket, now: now,
+                                                    unregisteredAt: unregisteredAt) { position in
                     let record = values[3 + position]
                     return record.isNull ? nil : .some(record.string.flatMap(AnswerRecord.init))
+                }
+                if shadow, !holdsParked,
+                   let until = ShadowMailbox.noting(group, decisions, held: shadowMailbox, backoffUntil: backoffUntil, bucket: &bucket) {
+                    let token = group.token, topic = group.topic
+                    writes.append("SET") { command in
+                        command.appendArgument { keys.writeShadowWaiting(&$0, token: token, topic: topic) }
+                        command.append(until)
+                        command.append("PX")
+                        command.append(max(1, until - now) + 60_000)
+                    }
+                    written.append(answers.count)
                 }
                 if let arrival = bucket.spent {
                     let token = group.token
@@ -244,6 +264,35 @@ extension DevicePolicy {
         }
     }
 
+    /// Shadow mode's stand-in for the mailbox it never writes (`shadow-waiting` in RedisKeys):
+    /// enforce mode parks a device's first intent that must wait, holds the device's later
+    /// intents behind it until its due time, and spends a token when it takes it then. Shadow
+    /// mode notes that due time, so until then the device's
+    /// later intents are decided `park` as enforce mode's are, and spends the token the take
+    /// would spend, so the bucket after the due time is enforce mode's. What is left apart: a
+    /// take comes a mailbox poll after the due time in enforce mode, and its claim holds the
+    /// device's intents until the send is answered, where the note ends at the due time; a
+    /// redelivery of the intent enforce mode parked is answered by its mailbox there (no
+    /// decision), decided again here.
+    enum ShadowMailbox {
+        /// A noted mailbox as the admission sees it: the `waiting` string of a mailbox holding
+        /// an id no intent has (invalid UTF-8), so that it holds every intent back and is never
+        /// "this intent".
+        static let note: [UInt8] = Array("0:".utf8) + [0xFF]
+
+        /// Until when to note the device's mailbox after a group's decisions, its token
+        /// reserved: when an intent would park (expiration 0 intents cannot) and the device had
+        /// nothing noted. Nil: nothing to note.
+        static func noting(_ group: Group, _ decisions: [Admission], held: [UInt8]?, backoffUntil: Int64,
+                           bucket: inout Bucket) -> Int64? {
+            guard DevicePolicy.mailbox(held, holdsFor: "") == .nothing,
+                  decisions.indices.contains(where: { decisions[$0] == .wait && !group.nowOrNever[$0] }) else { return nil }
+            let due = max(backoffUntil, bucket.due)
+            bucket.reserve(at: due)
+            return due
+        }
+    }
+
     /// A device's token bucket as a GCRA theoretical arrival time (see the key list above).
     struct Bucket {
         let burst: Int64
@@ -272,6 +321,14 @@ extension DevicePolicy {
 
         /// When the next token is there.
         var due: Int64 { burst > 0 ? max(now, arrival - (burst - 1) * interval) : now }
+
+        /// Spends the token a mailbox take at `due` (when the bucket has one) will spend: as
+        /// Scripts/take.lua does, from `due` at the earliest.
+        mutating func reserve(at due: Int64) {
+            guard burst > 0 else { return }
+            arrival = max(arrival, due) + interval
+            spent = arrival
+        }
 
         /// `<until ms> <level>` as stored.
         static func backoff(_ stored: String?) -> (until: Int64, level: Int64)? {

@@ -20,6 +20,10 @@
 /// - `apns-relay:waiting:{<token>}:<topic>` — string `<length of pid>:<pid><cid>`: the ids the
 ///   mailbox holds, kept by the scripts next to it (with its TTL) so that an admission reads
 ///   them with the other strings in one `MGET`.
+/// - `apns-relay:shadow-waiting:{<token>}:<topic>` — string, epoch ms: in shadow mode
+///   (`policy.mode`), the due time of the intent enforce mode would have parked, so that until
+///   then shadow mode decides the device's later intents as enforce mode would (they wait
+///   behind it) (``DevicePolicy/ShadowMailbox``). Enforce mode never reads it.
 /// - `apns-relay:last:{<token>}:<topic>` — string, the last notification APNs accepted
 ///   (``DeviceRecords``).
 /// - `apns-relay:unregistered:{<token>}:<topic>` — string, the timestamp (epoch ms) of APNs' last
@@ -63,6 +67,7 @@ struct RedisKeys: Sendable, Equatable {
     func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
     func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
     func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
+    func shadowWaiting(token: String, topic: String) -> String { string { writeShadowWaiting(&$0, token: token, topic: topic) } }
     func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
     func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
     func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
@@ -103,6 +108,10 @@ struct RedisKeys: Sendable, Equatable {
 
     func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "waiting", token: token, topic: topic)
+    }
+
+    func writeShadowWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
+        write(&bytes, "shadow-waiting", token: token, topic: topic)
     }
 
     func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
