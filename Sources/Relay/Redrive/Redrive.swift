@@ -168,6 +168,14 @@ public struct Redrive: Sendable {
                 note(Decision(outcome: outcome, skipped: .answered))
                 continue
             }
+            // A newer intent of the device waiting in its mailbox, or being sent from it: the
+            // re-driven one, newer there by its new offset, would displace it (or follow it).
+            if let redis, Self.mailboxHoldsNewer(try await ask(redis, RedisCommand("HMGET", [
+                keys.mailbox(token: intent.recipient, topic: intent.topic), "pid", "p", "cid", "c",
+            ])), than: outcome, defaultLane: configuration.kafka.intentsTopic) {
+                note(Decision(outcome: outcome, skipped: .superseded))
+                continue
+            }
             checked.append((outcome, original, intent))
         }
         // 4. Of those with one collapse id for one recipient, the newest only: the older ones
@@ -235,6 +243,24 @@ public struct Redrive: Sendable {
 
     /// How long a redrive mark stands before its produce is confirmed.
     static let markBeforeProducing = Duration.seconds(300)
+
+    /// Whether a device's mailbox (`HMGET pid p cid c`) holds another intent that came after
+    /// `outcome`'s: later in the same lane's partition, or else consumed after `outcome`'s
+    /// intent was. A mailbox entry no relay could read counts as newer (nothing is re-driven
+    /// past what cannot be told).
+    static func mailboxHoldsNewer(_ reply: RESPValue, than outcome: RedriveSelection.Outcome, defaultLane: String) -> Bool {
+        guard let fields = reply.array, fields.count == 4 else { return false }
+        for (id, entry) in [(fields[0], fields[1]), (fields[2], fields[3])] {
+            guard let id = id.string, id != outcome.id else { continue }
+            guard let bytes = entry.bytes, let entry = DevicePolicy.Entry(bytes) else { return true }
+            if (entry.lane ?? defaultLane) == outcome.lane, entry.partition == outcome.partition {
+                if entry.offset > outcome.offset { return true }
+            } else if entry.consumedAt > outcome.consumedAt {
+                return true
+            }
+        }
+        return false
+    }
 
     /// The intent's message with `redrive` and its expiration added as its last members, which
     /// the relay reads over earlier ones of the same name.

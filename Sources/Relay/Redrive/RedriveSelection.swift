@@ -48,6 +48,8 @@ public struct RedriveSelection: Sendable {
         public var partition: Int32
         public var offset: Int64
         public var at: Int64
+        /// When the intent was consumed (`at` less `latency_ms`; `at` without it).
+        public var consumedAt: Int64
 
         /// Nil for what is no outcome of an intent a redrive could fetch (an invalid message
         /// without an id, a record that is not an outcome).
@@ -72,10 +74,12 @@ public struct RedriveSelection: Sendable {
             self.partition = Int32(clamping: partition)
             self.offset = Int64(offset)
             self.at = Int64(at)
+            consumedAt = self.at - Int64((object["latency_ms"] as? Int).map { max(0, $0) } ?? 0)
         }
 
         public init(id: String, recipient: String, topic: String, status: String, reason: String? = nil, collapseID: String? = nil,
-                    lane: String, partition: Int32, offset: Int64, at: Int64) {
+                    lane: String, partition: Int32, offset: Int64, at: Int64, consumedAt: Int64? = nil) {
+            self.consumedAt = consumedAt ?? at
             self.id = id
             self.recipient = recipient
             self.topic = topic
@@ -111,8 +115,9 @@ public struct RedriveSelection: Sendable {
     private var matched: [String: Outcome] = [:]
     /// Per (recipient, topic, id), when its newest outcome the filter does not select was decided.
     private var answeredAt: [String: Int64] = [:]
-    /// Per (recipient, topic, collapse id), the newest delivery.
-    private var deliveredAt: [String: Int64] = [:]
+    /// Per (recipient, topic, collapse id), where each intent answered was (its newest outcome's
+    /// place, by id).
+    private var collapsed: [String: [String: Outcome]] = [:]
     public private(set) var outcomesRead = 0
 
     public init(filter: RedriveFilter) {
@@ -134,9 +139,9 @@ public struct RedriveSelection: Sendable {
             // An answer (a failure again is none: the intent is still to be sent).
             answeredAt[key] = max(answeredAt[key] ?? .min, outcome.at)
         }
-        if outcome.status == "delivered", let collapseID = outcome.collapseID {
+        if let collapseID = outcome.collapseID {
             let collapse = Self.collapseKey(outcome, collapseID)
-            deliveredAt[collapse] = max(deliveredAt[collapse] ?? .min, outcome.at)
+            if (collapsed[collapse]?[outcome.id]?.at ?? .min) <= outcome.at { collapsed[collapse, default: [:]][outcome.id] = outcome }
         }
     }
 
@@ -146,13 +151,23 @@ public struct RedriveSelection: Sendable {
         for outcome in matched.values.sorted(by: Self.older) {
             if let answered = answeredAt[Self.key(outcome)], answered > outcome.at {
                 skipped.append((outcome, .answered))
-            } else if let collapseID = outcome.collapseID, (deliveredAt[Self.collapseKey(outcome, collapseID)] ?? .min) > outcome.at {
+            } else if let collapseID = outcome.collapseID,
+                      (collapsed[Self.collapseKey(outcome, collapseID)] ?? [:]).values.contains(where: { Self.isNewer($0, than: outcome) }) {
                 skipped.append((outcome, .superseded))
             } else {
                 redrive.append(outcome)
             }
         }
         return (redrive, skipped)
+    }
+
+    /// Whether `other` is another intent that came after `outcome`'s: later in the same lane's
+    /// partition, or else consumed later. Whatever its answer (delivered, failed, still to be
+    /// re-driven), a re-drive of the older one would put older content on the device after it.
+    static func isNewer(_ other: Outcome, than outcome: Outcome) -> Bool {
+        guard other.id != outcome.id else { return false }
+        if other.lane == outcome.lane, other.partition == outcome.partition { return other.offset > outcome.offset }
+        return other.consumedAt > outcome.consumedAt
     }
 
     /// Older first: by when the outcome was decided, then where the intent was.
