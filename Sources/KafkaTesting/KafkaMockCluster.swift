@@ -1,4 +1,5 @@
 import CRdKafka
+import Foundation
 import Spawn
 import Glibc
 public import Kafka
@@ -119,8 +120,18 @@ public final class KafkaMockCluster: @unchecked Sendable {
     /// Taken down, librdkafka's mock broker closes its listener and binds its port again at
     /// once (to come back on it), and aborts the process if that bind fails. It fails while a
     /// child process this process is starting still holds a copy of the listener, so no child
-    /// starts meanwhile (``ChildProcess/withoutChildrenStarting(_:)``).
-    public func setBroker(_ broker: Int32, up: Bool) {
+    /// starts meanwhile (``ChildProcess/withoutChildrenStarting(_:)``). The request blocks (on
+    /// the cluster's thread, and on a child being started), so it runs on a thread of its own.
+    public func setBroker(_ broker: Int32, up: Bool) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            Thread {
+                self.setBrokerBlocking(broker, up: up)
+                continuation.resume()
+            }.start()
+        }
+    }
+
+    private func setBrokerBlocking(_ broker: Int32, up: Bool) {
         let result = command {
             ChildProcess.withoutChildrenStarting {
                 up ? rd_kafka_mock_broker_set_up(cluster, broker) : rd_kafka_mock_broker_set_down(cluster, broker)

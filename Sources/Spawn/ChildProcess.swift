@@ -70,7 +70,7 @@ public final class ChildProcess: Sendable {
     /// Runs `body` while no child is starting, so that a socket closed in it is closed at once:
     /// a listener closed and bound again on its port (as librdkafka's mock broker does when it
     /// is taken down) would otherwise find the port still listened on by a child's copy, and
-    /// fail with `EADDRINUSE`.
+    /// fail with `EADDRINUSE`. `body` must not start a child itself (the lock is not reentrant).
     public static func withoutChildrenStarting<Result>(_ body: () throws -> Result) rethrows -> Result {
         try spawning.withLock { _ in try body() }
     }

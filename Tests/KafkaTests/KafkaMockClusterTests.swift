@@ -2,6 +2,7 @@ import Foundation
 import KafkaTesting
 import Spawn
 import Synchronization
+import TestSupport
 import Testing
 
 /// The mock cluster as the outage tests drive it, next to what the rest of a test process does.
@@ -11,24 +12,26 @@ import Testing
     /// at that moment still holds a copy of the listener (between its `clone` and the `exec`
     /// that closes it): the port is still listened on. Tests start redis-servers and other
     /// children while others take brokers down, so the two must not meet.
-    @Test func aBrokerGoesDownAndUpWhileChildrenStart() throws {
+    @Test func aBrokerGoesDownAndUpWhileChildrenStart() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let stop = Atomic<Bool>(false)
         let started = Atomic<Int>(0)
+        let finished = DispatchSemaphore(value: 0)
         let spawner = Thread {
             while !stop.load(ordering: .relaxed) {
                 guard let child = try? ChildProcess(executable: "/bin/true", arguments: []) else { continue }
                 _ = child.wait()
                 started.add(1, ordering: .relaxed)
             }
+            finished.signal()
         }
         spawner.start()
-        defer { stop.store(true, ordering: .relaxed) }
         for _ in 0..<1_000 {
-            cluster.setBroker(1, up: false)
-            cluster.setBroker(1, up: true)
+            await cluster.setBroker(1, up: false)
+            await cluster.setBroker(1, up: true)
         }
         stop.store(true, ordering: .relaxed)
+        await onOwnThread { finished.wait() }
         #expect(started.load(ordering: .relaxed) > 0)
     }
 }

@@ -417,9 +417,9 @@ struct KafkaStatisticsTests {
         #expect(consumed.brokers.allSatisfy(\.isUp) && !consumed.brokers.isEmpty, "\(consumed.brokers)")
         #expect(produced.queuedMessages == 0)
         #expect(Set(consumed.partitions.map(\.topic)) == [topic])
-        cluster.setBroker(1, up: false)
+        await cluster.setBroker(1, up: false)
         try await waitUntil(timeout: .seconds(30)) { heard.withLock { $0["consumer"]?.brokers.contains(where: \.isUp) == false } }
-        cluster.setBroker(1, up: true)
+        await cluster.setBroker(1, up: true)
         running.cancel()
         await consumer.close()
         await producer.close()

@@ -85,10 +85,10 @@ struct KafkaOutageTests {
         try await harness.produce(intent("warm-up", token: hexToken(1)), key: hexToken(1))
         _ = try await harness.outcomes(count: 1)
         #expect(harness.pipeline.notReadyReason == nil)
-        harness.cluster.setBroker(1, up: false)
+        await harness.cluster.setBroker(1, up: false)
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason?.hasPrefix("no Kafka broker reachable for") == true }
         #expect(harness.pipeline.notAliveReason == nil)
-        harness.cluster.setBroker(1, up: true)
+        await harness.cluster.setBroker(1, up: true)
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.notReadyReason == nil }
         try await harness.produce(intent("after", token: hexToken(2)), key: hexToken(2))
         _ = try await harness.outcomes(count: 2)

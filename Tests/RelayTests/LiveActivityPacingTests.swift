@@ -91,13 +91,19 @@ struct LiveActivityPacingTests {
     /// before the window allows comes out `expired`: never a silent drop.
     @Test func aWaitingStartExpiresWithItsExpiration() async throws {
         let redis = TestRedis(try await RedisServerProcess.started())
-        let harness = try await Self.harness(redis, paced: true)
+        let harness = try await Self.harness(redis, paced: true, startWindow: 60)
         let token = hexToken(0xC2)
         for index in 0..<5 { try await harness.produce(Self.start("start-\(index)", token: token), key: token) }
         _ = try await harness.outcomes(count: 5)
-        // The window (2 s, and a second's slack) opens in about 3 s; this start expires in one.
-        let expiration = Int(Date().timeIntervalSince1970) + 1
+        // The window opens in a minute; this start expires in 2 to 3 s.
+        let expiration = Int(Date().timeIntervalSince1970) + 3
         try await harness.produce(Self.start("late", token: token, expiration: expiration), key: token)
+        // It waits in the device's mailbox (then its expiration ends it there).
+        let client = try redis.client()
+        try await waitUntil(timeout: .seconds(30), asking: {
+            (try? await client.send(RedisCommand("HGET", [RedisKeys.standard.mailbox(token: token, topic: Self.topic), "pid"])).string) == "late"
+        })
+        await client.shutdown()
         let outcomes = PolicyTests.byID(try await harness.outcomes(count: 6))
         #expect(outcomes["late"]?["status"] as? String == "expired", "\(outcomes["late"] ?? [:])")
         #expect(harness.simulator.accepted.filter { $0.liveActivityEvent == "start" }.count == 5)

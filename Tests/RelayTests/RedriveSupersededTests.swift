@@ -61,12 +61,30 @@ struct RedriveSupersededTests {
         #expect(alone.redrive == ["failing"] && alone.superseded.isEmpty, "\(alone)")
     }
 
+    /// A re-driven copy that failed again is placed where its original was: the newer intent
+    /// delivered between the two still supersedes it, whatever the copy's own offset.
+    @Test func aRedrivenCopyIsComparedWhereItsOriginalWas() throws {
+        var copy: [String: Any] = ["id": "older", "token": Self.token, "topic": "com.example.app", "status": "failed",
+                                   "reason": "RetryDeadline", "collapse_id": "score", "lane": "intents", "partition": 0, "offset": 20,
+                                   "at": 60_000, "latency_ms": 100]
+        copy["redrive"] = ["lane": "intents", "partition": 0, "offset": 5, "at": 59_000]
+        let redriven = try #require(RedriveSelection.Outcome(json: [UInt8](try JSONSerialization.data(withJSONObject: copy))))
+        #expect(redriven.origin == .init(lane: "intents", partition: 0, offset: 5))
+        let decided = Self.decide([
+            Self.outcome("older", status: "failed", reason: "RetryDeadline", offset: 5, at: 30_000, consumed: 500),
+            Self.outcome("newer", status: "delivered", offset: 6, at: 31_000, consumed: 30_500),
+            redriven,
+        ])
+        #expect(decided.redrive.isEmpty && decided.superseded == ["older"], "\(decided)")
+    }
+
     /// With Redis: the device's mailbox holding a newer intent (parked, or being sent) keeps the
     /// older one from being re-driven; an older entry, or the intent itself, does not.
     @Test func aNewerIntentInTheMailboxSupersedes() {
         let failed = Self.outcome("failed", status: "failed", reason: "CredentialFault", offset: 5, at: 30_000, consumed: 30_000)
-        func entry(offset: Int64, consumedAt: Int64, lane: String? = nil) -> RESPValue {
-            var entry = DevicePolicy.Entry(partition: 0, offset: offset, consumedAt: consumedAt, expiration: 1_900_000_000, message: Array("{}".utf8))
+        func entry(offset: Int64, consumedAt: Int64, lane: String? = nil, collapse: String? = nil) -> RESPValue {
+            let message = collapse.map { #"{"collapse_id":"\#($0)"}"# } ?? "{}"
+            var entry = DevicePolicy.Entry(partition: 0, offset: offset, consumedAt: consumedAt, expiration: 1_900_000_000, message: Array(message.utf8))
             entry.lane = lane
             return .bulk(entry.encoded)
         }
@@ -74,7 +92,10 @@ struct RedriveSupersededTests {
             Redrive.mailboxHoldsNewer(.array(fields), than: failed, defaultLane: "intents")
         }
         #expect(holds([.bulk(Array("parked".utf8)), entry(offset: 6, consumedAt: 1_000), .null, .null]))
-        #expect(holds([.null, .null, .bulk(Array("sending".utf8)), entry(offset: 9, consumedAt: 1_000)]))
+        // Being sent: superseding only with the same collapse id (else the copy follows it).
+        #expect(holds([.null, .null, .bulk(Array("sending".utf8)), entry(offset: 9, consumedAt: 1_000, collapse: "score")]))
+        #expect(!holds([.null, .null, .bulk(Array("sending".utf8)), entry(offset: 9, consumedAt: 1_000, collapse: "chat")]))
+        #expect(!holds([.null, .null, .bulk(Array("sending".utf8)), entry(offset: 9, consumedAt: 1_000)]))
         #expect(!holds([.bulk(Array("parked".utf8)), entry(offset: 4, consumedAt: 40_000), .null, .null]), "older in the same partition")
         // On another lane, by when it was consumed.
         #expect(holds([.bulk(Array("parked".utf8)), entry(offset: 1, consumedAt: 31_000, lane: "intents.bulk"), .null, .null]))
@@ -82,5 +103,36 @@ struct RedriveSupersededTests {
         #expect(!holds([.bulk(Array("failed".utf8)), entry(offset: 5, consumedAt: 1_000), .null, .null]), "the intent itself")
         #expect(!holds([.null, .null, .null, .null]))
         #expect(holds([.bulk(Array("parked".utf8)), .bulk(Array("unreadable".utf8)), .null, .null]), "what cannot be told")
+    }
+
+    /// The filter: statuses (`failed` unless asked), the time range, a reason prefix, apps and
+    /// lanes, each narrowing the others.
+    @Test func theFilterNarrowsByEachOfItsFields() {
+        func outcome(_ id: String, status: String = "failed", reason: String? = "RetryDeadline", topic: String = "com.example.app",
+                     lane: String = "intents", at: Int) -> RedriveSelection.Outcome {
+            RedriveSelection.Outcome(id: id, recipient: Self.token, topic: topic, status: status, reason: reason, lane: lane,
+                                     partition: 0, offset: Int64(at), at: Int64(at))
+        }
+        let outcomes = [
+            outcome("early", at: 500), outcome("in", at: 1_500), outcome("late", at: 9_500),
+            outcome("expired", status: "expired", reason: nil, at: 1_600),
+            outcome("credential", reason: "CredentialFault: ExpiredProviderToken", at: 1_700),
+            outcome("other-app", topic: "com.example.other", at: 1_800),
+            outcome("bulk", lane: "intents.bulk", at: 1_900),
+        ]
+        func chosen(_ change: (inout RedriveFilter) -> Void) -> [String] {
+            var filter = RedriveFilter(since: 1_000)
+            filter.until = 9_000
+            change(&filter)
+            return outcomes.filter(filter.matches).map(\.id)
+        }
+        #expect(chosen { _ in } == ["in", "credential", "other-app", "bulk"])
+        #expect(chosen { $0.until = nil } == ["in", "late", "credential", "other-app", "bulk"])
+        #expect(chosen { $0.statuses = ["failed", "expired"] } == ["in", "expired", "credential", "other-app", "bulk"])
+        #expect(chosen { $0.reasonPrefix = "RetryDeadline" } == ["in", "other-app", "bulk"])
+        #expect(chosen { $0.reasonPrefix = "CredentialFault" } == ["credential"])
+        #expect(chosen { $0.topics = ["com.example.other"] } == ["other-app"])
+        #expect(chosen { $0.lanes = ["intents.bulk"] } == ["bulk"])
+        #expect(chosen { $0.lanes = ["intents"]; $0.topics = ["com.example.app"]; $0.reasonPrefix = "Retry" } == ["in"])
     }
 }

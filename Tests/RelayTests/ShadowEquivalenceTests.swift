@@ -10,7 +10,7 @@ import Testing
 /// redis-server: each mode on keys of its own, enforce mode's mailboxes parked into and taken
 /// from at their due times (the take answered at once), shadow mode with its note in their
 /// place (``DevicePolicy/ShadowMailbox``). Random arrival patterns: bursts and gaps, batches of
-/// one to three intents of a device, collapse pairs among them.
+/// one to three intents of a device, collapse pairs among them, some expiring within seconds.
 @Suite("Shadow and enforce decide alike", .timeLimit(.minutes(3)))
 struct ShadowEquivalenceTests {
     static let topic = "com.example.app"
@@ -60,7 +60,9 @@ struct ShadowEquivalenceTests {
             // Enforce mode's mailbox takes due by now, at their due times, in order.
             for (token, entry) in parked.sorted(by: { $0.value.due < $1.value.due }) where entry.due <= now {
                 let take = try await enforce.take(partition: partition, token: token, topic: Self.topic, id: entry.id, rules: rules, now: entry.due)
-                guard case .claimed = take else {
+                switch take {
+                case .claimed, .expired: break
+                default:
                     Issue.record("seed \(seed): the take of \(entry.id) at its due time answered \(take)")
                     return
                 }
@@ -71,15 +73,19 @@ struct ShadowEquivalenceTests {
             let token = tokens[Int(generator.next() % 3)]
             var group = DevicePolicy.Group(token: token, topic: Self.topic, rules: rules)
             let count = Int(generator.next() % 3) + 1
-            var ids: [String] = []
+            var ids: [String] = [], expirations: [Int64] = []
             for _ in 0..<count {
+                // Now and then one that expires within seconds: enforce mode's mailbox gives it
+                // no longer, and its take then spends nothing.
+                let expiration = generator.next() % 5 == 0 ? now / 1000 + Int64(generator.next() % 4) + 1 : now / 1000 + 86_400
                 ids.append("i\(next)")
-                _ = group.append("i\(next)", nowOrNever: false)
+                expirations.append(expiration)
+                _ = group.append("i\(next)", nowOrNever: false, expiration: expiration)
                 next += 1
             }
             if count >= 2, generator.next() % 3 == 0 { group.collapsesInto[count - 2] = count - 1 }
             var shadowGroup = DevicePolicy.Group(token: token, topic: Self.topic, rules: shadowRules)
-            for id in ids { _ = shadowGroup.append(id, nowOrNever: false) }
+            for (id, expiration) in zip(ids, expirations) { _ = shadowGroup.append(id, nowOrNever: false, expiration: expiration) }
             shadowGroup.collapsesInto = group.collapsesInto
             guard case .success(let enforced) = try await enforce.admission([group]).get(now: now).first,
                   case .success(let shadowed) = try await shadow.admission([shadowGroup]).get(now: now).first else {
@@ -102,7 +108,7 @@ struct ShadowEquivalenceTests {
             // Enforce mode parks what waits, into the device's mailbox.
             for (position, decision) in enforced.decisions.enumerated() where decision == .wait {
                 offset += 1
-                let entry = DevicePolicy.Entry(partition: 0, offset: offset, consumedAt: now, expiration: now / 1000 + 86_400,
+                let entry = DevicePolicy.Entry(partition: 0, offset: offset, consumedAt: now, expiration: expirations[position],
                                                message: Array(intent(ids[position], token: token).utf8))
                 let result = try await enforce.park(token: token, topic: Self.topic, id: ids[position], entry: entry, due: enforced.due,
                                                     now: now, tooManyRequests: false, owner: DevicePolicy.handOverOwner())

@@ -145,7 +145,8 @@ extension RelayPipeline {
     /// its expiration ends it). False when the delivery ended here (parked, or abandoned).
     /// Redis failing with `redis.fail_open`: sent unpaced. In shadow mode (`policy.mode`) the
     /// budget is spent as in enforce mode, and the push goes out as it came, its outcome saying
-    /// `park` for a start past its budget. In both modes a push past its budget is counted in
+    /// `park` for a start past its budget (which spends nothing here: enforce mode spends for it
+    /// when it leaves the mailbox). In both modes a push past its budget is counted in
     /// `apns_relay_policy_decisions_total` (decision `park` for a start, `downgrade` for an
     /// update).
     @inline(never)
@@ -287,9 +288,12 @@ extension RelayPipeline {
     /// (`park`), and the device's backoff moves as enforce mode's park moves it, so that later
     /// admissions decide as enforce mode's would; the intent is retried as with the policy off.
     /// One try: a Redis that fails leaves the backoff where it was (shadow mode only observes).
+    /// Once per delivery, as enforce mode parks once (its retries would raise the backoff's
+    /// level again), and not for a now-or-never intent, which enforce mode does not park.
     func noteShadowBackoff(_ delivery: Delivery) async {
         let intent = delivery.intent
-        guard let policy, intent.channelID == nil, configuration.policy.rules(for: intent.topic).mode == .shadow else { return }
+        guard let policy, intent.channelID == nil, intent.expiration != 0, delivery.policyDecision != "park",
+              configuration.policy.rules(for: intent.topic).mode == .shadow else { return }
         RelayMetrics.policyDecision(topic: metricsTopic(intent.topic), decision: "park", mode: RelayConfiguration.Policy.Mode.shadow.rawValue)
         delivery.policyDecision = "park"
         do {

@@ -75,7 +75,7 @@ enum BatchAdmission {
                 members.append([])
             }
             placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0,
-                                                         registeredAt: intent.tokenRegisteredAt))
+                                                         registeredAt: intent.tokenRegisteredAt, expiration: intent.expiration))
             members[group].append(index)
         }
         for (index, into) in collapsing {

@@ -51,6 +51,8 @@ extension DevicePolicy {
         private(set) var nowOrNever: [Bool] = []
         /// For each intent, its `token_registered_at`.
         private(set) var registeredAt: [Int64?] = []
+        /// For each intent, its expiration (epoch s).
+        private(set) var expirations: [Int64] = []
         /// The pair's remembered 410 is read (`policy.skip_known_unregistered`).
         var readsUnregistered = false
         /// For each intent, the position of the newest intent of its collapse id when that is
@@ -64,10 +66,11 @@ extension DevicePolicy {
         }
 
         /// Adds the next intent; answers its position.
-        mutating func append(_ id: String, nowOrNever: Bool, registeredAt: Int64? = nil) -> Int {
+        mutating func append(_ id: String, nowOrNever: Bool, registeredAt: Int64? = nil, expiration: Int64 = Intent.latestExpiration) -> Int {
             ids.append(id)
             self.nowOrNever.append(nowOrNever)
             self.registeredAt.append(registeredAt)
+            expirations.append(expiration)
             collapsesInto.append(nil)
             return ids.count - 1
         }
@@ -280,16 +283,18 @@ extension DevicePolicy {
         /// "this intent".
         static let note: [UInt8] = Array("0:".utf8) + [0xFF]
 
-        /// Until when to note the device's mailbox after a group's decisions, its token
-        /// reserved: when an intent would park (expiration 0 intents cannot) and the device had
-        /// nothing noted. Nil: nothing to note.
+        /// Until when to note the device's mailbox after a group's decisions: when an intent
+        /// would park (expiration 0 intents cannot) and the device had nothing noted, its due
+        /// time, which enforce mode caps at the newest parking intent's expiration (plus a
+        /// second) as Scripts/park.lua does, its token reserved unless that intent will have
+        /// expired by then (a take then spends none). Nil: nothing to note.
         static func noting(_ group: Group, _ decisions: [Admission], held: [UInt8]?, backoffUntil: Int64,
                            bucket: inout Bucket) -> Int64? {
             guard DevicePolicy.mailbox(held, holdsFor: "") == .nothing,
-                  decisions.indices.contains(where: { decisions[$0] == .wait && !group.nowOrNever[$0] }) else { return nil }
-            let due = max(backoffUntil, bucket.due)
-            bucket.reserve(at: due)
-            return due
+                  let parking = decisions.indices.last(where: { decisions[$0] == .wait && !group.nowOrNever[$0] }) else { return nil }
+            let due = max(backoffUntil, bucket.due), expiresAt = group.expirations[parking] * 1000
+            if expiresAt >= due { bucket.reserve(at: due) }
+            return min(due, expiresAt + 1000)
         }
     }
 

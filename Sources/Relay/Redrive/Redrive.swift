@@ -245,19 +245,23 @@ public struct Redrive: Sendable {
     static let markBeforeProducing = Duration.seconds(300)
 
     /// Whether a device's mailbox (`HMGET pid p cid c`) holds another intent that came after
-    /// `outcome`'s: later in the same lane's partition, or else consumed after `outcome`'s
-    /// intent was. A mailbox entry no relay could read counts as newer (nothing is re-driven
-    /// past what cannot be told).
+    /// `outcome`'s (later in the same lane's partition, else consumed after `outcome`'s intent
+    /// was): parked there, the re-driven copy (newer there by its new offset) would displace
+    /// it; being sent, only one with the same `collapse_id` is superseding (the copy would
+    /// follow it to the device). An entry no relay could read counts (nothing is re-driven past
+    /// what cannot be told).
     static func mailboxHoldsNewer(_ reply: RESPValue, than outcome: RedriveSelection.Outcome, defaultLane: String) -> Bool {
         guard let fields = reply.array, fields.count == 4 else { return false }
-        for (id, entry) in [(fields[0], fields[1]), (fields[2], fields[3])] {
+        for (id, entry, parked) in [(fields[0], fields[1], true), (fields[2], fields[3], false)] {
             guard let id = id.string, id != outcome.id else { continue }
             guard let bytes = entry.bytes, let entry = DevicePolicy.Entry(bytes) else { return true }
-            if (entry.lane ?? defaultLane) == outcome.lane, entry.partition == outcome.partition {
-                if entry.offset > outcome.offset { return true }
-            } else if entry.consumedAt > outcome.consumedAt {
-                return true
-            }
+            let origin = outcome.origin
+            let newer = (entry.lane ?? defaultLane) == origin.lane && entry.partition == origin.partition
+                ? entry.offset > origin.offset : entry.consumedAt > outcome.consumedAt
+            guard newer else { continue }
+            if parked { return true }
+            let object = try? JSONSerialization.jsonObject(with: Data(entry.message)) as? [String: Any]
+            if let collapseID = outcome.collapseID, object?["collapse_id"] as? String == collapseID { return true }
         }
         return false
     }

@@ -30,8 +30,8 @@ public struct RedriveFilter: Sendable {
 
 /// What a redrive run decides from the outcomes topic alone: the intents to fetch (the newest
 /// matching outcome of each (recipient, topic, id), the relay's dedupe key), and those skipped
-/// because a later outcome answered them, or a later delivery with their `collapse_id` reached
-/// their recipient. Fed the outcomes in the order read; pure, so that its rules are tested
+/// because a later outcome answered them, or a newer intent with their `collapse_id` has an
+/// outcome. Fed the outcomes in the order read; pure, so that its rules are tested
 /// without Kafka. (Which of the fetched ones a newer re-driven one supersedes, ``Redrive``
 /// decides once it knows which are re-driven.)
 public struct RedriveSelection: Sendable {
@@ -48,8 +48,20 @@ public struct RedriveSelection: Sendable {
         public var partition: Int32
         public var offset: Int64
         public var at: Int64
-        /// When the intent was consumed (`at` less `latency_ms`; `at` without it).
+        /// When the intent was consumed (`at` less `latency_ms`; `at` without it). For a
+        /// re-driven copy, the earliest time (its original's is not known): no other intent is
+        /// older than it by this measure.
         public var consumedAt: Int64
+        /// Where the intent first was: its own lane, partition and offset, or for a re-driven
+        /// copy its original's (the outcome's `redrive`), for telling which of two is newer.
+        public var origin: Place { originalPlace ?? Place(lane: lane, partition: partition, offset: offset) }
+        var originalPlace: Place?
+
+        public struct Place: Sendable, Equatable {
+            public var lane: String
+            public var partition: Int32
+            public var offset: Int64
+        }
 
         /// Nil for what is no outcome of an intent a redrive could fetch (an invalid message
         /// without an id, a record that is not an outcome).
@@ -75,6 +87,11 @@ public struct RedriveSelection: Sendable {
             self.offset = Int64(offset)
             self.at = Int64(at)
             consumedAt = self.at - Int64((object["latency_ms"] as? Int).map { max(0, $0) } ?? 0)
+            if let redrive = object["redrive"] as? [String: Any], let lane = redrive["lane"] as? String,
+               let partition = redrive["partition"] as? Int, let offset = redrive["offset"] as? Int {
+                originalPlace = Place(lane: lane, partition: Int32(clamping: partition), offset: Int64(offset))
+                consumedAt = .min
+            }
         }
 
         public init(id: String, recipient: String, topic: String, status: String, reason: String? = nil, collapseID: String? = nil,
@@ -97,8 +114,9 @@ public struct RedriveSelection: Sendable {
     public enum Skip: String, Sendable, CaseIterable {
         /// A later outcome answered it (`delivered`, `duplicate`...), or its dedupe record says so.
         case answered
-        /// A later delivery with the same `collapse_id` reached its recipient, or a newer
-        /// selected intent has the same one: it would replace a newer notification.
+        /// A newer intent of its recipient with the same `collapse_id` has an outcome, whatever
+        /// it says, or is re-driven too; or (with Redis) its recipient's mailbox holds a newer
+        /// intent: it would replace a newer notification.
         case superseded
         /// Its expiration passed (or it was now-or-never).
         case expired
@@ -115,9 +133,34 @@ public struct RedriveSelection: Sendable {
     private var matched: [String: Outcome] = [:]
     /// Per (recipient, topic, id), when its newest outcome the filter does not select was decided.
     private var answeredAt: [String: Int64] = [:]
-    /// Per (recipient, topic, collapse id), where each intent answered was (its newest outcome's
-    /// place, by id).
-    private var collapsed: [String: [String: Outcome]] = [:]
+    /// Per (recipient, topic, collapse id), the newest intents answered (whatever their answer).
+    private var later: [String: Later] = [:]
+
+    /// The newest intents of one (recipient, topic, collapse id): per lane partition the one
+    /// furthest on and the one consumed last. Enough to tell whether any other intent came
+    /// after a given one (``hasNewer(than:)``), in memory bounded by the partitions.
+    struct Later {
+        var furthest: [String: (offset: Int64, id: String)] = [:]
+        var latest: [String: (consumedAt: Int64, id: String)] = [:]
+
+        static func place(_ outcome: Outcome) -> String { "\(outcome.origin.lane) \(outcome.origin.partition)" }
+
+        mutating func add(_ outcome: Outcome) {
+            let place = Self.place(outcome)
+            if (furthest[place]?.offset ?? .min) < outcome.origin.offset { furthest[place] = (outcome.origin.offset, outcome.id) }
+            if (latest[place]?.consumedAt ?? .min) < outcome.consumedAt { latest[place] = (outcome.consumedAt, outcome.id) }
+        }
+
+        /// Whether another intent came after `outcome`'s: later in the same lane's partition
+        /// (by offset: intents consumed together have no order in time), or consumed later on
+        /// another.
+        func hasNewer(than outcome: Outcome) -> Bool {
+            let place = Self.place(outcome)
+            if let newest = furthest[place], newest.id != outcome.id, newest.offset > outcome.origin.offset { return true }
+            return latest.contains { $0.key != place && $0.value.id != outcome.id && $0.value.consumedAt > outcome.consumedAt }
+        }
+    }
+
     public private(set) var outcomesRead = 0
 
     public init(filter: RedriveFilter) {
@@ -139,10 +182,7 @@ public struct RedriveSelection: Sendable {
             // An answer (a failure again is none: the intent is still to be sent).
             answeredAt[key] = max(answeredAt[key] ?? .min, outcome.at)
         }
-        if let collapseID = outcome.collapseID {
-            let collapse = Self.collapseKey(outcome, collapseID)
-            if (collapsed[collapse]?[outcome.id]?.at ?? .min) <= outcome.at { collapsed[collapse, default: [:]][outcome.id] = outcome }
-        }
+        if let collapseID = outcome.collapseID { later[Self.collapseKey(outcome, collapseID), default: Later()].add(outcome) }
     }
 
     /// The outcomes to fetch, oldest first, and the ones skipped with why.
@@ -151,23 +191,13 @@ public struct RedriveSelection: Sendable {
         for outcome in matched.values.sorted(by: Self.older) {
             if let answered = answeredAt[Self.key(outcome)], answered > outcome.at {
                 skipped.append((outcome, .answered))
-            } else if let collapseID = outcome.collapseID,
-                      (collapsed[Self.collapseKey(outcome, collapseID)] ?? [:]).values.contains(where: { Self.isNewer($0, than: outcome) }) {
+            } else if let collapseID = outcome.collapseID, later[Self.collapseKey(outcome, collapseID)]?.hasNewer(than: outcome) == true {
                 skipped.append((outcome, .superseded))
             } else {
                 redrive.append(outcome)
             }
         }
         return (redrive, skipped)
-    }
-
-    /// Whether `other` is another intent that came after `outcome`'s: later in the same lane's
-    /// partition, or else consumed later. Whatever its answer (delivered, failed, still to be
-    /// re-driven), a re-drive of the older one would put older content on the device after it.
-    static func isNewer(_ other: Outcome, than outcome: Outcome) -> Bool {
-        guard other.id != outcome.id else { return false }
-        if other.lane == outcome.lane, other.partition == outcome.partition { return other.offset > outcome.offset }
-        return other.consumedAt > outcome.consumedAt
     }
 
     /// Older first: by when the outcome was decided, then where the intent was.
