@@ -283,31 +283,6 @@ extension RelayPipeline {
         return action
     }
 
-    /// A 429 for a device whose topic is in shadow mode: enforce mode would have parked the
-    /// intent and backed the device off. The decision is counted and named on the outcome
-    /// (`park`), and the device's backoff moves as enforce mode's park moves it, so that later
-    /// admissions decide as enforce mode's would; the intent is retried as with the policy off.
-    /// One try: a Redis that fails leaves the backoff where it was (shadow mode only observes).
-    /// Once per delivery, as enforce mode parks once (its retries would raise the backoff's
-    /// level again), and not for a now-or-never intent, which enforce mode does not park.
-    func noteShadowBackoff(_ delivery: Delivery) async {
-        let intent = delivery.intent
-        guard let policy, intent.channelID == nil, intent.expiration != 0, delivery.policyDecision != "park",
-              configuration.policy.rules(for: intent.topic).mode == .shadow else { return }
-        RelayMetrics.policyDecision(topic: metricsTopic(intent.topic), decision: "park", mode: RelayConfiguration.Policy.Mode.shadow.rawValue)
-        delivery.policyDecision = "park"
-        do {
-            _ = try await policy.noteBackoff(token: intent.token, now: nowMilliseconds())
-        } catch {
-            logger.warning("a 429 in shadow mode did not move the device's backoff", metadata: metadata(delivery.item, ["redis.error": "\(error)"]))
-        }
-    }
-
-    /// The `apns_topic` label for `topic`: a configured one, else `other` (labels stay bounded).
-    func metricsTopic(_ topic: String) -> String {
-        credentials.index(forTopic: topic) != nil ? topic : "other"
-    }
-
     func leftAPNs(_ delivery: Delivery) {
         guard delivery.ending.countedAtAPNs else { return }
         delivery.ending.countedAtAPNs = false
