@@ -193,7 +193,7 @@ extension RelayPipeline {
         }
         state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
         laneMetrics[item?.lane ?? lane(of: outcome.lane ?? "")].latency.recordMilliseconds(outcome.latencyMilliseconds)
-        RelayMetrics.outcome(outcome, topic: outcome.topic.flatMap { credentials.index(forTopic: $0) != nil ? $0 : nil } ?? "other")
+        RelayMetrics.outcome(outcome, topic: outcome.topic.map(metricsTopic) ?? "other")
         logger.debug("outcome published", metadata: Self.metadata(outcome))
         published?(outcome)
     }

@@ -270,9 +270,9 @@ extension DevicePolicy {
     /// Shadow mode's stand-in for the mailbox it never writes (`shadow-waiting` in RedisKeys):
     /// enforce mode parks a device's first intent that must wait, holds the device's later
     /// intents behind it until its due time, and spends a token when it takes it then. Shadow
-    /// mode notes that due time, so until then the device's
-    /// later intents are decided `park` as enforce mode's are, and spends the token the take
-    /// would spend, so the bucket after the due time is enforce mode's. What is left apart: a
+    /// mode notes that due time, so that until then the device's later intents are decided
+    /// `park` as enforce mode's are, and spends the token the take would spend, so that the
+    /// bucket after the due time is enforce mode's. What is left apart: a
     /// take comes a mailbox poll after the due time in enforce mode, and its claim holds the
     /// device's intents until the send is answered, where the note ends at the due time; a
     /// redelivery of the intent enforce mode parked is answered by its mailbox there (no
