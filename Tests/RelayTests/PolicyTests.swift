@@ -482,6 +482,33 @@ struct PolicyTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// A displaced entry no relay can read, handed over by a park: moved aside as an unreadable
+    /// claimed entry is, and counted. Before, every hand-over leased it again and left it
+    /// unindexed, so no poll took it either: it sat in the mailbox, unanswered and unlogged,
+    /// until the mailbox expired.
+    @Test func anUnreadableDisplacedEntryIsQuarantinedByTheNextHandOver() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.harness(redis, burst: 1, refill: 0.01)
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        let token = hexToken(0xd15bad)
+        let keys = RedisKeys.standard
+        let mailbox = keys.mailbox(token: token, topic: "com.example.app")
+        let stored = "0 0 -9223372036854775808 9223372036854775807\n" + intent("odd", token: token)
+        _ = try await client.send(RedisCommand("HSET", [mailbox, "d:odd", stored, "db:odd", "newer"]))
+        // The first goes out and spends the bucket; the second parks, and its park hands over.
+        try await harness.produce(intent("sent", token: token), key: token)
+        try await harness.produce(intent("parked", token: token), key: token)
+        try await harness.published.waitUntil { $0.count("delivered") == 1 }
+        let quarantine = keys.quarantine(token: token, topic: "com.example.app", id: "odd")
+        try await waitUntil(asking: { (try? await client.send(RedisCommand("GET", [quarantine])))?.string == stored })
+        let left = try await client.send(RedisCommand("HMGET", [mailbox, "d:odd", "db:odd", "dl:odd"])).array ?? []
+        #expect(left.count == 3 && left.allSatisfy(\.isNull), "\(left)")
+        #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "parked")
+        #expect(harness.pipeline.redisOutages == 0)
+        await client.shutdown()
+        try await harness.stopExpectingOneOutcomeEach(unanswered: 1)
+    }
+
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
         let redis = try await RedisServerProcess.started()
         let token = hexToken(0xd0)

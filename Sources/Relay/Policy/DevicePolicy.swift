@@ -176,11 +176,12 @@ struct DevicePolicy: Sendable {
     /// across the tries of one park or hand-over (a reply lost and asked again), new for the next.
     static func handOverOwner() -> String { String(UInt64.random(in: 1...UInt64.max), radix: 36) }
 
-    /// Parks an intent (see ``parkScript``) and indexes it; answers the entries displaced and
-    /// the id the mailbox keeps (`id`, or a newer intent that displaced it: then nothing is
+    /// Parks an intent (see ``parkScript``) and indexes it; answers the entries displaced, the
+    /// ids of those leased to this park that no relay can read (for ``quarantine(partition:token:topic:id:)``),
+    /// and the id the mailbox keeps (`id`, or a newer intent that displaced it: then nothing is
     /// indexed). `owner`: ``handOverOwner()``, the same when the park is asked again.
-    func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64,
-              tooManyRequests: Bool, owner: String) async throws(RedisError) -> (due: Int64, displaced: [Displaced], keeper: String) {
+    func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64, tooManyRequests: Bool,
+              owner: String) async throws(RedisError) -> (due: Int64, displaced: [Displaced], unreadable: [String], keeper: String) {
         let call = RedisCommand.evalsha(Self.parkScript, keys: [keys.mailbox(token: token, topic: topic), keys.backoff(token: token),
                                                                 keys.waiting(token: token, topic: topic)],
                                         arguments: [id, entry.encoded, entry.expiration, due, now, tooManyRequests ? "1" : "0",
@@ -195,7 +196,7 @@ struct DevicePolicy: Sendable {
               let keeper = values[2].string else {
             throw .protocolError("park script answered \(reply)")
         }
-        let displaced = Self.displaced(values[1])
+        let (displaced, unreadable) = Self.displaced(values[1])
         var indexing = displacedIndexing(displaced, token: token, topic: topic)
         if keeper == id {
             // Indexed after the mailbox write (the two keys are in different hash slots): a
@@ -209,21 +210,26 @@ struct DevicePolicy: Sendable {
             for reply in indexed.prefix(indexing.count) { if case .error(let message) = reply { throw .server(message) } }
             try checkReplicas(indexed.dropFirst(indexing.count))
         }
-        return (parkedDue, displaced, keeper)
+        return (parkedDue, displaced, unreadable, keeper)
     }
 
-    /// The displaced entries of a hand-over's answer ({id, entry, by, mine, lease end, ...});
-    /// unreadable ones are left out (they stay in the mailbox until it expires).
-    private static func displaced(_ reply: RESPValue) -> [Displaced] {
+    /// The displaced entries of a hand-over's answer ({id, entry, by, mine, lease end, ...}), and
+    /// the ids of those leased to this hand-over whose entry no relay can read: no due index
+    /// can hold them (their partition is in the entry), so the hand-over moves them aside.
+    private static func displaced(_ reply: RESPValue) -> (readable: [Displaced], unreadable: [String]) {
         let values = reply.array ?? []
-        var displaced: [Displaced] = []
+        var displaced: [Displaced] = [], unreadable: [String] = []
         for index in stride(from: 0, to: values.count - 4, by: 5) {
-            guard let id = values[index].string, let entry = values[index + 1].bytes.flatMap(Entry.init),
-                  let mine = values[index + 3].integer, let leaseEnds = values[index + 4].integer else { continue }
+            guard let id = values[index].string, let mine = values[index + 3].integer,
+                  let leaseEnds = values[index + 4].integer else { continue }
+            guard let entry = values[index + 1].bytes.flatMap(Entry.init) else {
+                if mine == 1 { unreadable.append(id) }
+                continue
+            }
             let by = values[index + 2].string.flatMap { $0.isEmpty ? nil : $0 }
             displaced.append(Displaced(id: id, entry: entry, by: by, mine: mine == 1, leaseEnds: leaseEnds))
         }
-        return displaced
+        return (displaced, unreadable)
     }
 
     /// Each displaced entry's due-index member, at its hand-over lease's end.
@@ -247,19 +253,21 @@ struct DevicePolicy: Sendable {
     /// whose `coalesced` outcome is not out, leased to `owner` where no other hand-over's lease
     /// runs, each one's due-index member moved to its lease's end; and the intent the mailbox
     /// holds now (parked, else being sent), for an entry that does not name what displaced it.
-    func handOver(token: String, topic: String, now: Int64, owner: String) async throws(RedisError) -> (holder: String?, entries: [Displaced]) {
+    /// Entries leased to `owner` that no relay can read come back as ids, for ``quarantine(partition:token:topic:id:)``.
+    func handOver(token: String, topic: String, now: Int64,
+                  owner: String) async throws(RedisError) -> (holder: String?, entries: [Displaced], unreadable: [String]) {
         let reply = try await client.evaluate(Self.handOverScript, keys: [keys.mailbox(token: token, topic: topic)],
                                               arguments: [now, claimLeaseMilliseconds, owner])
         if case .error(let message) = reply { throw .server(message) }
         guard case .array(let values) = reply, values.count == 2, let holder = values[0].string else {
             throw .protocolError("hand-over script answered \(reply)")
         }
-        let entries = Self.displaced(values[1])
+        let (entries, unreadable) = Self.displaced(values[1])
         let indexing = displacedIndexing(entries, token: token, topic: topic)
         if !indexing.isEmpty {
             for reply in try await client.pipeline(indexing) { if case .error(let message) = reply { throw .server(message) } }
         }
-        return (holder.isEmpty ? nil : holder, entries)
+        return (holder.isEmpty ? nil : holder, entries, unreadable)
     }
 
     /// The `coalesced` outcome of a displaced entry is out: it leaves the mailbox, and its
@@ -366,17 +374,20 @@ struct DevicePolicy: Sendable {
         }
     }
 
-    /// Moves an unreadable claimed entry out of its mailbox into
+    /// Moves an unreadable claimed (or displaced) entry out of its mailbox into
     /// `<prefix>quarantine:{<token>}:<topic>:<id>` (kept 30 days) and its member out of the due
-    /// index: it is no outage, and no poll takes it again.
-    /// False when the entry no longer holds the claim (another take, a release): nothing moved.
-    func quarantine(partition: TopicPartition, token: String, topic: String, id: String) async throws(RedisError) -> Bool {
+    /// index of `partition` (nil: no index holds it): it is no outage, and no poll takes it again.
+    /// False when the entry no longer holds the claim (another take, a release) and is no
+    /// displaced entry: nothing moved.
+    func quarantine(partition: TopicPartition?, token: String, topic: String, id: String) async throws(RedisError) -> Bool {
         let moved = try await client.evaluate(Self.quarantineScript,
                                               keys: [keys.mailbox(token: token, topic: topic), keys.waiting(token: token, topic: topic),
                                                      keys.quarantine(token: token, topic: topic, id: id)],
                                               arguments: [id, Self.quarantineMilliseconds])
         guard moved.integer == 1 else { return false }
-        try await reindex(partition: partition, member: RedisKeys.member(token: token, topic: topic, id: id), due: nil)
+        if let partition {
+            try await reindex(partition: partition, member: RedisKeys.member(token: token, topic: topic, id: id), due: nil)
+        }
         return true
     }
 

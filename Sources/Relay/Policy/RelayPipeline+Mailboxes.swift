@@ -35,16 +35,21 @@ extension RelayPipeline {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
         }
-        await handOver(parked.displaced, by: parked.keeper, token: intent.recipient, topic: intent.topic, item, policy)
+        await handOver(parked.displaced, unreadable: parked.unreadable, by: parked.keeper, token: intent.recipient,
+                       topic: intent.topic, item, policy)
         return true
     }
 
     /// Publishes `coalesced` for each displaced entry leased to this hand-over and acknowledges
     /// it (it leaves the mailbox); one not published stays, for the next park, take or
     /// redelivery of the device's mailbox to hand over once its lease ends, or for the poll of
-    /// its partition then. Entries under another hand-over's lease are that one's.
-    func handOver(_ displaced: [DevicePolicy.Displaced], by keeper: String, token: String, topic: String,
-                  _ item: WorkItem, _ policy: DevicePolicy) async {
+    /// its partition then. Entries under another hand-over's lease are that one's. `unreadable`:
+    /// leased ones no relay can read, moved aside (``quarantine(_:partition:token:topic:_:)``).
+    func handOver(_ displaced: [DevicePolicy.Displaced], unreadable: [String] = [], by keeper: String, token: String,
+                  topic: String, _ item: WorkItem, _ policy: DevicePolicy) async {
+        for id in unreadable {
+            _ = await quarantine(id, partition: nil, token: token, topic: topic, policy)
+        }
         for entry in displaced where entry.mine {
             guard await publishDisplaced(entry.entry, by: entry.by ?? keeper, item) else { continue }
             do throws(RedisError) {
@@ -61,15 +66,34 @@ extension RelayPipeline {
     /// its outcome left it there, under a lease that ends). `keeper`: the intent that holds the
     /// mailbox, when the mailbox does not name one.
     func handOverDisplaced(token: String, topic: String, keeper: String, _ item: WorkItem, _ policy: DevicePolicy) async {
-        let found: (holder: String?, entries: [DevicePolicy.Displaced])?
+        let found: (holder: String?, entries: [DevicePolicy.Displaced], unreadable: [String])?
         do throws(RedisError) {
             found = try await policy.handOver(token: token, topic: topic, now: nowMilliseconds(), owner: DevicePolicy.handOverOwner())
         } catch {
             redisFailed(error, by: .mailboxes)
             found = nil
         }
-        guard let found, !found.entries.isEmpty else { return }
-        await handOver(found.entries, by: found.holder ?? keeper, token: token, topic: topic, item, policy)
+        guard let found, !found.entries.isEmpty || !found.unreadable.isEmpty else { return }
+        await handOver(found.entries, unreadable: found.unreadable, by: found.holder ?? keeper, token: token, topic: topic, item, policy)
+    }
+
+    /// Moves a mailbox entry no relay will ever read aside, for an operator: no outage, and its
+    /// intent gets no outcome (logged as an error, counted). `partition`: the due index that
+    /// holds its member, if one does. False when it was not moved (a Redis failure, counted as
+    /// one, or another relay's take or release came first).
+    func quarantine(_ id: String, partition: TopicPartition?, token: String, topic: String, _ policy: DevicePolicy) async -> Bool {
+        do throws(RedisError) {
+            guard try await policy.quarantine(partition: partition, token: token, topic: topic, id: id) else { return false }
+        } catch {
+            redisFailed(error, by: .mailboxes)
+            return false
+        }
+        RelayMetrics.mailboxEntriesQuarantined.increment()
+        var metadata: Logger.Metadata = ["intent.id": "\(id)", "apns.topic": "\(topic)"]
+        if let partition { metadata.merge(Self.entryMetadata(id, topic, partition)) { $1 } }
+        metadata["redis.key"] = "\(policy.keys.quarantine(token: token, topic: topic, id: id))"
+        logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: metadata)
+        return true
     }
 
     /// Publishes `coalesced` for an intent a newer one displaced from its mailbox. Its badge
@@ -267,16 +291,7 @@ extension RelayPipeline {
                 continue
             case .unreadable:
                 // Not an outage: no relay will ever read it. Moved aside, for an operator.
-                do {
-                    guard try await policy.quarantine(partition: partition, token: parts.token, topic: parts.topic, id: parts.id) else { continue }
-                } catch {
-                    redisFailed(error, by: .mailboxes)
-                    continue
-                }
-                RelayMetrics.mailboxEntriesQuarantined.increment()
-                var metadata = Self.entryMetadata(parts.id, parts.topic, partition)
-                metadata["redis.key"] = "\(policy.keys.quarantine(token: parts.token, topic: parts.topic, id: parts.id))"
-                logger.error("a mailbox entry no relay can read is quarantined; its intent gets no outcome", metadata: metadata)
+                _ = await quarantine(parts.id, partition: partition, token: parts.token, topic: parts.topic, policy)
                 continue
             case .behindClaim(let until):
                 // At the claim's lease end at the latest (the take moved it a little later), and
