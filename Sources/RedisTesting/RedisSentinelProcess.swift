@@ -4,7 +4,9 @@ import Spawn
 
 /// A private Redis Sentinel (`redis-server <file> --sentinel`) on a free loopback port,
 /// monitoring one master as `mymaster` with quorum 1: for the tests. Failure detection is fast
-/// (the master is down after 1 s without an answer). Killed when released.
+/// (the master is down after 1 s without an answer). With `password`, clients must `AUTH` to
+/// it (`requirepass`); with `masterPassword`, it authenticates to the master and its replicas
+/// (`sentinel auth-pass`). Killed when released.
 public final class RedisSentinelProcess: Sendable {
     public let port: Int
     public let masterName: String
@@ -14,7 +16,7 @@ public final class RedisSentinelProcess: Sendable {
     /// `redis://127.0.0.1:<port>/0`: what `redis.url` names in sentinel mode.
     public var url: String { "redis://127.0.0.1:\(port)/0" }
 
-    public init(masterPort: Int, masterName: String = "mymaster") throws {
+    public init(masterPort: Int, masterName: String = "mymaster", password: String? = nil, masterPassword: String? = nil) throws {
         self.masterName = masterName
         let port = try RedisServerProcess.freePort()
         self.port = port
@@ -30,6 +32,8 @@ public final class RedisSentinelProcess: Sendable {
             sentinel down-after-milliseconds \(masterName) 1000
             sentinel failover-timeout \(masterName) 3000
             sentinel parallel-syncs \(masterName) 1
+            \(password.map { "requirepass \($0)" } ?? "")
+            \(masterPassword.map { "sentinel auth-pass \(masterName) \($0)" } ?? "")
 
             """.write(toFile: configFile, atomically: true, encoding: .utf8)
         // Its log says when it watches the master.

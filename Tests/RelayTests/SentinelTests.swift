@@ -73,6 +73,88 @@ struct SentinelTests {
         sentinel.stop()
     }
 
+    /// The master killed under load (`SIGKILL`, no failover asked): the Sentinel promotes the
+    /// replica, the relay follows it, and every intent is answered once. The intents parked
+    /// before the kill (acknowledged by the replica, `redis.park_min_replicas: 1`) are kept
+    /// there and go out from the new master; the intents produced during the failover wait for
+    /// it.
+    @Test func aMasterKilledUnderLoadKeepsItsParks() async throws {
+        let master = try await RedisServerProcess.started()
+        let replica = try await RedisServerProcess.started(arguments: ["--replicaof", "127.0.0.1", "\(master.port)"])
+        try await waitUntil(timeout: .seconds(30), asking: {
+            ((try? await Self.ask(replica.port, RedisCommand("INFO", ["replication"])))?.string ?? "").contains("master_link_status:up")
+        })
+        let sentinel = try await onOwnThread { Result { try RedisSentinelProcess(masterPort: master.port) } }.get()
+        try await waitUntil(timeout: .seconds(30), asking: {
+            let replicas = (try? await Self.ask(sentinel.port, RedisCommand("SENTINEL", ["REPLICAS", sentinel.masterName])))?.array ?? []
+            return replicas.contains { ($0.array ?? []).map { $0.string ?? "" }.contains("\(replica.port)") }
+        })
+        // One token per 5 s: each device's second intent parks.
+        let harness = try await RelayHarness.start(configureRelay: {
+            $0.redis.url = sentinel.url
+            $0.redis.mode = .sentinel
+            $0.redis.parkMinReplicas = 1
+            $0.policy.defaults.rateLimit = .init(burst: 1, refillPerSecond: 0.2)
+            $0.policy.mailboxPollMilliseconds = 100
+        })
+        let devices = (0..<20).map { hexToken(0x5f00 + $0) }
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: devices.flatMap { token in
+            ["sent", "parked"].map { (Array(token.utf8), Array(intent("\($0)-\(token.suffix(4))", token: token).utf8)) }
+        })
+        try await harness.published.waitUntil(timeout: .seconds(30)) { $0.count("delivered") == 20 }
+        // Every parked intent is in its mailbox on the replica too.
+        try await waitUntil(timeout: .seconds(30), asking: {
+            var parked = 0
+            for token in devices {
+                let key = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
+                if (try? await Self.ask(replica.port, RedisCommand("HEXISTS", [key, "pid"])))?.integer == 1 { parked += 1 }
+            }
+            return parked == 20
+        })
+        await onOwnThread { master.signal(SIGKILL) }
+        // Traffic during the failover.
+        let others = (0..<20).map { hexToken(0x5f80 + $0) }
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: others.map { token in
+            (Array(token.utf8), Array(intent("during-\(token.suffix(4))", token: token).utf8))
+        })
+        try await waitUntil(timeout: .seconds(30), asking: { (try? await Self.masterPort(sentinel)) == replica.port })
+        try await harness.published.waitUntil(timeout: .seconds(90)) { $0.count("delivered") == 60 }
+        let accepted = harness.simulator.accepted.map(\.apnsID)
+        #expect(accepted.count == 60 && Set(accepted).count == 60, "\(accepted.count) sent, \(Set(accepted).count) distinct")
+        _ = try await harness.stopExpectingOneOutcomeEach()
+        sentinel.stop()
+    }
+
+    /// A Sentinel that asks for a password (`requirepass`) and a master with its own: the
+    /// relay's client authenticates to the Sentinel with `redis.sentinel_password` and to the
+    /// master with the URL's password. Without the Sentinel's password it names the trouble.
+    @Test func aSentinelWithAPasswordInFrontOfAMasterWithItsOwn() async throws {
+        let master = try await RedisServerProcess.started(arguments: ["--requirepass", "m4ster"])
+        let sentinel = try await onOwnThread {
+            Result { try RedisSentinelProcess(masterPort: master.port, password: "s3ntinel", masterPassword: "m4ster") }
+        }.get()
+        var settings = RedisConfiguration(url: try RedisURL(parsing: "redis://:m4ster@127.0.0.1:\(sentinel.port)/0"))
+        settings.mode = .sentinel
+        settings.sentinelMaster = sentinel.masterName
+        settings.commandTimeout = .seconds(2)
+        let refused = try RedisClient(configuration: settings)
+        do {
+            _ = try await refused.send(RedisCommand("PING", []))
+            Issue.record("a Sentinel that asks for a password answered without one")
+        } catch {
+            #expect("\(error)".contains("NOAUTH") || "\(error)".contains("AUTH"), "\(error)")
+        }
+        settings.sentinelPassword = "s3ntinel"
+        let client = try RedisClient(configuration: settings)
+        #expect(try await client.send(RedisCommand("SET", ["k", "v"])).string == "OK")
+        let direct = try RedisClient(configuration: RedisConfiguration(url: try RedisURL(parsing: "redis://:m4ster@127.0.0.1:\(master.port)/0")))
+        #expect(try await direct.send(RedisCommand("GET", ["k"])).string == "v")
+        await refused.shutdown()
+        await client.shutdown()
+        await direct.shutdown()
+        sentinel.stop()
+    }
+
     /// A Sentinel that does not know the master's name is a Redis outage the relay names, not a
     /// crash or a connection to the Sentinel itself.
     @Test func anUnknownMasterNameIsNamedAsTheTrouble() async throws {
