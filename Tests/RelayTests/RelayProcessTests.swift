@@ -446,12 +446,71 @@ struct SecretsTests {
                 #expect(exported.contains(name), "\(file) uses \(name), which /metrics does not show")
             }
         }
-        // And docs/commands.md names every series a running relay exports (a histogram's by its
-        // base name).
+        // And docs/commands.md's table lists what a running relay exports, both ways: every
+        // family it shows is a row with the same type and label names, and every row a relay
+        // exports from the start ("always") is shown; a Redis Cluster row is not (this relay
+        // runs standalone Redis).
         let documented = try String(contentsOf: root.appendingPathComponent("docs/commands.md"), encoding: .utf8)
-        for name in exported.sorted() where name.hasPrefix("relay_") || name.hasPrefix("apns_") {
-            let base = ["_bucket", "_sum", "_count"].reduce(name) { $0.hasSuffix($1) ? String($0.dropLast($1.count)) : $0 }
-            #expect(documented.contains("`\(base)") , "docs/commands.md does not list \(base), which /metrics shows")
+        let rows = try MetricsTable(markdown: documented)
+        let shown = MetricsTable.families(metrics)
+        #expect(rows.rows.count >= 30)
+        for (name, family) in shown.sorted(by: { $0.key < $1.key }) {
+            guard let row = rows.rows[name] else {
+                Issue.record("docs/commands.md's table has no row for \(name), which /metrics shows")
+                continue
+            }
+            #expect(row.type == family.type, "\(name): the table says \(row.type), /metrics \(family.type)")
+            #expect(row.labels == family.labels, "\(name): the table names labels \(row.labels.sorted()), /metrics \(family.labels.sorted())")
+        }
+        for (name, row) in rows.rows.sorted(by: { $0.key < $1.key }) {
+            switch row.exported {
+            case "always": #expect(shown[name] != nil, "\(name): the table says always, /metrics does not show it")
+            case "Redis Cluster": #expect(shown[name] == nil, "\(name): the table says Redis Cluster only, a standalone relay shows it")
+            case "when seen": break
+            default: Issue.record("\(name): Exported '\(row.exported)' is not always, when seen or Redis Cluster")
+            }
+        }
+    }
+
+    /// docs/commands.md's metrics table, read: per metric, its type, label names and when it is
+    /// exported.
+    struct MetricsTable {
+        struct Row: Equatable { var type: String; var labels: Set<String>; var exported: String }
+        var rows: [String: Row] = [:]
+
+        init(markdown: String) throws {
+            let lines = markdown.split(separator: "\n", omittingEmptySubsequences: false)
+            let start = try #require(lines.firstIndex { $0.hasPrefix("<!-- metrics table") }, "no metrics table in docs/commands.md")
+            for line in lines[(start + 3)...] {
+                guard line.hasPrefix("|") else { break }
+                let cells = line.split(separator: "|", omittingEmptySubsequences: false).dropFirst().map { $0.trimmingCharacters(in: .whitespaces) }
+                guard cells.count >= 5 else { continue }
+                func names(_ cell: String) -> [String] { cell.split(separator: "`", omittingEmptySubsequences: false).enumerated().filter { $0.offset % 2 == 1 }.map { String($0.element) } }
+                let name = try #require(names(cells[0]).first, "\(line)")
+                #expect(rows[name] == nil, "\(name) has two rows")
+                rows[name] = Row(type: cells[1], labels: Set(names(cells[2])), exported: cells[3])
+            }
+        }
+
+        /// The families a Prometheus text exposition holds: `# TYPE` and the label names of
+        /// their samples (a histogram's `le` aside).
+        static func families(_ text: String) -> [String: (type: String, labels: Set<String>)] {
+            var found: [String: (type: String, labels: Set<String>)] = [:]
+            for line in text.split(separator: "\n") {
+                if line.hasPrefix("# TYPE ") {
+                    let parts = line.split(separator: " ")
+                    if parts.count == 4 { found[String(parts[2]), default: (String(parts[3]), [])].type = String(parts[3]) }
+                    continue
+                }
+                guard !line.hasPrefix("#"), let end = line.firstIndex(where: { $0 == "{" || $0 == " " }) else { continue }
+                var name = String(line[..<end])
+                for suffix in ["_bucket", "_sum", "_count"] where name.hasSuffix(suffix) && found[String(name.dropLast(suffix.count))]?.type == "histogram" {
+                    name = String(name.dropLast(suffix.count))
+                }
+                let labels = line[end...].hasPrefix("{") ? line[end...].matches(of: /([a-zA-Z_][a-zA-Z0-9_]*)="/).map { String($0.output.1) } : []
+                found[name, default: ("untyped", [])].labels.formUnion(labels.filter { $0 != "le" })
+            }
+            return found
         }
     }
 

@@ -196,12 +196,13 @@ enum RelayMetrics {
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
-    /// appearing with the first event: the counters, the Live Activity budget counters of each
+    /// appearing with the first event: the counters, the held partitions, the Live Activity budget counters of each
     /// app, every status of `apns_relay_outcomes_total` for
     /// each configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished,
-                        mailboxEntriesQuarantined] { counter.increment(by: 0) }
+                        mailboxEntriesQuarantined, revocationCommitFailures] { counter.increment(by: 0) }
+        partitionsHeld.record(0)
         for topic in Set(topics) {
             // The app's Live Activity topic, as its pushes are labelled (a bundle id, or one
             // named with that suffix; not another push type's topic).
