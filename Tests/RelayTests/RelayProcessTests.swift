@@ -330,29 +330,41 @@ struct RelayProcessGroupTests {
     @Test func twoRelaysRebalanceWithoutLosingIntents() async throws {
         let harness = try await ProcessHarness.start(latency: .milliseconds(5))
         let ports = [try await freePort(), try await freePort()]
-        func lagPartitions(_ port: Int) async -> Set<String> {
+        /// The partitions a relay shows a series of `metric` for.
+        func partitions(_ port: Int, _ metric: String = "apns_relay_consumer_lag") async -> Set<String> {
             guard let metrics = try? await httpGet(port: port, path: "/metrics") else { return [] }
-            return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix("apns_relay_consumer_lag{") }
+            return Set(metrics.body.split(separator: "\n").filter { $0.hasPrefix(metric + "{") }
                 .compactMap { $0.firstMatch(of: /partition="(\d+)"/).map { String($0.output.1) } })
         }
-        let first = try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: ports[0]))
+        /// librdkafka's statistics every 200 ms (15 s by default), for the fetch state's series.
+        func config(_ port: Int) throws -> String {
+            let file = try writeConfig(harness: harness, httpPort: port)
+            let yaml = try String(contentsOfFile: file, encoding: .utf8)
+                .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    statistics.interval.ms: 200")
+            try yaml.write(toFile: file, atomically: true, encoding: .utf8)
+            return file
+        }
+        let first = try RelayProcess.start(config: try config(ports[0]))
         try await harness.produce(400)
         // The first relay owns every partition (and shows their lag) before the second joins.
-        try await waitUntil(asking: { await lagPartitions(ports[0]).count == 4 })
-        let second = try RelayProcess.start(config: try writeConfig(harness: harness, httpPort: ports[1]))
+        try await waitUntil(asking: { await partitions(ports[0]).count == 4 })
+        let second = try RelayProcess.start(config: try config(ports[1]))
         try await harness.produce(400, from: 400)
-        // Consumer lag is shown only for the partitions each relay owns now: the first relay's
-        // series for the partitions it gave up are gone, so nothing is counted twice. (A relay
-        // knows a partition's lag once it has consumed from it: intents go on arriving in waves.)
+        // Consumer lag and the fetch state are shown only for the partitions each relay owns
+        // now: the first relay's series for the partitions it gave up are gone, so nothing is
+        // counted twice. (A relay knows a partition's lag once it has consumed from it: intents
+        // go on arriving in waves.)
         var produced = 800, seen: [Set<String>] = []
         func split() async -> Bool {
-            seen = [await lagPartitions(ports[0]), await lagPartitions(ports[1])]
+            let fetching = "apns_relay_kafka_consumer_fetching"
+            seen = [await partitions(ports[0]), await partitions(ports[1]), await partitions(ports[0], fetching), await partitions(ports[1], fetching)]
             return seen.allSatisfy { !$0.isEmpty } && seen[0].isDisjoint(with: seen[1]) && seen[0].union(seen[1]).count == 4
+                && seen[2] == seen[0] && seen[3] == seen[1]
         }
         let giveUp = ContinuousClock.now + .seconds(40)
         while await !split() {
             guard ContinuousClock.now < giveUp else {
-                Issue.record("lag series by relay: \(seen)")
+                Issue.record("lag and fetch state series by relay: \(seen)")
                 break
             }
             try? await waitUntil(timeout: .seconds(1), asking: split)
