@@ -6,7 +6,10 @@ import Spawn
 struct LoopbackPortTests {
     /// Ports come from below the kernel's ephemeral range, which outgoing connections and binds
     /// to port 0 draw from: a server started again on its port does not find a client's
-    /// connection holding it. Each is free to listen on when handed out.
+    /// connection holding it. Each is free to listen on when handed out: one that cannot be
+    /// bound right after is one another process (another test run on the machine, a server it
+    /// is starting) now listens on, as the contract allows; one held by nobody listening (a
+    /// closed connection's `TIME_WAIT`) would be a port handed out that no server could take.
     @Test func portsAreFreeAndBelowTheEphemeralRange() throws {
         let range = try String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)
         let low = try #require(range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) })
@@ -20,7 +23,21 @@ struct LoopbackPortTests {
             let bound = withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
             }
-            #expect(bound, "port \(port) was handed out but could not be bound")
+            if !bound {
+                let failure = errno
+                #expect(failure == EADDRINUSE && Self.someoneListens(on: port),
+                        "port \(port) was handed out but could not be bound (errno \(failure)), and nothing listens on it")
+            }
+        }
+    }
+
+    /// Whether a connection to 127.0.0.1:`port` is accepted.
+    static func someoneListens(on port: Int) -> Bool {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(descriptor) }
+        var address = LoopbackPort.address(port: port)
+        return withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
         }
     }
 }
