@@ -479,6 +479,71 @@ struct KafkaCloseDuringRebalanceTests {
             for member in members { #expect(member.assignment.isEmpty) }
         }
     }
+
+    /// Members that hold no partition (more members than partitions) closed while a later
+    /// rebalance is under way (a new member joined after the group had settled): each leaves
+    /// cleanly, and the members that stay get every partition. The close of a member that
+    /// completed its first sync long ago does not wait for a first assignment; it leaves while
+    /// its poll thread serves the rebalance.
+    @Test(arguments: ["range", "cooperative-sticky"])
+    func membersWithoutPartitionsClosedDuringALaterRebalanceLeaveCleanly(assignor: String) async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let properties = fastGroup.merging(["partition.assignment.strategy": assignor, "enable.auto.commit": "false"]) { $1 }
+        for _ in 0..<4 {
+            let group = uniqueName("group")
+            func member() throws -> KafkaConsumer {
+                try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: group, topics: [topic], properties: properties)
+            }
+            /// Serves a member's events; `assigned` follows what it holds.
+            func serve(_ member: KafkaConsumer, _ assigned: HeldPartitions) -> Task<Void, Never> {
+                Task {
+                    for await event in member.events {
+                        switch event {
+                        case .assigned(let partitions): assigned.add(partitions)
+                        case .revoked(let partitions): assigned.remove(partitions)
+                        default: break
+                        }
+                    }
+                }
+            }
+            let members = try (0..<4).map { _ in try member() }
+            let held = members.map { _ in HeldPartitions() }
+            let serving = zip(members, held).map { serve($0, $1) }
+            // Settled: the two partitions held, by two of the four members.
+            try await waitUntil(timeout: .seconds(60)) {
+                held.map(\.all.count).reduce(0, +) == 2 && held.filter(\.all.isEmpty).count == 2
+            }
+            let idle = zip(members, held).filter { $0.1.all.isEmpty }.map(\.0)
+            let busy = zip(members, held).filter { !$0.1.all.isEmpty }
+            // A fifth member joins: the group rebalances, and the idle ones close at once,
+            // while it does.
+            let late = try member()
+            let lateHeld = HeldPartitions()
+            let lateServing = serve(late, lateHeld)
+            await withTaskGroup(of: Void.self) { closing in
+                for member in idle { closing.addTask { await member.close() } }
+            }
+            for member in idle { #expect(member.assignment.isEmpty) }
+            // The three that stay hold both partitions between them, once the group settles.
+            try await waitUntil(timeout: .seconds(60)) {
+                (busy.map(\.1) + [lateHeld]).reduce(into: Set<TopicPartition>()) { $0.formUnion($1.all) }.count == 2
+            }
+            await withTaskGroup(of: Void.self) { closing in
+                for member in busy.map(\.0) + [late] { closing.addTask { await member.close() } }
+            }
+            for task in serving + [lateServing] { await task.value }
+        }
+    }
+}
+
+/// The partitions a member holds, as its events say.
+final class HeldPartitions: Sendable {
+    private let held = Locked(Set<TopicPartition>())
+    var all: Set<TopicPartition> { held.withLock { $0 } }
+    func add(_ partitions: [TopicPartition]) { held.withLock { $0.formUnion(partitions) } }
+    func remove(_ partitions: [TopicPartition]) { held.withLock { $0.subtract(partitions) } }
 }
 
 @Suite("Records and rebalances in order", .timeLimit(.minutes(2)))
