@@ -106,6 +106,7 @@ public final class APNsClient: Service, Sendable {
         let loops = shared ? (0..<configuration.connections).map { _ in group.next() } : Array(group.makeIterator())
         let ready = APNsMetrics.ready(credential: configuration.credentialLabel)
         ready.increment(by: 0)
+        APNsMetrics.registerConnections()
         self.connections = (0..<configuration.connections).map { index in
             APNsConnection(index: index, eventLoop: loops[index % loops.count], endpoint: configuration.endpoint,
                            sslContext: sslContext, configuration: configuration, ready: ready, logger: logger)

@@ -47,6 +47,11 @@ enum APNsMetrics {
     static func register(teamID: String, keyID: String) {
         Counter(label: tokenMints, dimensions: [("team_id", teamID), ("key_id", keyID)]).increment(by: 0)
         tokenRequests(teamID: teamID, keyID: keyID).increment(by: 0)
+        registerConnections()
+    }
+
+    /// Makes the connection counters exist from the start (at 0), for any credential.
+    static func registerConnections() {
         attempts.increment(by: 0)
         proxyFailures.increment(by: 0)
         Counter(label: goAways, dimensions: [("reason", "none")]).increment(by: 0)

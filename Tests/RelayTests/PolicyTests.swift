@@ -483,7 +483,7 @@ struct PolicyTests {
     }
 
     /// A displaced entry no relay can read, handed over by a park: moved aside as an unreadable
-    /// claimed entry is, and counted. Before, every hand-over leased it again and left it
+    /// claimed entry is. Before, every hand-over leased it again and left it
     /// unindexed, so no poll took it either: it sat in the mailbox, unanswered and unlogged,
     /// until the mailbox expired.
     @Test func anUnreadableDisplacedEntryIsQuarantinedByTheNextHandOver() async throws {

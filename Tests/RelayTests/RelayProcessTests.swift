@@ -341,6 +341,7 @@ struct RelayProcessGroupTests {
             let file = try writeConfig(harness: harness, httpPort: port)
             let yaml = try String(contentsOfFile: file, encoding: .utf8)
                 .replacingOccurrences(of: "    heartbeat.interval.ms: 500", with: "    heartbeat.interval.ms: 500\n    statistics.interval.ms: 200")
+            try #require(yaml.contains("statistics.interval.ms: 200"))
             try yaml.write(toFile: file, atomically: true, encoding: .utf8)
             return file
         }

@@ -8,8 +8,9 @@ struct LoopbackPortTests {
     /// to port 0 draw from: a server started again on its port does not find a client's
     /// connection holding it. Each is free to listen on when handed out: one that cannot be
     /// bound right after is one another process (another test run on the machine, a server it
-    /// is starting) now listens on, as the contract allows; one held by nobody listening (a
-    /// closed connection's `TIME_WAIT`) would be a port handed out that no server could take.
+    /// is starting) took meanwhile, as the contract allows, and listens on within a second; one
+    /// held by nobody listening (a closed connection's `TIME_WAIT`) would be a port handed out
+    /// that no server could take.
     @Test func portsAreFreeAndBelowTheEphemeralRange() throws {
         let range = try String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8)
         let low = try #require(range.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) })
@@ -25,16 +26,22 @@ struct LoopbackPortTests {
             }
             if !bound {
                 let failure = errno
-                #expect(failure == EADDRINUSE && Self.someoneListens(on: port),
+                #expect(failure == EADDRINUSE && (0..<10).contains { attempt in
+                    if attempt > 0 { usleep(100_000) }
+                    return Self.someoneListens(on: port)
+                },
                         "port \(port) was handed out but could not be bound (errno \(failure)), and nothing listens on it")
             }
         }
     }
 
-    /// Whether a connection to 127.0.0.1:`port` is accepted.
+    /// Whether a connection to 127.0.0.1:`port` is accepted (within 100 ms: a listener whose
+    /// backlog is full leaves it unanswered).
     static func someoneListens(on port: Int) -> Bool {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(descriptor) }
+        var timeout = timeval(tv_sec: 0, tv_usec: 100_000)
+        setsockopt(descriptor, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var address = LoopbackPort.address(port: port)
         return withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }

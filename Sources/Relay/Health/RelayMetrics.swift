@@ -171,8 +171,8 @@ enum RelayMetrics {
             .increment()
     }
 
-    /// `apns_relay_mailbox_entries_quarantined_total`: claimed mailbox entries no relay could read,
-    /// moved aside (their intents get no outcome).
+    /// `apns_relay_mailbox_entries_quarantined_total`: mailbox entries no relay could read (a
+    /// claimed one, or a displaced one handed over), moved aside (their intents get no outcome).
     static let mailboxEntriesQuarantined = Counter(label: "apns_relay_mailbox_entries_quarantined_total")
 
     /// `apns_relay_live_activity_downgrades_total{apns_topic}`: priority-10 Live Activity updates
@@ -196,9 +196,9 @@ enum RelayMetrics {
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
-    /// appearing with the first event: the counters, the held partitions, the Live Activity budget counters of each
-    /// app, every status of `apns_relay_outcomes_total` for
-    /// each configured bundle id, and each configured team's credential faults.
+    /// appearing with the first event: the counters, the held partitions, the Live Activity
+    /// budget counters of each app, every status of `apns_relay_outcomes_total` for each
+    /// configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished,
                         mailboxEntriesQuarantined, revocationCommitFailures] { counter.increment(by: 0) }

@@ -177,7 +177,7 @@ struct DevicePolicy: Sendable {
     static func handOverOwner() -> String { String(UInt64.random(in: 1...UInt64.max), radix: 36) }
 
     /// Parks an intent (see ``parkScript``) and indexes it; answers the entries displaced, the
-    /// ids of those leased to this park that no relay can read (for ``quarantine(partition:token:topic:id:)``),
+    /// ids of those no relay can read (for ``quarantine(partition:token:topic:id:)``),
     /// and the id the mailbox keeps (`id`, or a newer intent that displaced it: then nothing is
     /// indexed). `owner`: ``handOverOwner()``, the same when the park is asked again.
     func park(token: String, topic: String, id: String, entry: Entry, due: Int64, now: Int64, tooManyRequests: Bool,
@@ -214,8 +214,9 @@ struct DevicePolicy: Sendable {
     }
 
     /// The displaced entries of a hand-over's answer ({id, entry, by, mine, lease end, ...}), and
-    /// the ids of those leased to this hand-over whose entry no relay can read: no due index
-    /// can hold them (their partition is in the entry), so the hand-over moves them aside.
+    /// the ids of those whose entry no relay can read: no due index can hold them (their
+    /// partition is in the entry), so the hand-over moves them aside, under whichever lease
+    /// (another hand-over can do nothing else with them; moving one aside twice moves it once).
     private static func displaced(_ reply: RESPValue) -> (readable: [Displaced], unreadable: [String]) {
         let values = reply.array ?? []
         var displaced: [Displaced] = [], unreadable: [String] = []
@@ -223,7 +224,7 @@ struct DevicePolicy: Sendable {
             guard let id = values[index].string, let mine = values[index + 3].integer,
                   let leaseEnds = values[index + 4].integer else { continue }
             guard let entry = values[index + 1].bytes.flatMap(Entry.init) else {
-                if mine == 1 { unreadable.append(id) }
+                unreadable.append(id)
                 continue
             }
             let by = values[index + 2].string.flatMap { $0.isEmpty ? nil : $0 }
@@ -253,7 +254,7 @@ struct DevicePolicy: Sendable {
     /// whose `coalesced` outcome is not out, leased to `owner` where no other hand-over's lease
     /// runs, each one's due-index member moved to its lease's end; and the intent the mailbox
     /// holds now (parked, else being sent), for an entry that does not name what displaced it.
-    /// Entries leased to `owner` that no relay can read come back as ids, for ``quarantine(partition:token:topic:id:)``.
+    /// Entries no relay can read come back as ids, for ``quarantine(partition:token:topic:id:)``.
     func handOver(token: String, topic: String, now: Int64,
                   owner: String) async throws(RedisError) -> (holder: String?, entries: [Displaced], unreadable: [String]) {
         let reply = try await client.evaluate(Self.handOverScript, keys: [keys.mailbox(token: token, topic: topic)],

@@ -44,7 +44,7 @@ extension RelayPipeline {
     /// it (it leaves the mailbox); one not published stays, for the next park, take or
     /// redelivery of the device's mailbox to hand over once its lease ends, or for the poll of
     /// its partition then. Entries under another hand-over's lease are that one's. `unreadable`:
-    /// leased ones no relay can read, moved aside (``quarantine(_:partition:token:topic:_:)``).
+    /// the ids of entries no relay can read, moved aside (``quarantine(_:partition:token:topic:_:)``).
     func handOver(_ displaced: [DevicePolicy.Displaced], unreadable: [String] = [], by keeper: String, token: String,
                   topic: String, _ item: WorkItem, _ policy: DevicePolicy) async {
         for id in unreadable {
@@ -60,7 +60,7 @@ extension RelayPipeline {
         }
     }
 
-    /// Hands over what a device's mailbox still holds displaced (``handOver(_:by:token:topic:_:_:)``):
+    /// Hands over what a device's mailbox still holds displaced (``handOver(_:unreadable:by:token:topic:_:_:)``):
     /// every path that finds the mailbox does, so that a `coalesced` outcome never waits for a
     /// later park of the device (a relay that died between the park that displaced an entry and
     /// its outcome left it there, under a lease that ends). `keeper`: the intent that holds the
