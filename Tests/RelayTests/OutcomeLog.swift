@@ -21,8 +21,9 @@ struct OutcomeLog {
 
     private static let schema = Result { try JSONSchemaCheck(docs: "outcome.schema.json") }
 
-    /// Reads the topic to its end; records an issue for every outcome the schema refuses.
-    static func read(_ bootstrapServers: String, _ topic: String, timeout: Duration = .seconds(60),
+    /// Reads the topic to its end (a minute, stretched under a sanitizer); records an issue for
+    /// every outcome the schema refuses.
+    static func read(_ bootstrapServers: String, _ topic: String, timeout: Duration = slowed(.seconds(60)),
                      sourceLocation: SourceLocation = #_sourceLocation) async throws -> OutcomeLog {
         let messages = try await withTopicReader(bootstrapServers, topic) { try await $0.readToEnd(timeout: timeout) }
         let schema = try schema.get()

@@ -77,7 +77,7 @@ struct SentinelTests {
     /// replica, the relay follows it, and every intent is answered once. The intents parked
     /// before the kill (acknowledged by the replica, `redis.park_min_replicas: 1`) are kept
     /// there and go out from the new master; the intents produced during the failover wait for
-    /// it.
+    /// it. The killed master, started again, becomes the new master's replica.
     @Test func aMasterKilledUnderLoadKeepsItsParks() async throws {
         let master = try await RedisServerProcess.started()
         let replica = try await RedisServerProcess.started(arguments: ["--replicaof", "127.0.0.1", "\(master.port)"])
@@ -112,13 +112,20 @@ struct SentinelTests {
             return parked == 20
         })
         await onOwnThread { master.signal(SIGKILL) }
-        // Traffic during the failover: one intent per new device, none parks (the promoted
-        // master has no replica left, so a park would be refused NOREPLICAS until one came).
+        // Traffic during the failover: one intent per new device.
         let others = (0..<20).map { hexToken(0x5f80 + $0) }
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: others.map { token in
             (Array(token.utf8), Array(intent("during-\(token.suffix(4))", token: token).utf8))
         })
         try await waitUntil(timeout: .seconds(30), asking: { (try? await Self.masterPort(sentinel)) == replica.port })
+        // The killed master comes back (as its pod would) and the Sentinel makes it the new
+        // master's replica: a park from here on (an intent taken from its mailbox and tried
+        // again) has the replica `park_min_replicas` asks for; without one it is refused
+        // NOREPLICAS, an outage, and waits.
+        try await master.restart()
+        try await waitUntil(timeout: .seconds(60), asking: {
+            ((try? await Self.ask(replica.port, RedisCommand("INFO", ["replication"])))?.string ?? "").contains("connected_slaves:1")
+        })
         try await harness.published.waitUntil(timeout: .seconds(90)) { $0.count("delivered") == 60 }
         let accepted = harness.simulator.accepted.map(\.apnsID)
         #expect(accepted.count == 60 && Set(accepted).count == 60, "\(accepted.count) sent, \(Set(accepted).count) distinct")
