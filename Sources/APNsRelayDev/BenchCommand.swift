@@ -153,6 +153,9 @@ final class SharedCounter: Sendable {
 /// A benchmark's latencies, one preallocated slot per measured item: each `record` takes its own
 /// slot from an atomic counter (no lock, no growth on the measured path), and the slots are read
 /// only after every writer finished. Values past the capacity are dropped.
+/// `@unchecked Sendable`: each `record` writes only the slot the counter gave it, and
+/// `percentiles` reads after the writers were joined (their task group, or the relay's run
+/// returned).
 final class LatencyRecorder: @unchecked Sendable {
     private let slots: UnsafeMutableBufferPointer<Int64>
     private let next = Atomic<Int>(0)

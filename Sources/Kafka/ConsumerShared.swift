@@ -5,7 +5,10 @@ import Logging
 import Synchronization
 
 /// What the poll thread, the C callbacks and the application share: the hand-over queue and
-/// the flow control, each behind its lock.
+/// the flow control. `@unchecked Sendable`: `flow`, `outstanding` and the revocation handler
+/// are behind their locks and the counters atomic; `topicQueues` is set before the poll thread
+/// starts; `handedOverOffsets` and `collecting` belong to the poll thread (and its rebalance
+/// callback), and to the closing thread only once ``PollThread/stop()`` returned.
 final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     /// Events for the application; its size counts records (batches weigh their length).
     let queue: AsyncBoundedQueue<KafkaConsumerEvent>

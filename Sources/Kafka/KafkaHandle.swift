@@ -4,8 +4,8 @@ import Foundation
 import Logging
 
 /// What librdkafka's callbacks reach through the client's opaque pointer: at least a logger.
-/// Subclasses add their own state, each behind its own lock (hence `@unchecked Sendable`: the
-/// stored properties here are immutable).
+/// `@unchecked Sendable` (the compiler checks no class that may be subclassed): `logger` is a
+/// `let` and `statistics` a `Locked`; each subclass says what makes its own state safe.
 class KafkaCallbackContext: @unchecked Sendable {
     let logger: Logger
     /// Hears librdkafka's statistics (``KafkaStatistics``), when set.
@@ -96,8 +96,9 @@ final class KafkaConfigBuilder {
 /// reference; topic handles hold the handle (librdkafka requires every topic to be destroyed
 /// before its client).
 ///
-/// Thread-safety: librdkafka handles are thread-safe; this class only hands the pointer out
-/// through ``withHandle(_:)``.
+/// `@unchecked Sendable`: `handle` and `context` are `let`s; librdkafka's `rd_kafka_t` is
+/// thread-safe, and this class only hands the pointer out through ``withHandle(_:)`` and
+/// destroys it in `deinit`.
 final class KafkaHandle: @unchecked Sendable {
     private let handle: OpaquePointer
     /// Released only after `deinit` destroyed the client.

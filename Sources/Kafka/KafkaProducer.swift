@@ -250,6 +250,8 @@ public final class KafkaProducer: Service, Sendable {
 }
 
 /// Owns an `rd_kafka_topic_t`, and keeps its client alive until the topic is destroyed.
+/// `@unchecked Sendable`: `pointer` and `client` are `let`s; librdkafka's topic handles are
+/// thread-safe (any thread produces through `pointer`).
 final class TopicHandle: @unchecked Sendable {
     let pointer: OpaquePointer
     let client: KafkaHandle
@@ -311,6 +313,8 @@ private final class CollectedDelivery: DeliveryTarget {
 }
 
 /// State the C callbacks reach through the configuration's opaque pointer.
+/// `@unchecked Sendable`: its one property, `fatal`, is a `Locked` (written by the error
+/// callback on librdkafka's thread, read by the application's calls).
 final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
     let fatal = Locked<KafkaError?>(nil)
 }

@@ -7,9 +7,9 @@ import Synchronization
 
 /// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
 /// taken down and brought back, injected request errors. For tests, the demo and benchmarks.
+/// `@unchecked Sendable`: librdkafka's mock API is thread-safe (it posts to the cluster's own
+/// thread); its pointers are never changed after init, and `lastAnswered` is a `Mutex`.
 public final class KafkaMockCluster: @unchecked Sendable {
-    // `@unchecked Sendable`: librdkafka's mock API is thread-safe (it posts to the cluster's own
-    // thread); these pointers are never changed after init.
     /// The `rd_kafka_t` the cluster lives in (destroyed after it).
     private let owner: OpaquePointer
     private let cluster: OpaquePointer

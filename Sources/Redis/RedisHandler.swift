@@ -8,9 +8,9 @@ struct RedisBatch {
 
 /// Drives one Redis connection: batches of commands go out RESP-encoded (hiredis' formatter),
 /// replies come back through hiredis' reader and complete the batches in order (Redis answers
-/// in order, which is what makes pipelining work). Used only on its channel's event loop, which
-/// is what makes the unchecked `Sendable` true: its entry points assert it (debug builds, which
-/// the tests use).
+/// in order, which is what makes pipelining work). `@unchecked Sendable`: used only on its
+/// channel's event loop; its handler methods assert it (debug builds, which the tests use), and
+/// ``failAll(_:)``'s caller, a batch's timeout, runs there too.
 final class RedisHandler: ChannelDuplexHandler, @unchecked Sendable {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = RedisBatch

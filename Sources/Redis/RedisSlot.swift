@@ -6,7 +6,9 @@ import NIOPosix
 import NIOSSL
 import Synchronization
 
-/// One pooled connection; its state lives on its event loop.
+/// One pooled connection; its state lives on its event loop. `@unchecked Sendable`: `state`,
+/// `failures` and `connectedTo` are touched only on `eventLoop` (the entry points hop there,
+/// the helpers assert it); `isConnected` is the atomic other threads read.
 final class RedisSlot: @unchecked Sendable {
     let eventLoop: any EventLoop
     let isConnected = Atomic<Bool>(false)
