@@ -470,7 +470,8 @@ struct RelayEndToEndTests {
         try await waitUntil { harness.pipeline.inFlight >= 25 }
         let second = try RelayApplication(configuration: harness.configuration, worker: "second")
         let running = Task { await second.run() }
-        // Every intent reached APNs (once, or twice when a commit was refused: see below).
+        // Every intent reached APNs (once, or twice when a commit was refused or an answer was
+        // lost: see below).
         try await waitUntil(timeout: .seconds(90)) {
             Set(harness.simulator.accepted.map(\.apnsID)).count >= count
         }
@@ -484,8 +485,23 @@ struct RelayEndToEndTests {
         // was finished since. Only then are duplicates a known issue of the test cluster.
         let refused = harness.pipeline.revocationCommitFailures + second.pipeline.revocationCommitFailures
         #expect(Set(accepted).count == count, "\(outcomes)")
+        // An intent APNs took twice: from both relays (what this test is about), or twice from
+        // one relay, tried again after its first answer was lost (a request timed out on a
+        // loaded machine: the second send docs/outcomes.md allows). The outcomes say which.
+        try await waitUntil(timeout: .seconds(60)) {
+            harness.pipeline.outcomeCounts.values.reduce(0, +) + second.pipeline.outcomeCounts.values.reduce(0, +) >= count
+        }
+        let log = try await OutcomeLog.read(harness.cluster.bootstrapServers, harness.outcomesTopic)
+        var answers: [String: [[String: Any]]] = [:]
+        for outcome in log.outcomes { if let id = outcome["apns_id"] as? String { answers[id.lowercased(), default: []].append(outcome) } }
+        #expect(Set(accepted.map { $0.lowercased() }).isSubset(of: Set(answers.keys)), "an intent APNs took has no outcome naming its apns-id")
+        let twice = Set(Dictionary(grouping: accepted.map { $0.lowercased() }, by: { $0 }).filter { $0.value.count > 1 }.keys)
+        let fromBoth = twice.filter { Set((answers[$0] ?? []).compactMap { $0["worker"] as? String }).count > 1 }
+        let retried = twice.filter { id in (answers[id] ?? []).contains { ($0["attempts"] as? Int ?? 1) > 1 } }
+        let unexplained = twice.subtracting(fromBoth).subtracting(retried)
+        #expect(unexplained.isEmpty, "taken twice, neither from both relays nor tried again by one: \(unexplained.map { answers[$0] ?? [] })")
         withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
-            #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
+            #expect(fromBoth.isEmpty, "\(fromBoth.count) intents reached APNs from both relays (\(retried.count) more twice from one, tried again); \(outcomes)")
         } when: {
             refused > 0
         }
