@@ -217,13 +217,13 @@ let package = Package(
         // Child processes with posix_spawn (CSpawn: the closefrom file action and pipe2, which
         // Swift's Glibc module hides).
         .systemLibrary(name: "CSpawn"),
-        .target(name: "Spawn", dependencies: ["CSpawn"], swiftSettings: strict),
+        .target(name: "Spawn", dependencies: ["CSpawn", "Common"], swiftSettings: strict),
         // librdkafka's mock cluster, for tests, the demo and benchmarks.
-        .target(name: "KafkaTesting", dependencies: ["CRdKafka", "Kafka", "Spawn"], swiftSettings: strict),
+        .target(name: "KafkaTesting", dependencies: ["CRdKafka", "Common", "Kafka", "Spawn"], swiftSettings: strict),
         // A private redis-server on a free loopback port, for tests, the demo and benchmarks.
         .target(
             name: "RedisTesting",
-            dependencies: ["Spawn", .product(name: "NIOPosix", package: "swift-nio")],
+            dependencies: ["Common", "Spawn", .product(name: "NIOPosix", package: "swift-nio")],
             swiftSettings: strict),
         // apns-relay-dev: the demo, the APNs simulator and the benchmarks.
         .executableTarget(

@@ -1,3 +1,4 @@
+import Common
 import CRdKafka
 import Foundation
 import Spawn
@@ -8,13 +9,13 @@ import Synchronization
 /// librdkafka's in-process mock cluster: real Kafka protocol over loopback, brokers that can be
 /// taken down and brought back, injected request errors. For tests, the demo and benchmarks.
 /// `@unchecked Sendable`: librdkafka's mock API is thread-safe (it posts to the cluster's own
-/// thread); its pointers are never changed after init, and `lastAnswered` is a `Mutex`.
+/// thread); its pointers are never changed after init, and `lastAnswered` is a `Locked`.
 public final class KafkaMockCluster: @unchecked Sendable {
     /// The `rd_kafka_t` the cluster lives in (destroyed after it).
     private let owner: OpaquePointer
     private let cluster: OpaquePointer
     /// When the cluster's thread last answered a request (see ``command(_:)``).
-    private let lastAnswered = Mutex<ContinuousClock.Instant?>(nil)
+    private let lastAnswered = Locked<ContinuousClock.Instant?>(nil)
 
     /// Kafka API keys for ``pushRequestErrors(apiKey:_:)``.
     public enum APIKey {

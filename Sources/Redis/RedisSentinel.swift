@@ -1,3 +1,4 @@
+import Common
 import Logging
 import NIOCore
 import NIOSSL
@@ -15,7 +16,7 @@ final class RedisSentinelResolver: Sendable {
     private let addresses: [RedisNodeAddress]
     let masterName: String
     /// The Sentinel that answered last (asked first next time), and the master it named.
-    private let last = Mutex<(sentinel: Int, master: RedisNodeAddress?)>((0, nil))
+    private let last = Locked<(sentinel: Int, master: RedisNodeAddress?)>((0, nil))
 
     init(configuration: RedisConfiguration, loops: [any EventLoop], sslContext: NIOSSLContext?, logger: Logger) {
         addresses = [RedisNodeAddress(host: configuration.url.host, port: configuration.url.port)] + configuration.sentinels

@@ -29,7 +29,9 @@ public final class RedisClusterProcess: Sendable {
             while true {
                 do {
                     servers.append(try RedisServerProcess(arguments: [
-                        "--cluster-enabled", "yes", "--cluster-config-file", "nodes-\(index).conf",
+                        // Each node's snapshot file its own (a replica's full sync writes one,
+                        // and a node loads the one it finds when it starts).
+                        "--cluster-enabled", "yes", "--cluster-config-file", "nodes-\(index).conf", "--dbfilename", "dump-\(index).rdb",
                         "--cluster-node-timeout", "\(nodeTimeoutMilliseconds)", "--cluster-port", "\(try RedisServerProcess.freePort())",
                         // A replica takes over however long ago it last heard from its master.
                         "--cluster-replica-validity-factor", "0",

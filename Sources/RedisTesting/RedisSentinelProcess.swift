@@ -1,3 +1,4 @@
+import Common
 import Foundation
 import Synchronization
 import Spawn
@@ -10,7 +11,7 @@ import Spawn
 public final class RedisSentinelProcess: Sendable {
     public let port: Int
     public let masterName: String
-    private let process: Mutex<ChildProcess?>
+    private let process: Locked<ChildProcess?>
     private let configFile: String
 
     /// `redis://127.0.0.1:<port>/0`: what `redis.url` names in sentinel mode.
@@ -38,7 +39,7 @@ public final class RedisSentinelProcess: Sendable {
             """.write(toFile: configFile, atomically: true, encoding: .utf8)
         // Its log says when it watches the master.
         let started = try RedisServerProcess.started([configFile, "--sentinel", "--logfile", ""], readyWhenItLogs: "+monitor master")
-        process = Mutex(started)
+        process = Locked(started)
     }
 
     deinit { stop() }

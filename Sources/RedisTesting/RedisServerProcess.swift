@@ -1,15 +1,23 @@
+import Common
 import Foundation
 import Synchronization
 import Spawn
 
 /// A private `redis-server` on a free loopback port, without persistence: for the demo, the
 /// benchmarks and the tests. Killed when released.
+///
+/// Each server has a directory of its own (its `--dir`, kept across its restarts, removed when
+/// it is released). A replica's full sync writes the master's snapshot there as `dump.rdb`, and
+/// every redis-server loads a `dump.rdb` it finds in its directory when it starts: with one
+/// directory for all, a server started after another's sync began with that one's data.
 public final class RedisServerProcess: Sendable {
     /// Fixed once started: restarts come back on it.
     public let port: Int
     /// The running server (nil before the first start); replaced by ``start()``.
-    private let process = Mutex<ChildProcess?>(nil)
+    private let process = Locked<ChildProcess?>(nil)
     private let extraArguments: [String]
+    /// Its `--dir`.
+    private let directory: String
     /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
     private let tls: (certificate: String, key: String)?
 
@@ -19,12 +27,15 @@ public final class RedisServerProcess: Sendable {
     public init(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) throws {
         extraArguments = arguments
         self.tls = tls
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-\(UUID().uuidString.prefix(12))").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        self.directory = directory
         // A free port can be taken by someone else before redis-server binds it: try another.
         var attempt = 1
         while true {
             let candidate = try Self.freePort()
             do {
-                let started = try Self.launch(port: candidate, tls: tls, extraArguments: arguments)
+                let started = try Self.launch(port: candidate, tls: tls, directory: directory, extraArguments: arguments)
                 port = candidate
                 process.withLock { $0 = started }
                 return
@@ -34,7 +45,10 @@ public final class RedisServerProcess: Sendable {
         }
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
 
     /// ``init(arguments:tls:)`` on a thread of its own: waiting for the server to be ready
     /// never holds a thread of the concurrency pool (async callers use this).
@@ -56,17 +70,18 @@ public final class RedisServerProcess: Sendable {
 
     /// Starts (again) on the same port and returns once it accepts connections.
     public func start() throws {
-        let started = try Self.launch(port: port, tls: tls, extraArguments: extraArguments)
+        let started = try Self.launch(port: port, tls: tls, directory: directory, extraArguments: extraArguments)
         process.withLock { $0 = started }
     }
 
-    static func launch(port: Int, tls: (certificate: String, key: String)?, extraArguments: [String]) throws -> ChildProcess {
+    static func launch(port: Int, tls: (certificate: String, key: String)?, directory: String,
+                       extraArguments: [String]) throws -> ChildProcess {
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
-        // Its files (a replica's full sync writes an RDB) go to the temporary directory, not
-        // the current one; a --dir among the extra arguments wins.
+        // Its files (a replica's full sync writes an RDB) go to its own directory; a --dir
+        // among the extra arguments wins.
         let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                  "--daemonize", "no", "--logfile", "", "--dir", FileManager.default.temporaryDirectory.path]
+                                  "--daemonize", "no", "--logfile", "", "--dir", directory]
             + extraArguments
         return try started(arguments, readyWhenItLogs: "Ready to accept connections")
     }

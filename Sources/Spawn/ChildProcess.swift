@@ -1,3 +1,4 @@
+import Common
 internal import CSpawn
 #if canImport(Glibc)
 internal import Glibc
@@ -15,7 +16,7 @@ internal import Synchronization
 public final class ChildProcess: Sendable {
     public let pid: Int32
     /// The exit code once it was reaped.
-    private let ended = Mutex<Int32?>(nil)
+    private let ended = Locked<Int32?>(nil)
 
     public struct SpawnError: Error, CustomStringConvertible {
         public var description: String
@@ -65,7 +66,7 @@ public final class ChildProcess: Sendable {
     /// Held while a child starts: from its `clone` until its `exec` (glibc's `posix_spawn`
     /// returns only then) the child holds a copy of every descriptor of this process, so a
     /// socket this process closes meanwhile stays open, and listened on, for that moment.
-    private static let spawning = Mutex<Void>(())
+    private static let spawning = Locked<Void>(())
 
     /// Runs `body` while no child is starting, so that a socket closed in it is closed at once:
     /// a listener closed and bound again on its port (as librdkafka's mock broker does when it

@@ -1,3 +1,4 @@
+import Common
 public import Glibc
 import Synchronization
 
@@ -31,7 +32,7 @@ public enum LoopbackPort {
     }
 
     /// The ports below the ephemeral range tried so far in this process.
-    private static let handedOut = Mutex<Set<Int>>([])
+    private static let handedOut = Locked<Set<Int>>([])
 
     /// Binds 127.0.0.1:`port` (0: the kernel picks) and releases it; the port bound, nil when
     /// it is taken.

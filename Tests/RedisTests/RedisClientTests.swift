@@ -52,6 +52,25 @@ struct RedisClientTests {
         await client.shutdown()
     }
 
+    /// A replica's full sync writes its master's snapshot (`dump.rdb`) into its directory, and
+    /// every redis-server loads the one it finds in its directory at start: a server started
+    /// after another's sync starts empty, because each has a directory of its own. (With one
+    /// directory for all, it started with the replica's data: keys of one test in another's.)
+    @Test func aServerStartedAfterAReplicasSyncStartsEmpty() async throws {
+        let master = try await RedisServerProcess.started()
+        let client = try Self.client(master.url)
+        #expect(try await client.send(RedisCommand("SET", ["synced", "1"])) == .status("OK"))
+        let replica = try await RedisServerProcess.started(arguments: ["--replicaof", "127.0.0.1", "\(master.port)"])
+        let replicaClient = try Self.client(replica.url)
+        try await waitUntil(timeout: .seconds(30), asking: {
+            ((try? await replicaClient.send(RedisCommand("INFO", ["replication"])))?.string ?? "").contains("master_link_status:up")
+        })
+        let fresh = try await RedisServerProcess.started()
+        let freshClient = try Self.client(fresh.url)
+        #expect(try await freshClient.send(RedisCommand("DBSIZE", [])) == .integer(0))
+        for client in [client, replicaClient, freshClient] { await client.shutdown() }
+    }
+
     @Test func commandsBuiltInPiecesIntoOneBufferAreSentAsWritten() async throws {
         let server = try await RedisServerProcess.started()
         let client = try Self.client(server.url)
