@@ -2,7 +2,6 @@ import Common
 import Logging
 import NIOCore
 import NIOSSL
-import Synchronization
 
 /// Finds the master of a Redis Sentinel deployment (``RedisConfiguration/Mode/sentinel``): asks
 /// the Sentinels, one after another, `SENTINEL GET-MASTER-ADDR-BY-NAME <name>`, starting with

@@ -1,6 +1,5 @@
 import Common
 import Foundation
-import Synchronization
 import Spawn
 
 /// A private Redis Sentinel (`redis-server <file> --sentinel`) on a free loopback port,

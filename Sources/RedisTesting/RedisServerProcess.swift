@@ -16,8 +16,8 @@ public final class RedisServerProcess: Sendable {
     /// The running server (nil before the first start); replaced by ``start()``.
     private let process = Locked<ChildProcess?>(nil)
     private let extraArguments: [String]
-    /// Its `--dir`.
-    private let directory: String
+    /// Its `--dir` (nil: the arguments name one).
+    private let directory: String?
     /// With TLS: the certificate and key files (PEM); then only the TLS port listens.
     private let tls: (certificate: String, key: String)?
 
@@ -27,27 +27,34 @@ public final class RedisServerProcess: Sendable {
     public init(arguments: [String] = [], tls: (certificate: String, key: String)? = nil) throws {
         extraArguments = arguments
         self.tls = tls
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("redis-\(UUID().uuidString.prefix(12))").path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        // Its own directory, unless the arguments name one (a cluster's nodes share theirs).
+        let directory = arguments.contains("--dir") ? nil
+            : FileManager.default.temporaryDirectory.appendingPathComponent("redis-\(UUID().uuidString.prefix(12))").path
+        if let directory { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
         self.directory = directory
         // A free port can be taken by someone else before redis-server binds it: try another.
         var attempt = 1
         while true {
-            let candidate = try Self.freePort()
             do {
-                let started = try Self.launch(port: candidate, tls: tls, directory: directory, extraArguments: arguments)
-                port = candidate
-                process.withLock { $0 = started }
-                return
-            } catch let failure as ServerFailed where failure.log.contains("Address already in use") && attempt < 5 {
-                attempt += 1
+                let candidate = try Self.freePort()
+                do {
+                    let started = try Self.launch(port: candidate, tls: tls, directory: directory, extraArguments: arguments)
+                    port = candidate
+                    process.withLock { $0 = started }
+                    return
+                } catch let failure as ServerFailed where failure.log.contains("Address already in use") && attempt < 5 {
+                    attempt += 1
+                }
+            } catch {
+                if let directory { try? FileManager.default.removeItem(atPath: directory) }
+                throw error
             }
         }
     }
 
     deinit {
         stop()
-        try? FileManager.default.removeItem(atPath: directory)
+        if let directory { try? FileManager.default.removeItem(atPath: directory) }
     }
 
     /// ``init(arguments:tls:)`` on a thread of its own: waiting for the server to be ready
@@ -74,14 +81,14 @@ public final class RedisServerProcess: Sendable {
         process.withLock { $0 = started }
     }
 
-    static func launch(port: Int, tls: (certificate: String, key: String)?, directory: String,
+    static func launch(port: Int, tls: (certificate: String, key: String)?, directory: String?,
                        extraArguments: [String]) throws -> ChildProcess {
         let listen = tls.map { ["--port", "0", "--tls-port", "\(port)", "--tls-cert-file", $0.certificate,
                                 "--tls-key-file", $0.key, "--tls-auth-clients", "no"] } ?? ["--port", "\(port)"]
         // Its files (a replica's full sync writes an RDB) go to its own directory; a --dir
         // among the extra arguments wins.
         let arguments = listen + ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                  "--daemonize", "no", "--logfile", "", "--dir", directory]
+                                  "--daemonize", "no", "--logfile", ""] + (directory.map { ["--dir", $0] } ?? [])
             + extraArguments
         return try started(arguments, readyWhenItLogs: "Ready to accept connections")
     }

@@ -104,8 +104,9 @@ struct RelayHarness {
         _ = try await producer.send(topic: topic ?? intentsTopic, key: key.map { Array($0.utf8) }, value: Array(json.utf8))
     }
 
-    /// Reads outcomes until `count` arrived (or `timeout` passed).
-    func outcomes(count: Int, timeout: Duration = .seconds(60)) async throws -> [[String: Any]] {
+    /// Reads outcomes until `count` arrived (or `timeout` passed: a minute, stretched under a
+    /// sanitizer).
+    func outcomes(count: Int, timeout: Duration = slowed(.seconds(60))) async throws -> [[String: Any]] {
         let messages = try await readTopic(cluster.bootstrapServers, outcomesTopic, timeout: timeout) { _, total in total >= count }
         return try messages.map { try #require(try JSONSerialization.jsonObject(with: Data($0.value)) as? [String: Any]) }
     }
@@ -459,8 +460,11 @@ struct RelayEndToEndTests {
     /// offsets committed) before the revocation is acknowledged: no intent reaches APNs from
     /// both relays (no Redis, so nothing else would catch it).
     @Test func aRebalanceUnderLoadSendsNoIntentFromBothRelays() async throws {
+        // A minute per request: no answer is lost on a loaded machine (a request timed out that
+        // APNs took is sent again, by its relay or, its partition moved meanwhile, by the other:
+        // the second send docs/outcomes.md allows, not the one this test is about).
         let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(200) },
-                                                   configureRelay: { $0.limits.maxInFlight = 25 })
+                                                   configureRelay: { $0.limits.maxInFlight = 25; $0.apns.requestTimeoutSeconds = 60 })
         let count = 1500
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
             let token = hexToken(0x2000 + $0 % 150)
@@ -470,8 +474,7 @@ struct RelayEndToEndTests {
         try await waitUntil { harness.pipeline.inFlight >= 25 }
         let second = try RelayApplication(configuration: harness.configuration, worker: "second")
         let running = Task { await second.run() }
-        // Every intent reached APNs (once, or twice when a commit was refused or an answer was
-        // lost: see below).
+        // Every intent reached APNs (once, or twice when a commit was refused: see below).
         try await waitUntil(timeout: .seconds(90)) {
             Set(harness.simulator.accepted.map(\.apnsID)).count >= count
         }
@@ -485,23 +488,8 @@ struct RelayEndToEndTests {
         // was finished since. Only then are duplicates a known issue of the test cluster.
         let refused = harness.pipeline.revocationCommitFailures + second.pipeline.revocationCommitFailures
         #expect(Set(accepted).count == count, "\(outcomes)")
-        // An intent APNs took twice: from both relays (what this test is about), or twice from
-        // one relay, tried again after its first answer was lost (a request timed out on a
-        // loaded machine: the second send docs/outcomes.md allows). The outcomes say which.
-        try await waitUntil(timeout: .seconds(60)) {
-            harness.pipeline.outcomeCounts.values.reduce(0, +) + second.pipeline.outcomeCounts.values.reduce(0, +) >= count
-        }
-        let log = try await OutcomeLog.read(harness.cluster.bootstrapServers, harness.outcomesTopic)
-        var answers: [String: [[String: Any]]] = [:]
-        for outcome in log.outcomes { if let id = outcome["apns_id"] as? String { answers[id.lowercased(), default: []].append(outcome) } }
-        #expect(Set(accepted.map { $0.lowercased() }).isSubset(of: Set(answers.keys)), "an intent APNs took has no outcome naming its apns-id")
-        let twice = Set(Dictionary(grouping: accepted.map { $0.lowercased() }, by: { $0 }).filter { $0.value.count > 1 }.keys)
-        let fromBoth = twice.filter { Set((answers[$0] ?? []).compactMap { $0["worker"] as? String }).count > 1 }
-        let retried = twice.filter { id in (answers[id] ?? []).contains { ($0["attempts"] as? Int ?? 1) > 1 } }
-        let unexplained = twice.subtracting(fromBoth).subtracting(retried)
-        #expect(unexplained.isEmpty, "taken twice, neither from both relays nor tried again by one: \(unexplained.map { answers[$0] ?? [] })")
         withKnownIssue("the mock coordinator refused the revocation's commit", isIntermittent: true) {
-            #expect(fromBoth.isEmpty, "\(fromBoth.count) intents reached APNs from both relays (\(retried.count) more twice from one, tried again); \(outcomes)")
+            #expect(accepted.count == count, "\(accepted.count - Set(accepted).count) intents reached APNs twice; \(outcomes)")
         } when: {
             refused > 0
         }

@@ -63,8 +63,8 @@ final class RelayProcess: Sendable {
 
 /// A child's output, read to its end by a thread of its own (so the child never blocks on a
 /// full pipe); `text` waits for that end.
+/// `@unchecked Sendable`: `bytes` is written once, before `done` is signalled, and read after.
 final class PrintedOutput: @unchecked Sendable {
-    // `@unchecked Sendable`: `bytes` is written once, before `done` is signalled, and read after.
     private var bytes: [UInt8] = []
     private let done = DispatchSemaphore(value: 0)
 

@@ -127,7 +127,7 @@ struct SentinelTests {
             let port = try? await Self.masterPort(sentinel)
             return replicas.contains { $0.port == port }
         })
-        try await harness.published.waitUntil(timeout: .seconds(90)) { $0.count("delivered") == 60 }
+        try await harness.published.waitUntil(timeout: slowed(.seconds(90))) { $0.count("delivered") == 60 }
         let accepted = harness.simulator.accepted.map(\.apnsID)
         #expect(accepted.count == 60 && Set(accepted).count == 60, "\(accepted.count) sent, \(Set(accepted).count) distinct")
         _ = try await harness.stopExpectingOneOutcomeEach()

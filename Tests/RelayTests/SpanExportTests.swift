@@ -124,6 +124,8 @@ final class OTLPReceiver: Sendable {
 
     func stop() async { try? await channel.close() }
 
+    /// One HTTP request's parts, gathered.
+    /// `@unchecked Sendable`: a channel handler, used only on its channel's event loop.
     private final class Collector: ChannelInboundHandler, @unchecked Sendable {
         typealias InboundIn = HTTPServerRequestPart
         typealias OutboundOut = HTTPServerResponsePart

@@ -65,6 +65,7 @@ public func runProgram(_ executable: String, _ arguments: [String], environment:
 }
 
 /// Bytes one thread writes before signalling and another reads after waiting.
+/// `@unchecked Sendable`: that signal orders the write before the read.
 private final class Collected: @unchecked Sendable {
     var bytes: [UInt8] = []
 }

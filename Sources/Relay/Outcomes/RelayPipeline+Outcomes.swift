@@ -7,8 +7,8 @@ import Redis
 extension RelayPipeline {
     /// How an item ended: its outcome (nil when its work was abandoned, its partition revoked)
     /// and, when APNs accepted it, the device's last-notification record. A class, so the async
-    /// frames on the way hold a reference, not the outcome. `@unchecked Sendable` as
-    /// ``Delivery`` is.
+    /// frames on the way hold a reference, not the outcome.
+    /// `@unchecked Sendable`: as ``Delivery``, one step of its intent touches it at a time.
     final class Ending: @unchecked Sendable {
         var outcome: Outcome?
         var lastSent: DeviceRecords.LastSent?
