@@ -19,6 +19,15 @@ struct RedriveSupersededTests {
         return RedriveSelection.Outcome(json: [UInt8](try! JSONSerialization.data(withJSONObject: object)))!
     }
 
+    /// An outcome record whose `at` less its `latency_ms` would overflow (not one a relay
+    /// writes, but the command reads whatever the topic holds) is read, not a crash.
+    @Test func anOutcomeWhoseTimesOverflowIsReadNotACrash() throws {
+        let object: [String: Any] = ["id": "odd", "token": Self.token, "topic": "com.example.app", "status": "failed",
+                                     "lane": "intents", "partition": 0, "offset": 1, "at": -2, "latency_ms": Int.max]
+        let outcome = try #require(RedriveSelection.Outcome(json: [UInt8](try JSONSerialization.data(withJSONObject: object))))
+        #expect(outcome.consumedAt == .min)
+    }
+
     static func decide(_ outcomes: [RedriveSelection.Outcome], reasonPrefix: String? = nil) -> (redrive: [String], superseded: [String]) {
         var filter = RedriveFilter(since: 0)
         filter.reasonPrefix = reasonPrefix

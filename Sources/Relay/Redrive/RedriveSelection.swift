@@ -86,7 +86,9 @@ public struct RedriveSelection: Sendable {
             self.partition = Int32(clamping: partition)
             self.offset = Int64(offset)
             self.at = Int64(at)
-            consumedAt = self.at - Int64((object["latency_ms"] as? Int).map { max(0, $0) } ?? 0)
+            // Saturated: a record no relay wrote may hold times that would overflow.
+            let (consumed, overflowed) = self.at.subtractingReportingOverflow(Int64((object["latency_ms"] as? Int).map { max(0, $0) } ?? 0))
+            consumedAt = overflowed ? .min : consumed
             if let redrive = object["redrive"] as? [String: Any], let lane = redrive["lane"] as? String,
                let partition = redrive["partition"] as? Int, let offset = redrive["offset"] as? Int {
                 originalPlace = Place(lane: lane, partition: Int32(clamping: partition), offset: Int64(offset))
