@@ -219,7 +219,8 @@ extension DevicePolicy {
                 // the real one holds an intent (parked before a switch to shadow mode).
                 let mailbox = values[2].bytes
                 let shadowMailbox = shadow && (values[values.count - 1].integer ?? .min) > now ? ShadowMailbox.note : nil
-                let holdsParked = DevicePolicy.mailbox(mailbox, holdsFor: "") != .nothing
+                // Parsed for shadow mode only: enforce mode reads the mailbox as it is.
+                let holdsParked = shadow && DevicePolicy.mailbox(mailbox, holdsFor: "") != .nothing
                 let decisions = DevicePolicy.decide(group, waiting: holdsParked ? mailbox : shadowMailbox ?? mailbox,
                                                     backoffUntil: backoffUntil, bucket: &bucket, now: now,
                                                     unregisteredAt: unregisteredAt) { position in
