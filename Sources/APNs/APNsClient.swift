@@ -1,6 +1,6 @@
 public import Common
 import Foundation
-package import HTTP2
+import HTTP2
 public import Logging
 public import NIOCore
 import NIOPosix
