@@ -111,6 +111,32 @@ struct LiveActivityPacingTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// A push whose send took longer than the window and its slack (here a 503 and a retry 2.2
+    /// to 4.4 s later) spent its budget when the device took it, not when the relay decided to
+    /// send it: the next start, decided right after, waits its window instead of reaching the
+    /// device inside the window the device counts from its arrival.
+    @Test func aSlowSendSpendsItsBudgetWhenTheDeviceTakesIt() async throws {
+        let redis = TestRedis(try await RedisServerProcess.started())
+        let harness = try await PolicyTests.harness(redis, burst: 100_000, refill: 10_000, configure: {
+            $0.policy.defaults.liveActivity.startsPerWindow = 1
+            $0.policy.defaults.liveActivity.startWindowSeconds = 1
+            $0.retry.initialBackoffMilliseconds = 4400
+            $0.retry.maxBackoffMilliseconds = 4400
+        }, simulator: {
+            $0.behaviour.liveActivityBudgets = (priority10PerHour: 20, startsPerWindow: 1, startWindow: .seconds(1))
+            $0.behaviour.failNext = (1, 503)
+        })
+        let token = hexToken(0xC3)
+        try await harness.produce(Self.start("slow", token: token), key: token)
+        let first = try await harness.outcomes(count: 1)
+        #expect(first.first?["attempts"] as? Int == 2, "\(first)")
+        try await harness.produce(Self.start("next", token: token), key: token)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 2))
+        #expect(outcomes["next"]?["status"] as? String == "delivered", "\(outcomes["next"] ?? [:])")
+        #expect(harness.simulator.droppedOnDevice.isEmpty, "\(harness.simulator.droppedOnDevice)")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     /// The same device budgets without the relay's pacing: the device drops some.
     @Test func withoutPacingTheDeviceDrops() async throws {
         let redis = TestRedis(try await RedisServerProcess.started())

@@ -45,6 +45,22 @@ extension RelayPipeline {
         if delivery.intent.badge != nil, await !applyBadge(delivery) { return }
         await deliver(delivery)
         Self.settle(delivery)
+        if delivery.pacedBudget != nil, delivery.ending.outcome?.status == .delivered { await rescoreBudget(delivery) }
+    }
+
+    /// Moves the Live Activity budget spend of a push APNs accepted to now
+    /// (``LiveActivityPacer/accepted(_:token:topic:intentID:windowSeconds:now:)``). Once, not
+    /// retried: a spend it could not move stays scored from before the send, as before.
+    @inline(never)
+    func rescoreBudget(_ delivery: Delivery) async {
+        guard let pacer = liveActivityPacer, let (budget, window) = delivery.pacedBudget else { return }
+        let intent = delivery.intent
+        do {
+            try await pacer.accepted(budget, token: intent.token, topic: intent.topic, intentID: intent.id, windowSeconds: window,
+                                     now: nowMilliseconds())
+        } catch {
+            logger.debug("Live Activity budget spend not moved to its acceptance", metadata: metadata(delivery.item, ["error": "\(error)"]))
+        }
     }
 
     /// Adds the badge sent to the outcome and notes the device's last notification.
@@ -127,6 +143,9 @@ extension RelayPipeline {
         /// The outcome's `policy_decision` when a decision came past the admission in shadow
         /// mode (a start past its budget, a 429: `park`), else the admission's.
         var policyDecision: String?
+        /// The Live Activity budget its push spent (and the budget's window, seconds): re-scored
+        /// when APNs accepts it.
+        var pacedBudget: (budget: LiveActivityPacer.Budget, windowSeconds: Int64)?
 
         init(intent: Intent, item: WorkItem, credentialIndex: Int?, machine: DeliveryStateMachine, precedence: Int) {
             self.intent = intent
@@ -173,6 +192,7 @@ extension RelayPipeline {
         let topic = metricsTopic(intent.topic)
         guard let wait = spent else {
             RelayMetrics.liveActivityBudgetSpent(topic: topic, budget: budget.name)
+            delivery.pacedBudget = (budget, window)
             return true
         }
         let now = nowMilliseconds()

@@ -39,4 +39,21 @@ struct LiveActivityPacer: Sendable {
         }
         return allowed == 1 ? nil : max(wait, 1)
     }
+
+    /// Moves `intentID`'s spend to `now` (epoch ms), when APNs accepted its push: the device
+    /// counts a push from when it took it, which is up to the send's whole time after the spend
+    /// was scored. Scored by acceptance, a spend the window left as the relay sees it has left
+    /// it on the device too, however long the send took (the slack then only has to cover the
+    /// clocks). Only ever later (`GT`); a spend the window (or the key's expiry) removed while
+    /// the send took its time is added again, as the device counts it from now. The key lives a
+    /// window from now.
+    func accepted(_ budget: Budget, token: String, topic: String, intentID: String, windowSeconds: Int64,
+                  now: Int64) async throws(RedisError) {
+        let key = keys.budget(token: token, topic: topic, kind: budget.rawValue)
+        let replies = try await client.pipeline([
+            RedisCommand("ZADD", [key, "GT", "\(now)", intentID]),
+            RedisCommand("PEXPIRE", [key, "\(windowSeconds * 1000 + Self.slackMilliseconds)"]),
+        ])
+        for case .error(let message) in replies { throw .server(message) }
+    }
 }
