@@ -25,12 +25,16 @@ struct BenchE2ECommand: AsyncParsableCommand {
     @Flag(help: "Drive intents by callbacks instead of a task each (without --policy; an experiment, docs/performance.md).")
     var callbacks = false
 
+    @Flag(help: "Run the relay as an operator does: `apns-relay run` (next to this executable) as a process of its own, its CPU and peak RSS read from /proc, its outcomes from the outcomes topic.")
+    var process = false
+
     @OptionGroup var logging: LoggingOptions
 
     func validate() throws {
         if callbacks && (workload.policy || workload.trace) {
             throw ValidationError("--callbacks drives intents without Redis or tracing: not with --policy or --trace")
         }
+        if callbacks && process { throw ValidationError("--callbacks is an experiment inside this process: not with --process") }
     }
 
     func run() async throws {
@@ -40,7 +44,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
         let configuration = try stack.relayConfiguration()
-        var figures = try await measure(configuration, stack: stack)
+        var figures = try await process ? measureProcess(configuration, stack: stack) : measure(configuration, stack: stack)
         figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
         Terminal.line(figures.line)
@@ -48,7 +52,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
     }
 
     private func measure(_ configuration: RelayConfiguration, stack: StackProcess) async throws -> (counts: [String: Int], line: String) {
-        let count = workload.count, warmUp = workload.warmUp
+        let count = workload.count
         // Latencies (consume to outcome) as the relay publishes its outcomes; the warm-up
         // intents' are left out.
         let latencies = LatencyRecorder(capacity: count)
@@ -58,41 +62,146 @@ struct BenchE2ECommand: AsyncParsableCommand {
         }, deliveryByCallbacks: callbacks)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
-        let deadline = ContinuousClock.now + .seconds(600)
-        var offeredAt: ContinuousClock.Instant?
-        var finishedAt = ContinuousClock.now
-        var lastReport = ContinuousClock.now
-        while ContinuousClock.now < deadline {
-            let done = pipeline.outcomeCounts.values.reduce(0, +)
-            // --rate: the relay answered the warm-up, so it consumes every partition; the
-            // stack starts offering the workload now.
-            if workload.rate != nil, offeredAt == nil, done >= warmUp {
-                offeredAt = .now
-                stack.go()
-            }
-            if done >= count + warmUp {
-                finishedAt = .now
-                break
-            }
-            if ContinuousClock.now - lastReport >= .seconds(5) {
-                lastReport = .now
-                FileHandle.standardError.write(Data("bench: \(done - warmUp) of \(count) outcomes, \(pipeline.inFlight) in flight\n".utf8))
-            }
+        var progress = BenchProgress(workload: workload, stack: stack)
+        while !progress.finished(done: pipeline.outcomeCounts.values.reduce(0, +), detail: ", \(pipeline.inFlight) in flight") {
             try await Task.sleep(for: .milliseconds(5))
         }
         let cpu = ProcessCPU.now() - cpuBefore
         let rss = peakResidentMiB()
         var counts = pipeline.outcomeCounts
         if callbacks { counts["driven_by_callbacks"] = pipeline.intentsDrivenByCallbacks }
-        let started = offeredAt ?? pipeline.firstConsumedAt ?? finishedAt
+        let started = progress.offeredAt ?? pipeline.firstConsumedAt ?? progress.finishedAt
         pipeline.requestStop()
         await running.value
 
-        let seconds = (finishedAt - started).totalSeconds
+        return (counts, figureLine(seconds: (progress.finishedAt - started).totalSeconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu))
+    }
+
+    /// The relay as `apns-relay run` in a process of its own, with the configuration the stack
+    /// wrote (its status port moved to a free one). Its outcomes are read from the outcomes
+    /// topic; the figures are taken once the last arrived, before it is asked to stop: CPU
+    /// (user + system) and peak RSS from its /proc entry, start-up included as in the
+    /// in-process mode.
+    private func measureProcess(_ configuration: RelayConfiguration, stack: StackProcess) async throws -> (counts: [String: Int], line: String) {
+        let relayBinary = try siblingExecutable("apns-relay")
+        var own = configuration
+        own.http.address = "127.0.0.1"
+        own.http.port = try LoopbackPort.free()
+        let file = URL(fileURLWithPath: stack.configurationFile).deletingLastPathComponent().appendingPathComponent("apns-relay-process.yaml").path
+        try own.redactedYAML.write(toFile: file, atomically: true, encoding: .utf8)
+        let reader = try KafkaTopicReader(bootstrapServers: configuration.kafka.brokers, topic: configuration.kafka.outcomesTopic)
+        let latencies = LatencyRecorder(capacity: workload.count)
+        var counts: [String: Int] = [:]
+        var done = 0
+        // Epoch ms: the first intent consumed (an outcome's `at` less its `latency_ms`) and the
+        // last outcome made, as the records say.
+        var firstConsumed = Int64.max, lastAnswered = Int64.min
+        // Its output is this process's standard error: what it says when it cannot start.
+        let relay = try ChildProcess(executable: relayBinary, arguments: ["run", "--config", file],
+                                     standardOutput: STDERR_FILENO, standardError: STDERR_FILENO)
+        var progress = BenchProgress(workload: workload, stack: stack)
+        while relay.isRunning, !progress.finished(done: done) {
+            let batch = (try? await reader.read(timeout: .milliseconds(200)) { _, _ in true }) ?? []
+            for message in batch {
+                guard let outcome = BenchOutcome(message.value) else { continue }
+                done += 1
+                firstConsumed = min(firstConsumed, outcome.at - outcome.latencyMilliseconds)
+                lastAnswered = max(lastAnswered, outcome.at)
+                counts[outcome.status, default: 0] += 1
+                if !outcome.id.hasPrefix(BenchWorkload.warmUpPrefix) { latencies.record(outcome.latencyMilliseconds) }
+            }
+        }
+        let cpu = ProcessFigures.cpuSeconds(of: relay.pid)
+        let rss = ProcessFigures.peakResidentMiB(of: relay.pid)
+        let exitedEarly = !relay.isRunning
+        relay.signal(SIGTERM)
+        relay.wait()
+        await reader.close()
+        if exitedEarly { Terminal.error("apns-relay run exited before the benchmark ended") }
+        // As the in-process mode: from the go with --rate, else from the first intent consumed
+        // (the relay's start and group join left out), to the last outcome made.
+        let from = progress.offeredAtMilliseconds ?? firstConsumed
+        let seconds = Double(max(lastAnswered - from, 0)) / 1000
+        return (counts, figureLine(seconds: seconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu ?? 0))
+    }
+
+    private func figureLine(seconds: Double, latencies: LatencyRecorder, peakResidentMiB: Double?, cpuSeconds: Double) -> String {
         let milliseconds = latencies.percentiles(0.5, 0.99)
-        return (counts, String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f cpu_us_per_intent: %.1f",
-                               Double(count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], rss ?? 0,
-                               cpu * 1_000_000 / Double(count + warmUp)))
+        return String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f cpu_us_per_intent: %.1f",
+                      Double(workload.count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], peakResidentMiB ?? 0,
+                      cpuSeconds * 1_000_000 / Double(workload.count + workload.warmUp))
+    }
+}
+
+/// The measuring loop's bookkeeping, the same whether the relay runs in this process or its own.
+struct BenchProgress {
+    let workload: BenchWorkload
+    let stack: StackProcess
+    let deadline = ContinuousClock.now + .seconds(600)
+    /// With `--rate`, when the stack was told to offer the workload.
+    var offeredAt: ContinuousClock.Instant?
+    /// The same, in epoch ms (to set against outcome records).
+    var offeredAtMilliseconds: Int64?
+    var finishedAt = ContinuousClock.now
+    var lastReport = ContinuousClock.now
+
+    /// Takes the number of outcomes so far: once the warm-up is answered (`--rate`), the relay
+    /// consumes every partition and the stack is told to offer the workload; every 5 s a progress
+    /// line (with `detail`) goes to standard error. True once every outcome is in, or at the
+    /// deadline (600 s).
+    mutating func finished(done: Int, detail: String = "") -> Bool {
+        if workload.rate != nil, offeredAt == nil, done >= workload.warmUp {
+            offeredAt = .now
+            offeredAtMilliseconds = APNsIdentifiers.epochMilliseconds()
+            stack.go()
+        }
+        if done >= workload.count + workload.warmUp || ContinuousClock.now >= deadline {
+            finishedAt = .now
+            return true
+        }
+        if ContinuousClock.now - lastReport >= .seconds(5) {
+            lastReport = .now
+            FileHandle.standardError.write(Data("bench: \(done - workload.warmUp) of \(workload.count) outcomes\(detail)\n".utf8))
+        }
+        return false
+    }
+}
+
+/// What `bench e2e --process` reads of an outcome record.
+struct BenchOutcome {
+    var id: String
+    var status: String
+    var latencyMilliseconds: Int64
+    /// When it was made (epoch ms).
+    var at: Int64
+
+    init?(_ value: [UInt8]) {
+        guard let object = (try? JSONSerialization.jsonObject(with: Data(value))) as? [String: Any],
+              let status = object["status"] as? String else { return nil }
+        self.id = object["id"] as? String ?? ""
+        self.status = status
+        self.latencyMilliseconds = Int64(object["latency_ms"] as? Int ?? 0)
+        self.at = Int64(object["at"] as? Int ?? 0)
+    }
+}
+
+/// Another process's figures, from its /proc entry (nil when it is gone or unreadable).
+enum ProcessFigures {
+    /// CPU time so far (user + system), in seconds: fields 14 and 15 of /proc/PID/stat, in clock
+    /// ticks. The fields are counted after the command's closing parenthesis, as the command
+    /// may hold spaces.
+    static func cpuSeconds(of pid: Int32) -> Double? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // fields[0] is field 3 (the state).
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Peak resident set size (VmHWM), in MiB.
+    static func peakResidentMiB(of pid: Int32) -> Double? {
+        APNsRelayDev.peakResidentMiB(status: "/proc/\(pid)/status")
     }
 }
 

@@ -64,12 +64,7 @@ struct SoakCommand: AsyncParsableCommand {
 
     func run() async throws {
         try logging.bootstrap(defaultLevel: .error)
-        let relayBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-            .deletingLastPathComponent().appendingPathComponent("apns-relay").path
-        guard FileManager.default.isExecutableFile(atPath: relayBinary) else {
-            Terminal.error("no apns-relay next to this executable (\(relayBinary)): build both products")
-            throw ExitCode(1)
-        }
+        let relayBinary = try siblingExecutable("apns-relay")
         let stack = try await EmbeddedStack.start(partitions: 8) { $0.recordInMemory = true }
         let soak: Soak
         do {

@@ -918,9 +918,12 @@ struct CheckConfigProcessTests {
 
 @Suite("apns-relay-dev bench e2e", .timeLimit(.minutes(3)))
 struct BenchE2EProcessTests {
-    /// The benchmark's child process (mock cluster + simulator) and its figures line.
-    @Test func smallRunPrintsItsFigures() async throws {
-        let run = try await RelayBinary.runDev(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"])
+    /// The benchmark's child process (mock cluster + simulator) and its figures line; with
+    /// `--process` the relay is `apns-relay run` in a process of its own, its figures read from
+    /// its /proc entry and its outcomes from the outcomes topic.
+    @Test(arguments: [[], ["--process"]])
+    func smallRunPrintsItsFigures(_ mode: [String]) async throws {
+        let run = try await RelayBinary.runDev(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"] + mode)
         let text = run.stdout
         #expect(run.status == 0, "\(text)")
         let lines = text.split(separator: "\n")
@@ -930,6 +933,8 @@ struct BenchE2EProcessTests {
         #expect(last.contains(" p50_ms: ") && last.contains(" p99_ms: ") && last.contains(" peak_rss_mb: "))
         let cpu = try #require(Self.figure("cpu_us_per_intent", in: last))
         #expect(cpu > 0, "\(last)")
+        let resident = try #require(Self.figure("peak_rss_mb", in: last))
+        #expect(resident > 10, "\(last)")
     }
 
     /// `--rate`: the workload is offered at that rate once the relay answered its warm-up, so the
