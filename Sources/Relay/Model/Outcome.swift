@@ -95,8 +95,9 @@ public struct Outcome: Sendable, Equatable {
 
     /// ``json`` as the UTF-8 bytes published.
     public var utf8: [UInt8] {
-        // An outcome is 400-500 bytes: one buffer, never grown.
-        var writer = JSONObjectWriter(capacity: 512)
+        // An outcome is about 580 bytes (a 64-character token, every optional field null), plus
+        // its metadata and redrive objects as they came: one buffer, never grown.
+        var writer = JSONObjectWriter(capacity: 768 + (metadata?.count ?? 0) + (redrive?.count ?? 0))
         writer.add("v", 1)
         writer.addOrNull("id", id)
         writer.addOrNull("token", token)
