@@ -156,12 +156,12 @@ struct RedisClusterUnitTests {
     }
 
     @Test func repliesFromSeveralNodesMergeToTheWeakest() {
-        #expect(RedisClusterRouter.merged(nil, .integer(2)) == .integer(2))
-        #expect(RedisClusterRouter.merged(.integer(2), .integer(1)) == .integer(1))
-        #expect(RedisClusterRouter.merged(.integer(1), .integer(3)) == .integer(1))
-        #expect(RedisClusterRouter.merged(.integer(1), .error("NOREPLICAS")) == .error("NOREPLICAS"))
-        #expect(RedisClusterRouter.merged(.error("ERR x"), .status("OK")) == .error("ERR x"))
-        #expect(RedisClusterRouter.merged(.status("OK"), .status("OK")) == .status("OK"))
+        #expect(RedisClusterCall.merged(nil, .integer(2)) == .integer(2))
+        #expect(RedisClusterCall.merged(.integer(2), .integer(1)) == .integer(1))
+        #expect(RedisClusterCall.merged(.integer(1), .integer(3)) == .integer(1))
+        #expect(RedisClusterCall.merged(.integer(1), .error("NOREPLICAS")) == .error("NOREPLICAS"))
+        #expect(RedisClusterCall.merged(.error("ERR x"), .status("OK")) == .error("ERR x"))
+        #expect(RedisClusterCall.merged(.status("OK"), .status("OK")) == .status("OK"))
     }
 
     @Test func redirectRepliesAreRead() {
@@ -465,5 +465,109 @@ struct LoopbackRedisCommandTests {
             server.stop()
             #expect(throws: LoopbackRedisCommand.Failed.self) { try LoopbackRedisCommand.run(port: port, ["PING"]) }
         }
+    }
+}
+
+/// A call's rounds over a Redis Cluster (``RedisClusterCall``), without a server: each node's
+/// answer in, the next step out.
+@Suite("Redis Cluster: a call's rounds (no server)")
+struct RedisClusterCallTests {
+    let a = RedisNodeAddress(host: "10.0.0.1", port: 7000)
+    let b = RedisNodeAddress(host: "10.0.0.2", port: 7000)
+    let c = RedisNodeAddress(host: "10.0.0.3", port: 7000)
+
+    @Test func oneRoundAnswersTheCallInOrder() {
+        var call = RedisClusterCall(everyNode: [false, false, false], maxRedirects: 5)
+        let countedA = call.answered([0, 2], asking: false, from: a, .success([.integer(1), .status("OK")]))
+        #expect(!countedA)
+        let countedB = call.answered([1], asking: false, from: b, .success([.error("WRONGTYPE x")]))
+        #expect(countedB, "an error reply counts for its node")
+        let next = call.roundEnded()
+        #expect(next == .replies([.integer(1), .error("WRONGTYPE x"), .status("OK")]))
+    }
+
+    /// N2: in a batch over two nodes, one key's slot half-way through a migration holds up that
+    /// command only; the others keep their replies, and the call's `WAIT` goes again with it.
+    @Test func aSlotBeingMigratedHoldsUpOnlyItsOwnCommands() {
+        var call = RedisClusterCall(everyNode: [false, false, false, true], maxRedirects: 5)
+        _ = call.answered([0, 3], asking: false, from: a, .success([.integer(1), .integer(1)]))
+        _ = call.answered([1, 2, 3], asking: false, from: b,
+                          .success([.error("TRYAGAIN Multiple keys request during rehashing of slot"), .integer(7), .integer(1)]))
+        guard case .resend(let resend) = call.roundEnded() else { Issue.record("no resend"); return }
+        #expect(resend == .init(toOwners: [1, 3], readMap: .no, backoffAttempt: 0))
+        call.resent()
+        _ = call.answered([1, 3], asking: false, from: b, .success([.integer(5), .integer(0)]))
+        // The WAIT's replies merge to the weakest: the resent write's node had no replica.
+        let next = call.roundEnded()
+        #expect(next == .replies([.integer(1), .integer(5), .integer(7), .integer(0)]))
+    }
+
+    @Test func aMovedSlotIsResentToItsNewOwnerWhileTheMapIsRead() {
+        var call = RedisClusterCall(everyNode: [false, true], maxRedirects: 5)
+        _ = call.answered([0, 1], asking: false, from: a, .success([.error("MOVED 3999 10.0.0.3:7000"), .integer(1)]))
+        let next = call.roundEnded()
+        #expect(next == .resend(.init(moved: [c: [0, 1]], readMap: .meanwhile, moves: 1)))
+    }
+
+    @Test func anAskGoesToItsNodeOnceAndLeavesTheMap() {
+        var call = RedisClusterCall(everyNode: [false, false], maxRedirects: 5)
+        _ = call.answered([0, 1], asking: false, from: a, .success([.error("ASK 3999 10.0.0.2:7000"), .integer(2)]))
+        let next = call.roundEnded()
+        #expect(next == .resend(.init(asked: [b: [0]], readMap: .no, asks: 1)))
+        call.resent()
+        // Each command after an ASKING: the ASKING's reply is skipped.
+        _ = call.answered([0], asking: true, from: b, .success([.status("OK"), .integer(9)]))
+        let nextAgain = call.roundEnded()
+        #expect(nextAgain == .replies([.integer(9), .integer(2)]))
+    }
+
+    /// A node that refused the connection: its commands were never written; the map is read
+    /// before they go to whoever owns their slots then, and from the second round after a
+    /// backoff. A call that cannot go on fails with the refusal.
+    @Test func anUnreachableNodesCommandsWaitForTheMap() {
+        var call = RedisClusterCall(everyNode: [false, false], maxRedirects: 5)
+        let refused = RedisError.unavailable("connection refused")
+        let counted = call.answered([0], asking: false, from: a, .failure(refused))
+        #expect(counted)
+        _ = call.answered([1], asking: false, from: b, .success([.integer(3)]))
+        let next = call.roundEnded()
+        #expect(next == .resend(.init(toOwners: [0], readMap: .first)))
+        call.resent()
+        _ = call.answered([0], asking: false, from: a, .failure(refused))
+        let nextAgain = call.roundEnded()
+        #expect(nextAgain == .resend(.init(toOwners: [0], readMap: .first, backoffAttempt: 1)))
+        #expect(call.gaveUp() == .failed(refused))
+    }
+
+    /// At most `maxRedirects` rounds of MOVED or ASK: then the command keeps its redirect as its
+    /// reply. TRYAGAIN rounds do not count (the deadline bounds them).
+    @Test func redirectsAreBounded() {
+        var call = RedisClusterCall(everyNode: [false], maxRedirects: 2)
+        _ = call.answered([0], asking: false, from: a, .success([.error("TRYAGAIN later")]))
+        guard case .resend = call.roundEnded() else { Issue.record("no resend after TRYAGAIN"); return }
+        for round in 1...3 {
+            call.resent()
+            _ = call.answered([0], asking: false, from: a, .success([.error("MOVED 1 10.0.0.2:7000")]))
+            let next = call.roundEnded()
+            if round < 3 {
+                #expect(next == .resend(.init(moved: [b: [0]], readMap: .meanwhile, moves: 1)))
+            } else {
+                #expect(next == .replies([.error("MOVED 1 10.0.0.2:7000")]))
+            }
+        }
+    }
+
+    @Test func aLostConnectionOrAMiscountFailsTheCall() {
+        var lost = RedisClusterCall(everyNode: [false, false], maxRedirects: 5)
+        let counted = lost.answered([0], asking: false, from: a, .failure(.connectionLost("reset")))
+        #expect(counted)
+        let countedAgain = lost.answered([1], asking: false, from: b, .failure(.unavailable("refused")))
+        #expect(!countedAgain, "ignored after the failure")
+        let next = lost.roundEnded()
+        #expect(next == .failed(.connectionLost("reset")))
+        var miscount = RedisClusterCall(everyNode: [false, false], maxRedirects: 5)
+        _ = miscount.answered([0, 1], asking: false, from: a, .success([.integer(1)]))
+        let nextAgain = miscount.roundEnded()
+        #expect(nextAgain == .failed(.protocolError("1 replies to 2 commands")))
     }
 }

@@ -158,22 +158,67 @@ final class RedisClusterRouter: Sendable {
             return .later(after: state.orderedGate, written: written)
         }
         let promise = loop.makePromise(of: [RESPValue].self)
+        let call = RedisClusterCall(everyNode: routed.map(\.everyNode), maxRedirects: configuration.maxRedirects)
         switch start {
         case .shutDown:
             return loop.makeFailedFuture(RedisError.shutdown)
         case .now(let groups):
             let sends = groups.map { write($0.node, $0.indices, asking: false, commands, routed, deadline: deadline, ordered: ordered) }
-            promise.completeWithTask {
-                try await self.complete(commands, routed, sends, deadline: deadline, ordered: ordered)
-            }
+            drive(call, sends, commands, routed, deadline: deadline, ordered: ordered, promise: promise)
         case .later(let after, let written):
-            promise.completeWithTask {
-                let sends = try await self.writeOnceMapped(commands, routed, after: after, written: written,
-                                                           deadline: deadline, ordered: ordered)
-                return try await self.complete(commands, routed, sends, deadline: deadline, ordered: ordered)
+            Task {
+                do {
+                    let sends = try await self.writeOnceMapped(commands, routed, after: after, written: written,
+                                                               deadline: deadline, ordered: ordered)
+                    self.drive(call, sends, commands, routed, deadline: deadline, ordered: ordered, promise: promise)
+                } catch {
+                    promise.fail(error)
+                }
             }
         }
         return promise.futureResult
+    }
+
+    /// Feeds a round's answers to `call` once every send of it answered (each is bounded by the
+    /// call's deadline), on the event loop of the round's first send, and goes on as the call
+    /// says: its replies or its error complete `promise`; a resend takes a task of its own,
+    /// since it may read the slot map or wait a backoff first (redirects are rare: a reshard, a
+    /// failover). A call that needs no resend — nearly every call — takes no task.
+    private func drive(_ call: RedisClusterCall, _ sends: [Send], _ commands: RedisCommandBuffer,
+                       _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool,
+                       promise: EventLoopPromise<[RESPValue]>) {
+        let loop = sends.first?.replies.eventLoop ?? promise.futureResult.eventLoop
+        EventLoopFuture.whenAllComplete(sends.map(\.replies), on: loop).whenSuccess { results in
+            var call = call
+            for (send, result) in zip(sends, results) {
+                let answer = result.mapError { ($0 as? RedisError) ?? .connectionLost("\($0)") }
+                if call.answered(send.indices, asking: send.asking, from: send.node.address, answer) { send.node.errors.increment() }
+            }
+            switch call.roundEnded() {
+            case .replies(let replies):
+                promise.succeed(replies)
+            case .failed(let error):
+                promise.fail(error)
+            case .resend(let resend):
+                Task { [call] in
+                    var call = call
+                    do {
+                        guard let next = try await self.followUp(resend, commands, routed, deadline: deadline, ordered: ordered) else {
+                            switch call.gaveUp() {
+                            case .replies(let replies): promise.succeed(replies)
+                            case .failed(let error): promise.fail(error)
+                            case .resend: preconditionFailure("a call that gave up plans no resend")
+                            }
+                            return
+                        }
+                        call.resent()
+                        self.drive(call, next, commands, routed, deadline: deadline, ordered: ordered, promise: promise)
+                    } catch {
+                        promise.fail(error)
+                    }
+                }
+            }
+        }
     }
 
     /// Writes a call that had to wait: behind the ordered call before it, and for the slot map.
@@ -248,109 +293,27 @@ final class RedisClusterRouter: Sendable {
                     replies: node.connection(ordered: ordered).execute(subset, deadline: deadline))
     }
 
-    /// What a command still needs after a round.
-    enum Pending {
-        case redirected(RedisClusterRedirect)
-        /// Its node refused the connection: it was never written.
-        case unreachable(RedisError)
-
-        /// `MOVED` or `ASK` (bounded by ``RedisConfiguration/maxRedirects``; waiting out
-        /// `TRYAGAIN` and unreachable nodes is bounded by the call's deadline).
-        var isRedirect: Bool {
-            switch self {
-            case .redirected(.moved), .redirected(.ask): true
-            case .redirected(.again), .unreachable: false
-            }
-        }
-    }
-
-    private func complete(_ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed], _ first: [Send],
-                          deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [RESPValue] {
-        var replies = [RESPValue?](repeating: nil, count: routed.count)
-        var sends = first
-        var round = 0, redirects = 0
-        while true {
-            var pending: [Int: Pending] = [:]
-            for send in sends {
-                let got: [RESPValue]
-                do {
-                    got = try await send.replies.get()
-                } catch let error as RedisError {
-                    send.node.errors.increment()
-                    guard case .unavailable = error else { throw error }
-                    for index in send.indices { pending[index] = .unreachable(error) }
-                    continue
-                } catch {
-                    throw .connectionLost("\(error)")
-                }
-                let stride = send.asking ? 2 : 1
-                guard got.count == send.indices.count * stride else {
-                    throw .protocolError("\(got.count) replies to \(send.indices.count * stride) commands")
-                }
-                if got.contains(where: \.isError) { send.node.errors.increment() }
-                for (position, index) in send.indices.enumerated() {
-                    let reply = got[position * stride + stride - 1]
-                    if case .error(let message) = reply, let redirect = RedisClusterRedirect(message, asked: send.node.address) {
-                        pending[index] = .redirected(redirect)
-                    }
-                    replies[index] = Self.merged(replies[index], reply)
-                }
-            }
-            if pending.isEmpty { break }
-            round += 1
-            if pending.values.contains(where: \.isRedirect) { redirects += 1 }
-            guard redirects <= configuration.maxRedirects,
-                  let next = try await followUp(pending, commands, routed, round: round, deadline: deadline, ordered: ordered) else {
-                for case .unreachable(let error) in pending.values { throw error }
-                break
-            }
-            for index in pending.keys { replies[index] = nil }
-            sends = next
-        }
-        return replies.map { $0 ?? .null }
-    }
-
-    /// Sends the pending commands where their redirects say (after reading the map again when
-    /// one of them says it changed, after a backoff when one asks to try again); nil when
-    /// the deadline is too near for another round.
-    private func followUp(_ pending: [Int: Pending], _ commands: RedisCommandBuffer, _ routed: [RedisCommandBuffer.Routed],
-                          round: Int, deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [Send]? {
+    /// Writes the commands of a resend where ``RedisClusterCall`` planned it: after reading
+    /// the map again when a node was unreachable (in the background, for later calls, on a
+    /// `MOVED`), after a backoff when it asks for one. Nil when the deadline is too near for
+    /// another round.
+    private func followUp(_ resend: RedisClusterCall.Resend, _ commands: RedisCommandBuffer,
+                          _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool) async throws(RedisError) -> [Send]? {
         let readsBefore = state.withLock { $0.readsStarted }
-        var asked: [RedisNodeAddress: [Int]] = [:]
-        var moved: [RedisNodeAddress: [Int]] = [:]
-        var toOwners: [Int] = []
-        var mapChanged = false, unreachable = false
-        var wait = false
-        for (index, why) in pending {
-            switch why {
-            case .redirected(.ask(let address)):
-                askRedirects.add(1, ordering: .relaxed)
-                Self.askMetric.increment()
-                asked[address, default: []].append(index)
-            case .redirected(.moved(let address)):
-                // The named node is the owner whatever the map read next says yet.
-                movedRedirects.add(1, ordering: .relaxed)
-                Self.movedMetric.increment()
-                mapChanged = true
-                moved[address, default: []].append(index)
-            case .unreachable:
-                mapChanged = true
-                unreachable = true
-                toOwners.append(index)
-            case .redirected(.again):
-                wait = true
-                toOwners.append(index)
-            }
-        }
-        if unreachable {
-            // Who serves those slots now (a replica that took over) takes a map read.
+        askRedirects.add(resend.asks, ordering: .relaxed)
+        movedRedirects.add(resend.moves, ordering: .relaxed)
+        if resend.asks > 0 { Self.askMetric.increment(by: Int64(resend.asks)) }
+        if resend.moves > 0 { Self.movedMetric.increment(by: Int64(resend.moves)) }
+        switch resend.readMap {
+        case .first:
             await refresh(startedAfter: readsBefore, deadline: deadline)
-        } else if mapChanged {
-            // The named nodes are resent to at once; the map is read meanwhile, for later calls.
+        case .meanwhile:
             Task { await self.refresh(startedAfter: readsBefore) }
+        case .no:
+            break
         }
-        if wait || (unreachable && round > 1) {
-            let delay = configuration.reconnectBackoff.delay(attempt: round - 1)
+        if let attempt = resend.backoffAttempt {
+            let delay = configuration.reconnectBackoff.delay(attempt: attempt)
             guard timeLeft(before: deadline) > delay + resendMargin else { return nil }
             do {
                 try await Task.sleep(for: delay)
@@ -359,17 +322,13 @@ final class RedisClusterRouter: Sendable {
             }
         }
         guard timeLeft(before: deadline) > resendMargin else { return nil }
-        // The call's commands for every node (`WAIT` for its writes, `SCRIPT LOAD`) go again
-        // with each resent group, after the commands they followed: a `WAIT` answers for the
-        // writes on its own node only.
-        let everywhere = routed.indices.filter { routed[$0].everyNode && pending[$0] == nil }
         var targets: [(node: RedisNode, indices: [Int], asking: Bool)] = []
         let known = state.withLock { state -> Bool in
             guard !state.isShutDown else { return false }
-            for (address, indices) in asked { targets.append((Self.node(address, &state, self), (indices + everywhere).sorted(), true)) }
-            for (address, indices) in moved { targets.append((Self.node(address, &state, self), (indices + everywhere).sorted(), false)) }
-            guard !toOwners.isEmpty else { return true }
-            guard let groups = Self.group((toOwners + everywhere).sorted(), routed, &state, self) else { return false }
+            for (address, indices) in resend.asked { targets.append((Self.node(address, &state, self), indices, true)) }
+            for (address, indices) in resend.moved { targets.append((Self.node(address, &state, self), indices, false)) }
+            guard !resend.toOwners.isEmpty else { return true }
+            guard let groups = Self.group(resend.toOwners, routed, &state, self) else { return false }
             targets += groups.map { ($0.node, $0.indices, false) }
             return true
         }
@@ -377,25 +336,7 @@ final class RedisClusterRouter: Sendable {
         return targets.map { write($0.node, $0.indices, asking: $0.asking, commands, routed, deadline: deadline, ordered: ordered) }
     }
 
-    /// A command's reply, given the one it had (from another node, or an earlier round, for
-    /// the commands that go to every node of a call): an error anywhere is its reply, and of
-    /// two counts (`WAIT`'s replicas) the smaller, which holds for every node's writes.
-    static func merged(_ earlier: RESPValue?, _ reply: RESPValue) -> RESPValue {
-        guard let earlier else { return reply }
-        if earlier.isError { return earlier }
-        if reply.isError { return reply }
-        if case .integer(let first) = earlier, case .integer(let second) = reply { return .integer(min(first, second)) }
-        return earlier
-    }
-
     func timeLeft(before deadline: NIODeadline) -> Duration {
         .nanoseconds((deadline - .now()).nanoseconds)
-    }
-}
-
-extension RESPValue {
-    var isError: Bool {
-        if case .error = self { return true }
-        return false
     }
 }
