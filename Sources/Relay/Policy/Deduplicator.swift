@@ -89,80 +89,115 @@ final class Deduplicator: Sendable {
 /// that many concurrent writers cost few round trips. Commands are encoded as they are
 /// submitted, into the buffer of the next round trip. The queue is bounded by its callers: each
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
+///
+/// No task: a round's answer arrives as a callback on its Redis connection's event loop, which
+/// hands every submitter its answer and sends the next round. The bookkeeping is
+/// ``GroupCommitRounds``.
 final class GroupCommit: Sendable {
-    /// One round trip's commands, and who waits for which: each submitter hears once, after
-    /// its last command, whether all of its commands succeeded.
-    private struct Round {
-        var commands = RedisCommandBuffer(reservingBytes: 16 * 1024)
-        /// (count of commands up to and including the submitter's, the submitter)
-        var waiters: [(end: Int, done: @Sendable (Result<Void, RedisError>) -> Void)] = []
-    }
-
-    private struct State {
-        var rounds: [Round] = []
-        /// Tasks sending rounds (each one round at a time).
-        var flushers = 0
-    }
+    typealias Done = @Sendable (Result<Void, RedisError>) -> Void
 
     private let client: RedisClient
-    private let state = Locked(State())
-    /// Commands per round trip at most (one submission is never split).
-    private let maxBatch = 1000
-    /// Round trips under way at once. Two keep Redis busy while the relay hands one round's
-    /// answers on (one made them take turns; four measured no better than two); commands
-    /// queue into the round being filled while both are under way.
-    private let maxFlushers = 2
+    /// Up to 1,000 commands per round trip (one submission is never split). Two round trips
+    /// under way at once keep Redis busy while the relay hands one round's answers on (one made
+    /// them take turns; four measured no better than two); commands queue into the round being
+    /// filled while both are under way.
+    private let rounds = Locked(GroupCommitRounds<Done>(maxBatch: 1000, maxFlushers: 2))
 
     init(client: RedisClient) {
         self.client = client
     }
 
-    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (from
-    /// the task that sent them) whether all of them succeeded.
-    func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
-        let startFlush = state.withLock { state -> Bool in
-            if state.rounds.isEmpty || state.rounds[state.rounds.count - 1].commands.count >= maxBatch {
-                state.rounds.append(Round())
-            }
-            let last = state.rounds.count - 1
-            encode(&state.rounds[last].commands)
-            state.rounds[last].waiters.append((state.rounds[last].commands.count, done))
-            guard state.flushers < maxFlushers else { return false }
-            state.flushers += 1
-            return true
-        }
-        if startFlush {
-            Task { await self.flush() }
-        }
+    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (on the
+    /// event loop that read the answer) whether all of them succeeded.
+    func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping Done) {
+        if rounds.withLock({ $0.submit(encode, for: done) }) { flushNext() }
     }
 
-    private func flush() async {
-        while true {
-            let round = state.withLock { state -> Round? in
-                guard !state.rounds.isEmpty else {
-                    state.flushers -= 1
-                    return nil
-                }
-                return state.rounds.removeFirst()
-            }
-            guard let round else { return }
-            do throws(RedisError) {
-                let replies = try await client.pipeline(round.commands)
-                guard replies.count == round.commands.count else {
-                    throw .protocolError("\(replies.count) replies to \(round.commands.count) commands")
-                }
-                var start = 0
-                for (end, done) in round.waiters {
-                    let failure = replies[start..<end].lazy.compactMap { reply -> RedisError? in
-                        if case .error(let message) = reply { return .server(message) }
-                        return nil
-                    }.first
-                    done(failure.map { .failure($0) } ?? .success(()))
-                    start = end
-                }
-            } catch {
-                for (_, done) in round.waiters { done(.failure(error)) }
-            }
+    /// Sends the next round, if any, and from its answer the one after.
+    private func flushNext() {
+        guard let round = rounds.withLock({ $0.next() }) else { return }
+        client.writePipeline(round.commands).whenComplete { replies in
+            for (done, answer) in GroupCommitRounds.answers(round, replies) { done(answer) }
+            self.flushNext()
         }
     }
 }
+
+/// The rounds of a ``GroupCommit``, as a pure state machine: a submission joins the round being
+/// filled (a new one once that holds `maxBatch` commands; a submission is never split), at most
+/// `maxFlushers` round trips are under way, and a round's replies are split among its
+/// submitters. No I/O: ``GroupCommit`` sends the rounds.
+struct GroupCommitRounds<Waiter> {
+    /// One round trip's commands, and who waits for which: each submitter hears once, after its
+    /// last command, whether all of its commands succeeded.
+    struct Round {
+        var commands = RedisCommandBuffer(reservingBytes: 16 * 1024)
+        /// (count of commands up to and including the submitter's, the submitter)
+        var waiters: [(end: Int, waiter: Waiter)] = []
+    }
+
+    let maxBatch: Int
+    let maxFlushers: Int
+    private var rounds: [Round] = []
+    /// Senders under way, each sending one round at a time.
+    private(set) var flushers = 0
+
+    init(maxBatch: Int, maxFlushers: Int) {
+        self.maxBatch = maxBatch
+        self.maxFlushers = maxFlushers
+    }
+
+    /// Rounds waiting to be sent.
+    var waitingRounds: Int { rounds.count }
+
+    /// Adds the commands `encode` writes, for `waiter`. True when a sender starts for them (it
+    /// then asks ``next()`` until that says there is nothing left).
+    mutating func submit(_ encode: (inout RedisCommandBuffer) -> Void, for waiter: Waiter) -> Bool {
+        if rounds.isEmpty || rounds[rounds.count - 1].commands.count >= maxBatch {
+            rounds.append(Round())
+        }
+        let last = rounds.count - 1
+        encode(&rounds[last].commands)
+        rounds[last].waiters.append((rounds[last].commands.count, waiter))
+        guard flushers < maxFlushers else { return false }
+        flushers += 1
+        return true
+    }
+
+    /// The next round for a sender; nil when none waits, and that sender stops.
+    mutating func next() -> Round? {
+        guard !rounds.isEmpty else {
+            flushers -= 1
+            return nil
+        }
+        return rounds.removeFirst()
+    }
+
+    /// Each waiter's answer, from its round's replies: the first error reply among its commands,
+    /// else success. When the round trip failed, or its replies do not match its commands,
+    /// every waiter fails.
+    static func answers(_ round: Round, _ replies: Result<[RESPValue], RedisError>) -> [(Waiter, Result<Void, RedisError>)] {
+        let got: [RESPValue]
+        switch replies {
+        case .success(let values) where values.count == round.commands.count:
+            got = values
+        case .success(let values):
+            let error = RedisError.protocolError("\(values.count) replies to \(round.commands.count) commands")
+            return round.waiters.map { ($0.waiter, .failure(error)) }
+        case .failure(let error):
+            return round.waiters.map { ($0.waiter, .failure(error)) }
+        }
+        var start = 0
+        return round.waiters.map { end, waiter in
+            defer { start = end }
+            let failure = got[start..<end].lazy.compactMap { reply -> RedisError? in
+                if case .error(let message) = reply { return .server(message) }
+                return nil
+            }.first
+            return (waiter, failure.map { .failure($0) } ?? .success(()))
+        }
+    }
+}
+
+extension GroupCommitRounds: Sendable where Waiter: Sendable {}
+extension GroupCommitRounds.Round: Sendable where Waiter: Sendable {}
