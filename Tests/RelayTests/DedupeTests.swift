@@ -319,6 +319,31 @@ struct DedupeTests {
         await harness.stop()
     }
 
+    /// A copy whose batch read Redis while its first copy was still with APNs, but that was
+    /// admitted only after the first copy's answer was recorded (its batch waited for room
+    /// under `limits.max_in_flight`): its read cannot have seen the record, so it is decided
+    /// again in its turn and comes out `duplicate` of the first copy, never sent twice.
+    @Test func aCopyReadBeforeItsFirstCopysAnswerIsNotSentTwice() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(Int64(1500 * sanitizerSlowdown)) },
+                                                   configureRelay: {
+            TestRedis(redis).apply(to: &$0)
+            $0.policy.dedupeWindowSeconds = 3600
+            $0.limits.maxInFlight = 1
+        })
+        let token = hexToken(0x5A1)
+        try await harness.produce(intent("first", token: token), key: token)
+        try await waitUntil { harness.pipeline.inFlight == 1 }
+        // Read at once; admitted once `first`, then the other device's intent, made room.
+        try await harness.produce(intent("other", token: hexToken(0x5A2)), key: hexToken(0x5A2))
+        try await harness.produce(intent("first", token: token), key: token)
+        let outcomes = Self.byID(try await harness.outcomes(count: 3))
+        #expect(outcomes["first"]?.compactMap { $0["status"] as? String }.sorted() == ["delivered", "duplicate"], "\(outcomes)")
+        #expect(outcomes["first"]?.contains { $0["original_status"] as? String == "delivered" } == true, "\(outcomes)")
+        #expect(harness.simulator.accepted.count == 2)
+        await harness.stop()
+    }
+
     @Test func everythingConsumedAgainComesOutDuplicate() async throws {
         let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)

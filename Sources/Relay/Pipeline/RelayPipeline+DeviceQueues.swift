@@ -7,7 +7,7 @@ extension RelayPipeline {
     /// partition is not ours). `consumedAt`: when the consumer handed the message over.
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
                lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil,
-               consumedAt: ContinuousClock.Instant = .now, policyDecision: String? = nil) -> WorkItem? {
+               consumedAt: ContinuousClock.Instant = .now, readMark: UInt64? = nil, policyDecision: String? = nil) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
@@ -27,13 +27,18 @@ extension RelayPipeline {
             var admission = admission
             var recordsAnswer = false
             if deduplicator != nil, case .send = admission {
-                // A copy in flight here is in its device's queue (Redis learns of it only once
-                // APNs answered it). In shadow mode it is sent all the same, as with the policy
-                // off; the first copy records the answer.
-                if state.answering[AnswerKey(intent)] == nil {
+                let key = AnswerKey(intent)
+                if state.answering[key] != nil {
+                    // A copy in flight here is in its device's queue (Redis learns of it only
+                    // once APNs answered it). In shadow mode it is sent all the same, as with the
+                    // policy off; the first copy records the answer.
+                    if configuration.policy.rules(for: intent.topic).mode == .enforce { admission = .duplicate(nil) }
+                } else if let readMark, state.recentAnswers.answered(key, since: readMark) {
+                    // A copy was answered after this batch read Redis: the read could not see
+                    // its record. Decided again in its turn, from a read that does.
+                    admission = .readmit
+                } else {
                     recordsAnswer = true
-                } else if configuration.policy.rules(for: intent.topic).mode == .enforce {
-                    admission = .duplicate(nil)
                 }
             }
             // One recipient that cannot drain keeps no more than its share of the waiting room.
@@ -162,7 +167,12 @@ extension RelayPipeline {
             state.devices[token]?.removeFirst()
             if item.recordsAnswer, case .success(let intent) = item.intent {
                 let key = AnswerKey(intent)
-                if let count = state.answering[key], count > 1 { state.answering[key] = count - 1 } else { state.answering[key] = nil }
+                if let count = state.answering[key], count > 1 {
+                    state.answering[key] = count - 1
+                } else {
+                    state.answering[key] = nil
+                    state.recentAnswers.answered(key)
+                }
             }
             guard let queued = state.devices[token]?.first else {
                 state.devices[token] = nil

@@ -144,6 +144,7 @@ extension RelayPipeline {
                 guard var admissions = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil else { return }
                 let decisions = self.applyPolicyMode(&admissions, batch.parsed)
                 let admitting = batch.admitting
+                let readMark = admitting.read?.mark
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
                 // each: a finished child task is unlinked by walking its group's list of
@@ -173,7 +174,7 @@ extension RelayPipeline {
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
                                                           generation: member.generation, policy: policy, consumedAt: consumedAt,
-                                                          policyDecision: member.decision) {
+                                                          readMark: readMark, policyDecision: member.decision) {
                                     if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }
                             }
@@ -183,6 +184,8 @@ extension RelayPipeline {
                     backlogTaken(lane, records: members.count)
                     if stopping.isOpen || Task.isCancelled { return }
                 }
+                // Every intent of the batch admitted: its read no longer keeps answers.
+                admitting.read?.end()
             }
         }
     }

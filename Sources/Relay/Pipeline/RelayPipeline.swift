@@ -108,6 +108,8 @@ public final class RelayPipeline: RelayStatus, Service {
         var devices: [String: CircularBuffer<WorkItem>] = [:]
         /// The intents items in ``devices`` record answers for (how many such items each).
         var answering: [AnswerKey: Int] = [:]
+        /// Answers recorded while batches' admission reads were under way.
+        var recentAnswers = RecentAnswers<AnswerKey>()
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.

@@ -11,6 +11,8 @@ extension RelayPipeline {
         var pending: DevicePolicy.PendingAdmission?
         /// When its round trip began (epoch ns), while spans are exported.
         var startedAt: UInt64 = 0
+        /// Its read of the dedupe records, while the batch is held (nil without one).
+        var read: AdmissionRead?
     }
 
     /// Starts deciding what the policy says for each message of a batch (invalid ones: `.send`,
@@ -25,6 +27,14 @@ extension RelayPipeline {
                              groups: &groups, members: &admitting.members)
         if !groups.isEmpty {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
+            if deduplicator != nil {
+                // Marked before the read is written: an answer recorded after the mark may be
+                // missing from what it reads.
+                let mark = state.withLock { $0.recentAnswers.readBegan() }
+                admitting.read = AdmissionRead(mark: mark) { [weak self] mark in
+                    self?.state.withLock { $0.recentAnswers.readEnded(mark) }
+                }
+            }
             admitting.pending = policy.admission(groups)
         }
         return admitting

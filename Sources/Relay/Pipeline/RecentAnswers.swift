@@ -1,0 +1,81 @@
+import NIOCore
+import Synchronization
+
+/// The answers recorded while admission reads of Redis were under way. A batch's admission reads
+/// its intents' dedupe records when the batch is consumed, and admits each intent later (after
+/// the batches before it, and when there is room under `limits.max_in_flight`). A copy of an
+/// intent whose first copy was answered — its record written — between the two cannot have seen
+/// that record; ``answered(_:since:)`` says so, and the copy is decided again in its turn
+/// (``RelayPipeline/admit(_:_:_:lane:generation:policy:consumedAt:readMark:policyDecision:)``).
+///
+/// Bounded by the reads under way: an answer is kept only while a read that began before it has
+/// not ended, so when reads come and go as batches do, only the answers of the last few batches'
+/// time are held. A pure value: the pipeline's lock guards it.
+struct RecentAnswers<Key: Hashable> {
+    /// Reads under way, by the mark each began at (how many began there).
+    private var reads: [UInt64: Int] = [:]
+    /// Answers so far: an answer's mark is this count after it.
+    private var count: UInt64 = 0
+    /// The answers kept, in order: (mark, key).
+    private var order = CircularBuffer<(mark: UInt64, key: Key)>()
+    /// Per key kept, the mark of its latest answer.
+    private var latest: [Key: UInt64] = [:]
+
+    /// Answers held now.
+    var held: Int { latest.count }
+
+    /// A read begins: its mark, for ``answered(_:since:)`` and ``readEnded(_:)``.
+    mutating func readBegan() -> UInt64 {
+        reads[count, default: 0] += 1
+        return count
+    }
+
+    /// The read marked `mark` ended: the answers no read under way began before go.
+    mutating func readEnded(_ mark: UInt64) {
+        guard let running = reads[mark] else { return }
+        reads[mark] = running > 1 ? running - 1 : nil
+        guard let oldest = reads.keys.min() else {
+            order.removeAll(keepingCapacity: true)
+            latest.removeAll(keepingCapacity: true)
+            return
+        }
+        while let first = order.first, first.mark <= oldest {
+            order.removeFirst()
+            if latest[first.key] == first.mark { latest[first.key] = nil }
+        }
+    }
+
+    /// An answer for `key` was recorded.
+    mutating func answered(_ key: Key) {
+        count += 1
+        guard !reads.isEmpty else { return }
+        order.append((count, key))
+        latest[key] = count
+    }
+
+    /// Whether an answer for `key` was recorded after the read marked `mark` began.
+    func answered(_ key: Key, since mark: UInt64) -> Bool {
+        guard let answered = latest[key] else { return false }
+        return answered > mark
+    }
+}
+
+/// A batch's admission read of Redis under way, from ``RelayPipeline/startAdmission(_:)`` until
+/// its last intent was admitted (``end()``), or the batch was let go unadmitted as the relay
+/// stops: then it ends in the pipeline's ``RecentAnswers``, once.
+final class AdmissionRead: Sendable {
+    let mark: UInt64
+    private let ended: @Sendable (UInt64) -> Void
+    private let done = Atomic<Bool>(false)
+
+    init(mark: UInt64, ended: @escaping @Sendable (UInt64) -> Void) {
+        self.mark = mark
+        self.ended = ended
+    }
+
+    func end() {
+        if !done.exchange(true, ordering: .relaxed) { ended(mark) }
+    }
+
+    deinit { end() }
+}
