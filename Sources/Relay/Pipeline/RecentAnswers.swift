@@ -55,7 +55,8 @@ struct RecentAnswers<Key: Hashable> {
 
     /// Whether an answer for `key` was recorded after the read marked `mark` began.
     func answered(_ key: Key, since mark: UInt64) -> Bool {
-        guard let answered = latest[key] else { return false }
+        // Mostly empty (no answer recorded while a read was under way): no hashing then.
+        guard !latest.isEmpty, let answered = latest[key] else { return false }
         return answered > mark
     }
 }
