@@ -121,7 +121,8 @@ struct BenchE2ECommand: AsyncParsableCommand {
         // As the in-process mode: from the go with --rate, else from the first intent consumed
         // (the relay's start and group join left out), to the last outcome made.
         let from = progress.offeredAtMilliseconds ?? firstConsumed
-        let seconds = Double(max(lastAnswered - from, 0)) / 1000
+        // No outcome read (the relay exited first): no time to quote.
+        let seconds = done > 0 && lastAnswered >= from ? Double(lastAnswered - from) / 1000 : 0
         return (counts, figureLine(seconds: seconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu ?? 0))
     }
 

@@ -305,11 +305,13 @@ public final class RedisClient: Service, Sendable {
     }
 }
 
-/// The replies of a ``RedisClient/submit(_:)``, to be awaited.
+/// The replies of a ``RedisClient/submit(_:)`` or ``RedisClient/writePipeline(_:)``, to be
+/// awaited or chained (``whenComplete(_:)``).
 public struct RedisPendingReplies: Sendable {
     let future: EventLoopFuture<[RESPValue]>
 
-    /// `body` hears the replies (or why there are none) on the event loop that read them: no
+    /// `body` hears the replies (or why there are none) on an event loop of the client (the
+    /// one that read them; in cluster mode, the one the call's replies were gathered on): no
     /// task, for callers that chain the answer into work of their own. Keep it short.
     public func whenComplete(_ body: @escaping @Sendable (Result<[RESPValue], RedisError>) -> Void) {
         future.whenComplete { result in

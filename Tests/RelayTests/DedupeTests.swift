@@ -344,6 +344,41 @@ struct DedupeTests {
         await harness.stop()
     }
 
+    /// A copy decided again in its turn (its batch's read missed the first copy's end) answers
+    /// for the copies consumed while it is sent: here the first copy ends `expired` (a 503, and
+    /// its expiration passes before a retry: nothing recorded), the second is decided again and
+    /// sent, and a third, read while the second was with APNs, comes out `duplicate` of it
+    /// instead of being sent too.
+    @Test func aCopyDecidedAgainAnswersForTheCopiesAfterIt() async throws {
+        let redis = try await RedisServerProcess.started()
+        // Past the first copy's expiration (the next whole second) by its 503's time.
+        let latency = 2500 * sanitizerSlowdown
+        let harness = try await RelayHarness.start(configure: {
+            $0.behaviour.latency = .milliseconds(Int64(latency))
+        }, configureRelay: {
+            TestRedis(redis).apply(to: &$0)
+            $0.policy.dedupeWindowSeconds = 3600
+            $0.limits.maxInFlight = 1
+        })
+        let token = hexToken(0x5B1)
+        // The relay consumes (its group joined) before the first copy's expiration starts to run.
+        try await harness.produce(intent("warm-up", token: hexToken(0x5B2)), key: hexToken(0x5B2))
+        _ = try await harness.outcomes(count: 1)
+        harness.simulator.update { $0.failNext = (1, 503) }
+        let expiring = Int(Date().timeIntervalSince1970) + 1
+        try await harness.produce(intent("x", token: token, extra: #","expiration":\#(expiring)"#), key: token)
+        try await waitUntil { harness.pipeline.inFlight == 1 }
+        // Read while the first copy is with APNs; admitted once it ended: decided again.
+        try await harness.produce(intent("x", token: token), key: token)
+        // Read while the second copy is with APNs.
+        try await waitUntil(timeout: .seconds(30)) { harness.simulator.accepted.count >= 2 }
+        try await harness.produce(intent("x", token: token), key: token)
+        let statuses = try await harness.outcomes(count: 4).filter { $0["id"] as? String == "x" }.compactMap { $0["status"] as? String }
+        #expect(statuses.sorted() == ["delivered", "duplicate", "expired"], "\(statuses)")
+        #expect(harness.simulator.accepted.count == 2)
+        await harness.stop()
+    }
+
     @Test func everythingConsumedAgainComesOutDuplicate() async throws {
         let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis)

@@ -45,4 +45,19 @@ struct RecentAnswersTests {
         answers.readEnded(later)
         #expect(answers.held == 0)
     }
+
+    /// Past its capacity the oldest answers go, and a read that began before one of them counts
+    /// as having missed every key.
+    @Test func pastItsCapacityAnOldReadMissesEverything() {
+        var answers = RecentAnswers<String>(capacity: 2)
+        let old = answers.readBegan()
+        answers.answered("a")
+        let newer = answers.readBegan()
+        answers.answered("b")
+        answers.answered("c")
+        #expect(answers.held == 2)
+        #expect(answers.answered("unrelated", since: old), "a's answer was let go: the old read may have missed anything")
+        #expect(!answers.answered("unrelated", since: newer))
+        #expect(answers.answered("c", since: newer))
+    }
 }

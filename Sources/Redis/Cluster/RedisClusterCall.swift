@@ -81,10 +81,14 @@ struct RedisClusterCall {
 
     /// One send's answer: to the commands at `indices` (each after an `ASKING` when `asking`),
     /// from the node at `node`. True when the node counts an error for it (a failed round
-    /// trip, or an error reply among its replies). Answers after the call failed are ignored.
+    /// trip, or an error reply among its replies), also after the call failed; what the answer
+    /// says is then ignored.
     mutating func answered(_ indices: [Int], asking: Bool, from node: RedisNodeAddress,
                            _ answer: Result<[RESPValue], RedisError>) -> Bool {
-        guard failure == nil else { return false }
+        guard failure == nil else {
+            if case .success(let replies) = answer { return replies.contains(where: \.isError) }
+            return true
+        }
         let got: [RESPValue]
         switch answer {
         case .failure(let error):

@@ -183,7 +183,9 @@ final class RedisClusterRouter: Sendable {
     /// call's deadline), on the event loop of the round's first send, and goes on as the call
     /// says: its replies or its error complete `promise`; a resend takes a task of its own,
     /// since it may read the slot map or wait a backoff first (redirects are rare: a reshard, a
-    /// failover). A call that needs no resend — nearly every call — takes no task.
+    /// failover). A call the slot map routes at once and that needs no resend — nearly every
+    /// call — takes no task (one that waits for the map, or behind an ordered call that does,
+    /// takes one, ``writeOnceMapped``).
     private func drive(_ call: RedisClusterCall, _ sends: [Send], _ commands: RedisCommandBuffer,
                        _ routed: [RedisCommandBuffer.Routed], deadline: NIODeadline, ordered: Bool,
                        promise: EventLoopPromise<[RESPValue]>) {

@@ -12,12 +12,13 @@ extension RelayPipeline {
     @discardableResult
     func handle(_ item: WorkItem) async -> Int64? {
         if case .readmit = item.admission {
-            // Decided now, in its device's turn (its batch's read of its keys failed).
+            // Decided now, in its device's turn: its batch's read of its keys failed, or could
+            // not see a copy's answer recorded after it (that decision was counted already).
             guard let decided = await readmit(item), case .success(let intent) = item.intent else {
                 await conclude(item, Ending())
                 return nil
             }
-            let (admission, decision) = shadowed(decided, intent)
+            let (admission, decision) = shadowed(decided, intent, counted: item.policyDecision != nil)
             var records = false
             if deduplicator != nil, case .send = admission { records = true }
             return await handle(item.admitted(as: admission, recordsAnswer: records, policyDecision: decision))

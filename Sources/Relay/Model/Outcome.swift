@@ -96,7 +96,8 @@ public struct Outcome: Sendable, Equatable {
     /// ``json`` as the UTF-8 bytes published.
     public var utf8: [UInt8] {
         // An outcome is about 580 bytes (a 64-character token, every optional field null), plus
-        // its metadata and redrive objects as they came: one buffer, never grown.
+        // its metadata and redrive objects as they came: one buffer, grown only for long
+        // reasons, collapse ids or worker names.
         var writer = JSONObjectWriter(capacity: 768 + (metadata?.count ?? 0) + (redrive?.count ?? 0))
         writer.add("v", 1)
         writer.addOrNull("id", id)

@@ -22,6 +22,9 @@ extension RelayPipeline {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
+        if status == .coalesced, !item.recordsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
+            recordedCoalesced(intent)
+        }
         if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return

@@ -10,8 +10,14 @@ import Synchronization
 ///
 /// Bounded by the reads under way: an answer is kept only while a read that began before it has
 /// not ended, so when reads come and go as batches do, only the answers of the last few batches'
-/// time are held. A pure value: the pipeline's lock guards it.
+/// time are held; and by `capacity`: past it the oldest answers go, and a read that began before
+/// one of them counts as having missed every key (more intents decided again, never one sent
+/// twice). A pure value: the pipeline's lock guards it.
 struct RecentAnswers<Key: Hashable> {
+    /// Answers held at most (a lane that holds a batch long while others press keeps theirs).
+    let capacity: Int
+    /// The mark of the latest answer let go for the capacity.
+    private var evictedThrough: UInt64 = 0
     /// Reads under way, by the mark each began at (how many began there).
     private var reads: [UInt64: Int] = [:]
     /// Answers so far: an answer's mark is this count after it.
@@ -23,6 +29,10 @@ struct RecentAnswers<Key: Hashable> {
 
     /// Answers held now.
     var held: Int { latest.count }
+
+    init(capacity: Int = 100_000) {
+        self.capacity = capacity
+    }
 
     /// A read begins: its mark, for ``answered(_:since:)`` and ``readEnded(_:)``.
     mutating func readBegan() -> UInt64 {
@@ -39,22 +49,30 @@ struct RecentAnswers<Key: Hashable> {
             latest.removeAll(keepingCapacity: true)
             return
         }
-        while let first = order.first, first.mark <= oldest {
-            order.removeFirst()
-            if latest[first.key] == first.mark { latest[first.key] = nil }
-        }
+        while let first = order.first, first.mark <= oldest { dropOldest() }
     }
 
     /// An answer for `key` was recorded.
     mutating func answered(_ key: Key) {
         count += 1
         guard !reads.isEmpty else { return }
+        if order.count >= capacity {
+            evictedThrough = order.first?.mark ?? evictedThrough
+            dropOldest()
+        }
         order.append((count, key))
         latest[key] = count
     }
 
-    /// Whether an answer for `key` was recorded after the read marked `mark` began.
+    private mutating func dropOldest() {
+        let first = order.removeFirst()
+        if latest[first.key] == first.mark { latest[first.key] = nil }
+    }
+
+    /// Whether an answer for `key` was recorded after the read marked `mark` began (true for
+    /// every key when answers after it were let go for the capacity).
     func answered(_ key: Key, since mark: UInt64) -> Bool {
+        if mark < evictedThrough { return true }
         // Mostly empty (no answer recorded while a read was under way): no hashing then.
         guard !latest.isEmpty, let answered = latest[key] else { return false }
         return answered > mark

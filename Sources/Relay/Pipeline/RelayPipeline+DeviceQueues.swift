@@ -26,18 +26,21 @@ extension RelayPipeline {
             }
             var admission = admission
             var recordsAnswer = false
-            if deduplicator != nil, case .send = admission {
+            if deduplicator != nil, Self.mayRecordAnswer(admission) {
                 let key = AnswerKey(intent)
+                let enforced = configuration.policy.rules(for: intent.topic).mode == .enforce
                 if state.answering[key] != nil {
                     // A copy in flight here is in its device's queue (Redis learns of it only
                     // once APNs answered it). In shadow mode it is sent all the same, as with the
                     // policy off; the first copy records the answer.
-                    if configuration.policy.rules(for: intent.topic).mode == .enforce { admission = .duplicate(nil) }
-                } else if let readMark, state.recentAnswers.answered(key, since: readMark) {
-                    // A copy was answered after this batch read Redis: the read could not see
-                    // its record. Decided again in its turn, from a read that does.
-                    admission = .readmit
+                    if enforced { admission = .duplicate(nil) }
                 } else {
+                    // A copy answered after this batch read Redis: the read could not see its
+                    // record. Decided again in its turn, from a read that does.
+                    if enforced, case .send = admission, let readMark, state.recentAnswers.answered(key, since: readMark) {
+                        admission = .readmit
+                    }
+                    // Decided again or not, it answers for its copies consumed meanwhile.
                     recordsAnswer = true
                 }
             }
@@ -58,6 +61,22 @@ extension RelayPipeline {
         laneMetrics[lane].inFlight.record(inFlight)
         if hold { held(partition) }
         return start
+    }
+
+    /// A `coalesced` record was written for `intent` by an item that does not answer for it in
+    /// ``State/answering``: a copy whose batch read Redis before the record is decided again in
+    /// its turn (``RecentAnswers``), as for an answer from APNs.
+    func recordedCoalesced(_ intent: Intent) {
+        state.withLock { $0.recentAnswers.answered(AnswerKey(intent)) }
+    }
+
+    /// Admissions whose item may send, and so answers for the copies consumed while it is
+    /// queued: a send, and one decided again in its turn.
+    static func mayRecordAnswer(_ admission: Admission) -> Bool {
+        switch admission {
+        case .send, .readmit: true
+        default: false
+        }
     }
 
     /// Admissions that wait in their recipient's queue for work of their own (a send, a park),

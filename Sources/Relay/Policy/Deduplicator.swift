@@ -107,8 +107,8 @@ final class GroupCommit: Sendable {
         self.client = client
     }
 
-    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (on the
-    /// event loop that read the answer) whether all of them succeeded.
+    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (on a
+    /// Redis client's event loop: keep it short) whether all of them succeeded.
     func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping Done) {
         if rounds.withLock({ $0.submit(encode, for: done) }) { flushNext() }
     }

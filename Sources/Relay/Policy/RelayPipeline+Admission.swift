@@ -112,12 +112,12 @@ extension RelayPipeline {
         return decisions
     }
 
-    /// One intent's admission under its topic's mode, and its decision (counted).
-    func shadowed(_ admission: Admission, _ intent: Intent) -> (Admission, String?) {
+    /// One intent's admission under its topic's mode, and its decision (counted, unless
+    /// `counted`: an intent decided again in its turn counts once).
+    func shadowed(_ admission: Admission, _ intent: Intent, counted: Bool = false) -> (Admission, String?) {
         guard let decision = Self.policyDecision(admission) else { return (admission, nil) }
         let mode = configuration.policy.rules(for: intent.topic).mode
-        RelayMetrics.policyDecision(topic: metricsTopic(intent.topic),
-                                    decision: decision, mode: mode.rawValue)
+        if !counted { RelayMetrics.policyDecision(topic: metricsTopic(intent.topic), decision: decision, mode: mode.rawValue) }
         return (mode == .shadow ? .send : admission, decision)
     }
 
@@ -151,8 +151,8 @@ extension RelayPipeline {
         return false
     }
 
-    /// Decides an intent whose device's read failed while its batch was admitted (``Admission/readmit``)
-    /// alone, asking Redis until it answers (with backoff; an error reply counts as Redis
+    /// Decides an intent whose device's read failed while its batch was admitted, or could not
+    /// see a copy's answer (``Admission/readmit``), alone, asking Redis until it answers (with backoff; an error reply counts as Redis
     /// failing), as long as the item's partition is ours; with `redis.fail_open` it is sent.
     /// Nil when given up (revoked, or the relay stopping past its deadline).
     func readmit(_ item: WorkItem) async -> Admission? {

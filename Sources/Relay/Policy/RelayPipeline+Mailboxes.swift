@@ -128,6 +128,7 @@ extension RelayPipeline {
                 try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status,
                                               window: window, lastSent: nil, onlyIfAbsent: true)
             }
+            recordedCoalesced(intent)
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
