@@ -157,13 +157,6 @@ public final class RedisClient: Service, Sendable {
         try await execute(commands, ordered: false).get()
     }
 
-    /// Writes the commands now as one round trip, like ``pipeline(_:)-(RedisCommandBuffer)``,
-    /// and returns their pending replies instead of waiting for them (the connection round
-    /// robin; no order with other calls).
-    public func writePipeline(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
-        execute(commands, ordered: false)
-    }
-
     /// Writes the commands now, as one pipeline on the client's first connection (to each node
     /// in cluster mode), and returns their pending replies. Calls made one after another run in
     /// Redis in that order (one connection answers in order), so a caller can have several round
@@ -305,19 +298,9 @@ public final class RedisClient: Service, Sendable {
     }
 }
 
-/// The replies of a ``RedisClient/submit(_:)`` or ``RedisClient/writePipeline(_:)``, to be
-/// awaited or chained (``whenComplete(_:)``).
+/// The replies of a ``RedisClient/submit(_:)``, to be awaited.
 public struct RedisPendingReplies: Sendable {
     let future: EventLoopFuture<[RESPValue]>
-
-    /// `body` hears the replies (or why there are none) on an event loop of the client (the
-    /// one that read them; in cluster mode, the one the call's replies were gathered on): no
-    /// task, for callers that chain the answer into work of their own. Keep it short.
-    public func whenComplete(_ body: @escaping @Sendable (Result<[RESPValue], RedisError>) -> Void) {
-        future.whenComplete { result in
-            body(result.mapError { ($0 as? RedisError) ?? .connectionLost("\($0)") })
-        }
-    }
 
     public func get() async throws(RedisError) -> [RESPValue] {
         do {

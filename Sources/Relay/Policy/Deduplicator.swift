@@ -90,9 +90,11 @@ final class Deduplicator: Sendable {
 /// submitted, into the buffer of the next round trip. The queue is bounded by its callers: each
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
 ///
-/// No task: a round's answer arrives as a callback on its Redis connection's event loop, which
-/// hands every submitter its answer and sends the next round. The bookkeeping is
-/// ``GroupCommitRounds``.
+/// A sender is a task that sends rounds one at a time until none is left; the bookkeeping is
+/// ``GroupCommitRounds``. The submitters hear their answers from that task, not from the Redis
+/// client's event loop: each hands an outcome to the producer, up to a thousand per round, which
+/// on the event loop would hold up reading the next replies (docs/performance.md, "Redis calls
+/// without a task each").
 final class GroupCommit: Sendable {
     typealias Done = @Sendable (Result<Void, RedisError>) -> Void
 
@@ -107,18 +109,24 @@ final class GroupCommit: Sendable {
         self.client = client
     }
 
-    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (on a
-    /// Redis client's event loop: keep it short) whether all of them succeeded.
+    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (from
+    /// the task that sent them) whether all of them succeeded.
     func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping Done) {
-        if rounds.withLock({ $0.submit(encode, for: done) }) { flushNext() }
+        if rounds.withLock({ $0.submit(encode, for: done) }) {
+            Task { await self.flush() }
+        }
     }
 
-    /// Sends the next round, if any, and from its answer the one after.
-    private func flushNext() {
-        guard let round = rounds.withLock({ $0.next() }) else { return }
-        client.writePipeline(round.commands).whenComplete { replies in
+    /// Sends rounds until none is left.
+    private func flush() async {
+        while let round = rounds.withLock({ $0.next() }) {
+            let replies: Result<[RESPValue], RedisError>
+            do throws(RedisError) {
+                replies = .success(try await client.pipeline(round.commands))
+            } catch {
+                replies = .failure(error)
+            }
             for (done, answer) in GroupCommitRounds.answers(round, replies) { done(answer) }
-            self.flushNext()
         }
     }
 }
