@@ -122,15 +122,17 @@ struct BenchE2ECommand: AsyncParsableCommand {
         // (the relay's start and group join left out), to the last outcome made.
         let from = progress.offeredAtMilliseconds ?? firstConsumed
         // No outcome read (the relay exited first): no time to quote.
-        let seconds = done > 0 && lastAnswered >= from ? Double(lastAnswered - from) / 1000 : 0
+        let seconds = done > 0 && lastAnswered >= from ? Double(lastAnswered - from) / 1000 : nil
         return (counts, figureLine(seconds: seconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu ?? 0))
     }
 
-    private func figureLine(seconds: Double, latencies: LatencyRecorder, peakResidentMiB: Double?, cpuSeconds: Double) -> String {
+    /// The figures line; `seconds` nil (no outcome read) gives no rate: `intents/s: n/a`.
+    private func figureLine(seconds: Double?, latencies: LatencyRecorder, peakResidentMiB: Double?, cpuSeconds: Double) -> String {
         let milliseconds = latencies.percentiles(0.5, 0.99)
-        return String(format: "intents/s: %.0f p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f cpu_us_per_intent: %.1f",
-                      Double(workload.count) / max(seconds, 0.001), milliseconds[0], milliseconds[1], peakResidentMiB ?? 0,
-                      cpuSeconds * 1_000_000 / Double(workload.count + workload.warmUp))
+        let rate = seconds.map { String(format: "%.0f", Double(workload.count) / max($0, 0.001)) } ?? "n/a"
+        return "intents/s: \(rate) " + String(format: "p50_ms: %lld p99_ms: %lld peak_rss_mb: %.1f cpu_us_per_intent: %.1f",
+                                                milliseconds[0], milliseconds[1], peakResidentMiB ?? 0,
+                                                cpuSeconds * 1_000_000 / Double(workload.count + workload.warmUp))
     }
 }
 

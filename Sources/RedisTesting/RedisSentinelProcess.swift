@@ -12,6 +12,8 @@ public final class RedisSentinelProcess: Sendable {
     public let masterName: String
     private let process: Locked<ChildProcess?>
     private let configFile: String
+    /// Its own directory (the configuration it rewrites), removed when it is released.
+    private let directory: URL
 
     /// `redis://127.0.0.1:<port>/0`: what `redis.url` names in sentinel mode.
     public var url: String { "redis://127.0.0.1:\(port)/0" }
@@ -21,7 +23,7 @@ public final class RedisSentinelProcess: Sendable {
         let port = try RedisServerProcess.freePort()
         self.port = port
         // Sentinel rewrites its configuration file: one of its own in the temporary directory.
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("sentinel-\(port)-\(UUID().uuidString.prefix(8))")
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("sentinel-\(port)-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         configFile = directory.appendingPathComponent("sentinel.conf").path
         try """
@@ -41,7 +43,10 @@ public final class RedisSentinelProcess: Sendable {
         process = Locked(started)
     }
 
-    deinit { stop() }
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
 
     /// Kills it.
     public func stop() {

@@ -36,7 +36,7 @@ public enum LoopbackPort {
 
     /// Binds 127.0.0.1:`port` (0: the kernel picks) and releases it; the port bound, nil when
     /// it is taken.
-    private static func bindable(_ port: Int) throws(Unavailable) -> Int? {
+    static func bindable(_ port: Int) throws(Unavailable) -> Int? {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { throw Unavailable(description: "socket: errno \(errno)") }
         defer { close(descriptor) }

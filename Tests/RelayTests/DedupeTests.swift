@@ -376,6 +376,8 @@ struct DedupeTests {
         let statuses = try await harness.outcomes(count: 4).filter { $0["id"] as? String == "x" }.compactMap { $0["status"] as? String }
         #expect(statuses.sorted() == ["delivered", "duplicate", "expired"], "\(statuses)")
         #expect(harness.simulator.accepted.count == 2)
+        // The first copy was sent (and answered 503): the second was decided again.
+        #expect(harness.simulator.answers.filter { $0.key.hasPrefix("503") }.values.reduce(0, +) == 1, "\(harness.simulator.answers)")
         await harness.stop()
     }
 

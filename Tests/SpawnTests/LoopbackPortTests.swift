@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-import Spawn
+@testable import Spawn
 
 @Suite("Loopback ports for test servers", .timeLimit(.minutes(1)))
 struct LoopbackPortTests {
@@ -29,15 +29,10 @@ struct LoopbackPortTests {
         }
     }
 
-    /// Binds 127.0.0.1:`port` and lets it go again; errno when it cannot (nil when it can).
+    /// Binds 127.0.0.1:`port` and lets it go again, as ``LoopbackPort/free()`` checks a port;
+    /// errno when it cannot (nil when it can).
     static func bindFailure(_ port: Int) -> Int32? {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
-        var address = LoopbackPort.address(port: port)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-        return bound ? nil : errno
+        (try? LoopbackPort.bindable(port)) == nil ? errno : nil
     }
 
     /// Whether a connection to 127.0.0.1:`port` is accepted (within 100 ms: a listener whose

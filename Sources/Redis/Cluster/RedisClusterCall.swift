@@ -85,10 +85,11 @@ struct RedisClusterCall {
     /// says is then ignored.
     mutating func answered(_ indices: [Int], asking: Bool, from node: RedisNodeAddress,
                            _ answer: Result<[RESPValue], RedisError>) -> Bool {
-        guard failure == nil else {
-            if case .success(let replies) = answer { return replies.contains(where: \.isError) }
-            return true
+        let counted = switch answer {
+        case .failure: true
+        case .success(let replies): replies.contains(where: \.isError)
         }
+        guard failure == nil else { return counted }
         let got: [RESPValue]
         switch answer {
         case .failure(let error):
@@ -97,14 +98,14 @@ struct RedisClusterCall {
             } else {
                 failure = error
             }
-            return true
+            return counted
         case .success(let replies):
             got = replies
         }
         let stride = asking ? 2 : 1
         guard got.count == indices.count * stride else {
             failure = .protocolError("\(got.count) replies to \(indices.count * stride) commands")
-            return false
+            return counted
         }
         for (position, index) in indices.enumerated() {
             let reply = got[position * stride + stride - 1]
@@ -113,7 +114,7 @@ struct RedisClusterCall {
             }
             replies[index] = Self.merged(replies[index], reply)
         }
-        return got.contains(where: \.isError)
+        return counted
     }
 
     /// Every send of the round answered: what comes next.

@@ -28,16 +28,15 @@ extension RelayPipeline {
             var recordsAnswer = false
             if deduplicator != nil, Self.mayRecordAnswer(admission) {
                 let key = AnswerKey(intent)
-                let enforced = configuration.policy.rules(for: intent.topic).mode == .enforce
                 if state.answering[key] != nil {
                     // A copy in flight here is in its device's queue (Redis learns of it only
                     // once APNs answered it). In shadow mode it is sent all the same, as with the
                     // policy off; the first copy records the answer.
-                    if enforced { admission = .duplicate(nil) }
+                    if isEnforced(intent) { admission = .duplicate(nil) }
                 } else {
                     // A copy answered after this batch read Redis: the read could not see its
-                    // record. Decided again in its turn, from a read that does.
-                    if enforced, case .send = admission, let readMark, state.recentAnswers.answered(key, since: readMark) {
+                    // record. Decided again in its turn, from a read that does (enforce mode).
+                    if case .send = admission, let readMark, state.recentAnswers.answered(key, since: readMark), isEnforced(intent) {
                         admission = .readmit
                     }
                     // Decided again or not, it answers for its copies consumed meanwhile.
@@ -68,6 +67,11 @@ extension RelayPipeline {
     /// its turn (``RecentAnswers``), as for an answer from APNs.
     func recordedCoalesced(_ intent: Intent) {
         state.withLock { $0.recentAnswers.answered(AnswerKey(intent)) }
+    }
+
+    /// Whether the policy of the intent's topic is enforced (not in shadow mode).
+    func isEnforced(_ intent: Intent) -> Bool {
+        configuration.policy.rules(for: intent.topic).mode == .enforce
     }
 
     /// Admissions whose item may send, and so answers for the copies consumed while it is
