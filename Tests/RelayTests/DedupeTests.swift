@@ -371,7 +371,12 @@ struct DedupeTests {
         // Read while the first copy is with APNs; admitted once it ended: decided again.
         try await harness.produce(intent("x", token: token), key: token)
         // Read while the second copy is with APNs.
-        try await waitUntil(timeout: .seconds(30)) { harness.simulator.accepted.count >= 2 }
+        do {
+            try await waitUntil(timeout: .seconds(30)) { harness.simulator.accepted.count >= 2 }
+        } catch {
+            Issue.record("APNs answered \(harness.simulator.answers); outcomes \(harness.pipeline.outcomeCounts), \(harness.pipeline.inFlight) in flight")
+            throw error
+        }
         try await harness.produce(intent("x", token: token), key: token)
         let statuses = try await harness.outcomes(count: 4).filter { $0["id"] as? String == "x" }.compactMap { $0["status"] as? String }
         #expect(statuses.sorted() == ["delivered", "duplicate", "expired"], "\(statuses)")
