@@ -334,8 +334,12 @@ struct DedupeTests {
         let token = hexToken(0x5A1)
         try await harness.produce(intent("first", token: token), key: token)
         try await waitUntil { harness.pipeline.inFlight == 1 }
-        // Read at once; admitted once `first`, then the other device's intent, made room.
-        try await harness.produce(intent("other", token: hexToken(0x5A2)), key: hexToken(0x5A2))
+        // Read at once; admitted once `first`, then the other device's intent, made room. The
+        // other device's intent goes to the copy's partition, ahead of it: on a partition of its
+        // own its batch could be admitted after the copy's, and the copy, admitted while `first`
+        // is still in flight, would be answered from it (no original answer: see
+        // `copiesInFlightTogetherAreSentOnce`) instead of decided again.
+        try await harness.produce(intent("other", token: hexToken(0x5A2)), key: token)
         try await harness.produce(intent("first", token: token), key: token)
         let outcomes = Self.byID(try await harness.outcomes(count: 3))
         #expect(outcomes["first"]?.compactMap { $0["status"] as? String }.sorted() == ["delivered", "duplicate"], "\(outcomes)")

@@ -62,6 +62,23 @@ extension RelayPipeline {
         return start
     }
 
+    /// The item's slot is free: it no longer counts among the intents in flight of its lane, nor
+    /// (``WorkItem/holdsAnswer``) among the copies in flight that answer for the copies admitted
+    /// after it. Both in one step: a copy admitted into the freed slot while the item still
+    /// counted as in flight would be answered `duplicate` of it although it is done (had it
+    /// ended without an answer, `expired` after a 503, the copy would never be sent).
+    static func freeSlot(of item: WorkItem, _ state: inout State) {
+        state.lanes.finished(item.lane)
+        guard item.holdsAnswer, case .success(let intent) = item.intent else { return }
+        let key = AnswerKey(intent)
+        if let count = state.answering[key], count > 1 {
+            state.answering[key] = count - 1
+        } else {
+            state.answering[key] = nil
+            state.recentAnswers.answered(key)
+        }
+    }
+
     /// A `coalesced` record was written for `intent` by an item that does not answer for it in
     /// ``State/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs.
@@ -129,7 +146,7 @@ extension RelayPipeline {
     /// intent they answer for. Inserting copies the queue's storage: only overtaking pays it.
     static func enqueue(_ item: WorkItem, _ state: inout State, precedence: [Int] = []) -> WorkItem? {
         guard let token = item.queueToken else { return item }
-        if item.recordsAnswer, case .success(let intent) = item.intent { state.answering[AnswerKey(intent), default: 0] += 1 }
+        if item.holdsAnswer, case .success(let intent) = item.intent { state.answering[AnswerKey(intent), default: 0] += 1 }
         if state.devices[token] != nil {
             // No copy of the queue is held while it changes (that would copy its storage).
             if precedence.count > 1, case .send = item.admission, item.mailboxMember == nil,
@@ -188,15 +205,6 @@ extension RelayPipeline {
         guard let token = item.queueToken else { return nil }
         let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
             state.devices[token]?.removeFirst()
-            if item.recordsAnswer, case .success(let intent) = item.intent {
-                let key = AnswerKey(intent)
-                if let count = state.answering[key], count > 1 {
-                    state.answering[key] = count - 1
-                } else {
-                    state.answering[key] = nil
-                    state.recentAnswers.answered(key)
-                }
-            }
             guard let queued = state.devices[token]?.first else {
                 state.devices[token] = nil
                 return (nil, [])

@@ -17,7 +17,7 @@ extension RelayPipeline {
         var revokeWaiter: DispatchSemaphore?
         let (notStored, waiters, idleWaiters, inFlight) = state.withLock {
             state -> (Int64?, [CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>], Int) in
-            state.lanes.finished(item.lane)
+            Self.freeSlot(of: item, &state)
             if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
             var notStored: Int64?
             // Intents from a mailbox had their offsets stored when they were parked.

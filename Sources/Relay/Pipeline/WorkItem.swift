@@ -16,6 +16,11 @@ extension RelayPipeline {
         /// APNs' answer to it is recorded for dedupe (a usable intent to send, with Redis);
         /// among the items in flight, only one per (token, topic, id) does.
         let recordsAnswer: Bool
+        /// Counted in ``RelayPipeline/State/answering`` from its enqueueing until it finishes
+        /// (its slot freed): copies admitted meanwhile are answered from it. Its own
+        /// ``recordsAnswer`` when made; kept when it is decided again in its turn, whatever
+        /// that decides (a copy decided `duplicate` records nothing, but was counted).
+        let holdsAnswer: Bool
         /// Taken from a mailbox: its due-index member (its offset was committed when it was
         /// parked, so this item stores none).
         let mailboxMember: String?
@@ -33,8 +38,8 @@ extension RelayPipeline {
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
-             mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil, policyDecision: String? = nil,
-             origin: TopicPartition? = nil) {
+             holdsAnswer: Bool? = nil, mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil,
+             policyDecision: String? = nil, origin: TopicPartition? = nil) {
             self.partition = partition
             self.lane = lane
             self.offset = offset
@@ -43,6 +48,7 @@ extension RelayPipeline {
             self.intent = intent
             self.admission = admission
             self.recordsAnswer = recordsAnswer
+            self.holdsAnswer = holdsAnswer ?? recordsAnswer
             self.mailboxMember = mailboxMember
             self.trace = trace
             self.traced = traced
@@ -55,7 +61,7 @@ extension RelayPipeline {
         func admitted(as admission: Admission, recordsAnswer: Bool? = nil, policyDecision: String? = nil) -> WorkItem {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
                      intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
-                     mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision,
+                     holdsAnswer: holdsAnswer, mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision,
                      origin: origin)
         }
 

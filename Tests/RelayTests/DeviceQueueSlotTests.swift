@@ -1,0 +1,62 @@
+import Kafka
+@testable import Relay
+import Testing
+
+/// What an intent's end frees at once (``RelayPipeline/freeSlot(of:_:)``): its slot among the
+/// intents in flight and its place among the copies in flight that answer for later copies. A
+/// copy admitted into the freed slot must not find the intent still answering for it.
+@Suite("Device queue slots")
+struct DeviceQueueSlotTests {
+    typealias Pipeline = RelayPipeline
+    static let token = String(repeating: "5b", count: 32)
+
+    static func state() -> Pipeline.State {
+        Pipeline.State(partitions: PartitionLedger(uncommittedLimit: 100),
+                       lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10),
+                       credentialFaults: CredentialFaultBreaker(cooldownSeconds: 60))
+    }
+
+    static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true) throws -> Pipeline.WorkItem {
+        let json = #"{"id":"x","token":"\#(token)","topic":"com.example.app","payload":{"aps":{"alert":"hi"}}}"#
+        let intent = try Intent.parse(Array(json.utf8), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
+        return Pipeline.WorkItem(partition: TopicPartition(topic: "intents", partition: 0), offset: offset, generation: 1,
+                                 consumedAt: .now, intent: .success(intent), admission: admission, recordsAnswer: recordsAnswer)
+    }
+
+    @Test func anEndedIntentNoLongerAnswersForTheCopyThatTakesItsSlot() throws {
+        var state = Self.state()
+        let first = try Self.item(offset: 0)
+        let key = Pipeline.AnswerKey(try first.intent.get())
+        state.lanes.admitted(0)
+        #expect(Pipeline.enqueue(first, &state) === first)
+        let read = state.recentAnswers.readBegan()
+        #expect(state.answering[key] == 1 && !state.lanes.hasRoom(0))
+        Pipeline.freeSlot(of: first, &state)
+        // The slot is free: whoever is admitted into it now finds no copy in flight, and a read
+        // that began before this end knows it missed the answer.
+        #expect(state.lanes.hasRoom(0))
+        #expect(state.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
+        #expect(state.recentAnswers.answered(key, since: read))
+    }
+
+    /// A copy decided again in its turn was counted as answering for later copies when it was
+    /// queued: whatever it is decided (here `duplicate`, which records nothing), its end takes
+    /// it off; a second holder of the same intent keeps it answering until its own end.
+    @Test func aCopyDecidedAgainStopsAnsweringWhenItEnds() throws {
+        var state = Self.state()
+        let first = try Self.item(offset: 0, admission: .readmit)
+        let second = try Self.item(offset: 1, admission: .readmit)
+        let key = Pipeline.AnswerKey(try first.intent.get())
+        #expect(Pipeline.enqueue(first, &state) === first)
+        #expect(Pipeline.enqueue(second, &state) == nil)
+        #expect(state.answering[key] == 2)
+        let decided = first.admitted(as: .duplicate(nil), recordsAnswer: false)
+        #expect(!decided.recordsAnswer && decided.holdsAnswer)
+        state.lanes.admitted(0)
+        Pipeline.freeSlot(of: decided, &state)
+        #expect(state.answering[key] == 1, "the second copy still answers for later ones")
+        state.lanes.admitted(0)
+        Pipeline.freeSlot(of: second, &state)
+        #expect(state.answering[key] == nil)
+    }
+}
