@@ -62,7 +62,8 @@ public struct SimulatorConfiguration: Sendable {
         public var rateLimitWindow: TimeAmount = .seconds(1)
         /// The fraction of otherwise good requests answered 500 or 503 (half each).
         public var failureRate: Double = 0
-        /// Answer the next N otherwise good requests with this status (500 or 503).
+        /// Answer the next N otherwise good requests with this status: 500, 503, or 429
+        /// (TooManyRequests, as past ``rateLimitPerDevice``).
         public var failNext: (count: Int, status: Int) = (0, 503)
         /// Send GOAWAY on a connection after it processed this many streams.
         public var goAwayAfterStreams: Int?

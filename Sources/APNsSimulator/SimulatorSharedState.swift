@@ -184,8 +184,11 @@ final class SharedState: Sendable {
         }
         if state.behaviour.failNext.count > 0 {
             state.behaviour.failNext.count -= 1
-            return state.behaviour.failNext.status == 500
-                ? SimulatorAnswer(500, .internalServerError) : SimulatorAnswer(503, .serviceUnavailable)
+            switch state.behaviour.failNext.status {
+            case 500: return SimulatorAnswer(500, .internalServerError)
+            case 429: return SimulatorAnswer(429, .tooManyRequests)
+            default: return SimulatorAnswer(503, .serviceUnavailable)
+            }
         }
         if state.behaviour.failureRate > 0, Double.random(in: 0..<1) < state.behaviour.failureRate {
             return Bool.random() ? SimulatorAnswer(500, .internalServerError) : SimulatorAnswer(503, .serviceUnavailable)

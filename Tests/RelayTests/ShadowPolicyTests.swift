@@ -142,12 +142,13 @@ struct ShadowPolicyTests {
             $0.policy.defaults.mode = .shadow
             $0.policy.backoffInitialSeconds = 30
             $0.policy.backoffMaxSeconds = 60
-        }, simulator: {
-            $0.behaviour.rateLimitPerDevice = 1
-            $0.behaviour.rateLimitWindow = .seconds(1)
         })
         let device = hexToken(0x5C1)
         try await harness.produce(intent("first", token: device), key: device)
+        _ = try await harness.outcomes(count: 1)
+        // APNs answers the device's next request 429 TooManyRequests (as past its rate; a
+        // rate per second would depend on how soon the second follows the first).
+        harness.simulator.update { $0.failNext = (1, 429) }
         try await harness.produce(intent("second", token: device), key: device)
         var outcomes = PolicyTests.byID(try await harness.outcomes(count: 2))
         #expect(outcomes["first"]?["policy_decision"] as? String == "send")
