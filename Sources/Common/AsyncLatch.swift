@@ -10,16 +10,19 @@ public final class AsyncLatch: Sendable {
     }
 
     private let state = Locked(State())
+    /// ``State/isOpen`` for ``isOpen``, read without the lock (once per intent on some paths).
+    private let opened = Atomic<Bool>(false)
 
     public init() {}
 
-    public var isOpen: Bool { state.withLock { $0.isOpen } }
+    public var isOpen: Bool { opened.load(ordering: .acquiring) }
 
     /// Lets every waiter go on; later calls do nothing.
     public func open() {
         let waiters = state.withLock { state -> [CheckedContinuation<Bool, Never>] in
             guard !state.isOpen else { return [] }
             state.isOpen = true
+            opened.store(true, ordering: .releasing)
             defer { state.waiters = [:] }
             return Array(state.waiters.values)
         }

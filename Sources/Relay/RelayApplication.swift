@@ -57,12 +57,12 @@ public final class RelayApplication: Service, Sendable {
     ///   - clock: epoch seconds (tests inject one).
     ///   - published: called with every outcome once its delivery report succeeded (benchmarks).
     ///   - deliveryByCallbacks: intents without Redis, invalidation records or tracing go from
-    ///     consume to outcome by callbacks, not a task each (an experiment the benchmark
-    ///     measures, ``RelayPipeline/drivesByCallbacks``).
+    ///     consume to outcome by callbacks, not a task each (``RelayPipeline/drivesByCallbacks``);
+    ///     false runs a task per intent, which the benchmark measures against it.
     public init(configuration: RelayConfiguration, credentials: [LoadedCredential]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
-                published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = false) throws {
+                published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = true) throws {
         let credentials = try credentials ?? configuration.loadCredentials()
         guard credentials.count == configuration.apns.credentials.count else {
             throw APNsError.credential("\(credentials.count) loaded credentials for \(configuration.apns.credentials.count) configured")

@@ -36,7 +36,7 @@ struct RelayHarness {
     static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
                       configureRelay: (inout RelayConfiguration) -> Void = { _ in },
                       preload: [(json: String, key: String)] = [],
-                      brokers: Int32 = 1, deliveryByCallbacks: Bool = false,
+                      brokers: Int32 = 1, deliveryByCallbacks: Bool = true,
                       published: (@Sendable (Outcome) -> Void)? = nil) async throws -> RelayHarness {
         let cluster = try KafkaMockCluster(brokers: Int(brokers))
         let suffix = UUID().uuidString.prefix(8)
@@ -266,12 +266,15 @@ struct RelayEndToEndTests {
 
     /// Review 3.2: work still running at the shutdown deadline is cancelled, not waited for:
     /// a request APNs never answers (request timeout 60 s) ends the relay about 1 s after the
-    /// stop, without an outcome and without a commit, so the intent is consumed again.
-    @Test func workLeftAtTheShutdownDeadlineIsCancelled() async throws {
-        let harness = try await RelayHarness.start(configure: { $0.behaviour.blackHole = true }) { relay in
+    /// stop, without an outcome and without a commit, so the intent is consumed again. Driven by
+    /// callbacks (no task for the deadline to cancel), the intent is abandoned when its client
+    /// closes and cuts the request: nothing of it is left once the relay stopped (no retry).
+    @Test(arguments: [false, true])
+    func workLeftAtTheShutdownDeadlineIsCancelled(byCallbacks: Bool) async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.blackHole = true }, configureRelay: { relay in
             relay.shutdownDeadlineSeconds = 1
             relay.apns.requestTimeoutSeconds = 60
-        }
+        }, deliveryByCallbacks: byCallbacks)
         try await harness.produce(intent("stuck-1", token: hexToken(1)), key: hexToken(1))
         try #require(await harness.simulator.waitForAnswers(atLeast: 1, within: .seconds(20)))
         let stopped = ContinuousClock.now
@@ -283,6 +286,8 @@ struct RelayEndToEndTests {
         #expect(took >= .seconds(1))
         #expect(took < slowed(.seconds(10)))
         #expect(harness.pipeline.outcomeCounts.isEmpty)
+        #expect(harness.pipeline.inFlight == 0, "abandoned, not waiting to be sent again")
+        #expect(harness.pipeline.intentsDrivenByCallbacks == (byCallbacks ? 1 : 0))
         let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
                                        groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
         let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })

@@ -1,9 +1,9 @@
 import APNs
 import Kafka
 
-/// Intents driven by callbacks instead of a task each (``RelayPipeline/drivesByCallbacks``), an
-/// experiment `bench e2e --callbacks` measures against the task per intent (docs/performance.md,
-/// "A task per intent, or callbacks").
+/// Intents driven by callbacks instead of a task each (``RelayPipeline/drivesByCallbacks``, on
+/// unless `bench e2e --task-per-intent` measures the task per intent against it:
+/// docs/performance.md, "A task per intent, or callbacks").
 ///
 /// Only an intent whose whole way is an APNs send and its outcome goes this way: no Redis (no
 /// dedupe record, park, badge or mailbox), no invalidation record, no trace. Its steps are the
@@ -12,8 +12,9 @@ import Kafka
 /// machine's verdict (``DeliveryStateMachine``), the outcome's delivery report (librdkafka's
 /// poll thread), the offset and the next intent of its device. The rare turns — a retry's
 /// backoff, an outcome whose delivery failed — go on in a task, the way the task per intent
-/// goes. Nothing cancels a step but its own deadline: at the shutdown deadline an intent at APNs
-/// waits for its answer (the request timeout) instead of being abandoned.
+/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown
+/// deadline (``abandoning``) an intent is abandoned as a task per intent is: one at APNs when
+/// its answer comes (or its client closes), one due to be sent before it goes.
 extension RelayPipeline {
     /// Starts `item` by callbacks; false when it does not qualify (the caller runs it as a task).
     func driveByCallbacks(_ item: WorkItem) -> Bool {
@@ -38,10 +39,13 @@ extension RelayPipeline {
             guard let client = delivery.client else { return step(delivery, delivery.machine.cancelled()) }
             let sentAt = ContinuousClock.now
             client.send(delivery.notification) { answer in
+                // Past the shutdown deadline the intent is abandoned, whatever APNs answered,
+                // as a task per intent is cancelled at APNs: no outcome, its offset not stored.
+                if self.abandoning.isOpen { return self.step(delivery, delivery.machine.cancelled()) }
                 self.step(delivery, self.judge(answer, delivery, sentAt: sentAt))
             }
         case .wait, .park:
-            Task {
+            inTurnTask {
                 await self.drive(delivery, from: action)
                 Self.settle(delivery)
                 await self.conclude(delivery.item, delivery.ending)
@@ -65,7 +69,7 @@ extension RelayPipeline {
                 self.next(after: item)
             case .failure(let error):
                 self.publishFailed(item, error)
-                Task {
+                self.inTurnTask {
                     let published = await self.publish(ending, item)
                     self.finish(item, stored: published, sent: ending.countedAtAPNs)
                     self.next(after: item)
@@ -78,7 +82,22 @@ extension RelayPipeline {
     private func next(after item: WorkItem) {
         guard let next = nextInQueue(after: item, parkedUntil: [:]) else { return }
         if !driveByCallbacks(next) {
-            Task { await self.work(next) }
+            inTurnTask { await self.work(next) }
+        }
+    }
+
+    /// Runs a turn that leaves the callbacks (a retry's backoff, an outcome whose delivery
+    /// failed, an intent that does not qualify) in a task of its own, which the shutdown
+    /// deadline cancels (``abandoning``) as it cancels the intents' tasks: what it runs then
+    /// ends abandoned instead of outliving the relay.
+    private func inTurnTask(_ turn: @escaping @Sendable () async -> Void) {
+        Task {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await turn() }
+                group.addTask { await self.abandoning.wait() }
+                await group.next()
+                group.cancelAll()
+            }
         }
     }
 }

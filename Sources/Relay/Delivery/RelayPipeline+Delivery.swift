@@ -347,7 +347,9 @@ extension RelayPipeline {
     @inline(never)
     func attemptDue(_ delivery: Delivery) -> DeliveryStateMachine.Action {
         let now = clock()
-        let action = delivery.machine.attemptDue(now: now, isOwned: !Task.isCancelled && mayGoToAPNs(delivery),
+        // Past the shutdown deadline nothing new goes to APNs (an intent driven by callbacks
+        // has no task for the deadline to cancel).
+        let action = delivery.machine.attemptDue(now: now, isOwned: !Task.isCancelled && !abandoning.isOpen && mayGoToAPNs(delivery),
                                                  hasCredentials: delivery.credentialIndex != nil)
         guard case .send = action, let credentialIndex = delivery.credentialIndex else { return action }
         if let refusal = Self.certificateRefusal(certificates[credentialIndex], delivery.intent, now: now) {

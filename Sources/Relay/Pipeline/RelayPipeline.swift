@@ -80,8 +80,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let consuming = AsyncLatch()
     let published: (@Sendable (Outcome) -> Void)?
     /// Intents that need neither Redis nor an invalidation record nor tracing are driven by
-    /// callbacks from consume to outcome (``driveByCallbacks(_:)``) instead of a task each: an
-    /// experiment `bench e2e --callbacks` measures (docs/performance.md); off in `run`.
+    /// callbacks from consume to outcome (``driveByCallbacks(_:)``) instead of a task each; off
+    /// only where `bench e2e --task-per-intent` measures the task per intent (docs/performance.md).
     let drivesByCallbacks: Bool
     /// Intents that went that way so far.
     let drivenByCallbacks = Atomic<Int>(0)
