@@ -1,10 +1,12 @@
+import APNs
 import Foundation
+import RedisTesting
 @testable import Relay
 import TestSupport
 import Testing
 
 /// Intents driven by callbacks instead of a task each (``RelayPipeline/drivesByCallbacks``, what
-/// `bench e2e --callbacks` measures): the same answers, once each, in each device's order, with
+/// `bench e2e --task-per-intent` measures against): the same answers, once each, in each device's order, with
 /// the turns that leave the callbacks (a retry's backoff) included.
 @Suite("Intents driven by callbacks", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct CallbackDeliveryTests {
@@ -40,6 +42,35 @@ struct CallbackDeliveryTests {
             let expected = (0..<4).map { #"{"aps":{"alert":"d\#(device.suffix(2))-\#($0)"}}"# }
             #expect(sent == expected, "\(device.suffix(2))")
         }
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// With Redis an intent to send goes by callbacks too: its answer is recorded before its
+    /// outcome goes out (a copy consumed later comes out `duplicate` with it). A 429 parks it
+    /// (a turn in a task), and its device's next intent, queued behind it, parks behind it and
+    /// displaces it from the mailbox, as APNs keeps the newest for a device it cannot reach.
+    @Test func withRedisAnswersAreRecordedAndA429ParksWhatFollows() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 1
+        }, simulator: { $0.behaviour.latency = .milliseconds(300) })
+        let device = hexToken(0xC9)
+        try await harness.produce(intent("a", token: device), key: device)
+        _ = try await harness.outcomes(count: 1)
+        try await harness.produce(intent("a", token: device), key: device)
+        _ = try await harness.outcomes(count: 2)
+        harness.simulator.update { $0.failNext = (1, 429) }
+        try await harness.produce(intent("b", token: device), key: device)
+        try await harness.produce(intent("c", token: device), key: device)
+        let outcomes = try await harness.outcomes(count: 4)
+        let statuses = outcomes.map { "\($0["id"] as? String ?? "?"):\($0["status"] as? String ?? "?")" }
+        // One device, one partition: its outcomes in the order they were published.
+        #expect(statuses == ["a:delivered", "a:duplicate", "b:coalesced", "c:delivered"], "\(statuses)")
+        #expect(outcomes[1]["original_status"] as? String == "delivered", "\(outcomes[1])")
+        #expect(outcomes.first { $0["id"] as? String == "b" }?["superseded_by"] as? String == "c")
+        #expect(harness.simulator.accepted.map(\.apnsID) == ["a", "c"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
+        #expect(harness.pipeline.intentsDrivenByCallbacks == 2, "a, then b (the copy is answered from its record, c parks)")
         try await harness.stopExpectingOneOutcomeEach()
     }
 }

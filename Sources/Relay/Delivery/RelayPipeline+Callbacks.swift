@@ -5,22 +5,26 @@ import Kafka
 /// unless `bench e2e --task-per-intent` measures the task per intent against it:
 /// docs/performance.md, "A task per intent, or callbacks").
 ///
-/// Only an intent whose whole way is an APNs send and its outcome goes this way: no Redis (no
-/// dedupe record, park, badge or mailbox), no invalidation record, no trace. Its steps are the
-/// ones ``RelayPipeline/handle(_:)`` awaits, each started from the callback of the one before:
-/// the send's answer (``APNsClient/send(_:completion:)``, on the connection's event loop), the
-/// machine's verdict (``DeliveryStateMachine``), the outcome's delivery report (librdkafka's
+/// An intent to send goes this way when its way is an APNs send, its answer's record (with
+/// Redis: the dedupe record, written before the outcome goes out) and its outcome: no badge, no
+/// Live Activity budget, not taken from a mailbox, no invalidation record, no trace. Its steps
+/// are the ones ``RelayPipeline/handle(_:)`` awaits, each started from the callback of the one
+/// before: the send's answer (``APNsClient/send(_:completion:)``, on the connection's event
+/// loop), the machine's verdict (``DeliveryStateMachine``), the record
+/// (``RelayPipeline/recordThenPublish(_:_:done:)``), the outcome's delivery report (librdkafka's
 /// poll thread), the offset and the next intent of its device. The rare turns — a retry's
-/// backoff, an outcome whose delivery failed — go on in a task, the way the task per intent
-/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown
-/// deadline (``abandoning``) an intent is abandoned as a task per intent is: one at APNs when
-/// its answer comes (or its client closes), one due to be sent before it goes.
+/// backoff, a park, a 429 in shadow mode, a record Redis failed, an outcome whose delivery
+/// failed — go on in a task, the way the task per intent goes, in a task the shutdown deadline
+/// cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
+/// abandoned as a task per intent is: one at APNs when its answer comes (or its client closes),
+/// one due to be sent before it goes.
 extension RelayPipeline {
     /// Starts `item` by callbacks; false when it does not qualify (the caller runs it as a task).
     func driveByCallbacks(_ item: WorkItem) -> Bool {
-        guard drivesByCallbacks, policy == nil, item.traced == nil, item.mailboxMember == nil,
+        guard drivesByCallbacks, item.traced == nil, item.mailboxMember == nil,
               configuration.kafka.invalidationsTopic.isEmpty,
               case .send = item.admission, case .success(let intent) = item.intent, intent.badge == nil,
+              intent.pushType != .liveactivity || liveActivityPacer == nil,
               let delivery = prepare(item) else { return false }
         drivenByCallbacks.add(1, ordering: .relaxed)
         startRetryBudget(delivery)
@@ -42,32 +46,54 @@ extension RelayPipeline {
                 // Past the shutdown deadline the intent is abandoned, whatever APNs answered,
                 // as a task per intent is cancelled at APNs: no outcome, its offset not stored.
                 if self.abandoning.isOpen { return self.step(delivery, delivery.machine.cancelled()) }
-                self.step(delivery, self.judge(answer, delivery, sentAt: sentAt))
+                let action = self.judge(answer, delivery, sentAt: sentAt)
+                if self.policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests {
+                    // In shadow mode the device's backoff moves as enforce mode's park would move it.
+                    return self.driveInTask(delivery, from: action, first: { await self.noteShadowBackoff(delivery) })
+                }
+                self.step(delivery, action)
             }
         case .wait, .park:
-            inTurnTask {
-                await self.drive(delivery, from: action)
-                Self.settle(delivery)
-                await self.conclude(delivery.item, delivery.ending)
-                self.next(after: delivery.item)
-            }
+            driveInTask(delivery, from: action)
         }
     }
 
-    /// Publishes the outcome (no dedupe record, no invalidation record: see the extension's
-    /// conditions) and ends the item once its delivery report is in.
-    private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
-        guard let (key, value) = Self.encoded(ending) else {
-            finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
-            return next(after: item)
+    /// Drives the delivery on from `action` in a task (``inTurnTask(_:)``), `first` done first,
+    /// to its outcome and the next intent of its device: behind an intent that parked, its
+    /// device's later sends of its app park too, as ``work(_:)`` parks them.
+    private func driveInTask(_ delivery: Delivery, from action: DeliveryStateMachine.Action,
+                             first: (@Sendable () async -> Void)? = nil) {
+        inTurnTask {
+            await first?()
+            await self.drive(delivery, from: action)
+            Self.settle(delivery)
+            await self.conclude(delivery.item, delivery.ending)
+            let parkedDue = delivery.ending.parked ? delivery.parkedDue : nil
+            self.next(after: delivery.item, parkedUntil: parkedDue.map { [delivery.intent.topic: $0] } ?? [:])
         }
-        producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item)) { report in
-            switch report {
-            case .success:
+    }
+
+    /// Records the answer where it is recorded (``records(_:_:dedupe:)``), publishes the outcome
+    /// and ends the item once its delivery report is in (no invalidation record, no mailbox
+    /// entry: see the extension's conditions). A record Redis failed, or an outcome whose
+    /// delivery failed, goes on in a task as ``conclude(_:_:)`` goes.
+    private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
+        guard let status = ending.outcome?.status else {
+            finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
+            return nextInTask(after: item)
+        }
+        let concluded: @Sendable (Chained) -> Void = { chained in
+            switch chained {
+            case .published:
                 self.published(ending, item)
                 self.finish(item, stored: true, sent: ending.countedAtAPNs)
                 self.next(after: item)
-            case .failure(let error):
+            case .notRecorded:
+                self.inTurnTask {
+                    await self.conclude(item, ending)
+                    self.next(after: item)
+                }
+            case .notPublished(let error):
                 self.publishFailed(item, error)
                 self.inTurnTask {
                     let published = await self.publish(ending, item)
@@ -76,14 +102,34 @@ extension RelayPipeline {
                 }
             }
         }
+        if Self.records(item, status, dedupe: deduplicator != nil) { return recordThenPublish(item, ending, done: concluded) }
+        guard let (key, value) = Self.encoded(ending) else {
+            finish(item, stored: false, sent: ending.countedAtAPNs)
+            return nextInTask(after: item)
+        }
+        producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item)) { report in
+            switch report {
+            case .success: concluded(.published)
+            case .failure(let error): concluded(.notPublished(error))
+            }
+        }
     }
 
-    /// The item's device's next intent, by callbacks when it qualifies, else in a task.
-    private func next(after item: WorkItem) {
-        guard let next = nextInQueue(after: item, parkedUntil: [:]) else { return }
+    /// The item's device's next intent, by callbacks when it qualifies, else in a task;
+    /// `parkedUntil` as ``nextInQueue(after:parkedUntil:)`` takes it.
+    private func next(after item: WorkItem, parkedUntil: [String: Int64] = [:]) {
+        guard let next = nextInQueue(after: item, parkedUntil: parkedUntil) else { return }
         if !driveByCallbacks(next) {
             inTurnTask { await self.work(next) }
         }
+    }
+
+    /// ``next(after:parkedUntil:)`` from a task: for an item that ended without waiting for
+    /// anything (abandoned past the shutdown deadline or with its partition, unpublishable), so
+    /// that a device's queue of such items is not ended by recursion, one stack frame deeper each
+    /// (thousands of them overflowed a thread's stack).
+    private func nextInTask(after item: WorkItem) {
+        inTurnTask { self.next(after: item) }
     }
 
     /// Runs a turn that leaves the callbacks (a retry's backoff, an outcome whose delivery

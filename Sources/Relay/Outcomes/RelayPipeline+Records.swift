@@ -71,7 +71,7 @@ extension RelayPipeline {
         (item.recordsAnswer && isAnswered(status)) || (dedupe && status == .coalesced)
     }
 
-    enum Chained {
+    enum Chained: Sendable {
         case published
         /// Redis failed the record (reported here): record with retries, then publish.
         case notRecorded
@@ -83,28 +83,32 @@ extension RelayPipeline {
     /// from the recording task, so the item waits once for both.
     @inline(never)
     func recordThenPublish(_ item: WorkItem, _ ending: Ending) async -> Chained {
+        await withCheckedContinuation { continuation in
+            recordThenPublish(item, ending) { continuation.resume(returning: $0) }
+        }
+    }
+
+    /// ``recordThenPublish(_:_:)`` by callbacks: `done` hears how it went, on the producer's
+    /// poll thread once the outcome's delivery report is in, or from the Redis call when the
+    /// record failed (reported here).
+    func recordThenPublish(_ item: WorkItem, _ ending: Ending, done: @escaping @Sendable (Chained) -> Void) {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
-              let (key, value) = Self.encoded(ending) else { return .notRecorded }
+              let (key, value) = Self.encoded(ending) else { return done(.notRecorded) }
         let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
         let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
-        let chained = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Chained, RedisError>, Never>) in
-            deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
-                                lastSent: ending.lastSent, unregistered: unregistered,
-                                onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
-                if case .failure(let error) = recorded { return continuation.resume(returning: .failure(error)) }
-                RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
-                traced?.publishBegins()
-                producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
-                    if case .failure(let error) = delivered { return continuation.resume(returning: .success(.notPublished(error))) }
-                    continuation.resume(returning: .success(.published))
-                }
+        deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
+                            lastSent: ending.lastSent, unregistered: unregistered,
+                            onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
+            if case .failure(let error) = recorded {
+                self.redisFailed(error)
+                return done(.notRecorded)
             }
-        }
-        switch chained {
-        case .success(let result): return result
-        case .failure(let error):
-            redisFailed(error)
-            return .notRecorded
+            RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+            traced?.publishBegins()
+            producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
+                if case .failure(let error) = delivered { return done(.notPublished(error)) }
+                done(.published)
+            }
         }
     }
 
