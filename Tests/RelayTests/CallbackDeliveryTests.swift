@@ -73,4 +73,55 @@ struct CallbackDeliveryTests {
         #expect(harness.pipeline.intentsDrivenByCallbacks == 2, "a, then b (the copy is answered from its record, c parks)")
         try await harness.stopExpectingOneOutcomeEach()
     }
+
+    /// An intent of the device's other app between a parked intent and the device's next one
+    /// of the parked one's app: that next one parks behind the parked one all the same (it
+    /// displaces it from the mailbox), never sent before it. Queued while the first is at APNs
+    /// (600 ms), all three; the first meets a 429.
+    @Test func aSendOfAnotherAppBetweenDoesNotLetTheNextOneOvertakeAParkedOne() async throws {
+        let redis = try await RedisServerProcess.started()
+        let other = "com.example.other"
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 1
+            $0.apns.credentials[0].topics.append(other)
+        }, simulator: { $0.behaviour.latency = .milliseconds(600) })
+        let device = hexToken(0xCA)
+        try await harness.produce(intent("warm-up", token: hexToken(0xCB)), key: hexToken(0xCB))
+        _ = try await harness.outcomes(count: 1)
+        harness.simulator.update { $0.failNext = (1, 429) }
+        try await harness.produce(intent("first", token: device), key: device)
+        try await harness.produce(#"{"id":"between","token":"\#(device)","topic":"\#(other)","payload":{"aps":{"alert":"hi"}}}"#, key: device)
+        try await harness.produce(intent("next", token: device), key: device)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 4))
+        #expect(outcomes["first"]?["status"] as? String == "coalesced", "\(outcomes["first"] ?? [:])")
+        #expect(outcomes["first"]?["superseded_by"] as? String == "next")
+        #expect(outcomes["between"]?["status"] as? String == "delivered")
+        #expect(outcomes["next"]?["status"] as? String == "delivered" && outcomes["next"]?["policy_decision"] as? String == "park",
+                "\(outcomes["next"] ?? [:])")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// A now-or-never intent (expiration 0) queued behind one that parks cannot wait: it ends
+    /// `expired`, and its device's queue goes on behind it (the intent after it parks too, and
+    /// is delivered from the mailbox).
+    @Test func aNowOrNeverIntentBehindAParkedOneEndsAndTheQueueGoesOn() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 1
+        }, simulator: { $0.behaviour.latency = .milliseconds(600) })
+        let device = hexToken(0xCC)
+        try await harness.produce(intent("warm-up", token: hexToken(0xCD)), key: hexToken(0xCD))
+        _ = try await harness.outcomes(count: 1)
+        harness.simulator.update { $0.failNext = (1, 429) }
+        try await harness.produce(intent("first", token: device), key: device)
+        try await harness.produce(intent("now-or-never", token: device, extra: #","expiration":0"#), key: device)
+        try await harness.produce(intent("last", token: device), key: device)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 4))
+        #expect(outcomes["now-or-never"]?["status"] as? String == "expired", "\(outcomes["now-or-never"] ?? [:])")
+        #expect(outcomes["first"]?["status"] as? String == "coalesced")
+        #expect(outcomes["last"]?["status"] as? String == "delivered")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
 }

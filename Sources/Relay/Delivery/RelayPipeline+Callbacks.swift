@@ -59,8 +59,9 @@ extension RelayPipeline {
     }
 
     /// Drives the delivery on from `action` in a task (``inTurnTask(_:)``), `first` done first,
-    /// to its outcome and the next intent of its device: behind an intent that parked, its
-    /// device's later sends of its app park too, as ``work(_:)`` parks them.
+    /// to its outcome and the next intent of its device. Once it parked, its device's queue goes
+    /// on in this task (``work(_:parkedUntil:)``): every later send of its app parks behind it,
+    /// whatever comes between, as when the task per intent parks.
     private func driveInTask(_ delivery: Delivery, from action: DeliveryStateMachine.Action,
                              first: (@Sendable () async -> Void)? = nil) {
         inTurnTask {
@@ -68,8 +69,11 @@ extension RelayPipeline {
             await self.drive(delivery, from: action)
             Self.settle(delivery)
             await self.conclude(delivery.item, delivery.ending)
-            let parkedDue = delivery.ending.parked ? delivery.parkedDue : nil
-            self.next(after: delivery.item, parkedUntil: parkedDue.map { [delivery.intent.topic: $0] } ?? [:])
+            guard delivery.ending.parked, let due = delivery.parkedDue else { return self.next(after: delivery.item) }
+            let parkedUntil = [delivery.intent.topic: due]
+            if let next = self.nextInQueue(after: delivery.item, parkedUntil: parkedUntil) {
+                await self.work(next, parkedUntil: parkedUntil)
+            }
         }
     }
 
@@ -89,10 +93,16 @@ extension RelayPipeline {
                 self.finish(item, stored: true, sent: ending.countedAtAPNs)
                 self.next(after: item)
             case .notRecorded:
+                // Recorded with retries, then published, as ``recordAndPublish(_:_:records:)`` goes on.
                 self.inTurnTask {
-                    await self.conclude(item, ending)
+                    await self.record(item, ending)
+                    let published = await self.publish(ending, item)
+                    self.finish(item, stored: published, sent: ending.countedAtAPNs)
                     self.next(after: item)
                 }
+            case .abandoned:
+                self.finish(item, stored: false, sent: ending.countedAtAPNs)
+                self.nextInTask(after: item)
             case .notPublished(let error):
                 self.publishFailed(item, error)
                 self.inTurnTask {
@@ -115,10 +125,9 @@ extension RelayPipeline {
         }
     }
 
-    /// The item's device's next intent, by callbacks when it qualifies, else in a task;
-    /// `parkedUntil` as ``nextInQueue(after:parkedUntil:)`` takes it.
-    private func next(after item: WorkItem, parkedUntil: [String: Int64] = [:]) {
-        guard let next = nextInQueue(after: item, parkedUntil: parkedUntil) else { return }
+    /// The item's device's next intent, by callbacks when it qualifies, else in a task.
+    private func next(after item: WorkItem) {
+        guard let next = nextInQueue(after: item, parkedUntil: [:]) else { return }
         if !driveByCallbacks(next) {
             inTurnTask { await self.work(next) }
         }

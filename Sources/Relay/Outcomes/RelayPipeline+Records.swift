@@ -40,7 +40,8 @@ extension RelayPipeline {
     }
 
     /// Records the answer first when `records`, then publishes the outcome. False when the
-    /// item's partition was revoked before the outcome was out.
+    /// item's partition was revoked before the outcome was out, or the shutdown deadline passed
+    /// before the record was in (``Chained/abandoned``).
     @inline(never)
     func recordAndPublish(_ item: WorkItem, _ ending: Ending, records: Bool) async -> Bool {
         if records {
@@ -53,6 +54,8 @@ extension RelayPipeline {
                 await record(item, ending)
             case .notPublished(let error):
                 publishFailed(item, error)
+            case .abandoned:
+                return false
             }
         }
         return await publish(ending, item)
@@ -77,6 +80,9 @@ extension RelayPipeline {
         case notRecorded
         /// Recorded, but the outcome's delivery failed: publish with retries.
         case notPublished(KafkaError)
+        /// Recorded past the shutdown deadline: the outcome is not handed to the producer (which
+        /// may be closing); the item is abandoned, its offset not stored.
+        case abandoned
     }
 
     /// Records the answered intent and, once Redis has it, hands its outcome to the producer
@@ -104,6 +110,7 @@ extension RelayPipeline {
                 return done(.notRecorded)
             }
             RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
+            if self.abandoning.isOpen { return done(.abandoned) }
             traced?.publishBegins()
             producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
                 if case .failure(let error) = delivered { return done(.notPublished(error)) }

@@ -186,11 +186,14 @@ extension RelayPipeline {
     /// sent now, they would overtake it (an older notification delivered after a newer one, a
     /// badge count going backwards). In the mailbox the newest displaces it (`coalesced`), as
     /// APNs itself keeps only the newest for a device it cannot reach.
-    func work(_ first: WorkItem) async {
+    ///
+    /// `parkedUntil`: per topic, when the last parked intent of the device before `first` is due
+    /// (an intent driven by callbacks that parked goes on with its device's queue here).
+    func work(_ first: WorkItem, parkedUntil: [String: Int64] = [:]) async {
         var next: WorkItem? = first
         // Per topic of the device, when its last parked intent is due: every later send of that
         // topic parks behind it, whatever comes between.
-        var parkedUntil: [String: Int64] = [:]
+        var parkedUntil = parkedUntil
         while let item = next {
             if let due = await handle(item), case .success(let intent) = item.intent {
                 parkedUntil[intent.topic] = max(parkedUntil[intent.topic] ?? due, due)
@@ -202,8 +205,15 @@ extension RelayPipeline {
     /// Ends `item`'s turn in its device's queue and returns the item queued behind it, if any
     /// (parking behind a parked one of its app: `parkedUntil`, per topic).
     func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
-        guard let token = item.queueToken else { return nil }
+        // An intent to send that became now-or-never behind a parked one (``parkingBehind(_:due:)``)
+        // ends its turn in the queue too, although a now-or-never admission queues nowhere.
+        var token = item.queueToken
+        let turnedNowOrNever = token == nil
+        if turnedNowOrNever, case .nowOrNever = item.admission, case .success(let intent) = item.intent { token = intent.recipient }
+        guard let token else { return nil }
         let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+            // One admitted now-or-never (never queued) has no turn to end.
+            if turnedNowOrNever, state.devices[token]?.first !== item { return (nil, []) }
             state.devices[token]?.removeFirst()
             guard let queued = state.devices[token]?.first else {
                 state.devices[token] = nil
