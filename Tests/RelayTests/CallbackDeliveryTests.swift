@@ -51,10 +51,7 @@ struct CallbackDeliveryTests {
     /// displaces it from the mailbox, as APNs keeps the newest for a device it cannot reach.
     @Test func withRedisAnswersAreRecordedAndA429ParksWhatFollows() async throws {
         let redis = try await RedisServerProcess.started()
-        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 1
-        }, simulator: { $0.behaviour.latency = .milliseconds(300) })
+        let harness = try await Self.relay(redis, latency: 300)
         let device = hexToken(0xC9)
         try await harness.produce(intent("a", token: device), key: device)
         _ = try await harness.outcomes(count: 1)
@@ -79,17 +76,11 @@ struct CallbackDeliveryTests {
     /// displaces it from the mailbox), never sent before it. Queued while the first is at APNs
     /// (600 ms), all three; the first meets a 429.
     @Test func aSendOfAnotherAppBetweenDoesNotLetTheNextOneOvertakeAParkedOne() async throws {
-        let redis = try await RedisServerProcess.started()
         let other = "com.example.other"
-        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 1
-            $0.apns.credentials[0].topics.append(other)
-        }, simulator: { $0.behaviour.latency = .milliseconds(600) })
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.relay(redis, latency: 600) { $0.apns.credentials[0].topics.append(other) }
         let device = hexToken(0xCA)
-        try await harness.produce(intent("warm-up", token: hexToken(0xCB)), key: hexToken(0xCB))
-        _ = try await harness.outcomes(count: 1)
-        harness.simulator.update { $0.failNext = (1, 429) }
+        try await Self.nextAnswerIsA429(harness)
         try await harness.produce(intent("first", token: device), key: device)
         try await harness.produce(#"{"id":"between","token":"\#(device)","topic":"\#(other)","payload":{"aps":{"alert":"hi"}}}"#, key: device)
         try await harness.produce(intent("next", token: device), key: device)
@@ -107,14 +98,9 @@ struct CallbackDeliveryTests {
     /// is delivered from the mailbox).
     @Test func aNowOrNeverIntentBehindAParkedOneEndsAndTheQueueGoesOn() async throws {
         let redis = try await RedisServerProcess.started()
-        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 1
-        }, simulator: { $0.behaviour.latency = .milliseconds(600) })
+        let harness = try await Self.relay(redis, latency: 600)
         let device = hexToken(0xCC)
-        try await harness.produce(intent("warm-up", token: hexToken(0xCD)), key: hexToken(0xCD))
-        _ = try await harness.outcomes(count: 1)
-        harness.simulator.update { $0.failNext = (1, 429) }
+        try await Self.nextAnswerIsA429(harness)
         try await harness.produce(intent("first", token: device), key: device)
         try await harness.produce(intent("now-or-never", token: device, extra: #","expiration":0"#), key: device)
         try await harness.produce(intent("last", token: device), key: device)
@@ -123,5 +109,24 @@ struct CallbackDeliveryTests {
         #expect(outcomes["first"]?["status"] as? String == "coalesced")
         #expect(outcomes["last"]?["status"] as? String == "delivered")
         try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// A relay on `redis` whose rate limit never bites, with a 1 s backoff after a 429, and APNs
+    /// answering in `latency` ms.
+    static func relay(_ redis: RedisServerProcess, latency: Int64,
+                      configure: @escaping (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
+        try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 1
+            configure(&$0)
+        }, simulator: { $0.behaviour.latency = .milliseconds(latency) })
+    }
+
+    /// Once the relay answered a warm-up intent (its group joined), APNs answers the next
+    /// request 429.
+    static func nextAnswerIsA429(_ harness: RelayHarness) async throws {
+        try await harness.produce(intent("warm-up", token: hexToken(0xCF)), key: hexToken(0xCF))
+        _ = try await harness.outcomes(count: 1)
+        harness.simulator.update { $0.failNext = (1, 429) }
     }
 }
