@@ -111,13 +111,14 @@ struct CallbackDeliveryTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
-    /// A relay on `redis` whose rate limit never bites, with a 1 s backoff after a 429, and APNs
-    /// answering in `latency` ms.
+    /// A relay on `redis` whose rate limit never bites, with a 3 s backoff after a 429 (the
+    /// intents produced behind the first are consumed well before it ends, on a loaded machine
+    /// too), and APNs answering in `latency` ms.
     static func relay(_ redis: RedisServerProcess, latency: Int64,
                       configure: @escaping (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
         try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 1
-            $0.policy.backoffMaxSeconds = 1
+            $0.policy.backoffInitialSeconds = 3
+            $0.policy.backoffMaxSeconds = 3
             configure(&$0)
         }, simulator: { $0.behaviour.latency = .milliseconds(latency) })
     }

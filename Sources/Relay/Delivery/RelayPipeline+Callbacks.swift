@@ -133,7 +133,7 @@ extension RelayPipeline {
         }
     }
 
-    /// ``next(after:parkedUntil:)`` from a task: for an item that ended without waiting for
+    /// ``next(after:)`` from a task: for an item that ended without waiting for
     /// anything (abandoned past the shutdown deadline or with its partition, unpublishable), so
     /// that a device's queue of such items is not ended by recursion, one stack frame deeper each
     /// (thousands of them overflowed a thread's stack).

@@ -133,13 +133,14 @@ extension RelayPipeline {
 
     /// Publishes until the delivery report succeeds (retrying with backoff). False when the
     /// item's partition was revoked meanwhile, or its work is abandoned (past the shutdown
-    /// deadline): the outcome may not be out.
-    @inline(never)
+    /// deadline, ``abandoning``: nothing more is handed to the producer, which may be closing):
+    /// the outcome may not be out.
     ///
     /// `carriesTrace`: the outcome is `item`'s (its trace headers and spans); false for an
     /// outcome published on another intent's behalf.
+    @inline(never)
     func publish(_ ending: Ending, _ item: WorkItem, carriesTrace: Bool = true) async -> Bool {
-        guard let (key, value) = Self.encoded(ending) else { return false }
+        guard !abandoning.isOpen, let (key, value) = Self.encoded(ending) else { return false }
         let headers = carriesTrace ? Self.outgoingHeaders(item) : []
         if carriesTrace { item.traced?.publishBegins() }
         let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
