@@ -44,7 +44,12 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
         let configuration = try stack.relayConfiguration()
+        let redisBefore = await RedisCPU.seconds(configuration.redis)
         var figures = try await process ? measureProcess(configuration, stack: stack) : measure(configuration, stack: stack)
+        if let before = redisBefore, let after = await RedisCPU.seconds(configuration.redis) {
+            // The relay's start and stop included, as in its own CPU figure.
+            Terminal.line(String(format: "redis_cpu_us_per_intent: %.1f", (after - before) * 1_000_000 / Double(workload.count + workload.warmUp)))
+        }
         figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
         Terminal.line(figures.line)

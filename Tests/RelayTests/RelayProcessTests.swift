@@ -920,8 +920,9 @@ struct CheckConfigProcessTests {
 struct BenchE2EProcessTests {
     /// The benchmark's child process (mock cluster + simulator) and its figures line; with
     /// `--process` the relay is `apns-relay run` in a process of its own, its figures read from
-    /// its /proc entry and its outcomes from the outcomes topic.
-    @Test(arguments: [[], ["--process"]])
+    /// its /proc entry and its outcomes from the outcomes topic. With `--policy` it prints what
+    /// the run cost Redis too (`INFO cpu`, per intent).
+    @Test(arguments: [[], ["--process"], ["--policy"]])
     func smallRunPrintsItsFigures(_ mode: [String]) async throws {
         let run = try await RelayBinary.runDev(["bench", "e2e", "--count", "300", "--partitions", "2", "--devices", "50"] + mode)
         let text = run.stdout
@@ -935,6 +936,13 @@ struct BenchE2EProcessTests {
         #expect(cpu > 0, "\(last)")
         let resident = try #require(Self.figure("peak_rss_mb", in: last))
         #expect(resident > 10, "\(last)")
+        let redis = lines.first { $0.hasPrefix("redis_cpu_us_per_intent: ") }
+        if mode.contains("--policy") {
+            let perIntent = try #require(redis.flatMap { Self.figure("redis_cpu_us_per_intent", in: $0) }, "\(text)")
+            #expect(perIntent > 0, "a policy intent's reads and writes cost Redis some CPU")
+        } else {
+            #expect(redis == nil, "no Redis, no Redis figure")
+        }
     }
 
     /// `--rate`: the workload is offered at that rate once the relay answered its warm-up, so the
