@@ -5,18 +5,20 @@ import RedisTesting
 import TestSupport
 import Testing
 
-/// Intents driven by callbacks instead of a task each (``RelayPipeline/drivesByCallbacks``, what
-/// `bench e2e --task-per-intent` measures against): the same answers, once each, in each device's order, with
-/// the turns that leave the callbacks (a retry's backoff) included.
-@Suite("Intents driven by callbacks", .stopsItsRelays, .timeLimit(.minutes(3)))
+/// Intents driven by callbacks (``RelayPipeline/drivesByCallbacks``, the default) and by a task
+/// each (what `bench e2e --task-per-intent` measures against it): each test runs both ways and
+/// expects the same answers, once each, in each device's order, with the turns that leave the
+/// callbacks (a retry's backoff, a park) included.
+@Suite("Intents driven by callbacks, and by a task each", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct CallbackDeliveryTests {
-    @Test func everyIntentIsAnsweredOnceInItsDevicesOrder() async throws {
+    @Test(arguments: [true, false])
+    func everyIntentIsAnsweredOnceInItsDevicesOrder(byCallbacks: Bool) async throws {
         let gone = hexToken(0xdead)
         // The first three sends are answered 503: those intents wait and are sent again.
         let harness = try await RelayHarness.start(configure: {
             $0.behaviour.unregistered = [gone: 1_432_819_882_000]
             $0.behaviour.failNext = (count: 3, status: 503)
-        }, deliveryByCallbacks: true)
+        }, deliveryByCallbacks: byCallbacks)
         let devices = (1...5).map { hexToken(0xC0 + $0) }
         for round in 0..<4 {
             for device in devices {
@@ -34,7 +36,7 @@ struct CallbackDeliveryTests {
         #expect(outcomes["gone-1"]?["status"] as? String == "unregistered")
         #expect(outcomes.values.filter { $0["status"] as? String == "invalid" }.count == 1, "the unreadable message")
         #expect(outcomes.values.contains { ($0["attempts"] as? Int ?? 0) > 1 }, "some were sent again after a 503")
-        #expect(harness.pipeline.intentsDrivenByCallbacks == 21, "every usable intent")
+        #expect(harness.pipeline.intentsDrivenByCallbacks == (byCallbacks ? 21 : 0), "every usable intent")
         // Each device's notifications reached APNs in the order they were produced.
         for device in devices {
             let sent = harness.simulator.accepted.filter { $0.deviceToken == device }
@@ -49,9 +51,10 @@ struct CallbackDeliveryTests {
     /// outcome goes out (a copy consumed later comes out `duplicate` with it). A 429 parks it
     /// (a turn in a task), and its device's next intent, queued behind it, parks behind it and
     /// displaces it from the mailbox, as APNs keeps the newest for a device it cannot reach.
-    @Test func withRedisAnswersAreRecordedAndA429ParksWhatFollows() async throws {
+    @Test(arguments: [true, false])
+    func withRedisAnswersAreRecordedAndA429ParksWhatFollows(byCallbacks: Bool) async throws {
         let redis = try await RedisServerProcess.started()
-        let harness = try await Self.relay(redis, latency: 300)
+        let harness = try await Self.relay(redis, latency: 300, byCallbacks: byCallbacks)
         let device = hexToken(0xC9)
         try await harness.produce(intent("a", token: device), key: device)
         _ = try await harness.outcomes(count: 1)
@@ -67,7 +70,7 @@ struct CallbackDeliveryTests {
         #expect(outcomes[1]["original_status"] as? String == "delivered", "\(outcomes[1])")
         #expect(outcomes.first { $0["id"] as? String == "b" }?["superseded_by"] as? String == "c")
         #expect(harness.simulator.accepted.map(\.apnsID) == ["a", "c"].map { APNsIdentifiers.format(Intent.apnsID(for: $0)) })
-        #expect(harness.pipeline.intentsDrivenByCallbacks == 2, "a, then b (the copy is answered from its record, c parks)")
+        #expect(harness.pipeline.intentsDrivenByCallbacks == (byCallbacks ? 2 : 0), "a, then b (the copy is answered from its record, c parks)")
         try await harness.stopExpectingOneOutcomeEach()
     }
 
@@ -75,10 +78,11 @@ struct CallbackDeliveryTests {
     /// of the parked one's app: that next one parks behind the parked one all the same (it
     /// displaces it from the mailbox), never sent before it. Queued while the first is at APNs
     /// (600 ms), all three; the first meets a 429.
-    @Test func aSendOfAnotherAppBetweenDoesNotLetTheNextOneOvertakeAParkedOne() async throws {
+    @Test(arguments: [true, false])
+    func aSendOfAnotherAppBetweenDoesNotLetTheNextOneOvertakeAParkedOne(byCallbacks: Bool) async throws {
         let other = "com.example.other"
         let redis = try await RedisServerProcess.started()
-        let harness = try await Self.relay(redis, latency: 600) { $0.apns.credentials[0].topics.append(other) }
+        let harness = try await Self.relay(redis, latency: 600, byCallbacks: byCallbacks) { $0.apns.credentials[0].topics.append(other) }
         let device = hexToken(0xCA)
         try await Self.nextAnswerIsA429(harness)
         try await harness.produce(intent("first", token: device), key: device)
@@ -96,9 +100,10 @@ struct CallbackDeliveryTests {
     /// A now-or-never intent (expiration 0) queued behind one that parks cannot wait: it ends
     /// `expired`, and its device's queue goes on behind it (the intent after it parks too, and
     /// is delivered from the mailbox).
-    @Test func aNowOrNeverIntentBehindAParkedOneEndsAndTheQueueGoesOn() async throws {
+    @Test(arguments: [true, false])
+    func aNowOrNeverIntentBehindAParkedOneEndsAndTheQueueGoesOn(byCallbacks: Bool) async throws {
         let redis = try await RedisServerProcess.started()
-        let harness = try await Self.relay(redis, latency: 600)
+        let harness = try await Self.relay(redis, latency: 600, byCallbacks: byCallbacks)
         let device = hexToken(0xCC)
         try await Self.nextAnswerIsA429(harness)
         try await harness.produce(intent("first", token: device), key: device)
@@ -113,14 +118,14 @@ struct CallbackDeliveryTests {
 
     /// A relay on `redis` whose rate limit never bites, with a 3 s backoff after a 429 (the
     /// intents produced behind the first are consumed well before it ends, on a loaded machine
-    /// too), and APNs answering in `latency` ms.
-    static func relay(_ redis: RedisServerProcess, latency: Int64,
+    /// too), and APNs answering in `latency` ms; `byCallbacks` false runs a task per intent.
+    static func relay(_ redis: RedisServerProcess, latency: Int64, byCallbacks: Bool,
                       configure: @escaping (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
         try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
             $0.policy.backoffInitialSeconds = 3
             $0.policy.backoffMaxSeconds = 3
             configure(&$0)
-        }, simulator: { $0.behaviour.latency = .milliseconds(latency) })
+        }, simulator: { $0.behaviour.latency = .milliseconds(latency) }, deliveryByCallbacks: byCallbacks)
     }
 
     /// Once the relay answered a warm-up intent (its group joined), APNs answers the next

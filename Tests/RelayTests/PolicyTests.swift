@@ -15,20 +15,21 @@ struct PolicyTests {
     static func harness(_ redis: RedisServerProcess, burst: Int, refill: Double,
                         configure: (inout RelayConfiguration) -> Void = { _ in },
                         simulator: (inout SimulatorConfiguration) -> Void = { _ in },
-                        preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
-        try await harness(TestRedis(redis), burst: burst, refill: refill, configure: configure, simulator: simulator, preload: preload)
+                        preload: [(json: String, key: String)] = [], deliveryByCallbacks: Bool = true) async throws -> RelayHarness {
+        try await harness(TestRedis(redis), burst: burst, refill: refill, configure: configure, simulator: simulator, preload: preload,
+                          deliveryByCallbacks: deliveryByCallbacks)
     }
 
     static func harness(_ redis: TestRedis, burst: Int, refill: Double,
                         configure: (inout RelayConfiguration) -> Void = { _ in },
                         simulator: (inout SimulatorConfiguration) -> Void = { _ in },
-                        preload: [(json: String, key: String)] = []) async throws -> RelayHarness {
+                        preload: [(json: String, key: String)] = [], deliveryByCallbacks: Bool = true) async throws -> RelayHarness {
         try await RelayHarness.start(configure: simulator, configureRelay: {
             redis.apply(to: &$0)
             $0.policy.defaults.rateLimit = .init(burst: burst, refillPerSecond: refill)
             $0.policy.mailboxPollMilliseconds = 100
             configure(&$0)
-        }, preload: preload)
+        }, preload: preload, deliveryByCallbacks: deliveryByCallbacks)
     }
 
     /// A relay with burst 1 and one token per 5 s, after `sent` went out and `parked` went into
