@@ -47,7 +47,8 @@ extension RelayPipeline {
                 // as a task per intent is cancelled at APNs: no outcome, its offset not stored.
                 if self.abandoning.isOpen { return self.step(delivery, delivery.machine.cancelled()) }
                 let action = self.judge(answer, delivery, sentAt: sentAt)
-                if self.policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests {
+                if self.policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests,
+                   !self.isEnforced(delivery.intent) {
                     // In shadow mode the device's backoff moves as enforce mode's park would move it.
                     return self.driveInTask(delivery, from: action, first: { await self.noteShadowBackoff(delivery) })
                 }

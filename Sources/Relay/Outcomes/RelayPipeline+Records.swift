@@ -22,7 +22,8 @@ extension RelayPipeline {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
-        if status == .coalesced, !item.recordsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
+        // An item counted in `answering` is marked when its slot is freed (``freeSlot(of:_:)``).
+        if status == .coalesced, !item.holdsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
             recordedCoalesced(intent)
         }
         if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
