@@ -29,6 +29,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// Opened by ``close()``.
     private let closed = AsyncLatch()
     private let subscriptionFailure = Locked<KafkaError?>(nil)
+    /// How long ``close()`` waits for the first sync of a join under way.
+    private let firstSyncTimeout: Duration
+    /// Set by ``close()`` when it left the client undestroyed: see ``clientLeftUndestroyed``.
+    private let undestroyed = Locked(false)
 
     /// Why librdkafka refused the subscription, if it did: the consumer never gets a record.
     public var failure: KafkaError? { subscriptionFailure.withLock { $0 } }
@@ -50,8 +54,11 @@ public final class KafkaConsumer: Service, Sendable {
     ///     on waits in librdkafka (its prefetch bounded as usual) without holding up the others,
     ///     and without pausing anything. Rebalances still come in order with them (a
     ///     partition's own errors come through its topic's queue).
+    ///   - firstSyncTimeout: how long ``close()`` waits for the first assignment of a join under
+    ///     way.
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: [String: String] = [:],
                 maxBatch: Int = 500, bufferedMessages: Int = 5000, topicQueues: Bool = false, outstandingPerTopic: Int = 5000,
+                firstSyncTimeout: Duration = .seconds(10),
                 logger: Logger = Logger(label: "apns-relay.kafka.consumer")) throws(KafkaError) {
         var settings: [String: String] = [
             "bootstrap.servers": bootstrapServers,
@@ -85,10 +92,18 @@ public final class KafkaConsumer: Service, Sendable {
         self.logger = logger
         self.topics = topics
         self.batchSize = max(maxBatch, 1)
+        self.firstSyncTimeout = firstSyncTimeout
     }
 
     deinit {
-        if case .running(let poller) = polling.withLock({ $0 }) { poller.stop() }
+        if case .running(let poller) = polling.withLock({ $0 }) {
+            poller.stop()
+            // Not closed: `rd_kafka_destroy` closes it, unless it is in the state that aborts.
+            if !topics.isEmpty, failure == nil, handle.withHandle({ rd_kafka_unsubscribe($0) }) == RD_KAFKA_RESP_ERR_NO_ERROR,
+               joinedWithoutSync() {
+                keepClientUndestroyed()
+            }
+        }
         shared.queue.finish()
         // Before the handle destroys the client.
         shared.destroyTopicQueues()
@@ -224,8 +239,12 @@ public final class KafkaConsumer: Service, Sendable {
     /// librdkafka's consumer closed, because librdkafka 2.0.2 aborts the process when a member is
     /// closed at the wrong moment of a rebalance:
     /// - one that joined the group but never completed a sync (`rd_kafka_sticky_assignor_state_destroy`,
-    ///   with the cooperative-sticky assignor): the close first waits, up to
-    ///   ``firstSyncTimeout``, for the assignment its join is about to receive;
+    ///   with the cooperative-sticky assignor, confluentinc/librdkafka#4312): the close first
+    ///   waits, up to `firstSyncTimeout` (an init parameter), for the assignment its join is
+    ///   about to receive. A member still in that state once it left the group (the sync never
+    ///   came back, or the join was answered while the close began) has its client closed but
+    ///   never destroyed (``clientLeftUndestroyed``): its threads stay until the process exits,
+    ///   which does not abort;
     /// - one closed while an assignment is still being applied (`rd_kafka_cgrp_terminated`): it
     ///   unsubscribes first and waits, up to ``leaveTimeout``, until the revocation that follows
     ///   is served (the revocation's commit and unassignment done).
@@ -248,6 +267,7 @@ public final class KafkaConsumer: Service, Sendable {
             // Not cut short if the closing task is cancelled: that would reopen the moments
             // librdkafka aborts in.
             await Task { await self.leaveGroup() }.value
+            if await runBlocking({ self.joinedWithoutSync() }) { keepClientUndestroyed() }
         }
         await runBlocking {
             poller?.stop()
@@ -268,8 +288,34 @@ public final class KafkaConsumer: Service, Sendable {
         closed.open()
     }
 
-    /// How long ``close()`` waits for the sync of a join under way.
-    public static let firstSyncTimeout: Duration = .seconds(10)
+    /// Whether ``close()`` left this member's client undestroyed, as librdkafka 2.0.2 aborts
+    /// the process destroying a member that joined the group and never received its first
+    /// assignment (see ``close()``).
+    public var clientLeftUndestroyed: Bool { undestroyed.withLock { $0 } }
+
+    /// The group's rebalance protocol as librdkafka names it once a JoinGroup was answered
+    /// (`COOPERATIVE` or `EAGER`), `NONE` before; nil once the consumer is closed. Blocks
+    /// until librdkafka's main thread answers.
+    public var rebalanceProtocol: String? {
+        handle.withHandle { rk in rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } }
+    }
+
+    /// Keeps the client from ever being destroyed (see ``close()``).
+    private func keepClientUndestroyed() {
+        logger.error("a group member that joined and never received its first assignment is left: its Kafka client is not destroyed (librdkafka 2.0.2 aborts the process destroying it) and stays until the process exits")
+        undestroyed.withLock { $0 = true }
+        _ = Unmanaged.passRetained(handle)
+    }
+
+    /// Whether librdkafka chose an assignor (a JoinGroup was answered) and this member never
+    /// received an assignment: the state librdkafka 2.0.2 cannot destroy. Asked after the
+    /// unsubscription, it cannot change any more (librdkafka discards the answers of a join or
+    /// sync under way from then on). Blocks.
+    private func joinedWithoutSync() -> Bool {
+        guard !shared.membership.value.synced else { return false }
+        return rebalanceProtocol.map { $0 != "NONE" } ?? false
+    }
+
     /// How long ``close()`` waits for the revocation after its unsubscription: the revocation
     /// handler's bound plus the revocation's commit attempts fit in it.
     public static let leaveTimeout: Duration = .seconds(20)
@@ -280,10 +326,8 @@ public final class KafkaConsumer: Service, Sendable {
         let (handle, shared) = (self.handle, self.shared)
         // librdkafka names a protocol once a JoinGroup was answered (an assignor is chosen),
         // "NONE" before.
-        let joined = await runBlocking {
-            handle.withHandle { rk in rd_kafka_rebalance_protocol(rk).map { String(cString: $0) != "NONE" } ?? false }
-        }
-        if joined, !(await shared.membership.wait(atMost: Self.firstSyncTimeout, until: { $0.synced })) {
+        let joined = await runBlocking { [self] in rebalanceProtocol.map { $0 != "NONE" } ?? false }
+        if joined, !(await shared.membership.wait(atMost: firstSyncTimeout, until: { $0.synced })) {
             logger.warning("closing before the group's first assignment arrived")
         }
         // Nobody reads the events any more: what is assigned stops fetching, so that records

@@ -480,6 +480,35 @@ struct KafkaCloseDuringRebalanceTests {
         }
     }
 
+    /// A member closed after its join was answered and before its first sync came back (the
+    /// coordinator answers its SyncGroup late, past the close's wait for it): librdkafka 2.0.2
+    /// aborts the process when it destroys such a member (`rd_kafka_sticky_assignor_state_destroy`:
+    /// the cooperative-sticky assignor has no state before a first assignment). The close
+    /// leaves that member's client undestroyed, and the process goes on.
+    @Test func aMemberClosedBetweenItsJoinAndItsFirstSyncDoesNotAbortTheProcess() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        cluster.pushBrokerRequestErrors(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup, [(code: 0, delayMilliseconds: 5_000)])
+        do {
+            let member = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
+                                           properties: fastGroup, firstSyncTimeout: .milliseconds(200))
+            member.start()
+            try await waitUntil(timeout: .seconds(30)) { member.rebalanceProtocol == "COOPERATIVE" }
+            #expect(cluster.brokerErrorsLeft(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup) == 0)
+            await member.close()
+            #expect(member.assignment.isEmpty)
+            #expect(member.clientLeftUndestroyed)
+        }
+        // The member is gone here: had its client been destroyed, the process would have aborted.
+        // A member whose sync came back is destroyed as usual.
+        let synced = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
+                                       properties: fastGroup)
+        _ = try await collect(synced) { _, events in events.contains { if case .assigned = $0 { true } else { false } } }
+        await synced.close()
+        #expect(!synced.clientLeftUndestroyed)
+    }
+
     /// Members that hold no partition (more members than partitions) closed while a later
     /// rebalance is under way (a new member joined after the group had settled): each leaves
     /// cleanly, and the members that stay get every partition. The close of a member that
