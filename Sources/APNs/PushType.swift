@@ -25,11 +25,18 @@ public enum PushType: String, Sendable, CaseIterable, Codable {
     public var defaultPriority: Int { self == .background ? 5 : 10 }
 
     /// Whether `topic` carries the suffix this push type needs (and nothing else's suffix).
+    ///
+    /// Compared byte by byte: the suffixes are ASCII, and a suffix starting with a dot matches
+    /// the same bytes whether compared by characters or by bytes.
     public func accepts(topic: String) -> Bool {
         if topicSuffix.isEmpty {
             // A bare bundle id: none of the longer suffixes may be on it.
-            return !PushType.allCases.contains { !$0.topicSuffix.isEmpty && topic.hasSuffix($0.topicSuffix) }
+            return !PushType.allCases.contains { !$0.topicSuffix.isEmpty && Self.endsWith(topic, $0.topicSuffix) }
         }
-        return topic.hasSuffix(topicSuffix) && topic.count > topicSuffix.count
+        return Self.endsWith(topic, topicSuffix) && topic.utf8.count > topicSuffix.utf8.count
+    }
+
+    private static func endsWith(_ topic: String, _ suffix: String) -> Bool {
+        topic.utf8.count >= suffix.utf8.count && topic.utf8.suffix(suffix.utf8.count).elementsEqual(suffix.utf8)
     }
 }

@@ -37,7 +37,7 @@ extension RelayPipeline {
         switch action {
         case .finish:
             ended(delivery)
-            Self.settle(delivery)
+            settle(delivery)
             concludeByCallbacks(delivery.item, delivery.ending)
         case .send:
             guard let client = delivery.client else { return step(delivery, delivery.machine.cancelled()) }
@@ -68,7 +68,7 @@ extension RelayPipeline {
         inTurnTask {
             await first?()
             await self.drive(delivery, from: action)
-            Self.settle(delivery)
+            self.settle(delivery)
             await self.conclude(delivery.item, delivery.ending)
             guard delivery.ending.parked, let due = delivery.parkedDue else { return self.next(after: delivery.item) }
             let parkedUntil = [delivery.intent.topic: due]

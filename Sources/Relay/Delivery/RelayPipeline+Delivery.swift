@@ -45,7 +45,7 @@ extension RelayPipeline {
         if delivery.intent.pushType == .liveactivity, delivery.intent.channelID == nil, await !pace(delivery) { return }
         if delivery.intent.badge != nil, await !applyBadge(delivery) { return }
         await deliver(delivery)
-        Self.settle(delivery)
+        settle(delivery)
         if delivery.pacedBudget != nil, delivery.ending.outcome?.status == .delivered { await rescoreBudget(delivery) }
     }
 
@@ -64,17 +64,18 @@ extension RelayPipeline {
         }
     }
 
-    /// Adds the badge sent to the outcome and notes the device's last notification.
+    /// Adds the badge sent to the outcome and, where dedupe records keep it (with Redis), notes
+    /// the device's last notification. The outcome is changed where it is, not copied.
     @inline(never)
-    static func settle(_ delivery: Delivery) {
-        guard var outcome = delivery.ending.outcome else { return }
-        outcome.badge = delivery.badge
-        if delivery.priorityDowngraded { outcome.priorityDowngraded = true }
-        if let decision = delivery.policyDecision { outcome.policyDecision = decision }
-        delivery.ending.outcome = outcome
-        if outcome.status == .delivered, delivery.intent.channelID == nil {
-            delivery.ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
-                                                              apnsID: outcome.apnsID, at: outcome.at)
+    func settle(_ delivery: Delivery) {
+        let ending = delivery.ending
+        guard ending.outcome != nil else { return }
+        ending.outcome!.badge = delivery.badge
+        if delivery.priorityDowngraded { ending.outcome!.priorityDowngraded = true }
+        if let decision = delivery.policyDecision { ending.outcome!.policyDecision = decision }
+        if deduplicator != nil, ending.outcome!.status == .delivered, delivery.intent.channelID == nil {
+            ending.lastSent = DeviceRecords.lastSent(delivery.intent, delivery.notification,
+                                                     apnsID: ending.outcome!.apnsID, at: ending.outcome!.at)
         }
     }
 

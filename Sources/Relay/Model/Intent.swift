@@ -14,38 +14,152 @@ public struct Intent: Sendable {
     /// key's lifetime, in milliseconds) and read back, so later ones are refused as invalid.
     public static let latestExpiration: Int64 = 253_402_300_799
 
-    public var id: String
+    /// The fields, shared by copies of an intent until one of them changes (copy on write):
+    /// an intent is copied several times on its way, and a copy then costs one reference count
+    /// instead of one per field.
+    ///
+    /// `@unchecked Sendable`: it is written only through ``writableStorage()``, which first makes
+    /// it unique to the value writing; one that is shared is never written.
+    private final class Storage: @unchecked Sendable {
+        var id: String
+        var token: String
+        var topic: String
+        var pushType: PushType
+        var priority: Int
+        var expiration: Int64
+        var collapseID: String?
+        var environment: APNsEnvironment
+        var payload: ByteBuffer
+        var badge: BadgeChange?
+        var tokenRegisteredAt: Int64?
+        var channelID: String?
+        var messageStoragePolicy: Int?
+        var metadata: [UInt8]?
+        var redrive: [UInt8]?
+
+        init(id: String, token: String, topic: String, pushType: PushType, priority: Int, expiration: Int64,
+             collapseID: String?, environment: APNsEnvironment, payload: ByteBuffer, badge: BadgeChange? = nil,
+             tokenRegisteredAt: Int64? = nil, channelID: String? = nil, messageStoragePolicy: Int? = nil,
+             metadata: [UInt8]? = nil, redrive: [UInt8]? = nil) {
+            self.id = id
+            self.token = token
+            self.topic = topic
+            self.pushType = pushType
+            self.priority = priority
+            self.expiration = expiration
+            self.collapseID = collapseID
+            self.environment = environment
+            self.payload = payload
+            self.badge = badge
+            self.tokenRegisteredAt = tokenRegisteredAt
+            self.channelID = channelID
+            self.messageStoragePolicy = messageStoragePolicy
+            self.metadata = metadata
+            self.redrive = redrive
+        }
+
+        func copy() -> Storage {
+            Storage(id: id, token: token, topic: topic, pushType: pushType, priority: priority, expiration: expiration,
+                    collapseID: collapseID, environment: environment, payload: payload, badge: badge,
+                    tokenRegisteredAt: tokenRegisteredAt, channelID: channelID, messageStoragePolicy: messageStoragePolicy,
+                    metadata: metadata, redrive: redrive)
+        }
+    }
+
+    private var storage: Storage
+
+    public init(id: String, token: String, topic: String, pushType: PushType, priority: Int, expiration: Int64,
+                collapseID: String?, environment: APNsEnvironment, payload: ByteBuffer, badge: BadgeChange? = nil,
+                tokenRegisteredAt: Int64? = nil, channelID: String? = nil, messageStoragePolicy: Int? = nil,
+                metadata: [UInt8]? = nil, redrive: [UInt8]? = nil) {
+        storage = Storage(id: id, token: token, topic: topic, pushType: pushType, priority: priority, expiration: expiration,
+                          collapseID: collapseID, environment: environment, payload: payload, badge: badge,
+                          tokenRegisteredAt: tokenRegisteredAt, channelID: channelID, messageStoragePolicy: messageStoragePolicy,
+                          metadata: metadata, redrive: redrive)
+    }
+
+    private mutating func writableStorage() -> Storage {
+        if !isKnownUniquelyReferenced(&storage) { storage = storage.copy() }
+        return storage
+    }
+
+    public var id: String {
+        get { storage.id }
+        set { writableStorage().id = newValue }
+    }
     /// The device token; empty for a channel intent.
-    public var token: String
-    public var topic: String
-    public var pushType: PushType
-    public var priority: Int
+    public var token: String {
+        get { storage.token }
+        set { writableStorage().token = newValue }
+    }
+    public var topic: String {
+        get { storage.topic }
+        set { writableStorage().topic = newValue }
+    }
+    public var pushType: PushType {
+        get { storage.pushType }
+        set { writableStorage().pushType = newValue }
+    }
+    public var priority: Int {
+        get { storage.priority }
+        set { writableStorage().priority = newValue }
+    }
     /// Epoch seconds; 0 means now or never; at most ``latestExpiration``.
-    public var expiration: Int64
-    public var collapseID: String?
-    public var environment: APNsEnvironment
+    public var expiration: Int64 {
+        get { storage.expiration }
+        set { writableStorage().expiration = newValue }
+    }
+    public var collapseID: String? {
+        get { storage.collapseID }
+        set { writableStorage().collapseID = newValue }
+    }
+    public var environment: APNsEnvironment {
+        get { storage.environment }
+        set { writableStorage().environment = newValue }
+    }
     /// The payload as it will be sent.
-    public var payload: ByteBuffer
+    public var payload: ByteBuffer {
+        get { storage.payload }
+        set { writableStorage().payload = newValue }
+    }
     /// A change to the device's badge count kept by the relay (needs Redis); the resulting
     /// count goes into `aps.badge` of the payload sent.
-    public var badge: BadgeChange?
+    public var badge: BadgeChange? {
+        get { storage.badge }
+        set { writableStorage().badge = newValue }
+    }
     /// When the app last registered this token, ms since the epoch, if the sender knows: with
     /// `policy.skip_known_unregistered`, an intent whose token APNs answered 410 for is sent
     /// only when this is newer than the 410's timestamp.
-    public var tokenRegisteredAt: Int64?
+    public var tokenRegisteredAt: Int64? {
+        get { storage.tokenRegisteredAt }
+        set { writableStorage().tokenRegisteredAt = newValue }
+    }
     /// A broadcast's channel (base64, as APNs gave it at the channel's creation).
-    public var channelID: String?
+    public var channelID: String? {
+        get { storage.channelID }
+        set { writableStorage().channelID = newValue }
+    }
     /// The channel's message storage policy when the intent says it (0: No Message Stored,
     /// which takes expiration 0 only; 1: the most recent message stored).
-    public var messageStoragePolicy: Int?
+    public var messageStoragePolicy: Int? {
+        get { storage.messageStoragePolicy }
+        set { writableStorage().messageStoragePolicy = newValue }
+    }
     /// The sender's own identifiers (a JSON object, compact, at most ``maxMetadataBytes``):
     /// never read by the relay, copied into every outcome of the intent and its invalidation
     /// record.
-    public var metadata: [UInt8]?
+    public var metadata: [UInt8]? {
+        get { storage.metadata }
+        set { writableStorage().metadata = newValue }
+    }
     /// Set by `apns-relay redrive` on an intent it produced again (a JSON object, compact, at
     /// most ``maxRedriveBytes``: where the original was and when it was re-driven): copied into
     /// every outcome of the intent, which so names the re-drive.
-    public var redrive: [UInt8]?
+    public var redrive: [UInt8]? {
+        get { storage.redrive }
+        set { writableStorage().redrive = newValue }
+    }
 
     /// What the relay keys its per-recipient state by: the device token, or `channel:<id>`
     /// for a channel intent (its device queue, its dedupe records and, with
@@ -337,15 +451,10 @@ extension Intent {
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
         // One device, one spelling: hex tokens are kept in lower case (APNs reads either).
-        var intent = Intent(id: id, token: token?.lowercased() ?? "", topic: topic, pushType: pushType, priority: priority,
-                            expiration: expiration, collapseID: collapseID, environment: environment,
-                            payload: payload)
-        intent.badge = badge
-        intent.tokenRegisteredAt = tokenRegisteredAt
-        intent.channelID = channelID
-        intent.messageStoragePolicy = messageStoragePolicy
-        intent.metadata = metadata
-        intent.redrive = redrive
+        let intent = Intent(id: id, token: token?.lowercased() ?? "", topic: topic, pushType: pushType, priority: priority,
+                            expiration: expiration, collapseID: collapseID, environment: environment, payload: payload,
+                            badge: badge, tokenRegisteredAt: tokenRegisteredAt, channelID: channelID,
+                            messageStoragePolicy: messageStoragePolicy, metadata: metadata, redrive: redrive)
         do {
             try intent.notification.validate()
         } catch {

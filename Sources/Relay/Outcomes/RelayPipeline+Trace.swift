@@ -45,9 +45,9 @@ extension RelayPipeline {
     /// The spans of an intent with `trace`: none unless it is sampled and spans are exported
     /// (`tracer`).
     static func intentTrace(_ trace: TraceContext?, tracer: (any Tracer)?,
-                            policy: (start: UInt64, end: UInt64)?, id: String?) -> IntentTrace? {
+                            policy: (start: UInt64, end: UInt64)?, id: @autoclosure () -> String?) -> IntentTrace? {
         guard let tracer, let trace, trace.flags.contains(.sampled) else { return nil }
-        return IntentTrace(tracer: tracer, parent: trace, policy: policy, id: id)
+        return IntentTrace(tracer: tracer, parent: trace, policy: policy, id: id())
     }
 
     /// The trace headers an outcome of `message` carries, through `tracer` as when spans are

@@ -147,13 +147,14 @@ extension RelayPipeline {
     static func enqueue(_ item: WorkItem, _ state: inout State, precedence: [Int] = []) -> WorkItem? {
         guard let token = item.queueToken else { return item }
         if item.holdsAnswer, case .success(let intent) = item.intent { state.answering[AnswerKey(intent), default: 0] += 1 }
-        if state.devices[token] != nil {
+        // The token is hashed once (a device's queue is looked up by it several times per intent).
+        if let index = state.devices.index(forKey: token) {
             // No copy of the queue is held while it changes (that would copy its storage).
             if precedence.count > 1, case .send = item.admission, item.mailboxMember == nil,
-               let position = Self.position(of: item, in: state.devices[token]!, precedence: precedence) {
-                state.devices[token]!.insert(item, at: position)
+               let position = Self.position(of: item, in: state.devices.values[index], precedence: precedence) {
+                state.devices.values[index].insert(item, at: position)
             } else {
-                state.devices[token]!.append(item)
+                state.devices.values[index].append(item)
             }
             state.lanes.queued(item.lane)
             return nil
@@ -212,17 +213,20 @@ extension RelayPipeline {
         if turnedNowOrNever, case .nowOrNever = item.admission, case .success(let intent) = item.intent { token = intent.recipient }
         guard let token else { return nil }
         let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+            // The token is hashed once.
+            guard let index = state.devices.index(forKey: token) else { return (nil, []) }
             // One admitted now-or-never (never queued) has no turn to end.
-            if turnedNowOrNever, state.devices[token]?.first !== item { return (nil, []) }
-            state.devices[token]?.removeFirst()
-            guard let queued = state.devices[token]?.first else {
-                state.devices[token] = nil
+            if turnedNowOrNever, state.devices.values[index].first !== item { return (nil, []) }
+            state.devices.values[index].removeFirst()
+            guard let queued = state.devices.values[index].first else {
+                state.devices.remove(at: index)
                 return (nil, [])
             }
             state.lanes.dequeued(queued.lane)
             if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
                let parked = Self.parkingBehind(queued, due: due) {
-                state.devices[token]![state.devices[token]!.startIndex] = parked
+                let first = state.devices.values[index].startIndex
+                state.devices.values[index][first] = parked
                 // One fewer waiting: room for an admitting task if that bound held it.
                 return (parked, state.lanes.waitersWithRoom())
             }

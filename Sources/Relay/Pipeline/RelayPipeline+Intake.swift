@@ -99,8 +99,10 @@ extension RelayPipeline {
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
                 let consumedAt = ContinuousClock.now
+                // One reading of the wall clock for the batch: what an intent's TTL counts from.
+                let now = clock()
                 for (lane, messages) in lanes(of: batch) {
-                    let parsed = messages.map(parse)
+                    let parsed = messages.map { parse($0, now: now) }
                     let generations = state.withLock { state in
                         var generations: [TopicPartition: Int] = [:]
                         var last: TopicPartition?
@@ -227,10 +229,10 @@ extension RelayPipeline {
     /// The intent a message holds, or why it is invalid: what ``Intent/parse(_:key:now:defaultTTL:)``
     /// refuses, and an MDM push whose topic's credential is not a certificate
     /// (`MDMNeedsCertificate`: APNs takes MDM pushes on certificate connections only).
-    func parse(_ message: KafkaMessage) -> Result<Intent, InvalidIntent> {
+    func parse(_ message: KafkaMessage, now: Int64) -> Result<Intent, InvalidIntent> {
         let intent: Intent
         do {
-            intent = try Intent.parse(message.value, key: message.key, now: clock(), defaultTTL: configuration.defaults.expirationSeconds)
+            intent = try Intent.parse(message.value, key: message.key, now: now, defaultTTL: configuration.defaults.expirationSeconds)
         } catch {
             return .failure(error)
         }

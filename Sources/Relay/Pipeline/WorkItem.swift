@@ -35,6 +35,13 @@ extension RelayPipeline {
         /// Taken from a mailbox: where its intent came from (its entry's lane and partition),
         /// which its outcome names; the item's own partition is the due index's it was found in.
         let origin: TopicPartition?
+        /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those
+        /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
+        /// outcome and invalidation record must follow the device's earlier ones (a replay's
+        /// 410 and the delivery after it end in that order on the invalidations topic; across
+        /// lanes an urgent send may overtake, see ``RelayPipeline/enqueue(_:_:precedence:)``).
+        /// Worked out once: it is asked several times on every intent's way.
+        let queueToken: String?
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
@@ -54,6 +61,7 @@ extension RelayPipeline {
             self.traced = traced
             self.policyDecision = policyDecision
             self.origin = origin
+            self.queueToken = Self.queueToken(intent, admission)
         }
 
         /// The same item with another admission (an intent to send that is to park instead, its
@@ -65,12 +73,8 @@ extension RelayPipeline {
                      origin: origin)
         }
 
-        /// The device (or channel, ``Intent/recipient``) whose queue this item waits in: items that are sent or parked, and those
-        /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
-        /// outcome and invalidation record must follow the device's earlier ones (a replay's
-        /// 410 and the delivery after it end in that order on the invalidations topic; across
-        /// lanes an urgent send may overtake, see ``RelayPipeline/enqueue(_:_:precedence:)``).
-        var queueToken: String? {
+        /// ``queueToken``.
+        private static func queueToken(_ intent: Result<Intent, InvalidIntent>, _ admission: Admission) -> String? {
             guard case .success(let intent) = intent else { return nil }
             switch admission {
             case .send, .park, .duplicate, .knownUnregistered, .readmit: return intent.recipient
