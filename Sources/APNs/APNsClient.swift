@@ -289,10 +289,13 @@ public final class APNsClient: Service, Sendable {
     /// the wait queue is full.
     @inline(never)
     private func admit(_ notification: APNsNotification) throws(APNsError) {
-        do {
-            try notification.validate()
-        } catch {
-            throw .invalidNotification(error)
+        // One already checked (``APNsNotification/validated()``, unchanged since) is not checked again.
+        if !notification.isValidated {
+            do {
+                try notification.validate()
+            } catch {
+                throw .invalidNotification(error)
+            }
         }
         guard !isShutDown.load(ordering: .relaxed) else { throw .shutdown }
         let streams = connections.reduce(0) { $0 + $1.streamLimit.load(ordering: .relaxed) }

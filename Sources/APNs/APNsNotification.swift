@@ -7,28 +7,31 @@ public import NIOCore
 /// `Foundation.Notification` in code that imports both.
 public struct APNsNotification: Sendable {
     /// Hex of the device token (empty for a broadcast).
-    public var deviceToken: String
+    public var deviceToken: String { didSet { isValidated = false } }
     /// For a broadcast on a channel (iOS 18 Live Activities): the channel id APNs gave at its
     /// creation (base64). The request then goes to `/4/broadcasts/apps/<topic>` with
     /// `apns-channel-id`, and ``apnsID`` goes out as `apns-request-id`.
-    public var channelID: String?
+    public var channelID: String? { didSet { isValidated = false } }
     /// `apns-topic`: the bundle id plus the push type's suffix; for a broadcast the plain
     /// bundle id (it goes in the path).
-    public var topic: String
-    public var pushType: PushType
+    public var topic: String { didSet { isValidated = false } }
+    public var pushType: PushType { didSet { isValidated = false } }
     /// `apns-priority`: 10, 5 or 1; nil means the push type's default (5 for background, else 10).
-    public var priority: Int?
+    public var priority: Int? { didSet { isValidated = false } }
     /// `apns-expiration` in epoch seconds; 0 means deliver now or never; nil lets APNs store it.
-    public var expiration: Int64?
+    public var expiration: Int64? { didSet { isValidated = false } }
     /// `apns-collapse-id`, at most 64 bytes.
-    public var collapseID: String?
+    public var collapseID: String? { didSet { isValidated = false } }
     /// `apns-id`. Generated once when the notification is made, so retries reuse it.
     public var apnsID: UUID
     /// The JSON payload, exactly as it is sent.
-    public var payload: ByteBuffer
+    public var payload: ByteBuffer { didSet { isValidated = false } }
     /// Among sends waiting for a stream on a connection, higher ones start first (0–3; the
     /// relay's priority lanes). Not sent to APNs.
     public var precedence: Int = 0
+    /// ``validated()`` passed it, and nothing it checks has changed since (setting any of those
+    /// fields clears it): ``APNsClient`` does not check it again.
+    public private(set) var isValidated = false
 
     public init(deviceToken: String, topic: String, pushType: PushType = .alert, priority: Int? = nil,
                 expiration: Int64? = nil, collapseID: String? = nil, apnsID: UUID? = nil, payload: ByteBuffer) {
@@ -93,6 +96,16 @@ public struct APNsValidationError: Error, Sendable, Equatable, CustomStringConve
 }
 
 extension APNsNotification {
+    /// This notification, checked (``validate()``) and marked so (``isValidated``): a client
+    /// sends it without checking it again.
+    public func validated() throws(APNsValidationError) -> APNsNotification {
+        if isValidated { return self }
+        try validate()
+        var notification = self
+        notification.isValidated = true
+        return notification
+    }
+
     /// Checks everything APNs would reject, in APNs' order, and throws the first problem.
     public func validate() throws(APNsValidationError) {
         if let channelID { return try validateBroadcast(channelID: channelID) }
@@ -222,7 +235,10 @@ extension APNsNotification {
         guard count >= 64, count <= 200, count % 2 == 0 else {
             throw APNsValidationError(.badDeviceToken, "device token must be 64 to 200 hex characters of even length, got \(count)")
         }
-        guard token.utf8.allSatisfy({ isHexDigit($0) }) else {
+        // Over the contiguous bytes: iterating the UTF-8 view byte by byte was the larger part
+        // of a notification's validation.
+        var token = token
+        guard token.withUTF8({ $0.allSatisfy(isHexDigit) }) else {
             throw APNsValidationError(.badDeviceToken, "device token is not hex")
         }
     }

@@ -31,10 +31,14 @@ public enum PushType: String, Sendable, CaseIterable, Codable {
     public func accepts(topic: String) -> Bool {
         if topicSuffix.isEmpty {
             // A bare bundle id: none of the longer suffixes may be on it.
-            return !PushType.allCases.contains { !$0.topicSuffix.isEmpty && Self.endsWith(topic, $0.topicSuffix) }
+            return !Self.suffixes.contains { Self.endsWith(topic, $0) }
         }
         return Self.endsWith(topic, topicSuffix) && topic.utf8.count > topicSuffix.utf8.count
     }
+
+    /// Every push type's topic suffix that is not empty (`allCases` would be an array made on
+    /// each call).
+    private static let suffixes = allCases.map(\.topicSuffix).filter { !$0.isEmpty }
 
     private static func endsWith(_ topic: String, _ suffix: String) -> Bool {
         topic.utf8.count >= suffix.utf8.count && topic.utf8.suffix(suffix.utf8.count).elementsEqual(suffix.utf8)

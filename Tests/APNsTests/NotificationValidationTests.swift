@@ -13,6 +13,27 @@ struct NotificationValidationTests {
                          expiration: expiration, collapseID: collapseID, payload: payload)
     }
 
+    /// A notification checked once is marked so (a client does not check it again); setting any
+    /// field the check reads clears the mark, so what a client sends unchecked is what was checked.
+    @Test func aCheckedNotificationIsMarkedUntilAFieldTheCheckReadsChanges() throws {
+        #expect(!Self.make().isValidated)
+        var checked = try Self.make().validated()
+        #expect(checked.isValidated)
+        checked.precedence = 3
+        #expect(checked.isValidated)
+        let changes: [(String, @Sendable (inout APNsNotification) -> Void)] = [
+            ("token", { $0.deviceToken = "abcd" }), ("topic", { $0.topic = "" }), ("push type", { $0.pushType = .voip }),
+            ("priority", { $0.priority = 7 }), ("expiration", { $0.expiration = -1 }), ("collapse id", { $0.collapseID = "a\nb" }),
+            ("payload", { $0.payload = ByteBuffer(string: "hello") }), ("channel", { $0.channelID = "not base64!" }),
+        ]
+        for (field, change) in changes {
+            var changed = checked
+            change(&changed)
+            #expect(!changed.isValidated, "\(field)")
+            #expect(throws: APNsValidationError.self, "\(field)") { try changed.validated() }
+        }
+    }
+
     static let cases: [(String, APNsNotification, APNsValidationError.Code)] = [
         ("short token", make(token: "abcd"), .badDeviceToken),
         ("63 hex characters", make(token: String(repeating: "a", count: 63)), .badDeviceToken),

@@ -21,6 +21,23 @@ struct IntentTests {
         return nil
     }
 
+    /// A parsed intent keeps the notification it checked, marked so (an APNs client does not
+    /// check it again); a copy whose field changes has its own fields and an unchecked
+    /// notification built from them, and the original is as it was.
+    @Test func aParsedIntentsNotificationIsCheckedOnceAndACopyChangesAlone() throws {
+        let parsed = try Self.parse(#"{"id":"a","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"hi"}}}"#).get()
+        #expect(parsed.notification.isValidated)
+        var changed = parsed
+        changed.payload = ByteBuffer(string: #"{"aps":{"alert":"changed"}}"#)
+        changed.topic = "com.y"
+        #expect(!changed.notification.isValidated)
+        #expect(changed.notification.payload == ByteBuffer(string: #"{"aps":{"alert":"changed"}}"#))
+        #expect(changed.notification.topic == "com.y")
+        #expect(parsed.notification.isValidated)
+        #expect(parsed.payload == ByteBuffer(string: #"{"aps":{"alert":"hi"}}"#))
+        #expect(parsed.notification.topic == "com.x")
+    }
+
     @Test func defaultsApply() throws {
         let intent = try Self.parse(#"{"id":"a","token":"\#(Self.token)","topic":"com.x","payload":{"aps":{"alert":"hi"}}}"#).get()
         #expect(intent.pushType == .alert)

@@ -63,9 +63,36 @@ enum RelayMetrics {
     /// (APNs may answer a reason this version does not know), so at most `maxReasonLabels`
     /// distinct codes get their own label; later new ones count as `other`.
     static func outcome(_ outcome: Outcome, topic: String) {
-        Counter(label: "apns_relay_outcomes_total", dimensions: [
-            ("apns_topic", topic), ("status", outcome.status.rawValue), ("reason", reasonLabel(outcome.reason)),
-        ]).increment()
+        outcomeSeries.counter(topic: topic, status: outcome.status, reason: outcome.reason.map(reasonLabel) ?? "none").increment()
+    }
+
+    private static let outcomeSeries = OutcomeSeries()
+
+    /// The outcome counters, each made once: a counter made per outcome was looked up in the
+    /// metrics backend's registry every time (its labels joined and hashed under its lock).
+    /// Bounded as its labels are: the configured topics and `other`, the statuses, at most
+    /// ``maxReasonLabels`` reasons and `other`.
+    final class OutcomeSeries: Sendable {
+        private struct Key: Hashable {
+            let topic: String
+            let status: Outcome.Status
+            let reason: String
+        }
+
+        private let counters = Locked<[Key: Counter]>([:])
+
+        func counter(topic: String, status: Outcome.Status, reason: String) -> Counter {
+            let key = Key(topic: topic, status: status, reason: reason)
+            if let counter = counters.withLock({ $0[key] }) { return counter }
+            let counter = Counter(label: "apns_relay_outcomes_total", dimensions: [
+                ("apns_topic", topic), ("status", status.rawValue), ("reason", reason),
+            ])
+            return counters.withLock { counters in
+                if let existing = counters[key] { return existing }
+                counters[key] = counter
+                return counter
+            }
+        }
     }
 
     /// The `reason` label for an outcome's reason.

@@ -19,7 +19,8 @@ public struct Intent: Sendable {
     /// instead of one per field.
     ///
     /// `@unchecked Sendable`: it is written only through ``writableStorage()``, which first makes
-    /// it unique to the value writing; one that is shared is never written.
+    /// it unique to the value writing, and by ``parse(_:key:now:defaultTTL:)`` before the intent
+    /// it made is handed out; one that is shared is never written.
     private final class Storage: @unchecked Sendable {
         var id: String
         var token: String
@@ -36,6 +37,9 @@ public struct Intent: Sendable {
         var messageStoragePolicy: Int?
         var metadata: [UInt8]?
         var redrive: [UInt8]?
+        /// The notification ``parse(_:key:now:defaultTTL:)`` checked (``APNsNotification/validated()``);
+        /// nil once a field changed.
+        var notification: APNsNotification?
 
         init(id: String, token: String, topic: String, pushType: PushType, priority: Int, expiration: Int64,
              collapseID: String?, environment: APNsEnvironment, payload: ByteBuffer, badge: BadgeChange? = nil,
@@ -78,8 +82,11 @@ public struct Intent: Sendable {
                           metadata: metadata, redrive: redrive)
     }
 
+    /// The storage, unique to this value, to change a field of: the checked notification no
+    /// longer says what the intent holds.
     private mutating func writableStorage() -> Storage {
         if !isKnownUniquelyReferenced(&storage) { storage = storage.copy() }
+        storage.notification = nil
         return storage
     }
 
@@ -173,7 +180,11 @@ public struct Intent: Sendable {
 
     /// The notification for APNs; its apns-id is derived from the intent id so that every
     /// attempt, in any process, carries the same one.
+    ///
+    /// A parsed intent's was checked when it was parsed (``APNsNotification/isValidated``), so
+    /// that an APNs client does not check it again.
     public var notification: APNsNotification {
+        if let checked = storage.notification { return checked }
         var notification = APNsNotification(deviceToken: token, topic: topic, pushType: pushType, priority: priority,
                                             expiration: expiration, collapseID: collapseID, apnsID: Intent.apnsID(for: id),
                                             payload: payload)
@@ -456,7 +467,8 @@ extension Intent {
                             badge: badge, tokenRegisteredAt: tokenRegisteredAt, channelID: channelID,
                             messageStoragePolicy: messageStoragePolicy, metadata: metadata, redrive: redrive)
         do {
-            try intent.notification.validate()
+            // Kept with the intent, marked checked: sent as it is, it is not checked again.
+            intent.storage.notification = try intent.notification.validated()
         } catch {
             throw fail(error.code.rawValue, error.message)
         }

@@ -23,6 +23,21 @@ public struct Outcome: Sendable, Equatable {
         /// (`supersededBy` names it): the same collapse id in one consumed batch, or a newer
         /// intent parked in the device's mailbox while this one waited there.
         case coalesced
+
+        /// Its position among the statuses (0 ..< `allCases.count`), for counting by status
+        /// without hashing its name.
+        public var ordinal: Int {
+            switch self {
+            case .delivered: 0
+            case .rejected: 1
+            case .unregistered: 2
+            case .invalid: 3
+            case .expired: 4
+            case .failed: 5
+            case .duplicate: 6
+            case .coalesced: 7
+            }
+        }
     }
 
     public var id: String?

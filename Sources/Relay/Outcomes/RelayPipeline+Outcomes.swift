@@ -192,7 +192,7 @@ extension RelayPipeline {
         if let item, let traced = item.traced {
             traced.finish(outcome, partition: item.partition.partition, offset: item.offset)
         }
-        state.withLock { $0.outcomeCounts[outcome.status.rawValue, default: 0] += 1 }
+        outcomeTally.withLock { $0[outcome.status.ordinal] += 1 }
         laneMetrics[item?.lane ?? lane(of: outcome.lane ?? "")].latency.recordMilliseconds(outcome.latencyMilliseconds)
         RelayMetrics.outcome(outcome, topic: outcome.topic.map(metricsTopic) ?? "other")
         logger.debug("outcome published", metadata: Self.metadata(outcome))

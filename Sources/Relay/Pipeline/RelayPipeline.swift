@@ -56,6 +56,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// the lanes' distinct weights (0 for the lowest), 3 at most. With one weight, all 0.
     let lanePrecedence: [Int]
     let laneMetrics: [RelayMetrics.Lane]
+    /// Outcomes published so far, by ``Outcome/Status/ordinal``: a lock of its own, taken once
+    /// per outcome (not the pipeline's state lock).
+    let outcomeTally = Locked(Array(repeating: 0, count: Outcome.Status.allCases.count))
     /// The partitions paused now (held by the ledger), as last applied; its lock serializes
     /// ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
@@ -120,7 +123,6 @@ public final class RelayPipeline: RelayStatus, Service {
         var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
         var credentialFaults: CredentialFaultBreaker
-        var outcomeCounts: [String: Int] = [:]
         /// The consumer's count of failed revocation commits the metric has seen.
         var revocationCommitFailuresCounted = 0
         var firstConsumedAt: ContinuousClock.Instant?
@@ -191,7 +193,12 @@ public final class RelayPipeline: RelayStatus, Service {
     }
 
     /// Outcomes published so far, by status.
-    public var outcomeCounts: [String: Int] { state.withLock { $0.outcomeCounts } }
+    public var outcomeCounts: [String: Int] {
+        let tally = outcomeTally.withLock { $0 }
+        var counts: [String: Int] = [:]
+        for status in Outcome.Status.allCases where tally[status.ordinal] > 0 { counts[status.rawValue] = tally[status.ordinal] }
+        return counts
+    }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
     public var publishFailures: Int { incidents.value.publishFailures }
     /// Times Redis started failing (each outage counted once, when it begins).
