@@ -30,11 +30,24 @@ struct BenchE2ECommand: AsyncParsableCommand {
 
     @OptionGroup var logging: LoggingOptions
 
+    /// Outcomes a partition of the mock cluster holds for sure (it drops a partition's oldest
+    /// records past 5 MB: about 7,500 of the workload's outcomes).
+    static let outcomesRetainedPerPartition = 7_000
+
     func validate() throws {
         if taskPerIntent && (workload.policy || workload.trace) {
             throw ValidationError("intents with Redis or tracing run in a task each already: --task-per-intent is not for --policy or --trace")
         }
         if taskPerIntent && process { throw ValidationError("--task-per-intent measures inside this process: not with --process") }
+        // Read back from the outcomes topic, which the mock cluster also keeps 5 MB of per
+        // partition: a reader behind by more would wait for outcomes dropped unread.
+        if process, workload.count > workload.partitions * Self.outcomesRetainedPerPartition {
+            let needed = (workload.count + Self.outcomesRetainedPerPartition - 1) / Self.outcomesRetainedPerPartition
+            throw ValidationError("""
+                with --process the outcomes are read back from the mock cluster, which keeps 5 MB per partition (about \
+                7,000 outcomes): use --partitions \(needed) or more for \(workload.count) intents
+                """)
+        }
     }
 
     func run() async throws {
