@@ -118,10 +118,20 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
             swiftSettings: strict),
-        // The APNs domain: notifications, validation, JWT, responses, connections, pool.
+        // APNs' model, no I/O: notifications and their validation, push types, payload scanning,
+        // reasons and results, identifiers. `APNs` re-exports it.
+        .target(
+            name: "APNsCore",
+            dependencies: [
+                "Common",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict),
+        // The APNs client: JWT, certificates, connections, the pool (and, re-exported, APNsCore).
         .target(
             name: "APNs",
             dependencies: [
+                "APNsCore",
                 "Common",
                 "HTTP2",
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -138,10 +148,23 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict),
-        // The relay: intents, outcomes, configuration, the pipeline between Kafka and APNs.
+        // The relay's model and pure state machines, no I/O (no Kafka, Redis, APNs client, event
+        // loop or C library): intents, outcomes, invalidations, the delivery state machine, the
+        // lane, offset and credential-fault ledgers, dedupe answers and Redis key names.
+        // `Relay` re-exports it.
+        .target(
+            name: "RelayCore",
+            dependencies: [
+                "APNsCore",
+                "Common",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict),
+        // The relay: configuration, the pipeline between Kafka and APNs (and, re-exported, RelayCore).
         .target(
             name: "Relay",
             dependencies: [
+                "RelayCore",
                 "BuildInfo",
                 "Common",
                 "APNs",

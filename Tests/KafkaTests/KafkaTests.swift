@@ -489,13 +489,17 @@ struct KafkaCloseDuringRebalanceTests {
         let cluster = try KafkaMockCluster(brokers: 1)
         let topic = uniqueName("intents")
         try cluster.createTopic(topic, partitions: 2)
-        cluster.pushBrokerRequestErrors(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup, [(code: 0, delayMilliseconds: 5_000)])
+        // Late by far more than the close takes to leave the group, even on a loaded machine (the
+        // close then waits for the late answer before the client is closed).
+        cluster.pushBrokerRequestErrors(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup, [(code: 0, delayMilliseconds: 15_000)])
         do {
             let member = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
                                            properties: fastGroup, firstSyncTimeout: .milliseconds(200))
             member.start()
-            try await waitUntil(timeout: .seconds(30)) { member.rebalanceProtocol == "COOPERATIVE" }
-            #expect(cluster.brokerErrorsLeft(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup) == 0)
+            // Joined, and its SyncGroup at the coordinator.
+            try await waitUntil(timeout: .seconds(30)) {
+                member.rebalanceProtocol == "COOPERATIVE" && cluster.brokerErrorsLeft(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup) == 0
+            }
             await member.close()
             #expect(member.assignment.isEmpty)
             #expect(member.clientLeftUndestroyed)

@@ -1,5 +1,5 @@
 import Common
-public import APNs
+public import APNsCore
 public import Foundation
 public import NIOCore
 
@@ -21,25 +21,25 @@ public struct Intent: Sendable {
     /// `@unchecked Sendable`: it is written only through ``writableStorage()``, which first makes
     /// it unique to the value writing, and by ``parse(_:key:now:defaultTTL:)`` before the intent
     /// it made is handed out; one that is shared is never written.
-    private final class Storage: @unchecked Sendable {
-        var id: String
-        var token: String
-        var topic: String
-        var pushType: PushType
-        var priority: Int
-        var expiration: Int64
-        var collapseID: String?
-        var environment: APNsEnvironment
-        var payload: ByteBuffer
-        var badge: BadgeChange?
-        var tokenRegisteredAt: Int64?
-        var channelID: String?
-        var messageStoragePolicy: Int?
-        var metadata: [UInt8]?
-        var redrive: [UInt8]?
+    @usableFromInline final class Storage: @unchecked Sendable {
+        @usableFromInline var id: String
+        @usableFromInline var token: String
+        @usableFromInline var topic: String
+        @usableFromInline var pushType: PushType
+        @usableFromInline var priority: Int
+        @usableFromInline var expiration: Int64
+        @usableFromInline var collapseID: String?
+        @usableFromInline var environment: APNsEnvironment
+        @usableFromInline var payload: ByteBuffer
+        @usableFromInline var badge: BadgeChange?
+        @usableFromInline var tokenRegisteredAt: Int64?
+        @usableFromInline var channelID: String?
+        @usableFromInline var messageStoragePolicy: Int?
+        @usableFromInline var metadata: [UInt8]?
+        @usableFromInline var redrive: [UInt8]?
         /// The notification ``parse(_:key:now:defaultTTL:)`` checked (``APNsNotification/validated()``);
         /// nil once a field changed.
-        var notification: APNsNotification?
+        @usableFromInline var notification: APNsNotification?
 
         init(id: String, token: String, topic: String, pushType: PushType, priority: Int, expiration: Int64,
              collapseID: String?, environment: APNsEnvironment, payload: ByteBuffer, badge: BadgeChange? = nil,
@@ -70,7 +70,7 @@ public struct Intent: Sendable {
         }
     }
 
-    private var storage: Storage
+    @usableFromInline var storage: Storage
 
     public init(id: String, token: String, topic: String, pushType: PushType, priority: Int, expiration: Int64,
                 collapseID: String?, environment: APNsEnvironment, payload: ByteBuffer, badge: BadgeChange? = nil,
@@ -91,80 +91,80 @@ public struct Intent: Sendable {
     }
 
     public var id: String {
-        get { storage.id }
+        @inlinable get { storage.id }
         set { writableStorage().id = newValue }
     }
     /// The device token; empty for a channel intent.
     public var token: String {
-        get { storage.token }
+        @inlinable get { storage.token }
         set { writableStorage().token = newValue }
     }
     public var topic: String {
-        get { storage.topic }
+        @inlinable get { storage.topic }
         set { writableStorage().topic = newValue }
     }
     public var pushType: PushType {
-        get { storage.pushType }
+        @inlinable get { storage.pushType }
         set { writableStorage().pushType = newValue }
     }
     public var priority: Int {
-        get { storage.priority }
+        @inlinable get { storage.priority }
         set { writableStorage().priority = newValue }
     }
     /// Epoch seconds; 0 means now or never; at most ``latestExpiration``.
     public var expiration: Int64 {
-        get { storage.expiration }
+        @inlinable get { storage.expiration }
         set { writableStorage().expiration = newValue }
     }
     public var collapseID: String? {
-        get { storage.collapseID }
+        @inlinable get { storage.collapseID }
         set { writableStorage().collapseID = newValue }
     }
     public var environment: APNsEnvironment {
-        get { storage.environment }
+        @inlinable get { storage.environment }
         set { writableStorage().environment = newValue }
     }
     /// The payload as it will be sent.
     public var payload: ByteBuffer {
-        get { storage.payload }
+        @inlinable get { storage.payload }
         set { writableStorage().payload = newValue }
     }
     /// A change to the device's badge count kept by the relay (needs Redis); the resulting
     /// count goes into `aps.badge` of the payload sent.
     public var badge: BadgeChange? {
-        get { storage.badge }
+        @inlinable get { storage.badge }
         set { writableStorage().badge = newValue }
     }
     /// When the app last registered this token, ms since the epoch, if the sender knows: with
     /// `policy.skip_known_unregistered`, an intent whose token APNs answered 410 for is sent
     /// only when this is newer than the 410's timestamp.
     public var tokenRegisteredAt: Int64? {
-        get { storage.tokenRegisteredAt }
+        @inlinable get { storage.tokenRegisteredAt }
         set { writableStorage().tokenRegisteredAt = newValue }
     }
     /// A broadcast's channel (base64, as APNs gave it at the channel's creation).
     public var channelID: String? {
-        get { storage.channelID }
+        @inlinable get { storage.channelID }
         set { writableStorage().channelID = newValue }
     }
     /// The channel's message storage policy when the intent says it (0: No Message Stored,
     /// which takes expiration 0 only; 1: the most recent message stored).
     public var messageStoragePolicy: Int? {
-        get { storage.messageStoragePolicy }
+        @inlinable get { storage.messageStoragePolicy }
         set { writableStorage().messageStoragePolicy = newValue }
     }
     /// The sender's own identifiers (a JSON object, compact, at most ``maxMetadataBytes``):
     /// never read by the relay, copied into every outcome of the intent and its invalidation
     /// record.
     public var metadata: [UInt8]? {
-        get { storage.metadata }
+        @inlinable get { storage.metadata }
         set { writableStorage().metadata = newValue }
     }
     /// Set by `apns-relay redrive` on an intent it produced again (a JSON object, compact, at
     /// most ``maxRedriveBytes``: where the original was and when it was re-driven): copied into
     /// every outcome of the intent, which so names the re-drive.
     public var redrive: [UInt8]? {
-        get { storage.redrive }
+        @inlinable get { storage.redrive }
         set { writableStorage().redrive = newValue }
     }
 
@@ -173,7 +173,7 @@ public struct Intent: Sendable {
     /// `policy.channels.rate_limit`, its bucket and mailbox; no token is ever spelled so, hex has
     /// no colon). Badges, 429 backoffs and remembered 410s are a device's and never apply to a
     /// channel.
-    public var recipient: String { channelID.map { Self.channelRecipientPrefix + $0 } ?? token }
+    @inlinable public var recipient: String { channelID.map { Self.channelRecipientPrefix + $0 } ?? token }
 
     /// What starts a channel's ``recipient``.
     public static let channelRecipientPrefix = "channel:"
@@ -192,7 +192,7 @@ public struct Intent: Sendable {
         return notification
     }
 
-    static func isBundleIDByte(_ byte: UInt8) -> Bool {
+    package static func isBundleIDByte(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
              UInt8(ascii: "."), UInt8(ascii: "-"), UInt8(ascii: "_"):
@@ -259,7 +259,7 @@ public enum BadgeChange: Sendable, Equatable {
 
     /// Reads `{"increment": n}` or `{"set": n}` (exactly one member, an integer; set ≥ 0; both
     /// at most ``limit`` in size).
-    static func read(_ bytes: UnsafeRawBufferPointer) -> BadgeChange? {
+    package static func read(_ bytes: UnsafeRawBufferPointer) -> BadgeChange? {
         var reader = JSONReader(bytes)
         var members: [(String, JSONReader.Value)] = []
         do {
@@ -300,6 +300,18 @@ public struct InvalidIntent: Error, Sendable, Equatable {
     public var metadata: [UInt8]?
     /// The intent's `redrive` when it was a usable one (its outcome carries it all the same).
     public var redrive: [UInt8]?
+
+    public init(reason: String, message: String, id: String? = nil, token: String? = nil, topic: String? = nil,
+                channelID: String? = nil, metadata: [UInt8]? = nil, redrive: [UInt8]? = nil) {
+        self.reason = reason
+        self.message = message
+        self.id = id
+        self.token = token
+        self.topic = topic
+        self.channelID = channelID
+        self.metadata = metadata
+        self.redrive = redrive
+    }
 }
 
 extension Intent {
@@ -477,11 +489,11 @@ extension Intent {
 
     /// The top-level members of an intent that the relay reads, each as the last value given.
     private struct Fields {
-        enum Field: Int, CaseIterable {
+        package enum Field: Int, CaseIterable {
             case id, token, topic, payload, pushType, priority, environment, expiration, collapseID, badge, tokenRegisteredAt
             case channelID, messageStoragePolicy, metadata, redrive
 
-            init?(key: String) {
+            package init?(key: String) {
                 switch key {
                 case "id": self = .id
                 case "token": self = .token
@@ -506,7 +518,7 @@ extension Intent {
         private var values: [JSONReader.Value?] = Array(repeating: nil, count: Field.allCases.count)
 
         /// The fields, unless the bytes are not exactly one well-formed JSON object.
-        static func read(_ bytes: UnsafeRawBufferPointer) -> Result<Fields, JSONReader.Failure> {
+        package static func read(_ bytes: UnsafeRawBufferPointer) -> Result<Fields, JSONReader.Failure> {
             var fields = Fields()
             var reader = JSONReader(bytes)
             guard reader.nextIs(UInt8(ascii: "{")) else { return .failure(.malformed(offset: 0)) }
@@ -525,9 +537,9 @@ extension Intent {
             return .success(fields)
         }
 
-        subscript(field: Field) -> JSONReader.Value? { values[field.rawValue] }
+        package subscript(field: Field) -> JSONReader.Value? { values[field.rawValue] }
 
-        func string(_ field: Field) -> String? {
+        package func string(_ field: Field) -> String? {
             if case .string(let text)? = self[field] { return text }
             return nil
         }

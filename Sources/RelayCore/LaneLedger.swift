@@ -22,19 +22,19 @@
 /// another's (with one lane, the reader waits for its admitting task instead).
 ///
 /// `Waiter` is what an admitting task leaves while it waits (its continuation).
-struct LaneLedger<Waiter: Sendable>: Sendable {
-    let weights: [Int]
-    let maxInFlight: Int
-    let maxWaiting: Int
-    private(set) var inFlight: [Int]
-    private(set) var waiting: [Int]
-    private(set) var backlog: [Int]
-    private(set) var totalInFlight = 0
-    private(set) var totalWaiting = 0
+package struct LaneLedger<Waiter: Sendable>: Sendable {
+    package let weights: [Int]
+    package let maxInFlight: Int
+    package let maxWaiting: Int
+    package private(set) var inFlight: [Int]
+    package private(set) var waiting: [Int]
+    package private(set) var backlog: [Int]
+    package private(set) var totalInFlight = 0
+    package private(set) var totalWaiting = 0
     /// Per lane, its admitting task's continuation while it waits for room.
     private var waiters: [Waiter?]
 
-    init(weights: [Int], maxInFlight: Int, maxWaiting: Int) {
+    package init(weights: [Int], maxInFlight: Int, maxWaiting: Int) {
         self.weights = weights.isEmpty ? [1] : weights.map { max($0, 1) }
         self.maxInFlight = max(maxInFlight, 1)
         self.maxWaiting = max(maxWaiting, 1)
@@ -45,22 +45,22 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
         waiters = Array(repeating: nil, count: lanes)
     }
 
-    var count: Int { weights.count }
+    package var count: Int { weights.count }
 
     /// Sends under way in all lanes (in flight, not waiting).
-    var sending: Int { totalInFlight - totalWaiting }
+    package var sending: Int { totalInFlight - totalWaiting }
 
     /// Whether `lane` has work it cannot start yet.
-    func presses(_ lane: Int) -> Bool { backlog[lane] > 0 || waiters[lane] != nil }
+    package func presses(_ lane: Int) -> Bool { backlog[lane] > 0 || waiters[lane] != nil }
 
     /// How many sends `lane` may have under way now (see the type's rules).
-    func share(_ lane: Int) -> Int {
+    package func share(_ lane: Int) -> Int {
         share(lane, of: maxInFlight)
     }
 
     /// `lane`'s weighted part of `limit` among the pressing lanes; all of it when no other
     /// lane presses.
-    func share(_ lane: Int, of limit: Int) -> Int {
+    package func share(_ lane: Int, of limit: Int) -> Int {
         var pressing = weights[lane], others = false
         for other in weights.indices where other != lane && presses(other) {
             pressing += weights[other]
@@ -71,7 +71,7 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     }
 
     /// Whether `lane` may admit another intent now.
-    func hasRoom(_ lane: Int) -> Bool {
+    package func hasRoom(_ lane: Int) -> Bool {
         guard sending < maxInFlight else { return false }
         guard weights.count > 1 else { return totalWaiting < maxWaiting }
         return totalWaiting < 2 * maxWaiting && waiting[lane] < share(lane, of: maxWaiting)
@@ -81,7 +81,7 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     /// How many more sends mailbox deliveries of `lane` may start now: what is left of
     /// `maxInFlight` in all and, while other lanes press, of the lane's share (so a wave of
     /// parked bulk intents leaves an urgent lane its share).
-    func mailboxRoom(_ lane: Int) -> Int {
+    package func mailboxRoom(_ lane: Int) -> Int {
         let total = maxInFlight - sending
         guard weights.count > 1 else { return max(total, 0) }
         return max(min(total, share(lane) - (inFlight[lane] - waiting[lane])), 0)
@@ -89,53 +89,53 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
 
     // MARK: Counting
 
-    mutating func admitted(_ lane: Int) {
+    package mutating func admitted(_ lane: Int) {
         inFlight[lane] += 1
         totalInFlight += 1
     }
 
-    mutating func finished(_ lane: Int) {
+    package mutating func finished(_ lane: Int) {
         inFlight[lane] -= 1
         totalInFlight -= 1
     }
 
     /// An intent waits behind an earlier one of its device.
-    mutating func queued(_ lane: Int) {
+    package mutating func queued(_ lane: Int) {
         waiting[lane] += 1
         totalWaiting += 1
     }
 
     /// A waiting intent starts.
-    mutating func dequeued(_ lane: Int) {
+    package mutating func dequeued(_ lane: Int) {
         waiting[lane] -= 1
         totalWaiting -= 1
     }
 
     /// `records` of `lane` were consumed.
-    mutating func consumed(_ lane: Int, records: Int) {
+    package mutating func consumed(_ lane: Int, records: Int) {
         backlog[lane] += records
     }
 
     /// `records` of `lane`'s backlog were admitted (or dropped).
-    mutating func taken(_ lane: Int, records: Int) {
+    package mutating func taken(_ lane: Int, records: Int) {
         backlog[lane] = max(backlog[lane] - records, 0)
     }
 
     // MARK: Waiting for room
 
     /// Parks `lane`'s admitting task (one per lane).
-    mutating func wait(_ lane: Int, _ continuation: Waiter) {
+    package mutating func wait(_ lane: Int, _ continuation: Waiter) {
         waiters[lane] = continuation
     }
 
     /// Takes `lane`'s waiter out (to resume it: stopping, cancelled).
-    mutating func takeWaiter(_ lane: Int) -> Waiter? {
+    package mutating func takeWaiter(_ lane: Int) -> Waiter? {
         defer { waiters[lane] = nil }
         return waiters[lane]
     }
 
     /// Every waiter out, for a stop.
-    mutating func takeAllWaiters() -> [Waiter] {
+    package mutating func takeAllWaiters() -> [Waiter] {
         defer { waiters = Array(repeating: nil, count: weights.count) }
         return waiters.compactMap { $0 }
     }
@@ -145,7 +145,7 @@ struct LaneLedger<Waiter: Sendable>: Sendable {
     /// are judged, so a lane below its share goes first. (A woken lane admits outside the lock:
     /// a send finishing meanwhile can let another lane in too, so with several lanes the bound
     /// can be passed by one send per other lane, briefly.)
-    mutating func waitersWithRoom() -> [Waiter] {
+    package mutating func waitersWithRoom() -> [Waiter] {
         let lanes = weights.indices.filter { waiters[$0] != nil && hasRoom($0) }.prefix(max(maxInFlight - sending, 0))
         return lanes.compactMap { takeWaiter($0) }
     }

@@ -1,5 +1,5 @@
-import APNs
-import Common
+package import APNsCore
+package import Common
 
 /// One intent's delivery across its attempts, as a pure state machine: events in (an attempt is
 /// due, APNs answered, a send failed, a wait or a park failed), actions out (send, wait, park,
@@ -13,10 +13,10 @@ import Common
 ///   would pass the intent's expiration (it expires) or the retry deadline (with mailboxes it is
 ///   parked until after the longest backoff; without, it fails `RetryDeadline`). Expiration 0
 ///   means one attempt. A 429 with mailboxes parks the intent (its device backs off).
-struct DeliveryStateMachine: Sendable {
+package struct DeliveryStateMachine: Sendable {
     /// Small on purpose: the async frame that drives the machine holds one for every intent in
     /// flight (the ending, larger, stays in the machine).
-    enum Action: Sendable, Equatable {
+    package enum Action: Sendable, Equatable {
         /// Send the notification now.
         case send
         /// Ask again (``attemptDue(now:isOwned:hasCredentials:)``) after this wait.
@@ -28,7 +28,7 @@ struct DeliveryStateMachine: Sendable {
     }
 
     /// How the delivery ended.
-    enum Ending: Sendable, Equatable {
+    package enum Ending: Sendable, Equatable {
         /// Its partition is no longer ours (or the relay stops): no outcome.
         case abandoned
         /// In its device's mailbox: the mailbox answers it later.
@@ -42,33 +42,39 @@ struct DeliveryStateMachine: Sendable {
         case timedOut(Outcome.Status, reason: String, last: APNsResult?)
     }
 
-    struct Limits: Sendable {
+    package struct Limits: Sendable {
         /// Past this (epoch s) retryable answers stop being retried (set when the first attempt
         /// is due).
-        var retryDeadline: Int64
+        package var retryDeadline: Int64
         /// Whether the intent can be parked in a mailbox (the policy runs, with Redis).
-        var canPark: Bool
+        package var canPark: Bool
         /// Past the retry deadline, a parked intent is tried again this much later.
-        var parkAfterDeadlineMilliseconds: Int64
+        package var parkAfterDeadlineMilliseconds: Int64
+
+        package init(retryDeadline: Int64, canPark: Bool, parkAfterDeadlineMilliseconds: Int64) {
+            self.retryDeadline = retryDeadline
+            self.canPark = canPark
+            self.parkAfterDeadlineMilliseconds = parkAfterDeadlineMilliseconds
+        }
     }
 
     /// Epoch seconds; 0 is now-or-never (one attempt).
-    let expiration: Int64
-    var limits: Limits
+    package let expiration: Int64
+    package var limits: Limits
     /// The waits between attempts.
-    let backoff: Backoff
+    package let backoff: Backoff
     /// Requests that went out (APNs client retries and resends included).
-    private(set) var attempts = 0
+    package private(set) var attempts = 0
     /// Retryable answers that were retried or timed out (`apns_relay_retries_total`).
-    private(set) var retries = 0
+    package private(set) var retries = 0
     /// Why the last attempt did not get a final answer.
-    private(set) var lastReason: String?
+    package private(set) var lastReason: String?
     private var lastResult: APNsResult?
     private var backoffs = 0
     /// How the delivery ended, once an action was ``Action/finish``.
-    private(set) var ending: Ending?
+    package private(set) var ending: Ending?
 
-    init(expiration: Int64, limits: Limits, backoff: Backoff) {
+    package init(expiration: Int64, limits: Limits, backoff: Backoff) {
         self.expiration = expiration
         self.limits = limits
         self.backoff = backoff
@@ -76,7 +82,7 @@ struct DeliveryStateMachine: Sendable {
 
     /// An attempt is due at `now` (epoch s): send, or finish when the intent is no longer ours,
     /// has no credentials or expired meanwhile.
-    mutating func attemptDue(now: Int64, isOwned: Bool, hasCredentials: Bool) -> Action {
+    package mutating func attemptDue(now: Int64, isOwned: Bool, hasCredentials: Bool) -> Action {
         guard isOwned else { return finish(.abandoned) }
         guard hasCredentials else { return finish(.ended(.failed, reason: "NoCredentials")) }
         if expiration != 0, now > expiration {
@@ -87,23 +93,23 @@ struct DeliveryStateMachine: Sendable {
 
     /// The send could not start: its team's credentials are in a fault cool-down, or no client
     /// could be made (`reason` says which).
-    mutating func notSent(_ reason: String) -> Action {
+    package mutating func notSent(_ reason: String) -> Action {
         finish(.ended(.failed, reason: reason))
     }
 
     /// APNs refused the notification before sending it (the client's own validation).
-    mutating func invalid(code: String) -> Action {
+    package mutating func invalid(code: String) -> Action {
         finish(.ended(.rejected, reason: code))
     }
 
     /// Nothing was sent (the client's queue is full, or it shuts down): wait and try again.
-    mutating func sendFailed(_ reason: String, now: Int64, nowMilliseconds: Int64) -> Action {
+    package mutating func sendFailed(_ reason: String, now: Int64, nowMilliseconds: Int64) -> Action {
         lastReason = reason
         return retryOrGiveUp(now: now, nowMilliseconds: nowMilliseconds)
     }
 
     /// APNs answered (or the client gave up on an answer) at `now`.
-    mutating func answered(_ result: APNsResult, now: Int64, nowMilliseconds: Int64) -> Action {
+    package mutating func answered(_ result: APNsResult, now: Int64, nowMilliseconds: Int64) -> Action {
         attempts += result.attempts
         switch result.classification {
         case .delivered: return finish(.answered(.delivered, result))
@@ -127,14 +133,14 @@ struct DeliveryStateMachine: Sendable {
     /// The work was cancelled during a backoff wait or a send: the relay abandons it (past its
     /// shutdown deadline). No outcome: the intent's offset stays uncommitted and it is consumed
     /// again.
-    mutating func cancelled() -> Action {
+    package mutating func cancelled() -> Action {
         finish(.abandoned)
     }
 
     /// The mailbox took the intent (or could not: Redis failing with `fail_open`, the partition
     /// gone meanwhile). A 429 that could not be parked is retried like any retryable answer; an
     /// intent past the retry budget that could not be parked times out.
-    mutating func park(succeeded: Bool, tooManyRequests: Bool, now: Int64, nowMilliseconds: Int64) -> Action {
+    package mutating func park(succeeded: Bool, tooManyRequests: Bool, now: Int64, nowMilliseconds: Int64) -> Action {
         if succeeded { return finish(.parked) }
         return tooManyRequests ? retryOrGiveUp(now: now, nowMilliseconds: nowMilliseconds) : finish(timeout())
     }

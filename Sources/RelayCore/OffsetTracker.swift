@@ -4,23 +4,25 @@ import NIOCore
 ///
 /// Offsets enter in increasing order (as Kafka hands them out) and finish in any order; the
 /// committable position only moves past an offset once it and everything before it finished.
-struct OffsetTracker: Sendable {
+package struct OffsetTracker: Sendable {
     private var pending = CircularBuffer<Int64>()
     private var finished = Set<Int64>()
     /// The highest offset finished with everything before it finished.
-    private(set) var committable: Int64?
+    package private(set) var committable: Int64?
 
-    var inFlight: Int { pending.count - finished.count }
+    package init() {}
+
+    package var inFlight: Int { pending.count - finished.count }
     /// Offsets started and not yet committable (finished ones behind an unfinished one
     /// included): what this tracker holds in memory.
-    var uncommitted: Int { pending.count }
+    package var uncommitted: Int { pending.count }
 
-    mutating func started(_ offset: Int64) {
+    package mutating func started(_ offset: Int64) {
         pending.append(offset)
     }
 
     /// Marks `offset` finished; returns the new committable offset when it moved.
-    mutating func finish(_ offset: Int64) -> Int64? {
+    package mutating func finish(_ offset: Int64) -> Int64? {
         guard let first = pending.first else { return nil }
         if offset != first {
             finished.insert(offset)

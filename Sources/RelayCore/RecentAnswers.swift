@@ -13,9 +13,9 @@ import Synchronization
 /// time are held; and by `capacity`: past it the oldest answers go, and a read that began before
 /// one of them counts as having missed every key (more intents decided again, never one sent
 /// twice). A pure value: the pipeline's lock guards it.
-struct RecentAnswers<Key: Hashable> {
+package struct RecentAnswers<Key: Hashable> {
     /// Answers held at most (a lane that holds a batch long while others press keeps theirs).
-    let capacity: Int
+    package let capacity: Int
     /// The mark of the latest answer let go for the capacity.
     private var evictedThrough: UInt64 = 0
     /// Reads under way, by the mark each began at (how many began there).
@@ -28,20 +28,20 @@ struct RecentAnswers<Key: Hashable> {
     private var latest: [Key: UInt64] = [:]
 
     /// Answers held now.
-    var held: Int { latest.count }
+    package var held: Int { latest.count }
 
-    init(capacity: Int = 100_000) {
+    package init(capacity: Int = 100_000) {
         self.capacity = capacity
     }
 
     /// A read begins: its mark, for ``answered(_:since:)`` and ``readEnded(_:)``.
-    mutating func readBegan() -> UInt64 {
+    package mutating func readBegan() -> UInt64 {
         reads[count, default: 0] += 1
         return count
     }
 
     /// The read marked `mark` ended: the answers no read under way began before go.
-    mutating func readEnded(_ mark: UInt64) {
+    package mutating func readEnded(_ mark: UInt64) {
         guard let running = reads[mark] else { return }
         reads[mark] = running > 1 ? running - 1 : nil
         guard let oldest = reads.keys.min() else {
@@ -53,7 +53,7 @@ struct RecentAnswers<Key: Hashable> {
     }
 
     /// An answer for `key` was recorded.
-    mutating func answered(_ key: Key) {
+    package mutating func answered(_ key: Key) {
         count += 1
         guard !reads.isEmpty else { return }
         if order.count >= capacity {
@@ -71,7 +71,7 @@ struct RecentAnswers<Key: Hashable> {
 
     /// Whether an answer for `key` was recorded after the read marked `mark` began (true for
     /// every key when answers after it were let go for the capacity).
-    func answered(_ key: Key, since mark: UInt64) -> Bool {
+    package func answered(_ key: Key, since mark: UInt64) -> Bool {
         if mark < evictedThrough { return true }
         // Mostly empty (no answer recorded while a read was under way): no hashing then.
         guard !latest.isEmpty, let answered = latest[key] else { return false }
@@ -82,17 +82,17 @@ struct RecentAnswers<Key: Hashable> {
 /// A batch's admission read of Redis under way, from ``RelayPipeline/startAdmission(_:)`` until
 /// its last intent was admitted (``end()``), or the batch was let go unadmitted as the relay
 /// stops: then it ends in the pipeline's ``RecentAnswers``, once.
-final class AdmissionRead: Sendable {
-    let mark: UInt64
+package final class AdmissionRead: Sendable {
+    package let mark: UInt64
     private let ended: @Sendable (UInt64) -> Void
     private let done = Atomic<Bool>(false)
 
-    init(mark: UInt64, ended: @escaping @Sendable (UInt64) -> Void) {
+    package init(mark: UInt64, ended: @escaping @Sendable (UInt64) -> Void) {
         self.mark = mark
         self.ended = ended
     }
 
-    func end() {
+    package func end() {
         if !done.exchange(true, ordering: .relaxed) { ended(mark) }
     }
 

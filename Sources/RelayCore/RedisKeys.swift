@@ -49,43 +49,43 @@
 /// Per provider key:
 /// - `apns-relay:jwt:{<team id>:<key id>}` — hash `jwt`, `iat`: the fleet's provider token
 ///   (``RedisProviderTokenSource``).
-struct RedisKeys: Sendable, Equatable {
+package struct RedisKeys: Sendable, Equatable {
     /// The prefix when `redis.key_prefix` is not set: the keys every earlier release wrote.
-    static let defaultPrefix = "apns-relay:"
-    static let standard = RedisKeys(prefix: defaultPrefix)
+    package static let defaultPrefix = "apns-relay:"
+    package static let standard = RedisKeys(prefix: defaultPrefix)
 
     /// Starts every key (``RelayConfiguration/Redis/keyPrefix``, checked by the loader: no
     /// braces, which would move the hash tag, no spaces or control characters).
-    let prefix: String
+    package let prefix: String
 
-    init(prefix: String) {
+    package init(prefix: String) {
         self.prefix = prefix
     }
 
-    func seen(token: String, topic: String, id: String) -> String { string { writeSeen(&$0, token: token, topic: topic, id: id) } }
-    func rate(token: String) -> String { string { writeRate(&$0, token: token) } }
-    func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
-    func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
-    func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
-    func shadowWaiting(token: String, topic: String) -> String { string { writeShadowWaiting(&$0, token: token, topic: topic) } }
-    func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
-    func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
-    func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
-    func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
+    package func seen(token: String, topic: String, id: String) -> String { string { writeSeen(&$0, token: token, topic: topic, id: id) } }
+    package func rate(token: String) -> String { string { writeRate(&$0, token: token) } }
+    package func backoff(token: String) -> String { string { writeBackoff(&$0, token: token) } }
+    package func mailbox(token: String, topic: String) -> String { string { writeMailbox(&$0, token: token, topic: topic) } }
+    package func waiting(token: String, topic: String) -> String { string { writeWaiting(&$0, token: token, topic: topic) } }
+    package func shadowWaiting(token: String, topic: String) -> String { string { writeShadowWaiting(&$0, token: token, topic: topic) } }
+    package func lastSent(token: String, topic: String) -> String { string { writeLastSent(&$0, token: token, topic: topic) } }
+    package func unregistered(token: String, topic: String) -> String { string { writeUnregistered(&$0, token: token, topic: topic) } }
+    package func badgeCount(token: String, topic: String) -> String { string { write(&$0, "badge", token: token, topic: topic) } }
+    package func badgeApplied(token: String, topic: String) -> String { badgeCount(token: token, topic: topic) + ":applied" }
     /// An intent `apns-relay redrive` produced again (``Redrive``).
-    func redrive(token: String, topic: String, id: String) -> String { string { write(&$0, "redrive", token: token, topic: topic) } + ":" + id }
+    package func redrive(token: String, topic: String, id: String) -> String { string { write(&$0, "redrive", token: token, topic: topic) } + ":" + id }
     /// A mailbox entry no relay could read, moved aside (``DevicePolicy/quarantine(partition:token:topic:id:)``).
-    func quarantine(token: String, topic: String, id: String) -> String { string { write(&$0, "quarantine", token: token, topic: topic) } + ":" + id }
+    package func quarantine(token: String, topic: String, id: String) -> String { string { write(&$0, "quarantine", token: token, topic: topic) } + ":" + id }
     /// A Live Activity budget of the device (``LiveActivityPacer``): `kind` `p10` or `start`.
-    func budget(token: String, topic: String, kind: String) -> String { string { write(&$0, "budget", token: token, topic: topic) } + ":" + kind }
-    func due(intentsTopic: String, partition: Int32) -> String { "\(prefix)due:{\(intentsTopic):\(partition)}" }
-    func providerToken(teamID: String, keyID: String) -> String { "\(prefix)jwt:{\(teamID):\(keyID)}" }
+    package func budget(token: String, topic: String, kind: String) -> String { string { write(&$0, "budget", token: token, topic: topic) } + ":" + kind }
+    package func due(intentsTopic: String, partition: Int32) -> String { "\(prefix)due:{\(intentsTopic):\(partition)}" }
+    package func providerToken(teamID: String, keyID: String) -> String { "\(prefix)jwt:{\(teamID):\(keyID)}" }
 
     /// A due-index member: `<token> <topic> <id>` (the index's key carries the prefix).
-    static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
+    package static func member(token: String, topic: String, id: String) -> String { "\(token) \(topic) \(id)" }
 
     /// (token, topic, id) of a due-index member.
-    static func parseMember(_ member: String) -> (token: String, topic: String, id: String)? {
+    package static func parseMember(_ member: String) -> (token: String, topic: String, id: String)? {
         let parts = member.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3, !parts[0].isEmpty, !parts[1].isEmpty, !parts[2].isEmpty else { return nil }
         return (String(parts[0]), String(parts[1]), String(parts[2]))
@@ -93,32 +93,32 @@ struct RedisKeys: Sendable, Equatable {
 
     // The keys written straight into a command's bytes (hot paths: no string per key).
 
-    func writeSeen(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
+    package func writeSeen(_ bytes: inout [UInt8], token: String, topic: String, id: String) {
         write(&bytes, "seen", token: token, topic: topic)
         bytes.append(UInt8(ascii: ":"))
         bytes.append(contentsOf: id.utf8)
     }
 
-    func writeRate(_ bytes: inout [UInt8], token: String) { write(&bytes, "rate", token: token) }
-    func writeBackoff(_ bytes: inout [UInt8], token: String) { write(&bytes, "backoff", token: token) }
+    package func writeRate(_ bytes: inout [UInt8], token: String) { write(&bytes, "rate", token: token) }
+    package func writeBackoff(_ bytes: inout [UInt8], token: String) { write(&bytes, "backoff", token: token) }
 
-    func writeMailbox(_ bytes: inout [UInt8], token: String, topic: String) {
+    package func writeMailbox(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "mailbox", token: token, topic: topic)
     }
 
-    func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
+    package func writeWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "waiting", token: token, topic: topic)
     }
 
-    func writeShadowWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
+    package func writeShadowWaiting(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "shadow-waiting", token: token, topic: topic)
     }
 
-    func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
+    package func writeUnregistered(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "unregistered", token: token, topic: topic)
     }
 
-    func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {
+    package func writeLastSent(_ bytes: inout [UInt8], token: String, topic: String) {
         write(&bytes, "last", token: token, topic: topic)
     }
 

@@ -5,15 +5,15 @@
 /// Stored as one line: `2 <status> <http status> <unregistered_at> <apns-id> <reason>`, `-` for
 /// what the answer did not have (the reason, last, is never split). Records written before this
 /// format hold the status alone; they still read, with the rest unknown.
-struct AnswerRecord: Sendable, Equatable {
+package struct AnswerRecord: Sendable, Equatable {
     /// `delivered`, `rejected` or `unregistered`.
-    var status: String
-    var httpStatus: Int?
-    var unregisteredAt: Int64?
-    var apnsID: String?
-    var reason: String?
+    package var status: String
+    package var httpStatus: Int?
+    package var unregisteredAt: Int64?
+    package var apnsID: String?
+    package var reason: String?
 
-    init(status: String, httpStatus: Int? = nil, unregisteredAt: Int64? = nil, apnsID: String? = nil, reason: String? = nil) {
+    package init(status: String, httpStatus: Int? = nil, unregisteredAt: Int64? = nil, apnsID: String? = nil, reason: String? = nil) {
         self.status = status
         self.httpStatus = httpStatus
         self.unregisteredAt = unregisteredAt
@@ -21,12 +21,12 @@ struct AnswerRecord: Sendable, Equatable {
         self.reason = reason
     }
 
-    init(_ outcome: Outcome) {
+    package init(_ outcome: Outcome) {
         self.init(status: outcome.status.rawValue, httpStatus: outcome.httpStatus, unregisteredAt: outcome.unregisteredAt,
                   apnsID: outcome.apnsID, reason: outcome.reason)
     }
 
-    var encoded: String {
+    package var encoded: String {
         // Bytes, not `contains(" ")`: that resolves to Foundation's string search, which took
         // about 1% of the relay's CPU with the policy on.
         func field(_ value: String?) -> String {
@@ -38,7 +38,7 @@ struct AnswerRecord: Sendable, Equatable {
     }
 
     /// Nil for a value that is neither format.
-    init?(_ text: String) {
+    package init?(_ text: String) {
         let parts = text.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
         if parts.count == 1 {
             guard !text.isEmpty, !text.utf8.contains(UInt8(ascii: " ")) else { return nil }
