@@ -26,14 +26,27 @@ public enum PushType: String, Sendable, CaseIterable, Codable {
 
     /// Whether `topic` carries the suffix this push type needs (and nothing else's suffix).
     ///
-    /// Compared byte by byte: the suffixes are ASCII, and a suffix starting with a dot matches
-    /// the same bytes whether compared by characters or by bytes.
+    /// An ASCII topic (every bundle id) is compared byte by byte; another by characters, as a
+    /// character may join the suffix's dot to the one before it.
     public func accepts(topic: String) -> Bool {
+        guard Self.isASCII(topic) else { return acceptsByCharacters(topic) }
         if topicSuffix.isEmpty {
             // A bare bundle id: none of the longer suffixes may be on it.
             return !Self.suffixes.contains { Self.endsWith(topic, $0) }
         }
         return Self.endsWith(topic, topicSuffix) && topic.utf8.count > topicSuffix.utf8.count
+    }
+
+    private func acceptsByCharacters(_ topic: String) -> Bool {
+        if topicSuffix.isEmpty {
+            return !Self.suffixes.contains { topic.hasSuffix($0) }
+        }
+        return topic.hasSuffix(topicSuffix) && topic.count > topicSuffix.count
+    }
+
+    private static func isASCII(_ topic: String) -> Bool {
+        var topic = topic
+        return topic.withUTF8 { $0.allSatisfy { $0 < 0x80 } }
     }
 
     /// Every push type's topic suffix that is not empty (`allCases` would be an array made on

@@ -50,18 +50,21 @@ struct BenchWorkload: ParsableArguments {
         if redisCluster && !policy { throw ValidationError("--redis-cluster needs --policy") }
         if urgent < 0 || urgentRate < 1 { throw ValidationError("--urgent must be at least 0 and --urgent-rate at least 1") }
         if urgent > 0 && rate != nil { throw ValidationError("--urgent offers its own rate: not with --rate") }
-        if rate == nil, count > partitions * Self.retainedPerPartition {
+        let retained = trace ? Self.tracedRetainedPerPartition : Self.retainedPerPartition
+        if rate == nil, count > partitions * retained {
             throw ValidationError("""
-                librdkafka's mock cluster keeps 5 MB per partition, about 21,000 of these intents: the oldest of \(count) \
-                produced before the relay starts would be dropped unread, and their outcomes waited for forever. Use \
-                --partitions \((count + Self.retainedPerPartition - 1) / Self.retainedPerPartition) or more, or --rate.
+                librdkafka's mock cluster keeps 5 MB per partition, about \(retained) of these intents: the oldest of \
+                \(count) produced before the relay starts would be dropped unread, and their outcomes waited for \
+                forever. Use --partitions \((count + retained - 1) / retained) or more, or --rate.
                 """)
         }
     }
 
     /// The workload's intents a partition of the mock cluster holds for sure (it drops a
-    /// partition's oldest records past 5 MB: about 21,400 of these).
+    /// partition's oldest records past 5 MB: about 21,400 of these; with `--trace`, whose
+    /// `traceparent` header adds about 70 bytes to each, about 16,600).
     static let retainedPerPartition = 20_000
+    static let tracedRetainedPerPartition = 15_000
 
     var arguments: [String] {
         ["--count", "\(count)", "--partitions", "\(partitions)", "--devices", "\(devices)"]

@@ -98,10 +98,11 @@ public final class KafkaConsumer: Service, Sendable {
     deinit {
         if case .running(let poller) = polling.withLock({ $0 }) {
             poller.stop()
-            // Not closed: `rd_kafka_destroy` closes it, unless it is in the state that aborts.
-            if !topics.isEmpty, failure == nil, handle.withHandle({ rd_kafka_unsubscribe($0) }) == RD_KAFKA_RESP_ERR_NO_ERROR,
-               joinedWithoutSync() {
-                keepClientUndestroyed()
+            // Not closed: `rd_kafka_destroy` closes it, unless it may be in the state that aborts
+            // (then it leaves the group first, and the state is asked once it cannot change).
+            if !topics.isEmpty, failure == nil, shared.configuredCooperative, !shared.membership.value.synced {
+                let unsubscribed = handle.withHandle { rd_kafka_unsubscribe($0) } == RD_KAFKA_RESP_ERR_NO_ERROR
+                if mayAbortOnDestroy(unsubscribed: unsubscribed) { keepClientUndestroyed() }
             }
         }
         shared.queue.finish()
@@ -266,8 +267,8 @@ public final class KafkaConsumer: Service, Sendable {
         if poller != nil, !topics.isEmpty, failure == nil {
             // Not cut short if the closing task is cancelled: that would reopen the moments
             // librdkafka aborts in.
-            await Task { await self.leaveGroup() }.value
-            if await runBlocking({ self.joinedWithoutSync() }) { keepClientUndestroyed() }
+            let unsubscribed = await Task { await self.leaveGroup() }.value
+            if await runBlocking({ self.mayAbortOnDestroy(unsubscribed: unsubscribed) }) { keepClientUndestroyed() }
         }
         await runBlocking {
             poller?.stop()
@@ -307,13 +308,16 @@ public final class KafkaConsumer: Service, Sendable {
         _ = Unmanaged.passRetained(handle)
     }
 
-    /// Whether librdkafka chose an assignor (a JoinGroup was answered) and this member never
-    /// received an assignment: the state librdkafka 2.0.2 cannot destroy. Asked after the
-    /// unsubscription, it cannot change any more (librdkafka discards the answers of a join or
-    /// sync under way from then on). Blocks.
-    private func joinedWithoutSync() -> Bool {
-        guard !shared.membership.value.synced else { return false }
-        return rebalanceProtocol.map { $0 != "NONE" } ?? false
+    /// Whether destroying the client could abort the process: this member never received an
+    /// assignment, and librdkafka chose the cooperative assignor for it (a JoinGroup was
+    /// answered; only the cooperative-sticky assignor keeps a state that librdkafka 2.0.2 cannot
+    /// destroy before it is made) or may still choose it (the unsubscription failed, so a
+    /// JoinGroup answer may still land). Asked after a successful unsubscription, the answer
+    /// cannot change any more: librdkafka discards the answers of a join or sync under way from
+    /// then on. Blocks.
+    private func mayAbortOnDestroy(unsubscribed: Bool) -> Bool {
+        guard shared.configuredCooperative, !shared.membership.value.synced else { return false }
+        return !unsubscribed || rebalanceProtocol == "COOPERATIVE"
     }
 
     /// How long ``close()`` waits for the revocation after its unsubscription: the revocation
@@ -321,8 +325,8 @@ public final class KafkaConsumer: Service, Sendable {
     public static let leaveTimeout: Duration = .seconds(20)
 
     /// Unsubscribes with the poll thread still running, and waits (bounded) until the member
-    /// holds no partition: see ``close()``.
-    private func leaveGroup() async {
+    /// holds no partition: see ``close()``. False when the unsubscription failed.
+    private func leaveGroup() async -> Bool {
         let (handle, shared) = (self.handle, self.shared)
         // librdkafka names a protocol once a JoinGroup was answered (an assignor is chosen),
         // "NONE" before.
@@ -337,13 +341,14 @@ public final class KafkaConsumer: Service, Sendable {
         let unsubscribed = await runBlocking { handle.withHandle { rd_kafka_unsubscribe($0) } }
         guard unsubscribed == RD_KAFKA_RESP_ERR_NO_ERROR else {
             logger.warning("unsubscribe failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(unsubscribed)))"])
-            return
+            return false
         }
         let empty = await shared.membership.wait(atMost: Self.leaveTimeout) { $0.assigned == 0 }
         let assigned = await runBlocking { [self] in assignment }
         if !empty || !assigned.isEmpty {
             logger.warning("closing with partitions still assigned", metadata: ["kafka.partitions": "\(assigned.count)"])
         }
+        return true
     }
 
     /// The current assignment.

@@ -9,14 +9,6 @@ public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
     }
 
     public var description: String { "\(topic)[\(partition)]" }
-
-    /// The partition number and the topic name's length: a process deals with a handful of
-    /// topics, so these tell its partitions apart as well as hashing every byte of the name
-    /// would, for less. (Partitions are looked up several times per record.)
-    public func hash(into hasher: inout Hasher) {
-        hasher.combine(partition)
-        hasher.combine(topic.utf8.count)
-    }
 }
 
 /// One record header: a name and a value (nil for a null value).

@@ -34,6 +34,17 @@ struct NotificationValidationTests {
         }
     }
 
+    /// ASCII topics are compared as bytes; another as characters, as before: U+0600 (a
+    /// prepended mark) joins the dot after it into one character, so that topic does not end
+    /// with ".voip" as characters, although its bytes do.
+    @Test func aTopicThatIsNotASCIIIsComparedByCharacters() {
+        #expect(!PushType.voip.accepts(topic: "\u{0600}.voip"))
+        #expect(PushType.voip.accepts(topic: "é.voip"))
+        #expect(PushType.voip.accepts(topic: "com.example.app.voip"))
+        #expect(!PushType.alert.accepts(topic: "com.example.app.voip"))
+        #expect(!PushType.voip.accepts(topic: ".voip"))
+    }
+
     static let cases: [(String, APNsNotification, APNsValidationError.Code)] = [
         ("short token", make(token: "abcd"), .badDeviceToken),
         ("63 hex characters", make(token: String(repeating: "a", count: 63)), .badDeviceToken),

@@ -484,8 +484,10 @@ struct KafkaCloseDuringRebalanceTests {
     /// coordinator answers its SyncGroup late, past the close's wait for it): librdkafka 2.0.2
     /// aborts the process when it destroys such a member (`rd_kafka_sticky_assignor_state_destroy`:
     /// the cooperative-sticky assignor has no state before a first assignment). The close
-    /// leaves that member's client undestroyed, and the process goes on.
-    @Test func aMemberClosedBetweenItsJoinAndItsFirstSyncDoesNotAbortTheProcess() async throws {
+    /// leaves that member's client undestroyed, and the process goes on. An eager assignor keeps
+    /// no such state: its member is destroyed as usual.
+    @Test(arguments: ["cooperative-sticky", "range"])
+    func aMemberClosedBetweenItsJoinAndItsFirstSyncDoesNotAbortTheProcess(assignor: String) async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let topic = uniqueName("intents")
         try cluster.createTopic(topic, partitions: 2)
@@ -494,15 +496,17 @@ struct KafkaCloseDuringRebalanceTests {
         cluster.pushBrokerRequestErrors(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup, [(code: 0, delayMilliseconds: 15_000)])
         do {
             let member = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
-                                           properties: fastGroup, firstSyncTimeout: .milliseconds(200))
+                                           properties: fastGroup.merging(["partition.assignment.strategy": assignor]) { $1 },
+                                           firstSyncTimeout: .milliseconds(200))
             member.start()
             // Joined, and its SyncGroup at the coordinator.
+            let joinedAs = assignor == "range" ? "EAGER" : "COOPERATIVE"
             try await waitUntil(timeout: .seconds(30)) {
-                member.rebalanceProtocol == "COOPERATIVE" && cluster.brokerErrorsLeft(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup) == 0
+                member.rebalanceProtocol == joinedAs && cluster.brokerErrorsLeft(broker: 1, apiKey: KafkaMockCluster.APIKey.syncGroup) == 0
             }
             await member.close()
             #expect(member.assignment.isEmpty)
-            #expect(member.clientLeftUndestroyed)
+            #expect(member.clientLeftUndestroyed == (assignor == "cooperative-sticky"))
         }
         // The member is gone here: had its client been destroyed, the process would have aborted.
         // A member whose sync came back is destroyed as usual.
