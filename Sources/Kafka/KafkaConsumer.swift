@@ -301,12 +301,16 @@ public final class KafkaConsumer: Service, Sendable {
         handle.withHandle { rk in rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } }
     }
 
-    /// Keeps the client from ever being destroyed (see ``close()``).
+    /// Keeps the client from ever being destroyed (see ``close()``): held here until the
+    /// process exits.
     private func keepClientUndestroyed() {
         logger.error("a group member that joined and never received its first assignment is left: its Kafka client is not destroyed (librdkafka 2.0.2 aborts the process destroying it) and stays until the process exits")
         undestroyed.withLock { $0 = true }
-        _ = Unmanaged.passRetained(handle)
+        Self.clientsKept.withLock { $0.append(handle) }
     }
+
+    /// The clients ``keepClientUndestroyed()`` kept.
+    private static let clientsKept = Locked<[KafkaHandle]>([])
 
     /// Whether destroying the client could abort the process: this member never received an
     /// assignment, and librdkafka chose the cooperative assignor for it (a JoinGroup was
