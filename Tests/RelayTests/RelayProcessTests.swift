@@ -620,6 +620,8 @@ struct SecretsTests {
         // Exactly one outcome per intent was published.
         #expect(outcomes.count == 20)
         #expect(hasMetricLine(metrics, #"apns_relay_outcomes_total{apns_topic="com.example.app",status="delivered",reason="none"} 20"#), "\(metrics)")
+        // And every intent's policy decision, counted on the one series of its labels.
+        #expect(hasMetricLine(metrics, #"apns_relay_policy_decisions_total{apns_topic="com.example.app",decision="send",mode="enforce"} 20"#), "\(metrics)")
         await harness.simulator.stop()
     }
 }

@@ -63,33 +63,37 @@ enum RelayMetrics {
     /// (APNs may answer a reason this version does not know), so at most `maxReasonLabels`
     /// distinct codes get their own label; later new ones count as `other`.
     static func outcome(_ outcome: Outcome, topic: String) {
-        outcomeSeries.counter(topic: topic, status: outcome.status, reason: outcome.reason.map(reasonLabel) ?? "none").increment()
+        counters.counter("apns_relay_outcomes_total", ("apns_topic", topic), ("status", outcome.status.rawValue),
+                         ("reason", outcome.reason.map(reasonLabel) ?? "none")).increment()
     }
 
-    private static let outcomeSeries = OutcomeSeries()
+    /// The counters counted per event (an outcome, a policy decision, a Live Activity push).
+    static let counters = LabelledCounters()
 
-    /// The outcome counters, each made once: a counter made per outcome was looked up in the
-    /// metrics backend's registry every time (its labels joined and hashed under its lock).
-    /// Bounded as its labels are: the configured topics and `other`, the statuses, at most
-    /// ``maxReasonLabels`` reasons and `other`.
-    final class OutcomeSeries: Sendable {
+    /// Counters with labels, each made once per label set: one made per event was looked up in
+    /// the metrics backend's registry every time (its labels joined and hashed under its lock).
+    /// Bounded as the label values its callers pass are (configured topics and `other`, fixed
+    /// sets of statuses, decisions, modes and budgets, at most ``maxReasonLabels`` reasons).
+    final class LabelledCounters: Sendable {
+        /// A counter's name and its labels' values (up to three: each name always comes with the
+        /// same label names, in the same order).
         private struct Key: Hashable {
-            let topic: String
-            let status: Outcome.Status
-            let reason: String
+            let label: String
+            let first: String
+            let second: String
+            let third: String
         }
 
-        private let counters = Locked<[Key: Counter]>([:])
+        private let made = Locked<[Key: Counter]>([:])
 
-        func counter(topic: String, status: Outcome.Status, reason: String) -> Counter {
-            let key = Key(topic: topic, status: status, reason: reason)
-            if let counter = counters.withLock({ $0[key] }) { return counter }
-            let counter = Counter(label: "apns_relay_outcomes_total", dimensions: [
-                ("apns_topic", topic), ("status", status.rawValue), ("reason", reason),
-            ])
-            return counters.withLock { counters in
-                if let existing = counters[key] { return existing }
-                counters[key] = counter
+        func counter(_ label: String, _ first: (String, String), _ second: (String, String)? = nil,
+                     _ third: (String, String)? = nil) -> Counter {
+            let key = Key(label: label, first: first.1, second: second?.1 ?? "", third: third?.1 ?? "")
+            if let counter = made.withLock({ $0[key] }) { return counter }
+            let counter = Counter(label: label, dimensions: [first] + [second, third].compactMap { $0 })
+            return made.withLock { made in
+                if let existing = made[key] { return existing }
+                made[key] = counter
                 return counter
             }
         }
@@ -194,8 +198,7 @@ enum RelayMetrics {
     /// for each intent (``RelayPipeline/policyDecision(_:)``), in enforce mode and in shadow
     /// mode alike, so a dashboard compares what a shadowed topic would hold back.
     static func policyDecision(topic: String, decision: String, mode: String) {
-        Counter(label: "apns_relay_policy_decisions_total", dimensions: [("apns_topic", topic), ("decision", decision), ("mode", mode)])
-            .increment()
+        counters.counter("apns_relay_policy_decisions_total", ("apns_topic", topic), ("decision", decision), ("mode", mode)).increment()
     }
 
     /// `apns_relay_mailbox_entries_quarantined_total`: mailbox entries no relay could read (a
@@ -205,21 +208,20 @@ enum RelayMetrics {
     /// `apns_relay_live_activity_downgrades_total{apns_topic}`: priority-10 Live Activity updates
     /// past their activity's budget, sent at priority 5.
     static func liveActivityDowngrades(topic: String, by count: Int64 = 1) {
-        Counter(label: "apns_relay_live_activity_downgrades_total", dimensions: [("apns_topic", topic)]).increment(by: count)
+        counters.counter("apns_relay_live_activity_downgrades_total", ("apns_topic", topic)).increment(by: count)
     }
 
     /// `apns_relay_live_activity_starts_deferred_total{apns_topic}`: push-to-starts past their
     /// token's window, parked in the mailbox until it allows.
     static func liveActivityStartsDeferred(topic: String, by count: Int64 = 1) {
-        Counter(label: "apns_relay_live_activity_starts_deferred_total", dimensions: [("apns_topic", topic)]).increment(by: count)
+        counters.counter("apns_relay_live_activity_starts_deferred_total", ("apns_topic", topic)).increment(by: count)
     }
 
     /// `apns_relay_live_activity_budget_spent_total{apns_topic,budget}`: pushes that spent a
     /// Live Activity budget (`budget` `priority10` for a priority-10 update or end, `start` for
     /// a push-to-start), in either policy mode: set against the budget, how much of it an app uses.
     static func liveActivityBudgetSpent(topic: String, budget: String, by count: Int64 = 1) {
-        Counter(label: "apns_relay_live_activity_budget_spent_total", dimensions: [("apns_topic", topic), ("budget", budget)])
-            .increment(by: count)
+        counters.counter("apns_relay_live_activity_budget_spent_total", ("apns_topic", topic), ("budget", budget)).increment(by: count)
     }
 
     /// Makes the series a dashboard or alert reads exist from the start (at 0), rather than
