@@ -34,12 +34,18 @@ public final class AsyncSerialGate: Sendable {
         guard let id else { return true }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-                let cancelled = state.withLock { state -> Bool in
-                    if Task.isCancelled { return true }
+                // Busy is asked again where the waiter queues, under the same lock: the one inside
+                // may have left since, finding nobody queued, and nobody would let this one in.
+                let now = state.withLock { state -> Bool? in
+                    if Task.isCancelled { return false }
+                    guard state.busy else {
+                        state.busy = true
+                        return true
+                    }
                     state.queue.append((id, continuation))
-                    return false
+                    return nil
                 }
-                if cancelled { continuation.resume(returning: false) }
+                if let now { continuation.resume(returning: now) }
             }
         } onCancel: {
             let waiter = state.withLock { state -> CheckedContinuation<Bool, Never>? in

@@ -37,6 +37,20 @@ struct AsyncSerialGateTests {
         #expect(occupancy.counts.withLock { $0.most } == 1)
     }
 
+    /// Tasks arriving while the one inside leaves: each gets through. A task that found the
+    /// gate busy and had not yet queued when the last one inside left was never let in (the
+    /// gate opened with it still to queue), and its group never ended.
+    @Test func aTaskArrivingAsTheLastOneLeavesGetsThrough() async {
+        let gate = AsyncSerialGate()
+        for _ in 0..<20_000 {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<8 {
+                    group.addTask { _ = await gate.run {} }
+                }
+            }
+        }
+    }
+
     @Test func aCancelledWaiterLeavesWithoutRunning() async {
         let gate = AsyncSerialGate()
         let entered = AsyncLatch(), release = AsyncLatch()
