@@ -3,6 +3,7 @@ import CRdKafka
 import Foundation
 public import Logging
 public import ServiceLifecycle
+import Synchronization
 
 /// A consumer-group member (cooperative-sticky assignment) that hands records and rebalances to
 /// Swift as an `AsyncSequence`, in batches pulled on a dedicated thread.
@@ -20,6 +21,8 @@ public import ServiceLifecycle
 /// of ``events``, whichever comes first.
 public final class KafkaConsumer: Service, Sendable {
     private let handle: KafkaHandle
+    /// ``offsetStoreCalls``.
+    private let offsetStores = Atomic<Int>(0)
     private let shared: ConsumerShared
     private let logger: Logger
     private let topics: [String]
@@ -165,19 +168,36 @@ public final class KafkaConsumer: Service, Sendable {
     /// partition that is no longer assigned (a rebalance took it), which is what keeps a revoked
     /// partition's late work from being committed.
     public func storeOffset(_ partition: TopicPartition, offset: Int64) throws(KafkaError) {
-        let result = handle.withHandle { rk in
-            withPartitionList([partition], offsets: [offset + 1]) { list in
+        if let (_, error) = storeOffsets([(partition, offset)]).first { throw error }
+    }
+
+    /// ``storeOffset(_:offset:)`` for several partitions in one call (one
+    /// `rd_kafka_offsets_store`): returns those whose offset was not stored, with librdkafka's
+    /// reason (a partition not assigned: `_UNKNOWN_PARTITION`; every one, `_INVALID_ARG`, when
+    /// `enable.auto.offset.store` is on); empty when every one was.
+    public func storeOffsets(_ offsets: [(partition: TopicPartition, offset: Int64)]) -> [(TopicPartition, KafkaError)] {
+        guard !offsets.isEmpty else { return [] }
+        offsetStores.add(1, ordering: .relaxed)
+        return handle.withHandle { rk in
+            withPartitionList(offsets.map(\.partition), offsets: offsets.map { $0.offset + 1 }) { list in
                 let error = rd_kafka_offsets_store(rk, list)
-                if error == RD_KAFKA_RESP_ERR_NO_ERROR, list.pointee.cnt > 0, list.pointee.elems[0].err != RD_KAFKA_RESP_ERR_NO_ERROR {
-                    return list.pointee.elems[0].err
+                var failed: [(TopicPartition, KafkaError)] = []
+                for (index, (partition, offset)) in offsets.enumerated() {
+                    // Each element's own error, or the call's when it refused the list as a whole
+                    // (automatic offset stores configured) without looking at the elements.
+                    let code = error == RD_KAFKA_RESP_ERR__INVALID_ARG ? error : list.pointee.elems[index].err
+                    if code != RD_KAFKA_RESP_ERR_NO_ERROR {
+                        failed.append((partition, KafkaError(code, context: "store offset \(offset) for \(partition)")))
+                    }
                 }
-                return error
+                return failed
             }
         }
-        guard result == RD_KAFKA_RESP_ERR_NO_ERROR else {
-            throw KafkaError(result, context: "store offset \(offset) for \(partition)")
-        }
     }
+
+    /// Calls to `rd_kafka_offsets_store` so far (each one stores one or several partitions'
+    /// offsets, ``storeOffsets(_:)``).
+    package var offsetStoreCalls: Int { offsetStores.load(ordering: .relaxed) }
 
     /// Installs what hears of a revocation first: called on the poll thread when librdkafka
     /// revokes partitions, before their stored offsets are committed and they are unassigned

@@ -69,8 +69,10 @@ public final class KafkaProducer: Service, Sendable {
         poller.withLock { poller in
             guard poller == nil, !closed.load(ordering: .relaxed) else { return }
             let handle = self.handle
+            let callbacks = self.callbacks
             poller = PollThread(name: "kafka-producer-poll") {
                 handle.withHandle { _ = rd_kafka_poll($0, 100) }
+                callbacks.dispatchBatches()
             }
             polling.store(true, ordering: .releasing)
         }
@@ -136,6 +138,35 @@ public final class KafkaProducer: Service, Sendable {
                      to: DeliveryCallback(report), topic: topic)
     }
 
+    /// A batcher whose records' delivery reports reach `handler` a poll at a time
+    /// (``DeliveryReportBatcher``); nil: set one later with ``DeliveryReportBatcher/deliver(to:)``.
+    /// The producer keeps it as long as itself (every report it serves is handed over), so a
+    /// handler that needs its maker holds it weakly.
+    public func reportBatcher<Token: Sendable>(
+        _ handler: (@Sendable ([DeliveryReportBatcher<Token>.Report]) -> Void)? = nil) -> DeliveryReportBatcher<Token> {
+        let batcher = DeliveryReportBatcher<Token>(handler)
+        callbacks.batchers.withLock { $0.append(batcher) }
+        return batcher
+    }
+
+    /// Hands the record over now; `batcher` hears its delivery report with `token`, in a batch
+    /// with the others one poll served (or at once, alone, when the record is refused).
+    public func send<Token: Sendable>(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?,
+                                      headers: [KafkaHeader] = [], token: Token, to batcher: DeliveryReportBatcher<Token>) {
+        guard !closed.load(ordering: .relaxed) else {
+            return batcher.refused(token, KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed"))
+        }
+        start()
+        let topicHandle: TopicHandle
+        do {
+            topicHandle = try self.topic(topic)
+        } catch {
+            return batcher.refused(token, error)
+        }
+        Self.produce(topicHandle, partition: partition ?? RD_KAFKA_PARTITION_UA, key: key, value: value, headers: headers,
+                     to: BatchedDelivery(batcher, token), topic: topic)
+    }
+
     /// Appends the records in the order given (records for one partition keep it) and waits for
     /// all their delivery reports; the first failure throws.
     public func send(topic: String, records: [(key: [UInt8]?, value: [UInt8])]) async throws(KafkaError) -> [Delivery] {
@@ -176,7 +207,7 @@ public final class KafkaProducer: Service, Sendable {
         }
         if let failure {
             Unmanaged<DeliveryTarget>.fromOpaque(opaque).release()
-            target.report(.failure(failure))
+            target.refused(failure)
         }
     }
 
@@ -185,8 +216,12 @@ public final class KafkaProducer: Service, Sendable {
     public func flush(timeout: Duration) async -> Bool {
         let milliseconds = Int32(clamping: timeout.totalMilliseconds)
         let handle = self.handle
+        let callbacks = self.callbacks
         return await runBlocking {
-            handle.withHandle { rd_kafka_flush($0, milliseconds) } == RD_KAFKA_RESP_ERR_NO_ERROR
+            // Batched reports the flush served are handed over at its end (or at the poll
+            // thread's next turn, which also serves them, whichever comes first).
+            defer { callbacks.dispatchBatches() }
+            return handle.withHandle { rd_kafka_flush($0, milliseconds) } == RD_KAFKA_RESP_ERR_NO_ERROR
         }
     }
 
@@ -201,6 +236,7 @@ public final class KafkaProducer: Service, Sendable {
         let flushed = await flush(timeout: timeout)
         let handle = self.handle
         let poller = self.poller.withLock { $0 }
+        let callbacks = self.callbacks
         await runBlocking {
             handle.withHandle { rk in
                 _ = rd_kafka_purge(rk, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT))
@@ -208,6 +244,7 @@ public final class KafkaProducer: Service, Sendable {
                 _ = rd_kafka_flush(rk, 1000)
             }
             poller?.stop()
+            callbacks.dispatchBatches()
         }
         logger.info(flushed ? "producer closed: every record delivered" : "producer closed: undelivered records failed")
         closedLatch.open()
@@ -264,7 +301,12 @@ final class TopicHandle: @unchecked Sendable {
 
 /// Where a delivery report goes.
 private class DeliveryTarget {
+    /// The delivery report, on the thread that polled.
     func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {}
+    /// librdkafka refused the record at once: on the sending thread.
+    func refused(_ error: KafkaError) {
+        report(.failure(error))
+    }
 }
 
 /// One `send`'s report.
@@ -276,6 +318,24 @@ private final class DeliveryCallback: DeliveryTarget {
 
     override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
         callback(result)
+    }
+}
+
+/// One record's report for its batcher, to be handed over after the poll that served it.
+private final class BatchedDelivery<Token: Sendable>: DeliveryTarget {
+    let batcher: DeliveryReportBatcher<Token>
+    let token: Token
+    init(_ batcher: DeliveryReportBatcher<Token>, _ token: Token) {
+        self.batcher = batcher
+        self.token = token
+    }
+
+    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        batcher.append(token, result)
+    }
+
+    override func refused(_ error: KafkaError) {
+        batcher.refused(token, error)
     }
 }
 
@@ -317,6 +377,13 @@ private final class CollectedDelivery: DeliveryTarget {
 /// callback on librdkafka's thread, read by the application's calls).
 final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
     let fatal = Locked<KafkaError?>(nil)
+    /// The producer's report batchers (``KafkaProducer/reportBatcher(_:)``).
+    let batchers = Locked<[any DeliveryReportDispatching]>([])
+
+    /// Hands each batcher the reports the last poll (or flush) served it.
+    func dispatchBatches() {
+        for batcher in batchers.withLock({ $0 }) { batcher.dispatch() }
+    }
 }
 
 private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, _ in

@@ -231,6 +231,71 @@ struct KafkaTests {
         await #expect(throws: KafkaError.self) { _ = try await producer.send(topic: topic, key: nil, value: [2]) }
     }
 
+    /// Records sent together have their delivery reports handed over together: one call per
+    /// poll of the producer, not one per record (the relay ends a poll's worth of intents in one
+    /// turn); each record's report comes once, with its token. A record sent after `close()` is
+    /// refused at once, alone.
+    @Test func deliveryReportsComeABatchAtATime() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("outcomes")
+        try cluster.createTopic(topic, partitions: 2)
+        // A second's linger: the records go in a request or two per partition, however slowly
+        // this machine appends them.
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, properties: ["linger.ms": "1000"])
+        try await producer.prepare(topics: [topic])
+        let count = 500
+        let calls = Locked<[Int]>([])
+        let reports = Locked<[Int: Result<KafkaProducer.Delivery, KafkaError>]>([:])
+        let done = AsyncLatch()
+        let batcher: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
+            calls.withLock { $0.append(batch.count) }
+            let all = reports.withLock { reports in
+                for (token, result) in batch { #expect(reports.updateValue(result, forKey: token) == nil, "token \(token) twice") }
+                return reports.count
+            }
+            if all == count { done.open() }
+        }
+        for index in 0..<count { producer.send(topic: topic, key: Array("\(index % 7)".utf8), value: [1], token: index, to: batcher) }
+        #expect(await done.wait(atMost: .seconds(30)), "every report came")
+        #expect(reports.withLock { $0.values.allSatisfy { (try? $0.get()) != nil } })
+        let batches = calls.withLock { $0 }
+        #expect(batches.reduce(0, +) == count)
+        // One call per poll that served a produce request's reports, not one per record.
+        #expect(batches.count * 10 <= count, "\(batches.count) batches: \(batches)")
+
+        await producer.close()
+        let refused = Locked<[(Int, Bool)]>([])
+        let late: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
+            refused.withLock { $0 += batch.map { ($0.token, (try? $0.result.get()) == nil) } }
+        }
+        producer.send(topic: topic, key: nil, value: [2], token: 7, to: late)
+        #expect(refused.withLock { $0.map(\.0) } == [7] && refused.withLock { $0.allSatisfy(\.1) }, "refused at once, on this thread")
+    }
+
+    /// Several partitions' offsets go to librdkafka in one call; one no longer assigned is
+    /// named and the others are stored all the same.
+    @Test func offsetsOfSeveralPartitionsAreStoredInOneCall() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("intents")
+        try cluster.createTopic(topic, partitions: 2)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        for partition in Int32(0)..<2 { _ = try await producer.send(topic: topic, partition: partition, key: nil, value: [1]) }
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
+                                         properties: fastGroup)
+        _ = try await collect(consumer) { messages, _ in messages.count >= 2 }
+        let (zero, one) = (TopicPartition(topic: topic, partition: 0), TopicPartition(topic: topic, partition: 1))
+        let elsewhere = TopicPartition(topic: topic + "-other", partition: 0)
+        let before = consumer.offsetStoreCalls
+        let failed = consumer.storeOffsets([(zero, 0), (elsewhere, 5), (one, 0)])
+        #expect(consumer.offsetStoreCalls == before + 1)
+        #expect(failed.map(\.0) == [elsewhere])
+        try await consumer.commit()
+        #expect(try await consumer.committed([zero, one]) == [zero: 1, one: 1])
+        #expect(consumer.storeOffsets([]).isEmpty && consumer.offsetStoreCalls == before + 1, "nothing to store: no call")
+        await consumer.close()
+        await producer.close()
+    }
+
     /// Clients dropped without `close()` while their brokers are gone: librdkafka's threads log
     /// the disconnects while `rd_kafka_destroy` runs, and topic handles outlive the producer's
     /// other state. Both once reached freed memory (a crash, not a failed expectation).

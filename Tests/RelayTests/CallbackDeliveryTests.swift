@@ -47,6 +47,23 @@ struct CallbackDeliveryTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// Outcomes whose delivery reports come in one poll of the producer end their intents
+    /// together: one offset store for all their partitions, not one per intent (200 intents
+    /// for as many devices, consumed at once; the producer's `linger.ms` of a second puts their
+    /// outcomes in a request or two per partition, however slowly this machine answers them).
+    @Test func intentsEndedByOnePollStoreTheirOffsetsOnce() async throws {
+        let preload = (0..<200).map { index in
+            let device = hexToken(0x1000 + index)
+            return (json: intent("batch-\(index)", token: device), key: device)
+        }
+        let harness = try await RelayHarness.start(configureRelay: { $0.kafka.producerProperties["linger.ms"] = "1000" }, preload: preload)
+        let outcomes = try await harness.outcomes(count: 200)
+        #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
+        let stores = harness.pipeline.consumer.offsetStoreCalls
+        #expect(stores * 4 <= outcomes.count, "\(stores) offset stores for \(outcomes.count) intents")
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     /// With Redis an intent to send goes by callbacks too: its answer is recorded before its
     /// outcome goes out (a copy consumed later comes out `duplicate` with it). A 429 parks it
     /// (a turn in a task), and its device's next intent, queued behind it, parks behind it and

@@ -11,8 +11,9 @@ import Kafka
 /// are the ones ``RelayPipeline/handle(_:)`` awaits, each started from the callback of the one
 /// before: the send's answer (``APNsClient/send(_:completion:)``, on the connection's event
 /// loop), the machine's verdict (``DeliveryStateMachine``), the record
-/// (``RelayPipeline/recordThenPublish(_:_:done:)``), the outcome's delivery report (librdkafka's
-/// poll thread), the offset and the next intent of its device. The rare turns — a retry's
+/// (``RelayPipeline/record(_:_:orElse:then:)``), the outcome's delivery report (librdkafka's
+/// poll thread, a poll's reports at a time: ``RelayPipeline/outcomesDelivered(_:)``), the offset
+/// and the next intent of its device. The rare turns — a retry's
 /// backoff, a park, a 429 in shadow mode, a record Redis failed, an outcome whose delivery
 /// failed — go on in a task, the way the task per intent goes, in a task the shutdown deadline
 /// cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
@@ -80,48 +81,83 @@ extension RelayPipeline {
 
     /// Records the answer where it is recorded (``records(_:_:dedupe:)``), publishes the outcome
     /// and ends the item once its delivery report is in (no invalidation record, no mailbox
-    /// entry: see the extension's conditions). A record Redis failed, or an outcome whose
-    /// delivery failed, goes on in a task as ``conclude(_:_:)`` goes.
+    /// entry: see the extension's conditions). The reports come a poll at a time
+    /// (``outcomesDelivered(_:)``). A record Redis failed, or an outcome whose delivery failed,
+    /// goes on in a task as ``conclude(_:_:)`` goes.
     private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
         guard let status = ending.outcome?.status else {
             finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return nextInTask(after: item)
         }
-        let concluded: @Sendable (Chained) -> Void = { chained in
-            switch chained {
-            case .published:
-                self.published(ending, item)
-                self.finish(item, stored: true, sent: ending.countedAtAPNs)
-                self.next(after: item)
-            case .notRecorded:
-                // Recorded with retries, then published, as ``recordAndPublish(_:_:records:)`` goes on.
-                self.inTurnTask {
-                    await self.record(item, ending)
-                    let published = await self.publish(ending, item)
-                    self.finish(item, stored: published, sent: ending.countedAtAPNs)
-                    self.next(after: item)
-                }
-            case .abandoned:
-                self.finish(item, stored: false, sent: ending.countedAtAPNs)
-                self.nextInTask(after: item)
-            case .notPublished(let error):
-                self.publishFailed(item, error)
-                self.inTurnTask {
-                    let published = await self.publish(ending, item)
-                    self.finish(item, stored: published, sent: ending.countedAtAPNs)
-                    self.next(after: item)
-                }
+        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, reports = outcomeReports
+        if Self.records(item, status, dedupe: deduplicator != nil) {
+            return record(item, ending, orElse: { self.concluded($0, item, ending) }) { key, value, headers in
+                producer.send(topic: outcomesTopic, key: key, value: value, headers: headers,
+                              token: Concluding(item: item, ending: ending), to: reports)
             }
         }
-        if Self.records(item, status, dedupe: deduplicator != nil) { return recordThenPublish(item, ending, done: concluded) }
         guard let (key, value) = Self.encoded(ending) else {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return nextInTask(after: item)
         }
-        producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item)) { report in
-            switch report {
-            case .success: concluded(.published)
-            case .failure(let error): concluded(.notPublished(error))
+        producer.send(topic: outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item),
+                      token: Concluding(item: item, ending: ending), to: reports)
+    }
+
+    /// An item driven by callbacks whose outcome is on its way to Kafka: its delivery report's
+    /// token (``outcomeReports``).
+    struct Concluding: Sendable {
+        let item: WorkItem
+        let ending: Ending
+    }
+
+    /// The delivery reports of outcomes driven by callbacks, as many as one poll of the producer
+    /// served: the delivered ones' items end together (one turn of the state lock, one offset
+    /// store: ``finish(_:thenNext:)``), then their devices' next intents start.
+    func outcomesDelivered(_ reports: [DeliveryReportBatcher<Concluding>.Report]) {
+        var delivered: [Finished] = []
+        delivered.reserveCapacity(reports.count)
+        for (concluding, result) in reports {
+            switch result {
+            case .success:
+                published(concluding.ending, concluding.item)
+                delivered.append(Finished(item: concluding.item, stored: true, sent: concluding.ending.countedAtAPNs))
+            case .failure(let error):
+                concluded(.notPublished(error), concluding.item, concluding.ending)
+            }
+        }
+        guard !delivered.isEmpty else { return }
+        for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
+            inTurnTask { await self.work(next) }
+        }
+    }
+
+    /// How an outcome's way went on other than in a delivered batch: a record Redis failed
+    /// (recorded with retries, then published, as ``recordAndPublish(_:_:records:)`` goes on), an
+    /// outcome whose delivery failed (published with retries), or abandoned. (`published` comes
+    /// through ``outcomesDelivered(_:)`` on this path; it ends the item all the same.)
+    private func concluded(_ chained: Chained, _ item: WorkItem, _ ending: Ending) {
+        switch chained {
+        case .published:
+            published(ending, item)
+            finish(item, stored: true, sent: ending.countedAtAPNs)
+            next(after: item)
+        case .notRecorded:
+            inTurnTask {
+                await self.record(item, ending)
+                let published = await self.publish(ending, item)
+                self.finish(item, stored: published, sent: ending.countedAtAPNs)
+                self.next(after: item)
+            }
+        case .abandoned:
+            finish(item, stored: false, sent: ending.countedAtAPNs)
+            nextInTask(after: item)
+        case .notPublished(let error):
+            publishFailed(item, error)
+            inTurnTask {
+                let published = await self.publish(ending, item)
+                self.finish(item, stored: published, sent: ending.countedAtAPNs)
+                self.next(after: item)
             }
         }
     }

@@ -95,28 +95,40 @@ extension RelayPipeline {
         }
     }
 
-    /// ``recordThenPublish(_:_:)`` by callbacks: `done` hears how it went, on the producer's
-    /// poll thread once the outcome's delivery report is in, or from the Redis call when the
-    /// record failed (reported here).
+    /// ``recordThenPublish(_:_:)`` with a callback (its continuation): `done` hears how it went,
+    /// on the producer's poll thread once the outcome's delivery report is in, or from the Redis
+    /// call when the record failed (reported here).
     func recordThenPublish(_ item: WorkItem, _ ending: Ending, done: @escaping @Sendable (Chained) -> Void) {
+        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic
+        record(item, ending, orElse: done) { key, value, headers in
+            producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
+                if case .failure(let error) = delivered { return done(.notPublished(error)) }
+                done(.published)
+            }
+        }
+    }
+
+    /// Records the answered intent and, once Redis has it, calls `publish` with the outcome's
+    /// record (key, value, headers) from the Redis call's callback; `orElse` hears when it did not
+    /// get that far: `notRecorded` (Redis failed the record, reported here) or `abandoned` (past
+    /// the shutdown deadline).
+    func record(_ item: WorkItem, _ ending: Ending, orElse: @escaping @Sendable (Chained) -> Void,
+                then publish: @escaping @Sendable ([UInt8]?, [UInt8], [KafkaHeader]) -> Void) {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
-              let (key, value) = Self.encoded(ending) else { return done(.notRecorded) }
-        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, started = ContinuousClock.now
+              let (key, value) = Self.encoded(ending) else { return orElse(.notRecorded) }
+        let started = ContinuousClock.now
         let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
         deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
                             lastSent: ending.lastSent, unregistered: unregistered,
                             onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
             if case .failure(let error) = recorded {
                 self.redisFailed(error)
-                return done(.notRecorded)
+                return orElse(.notRecorded)
             }
             RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
-            if self.abandoning.isOpen { return done(.abandoned) }
+            if self.abandoning.isOpen { return orElse(.abandoned) }
             traced?.publishBegins()
-            producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
-                if case .failure(let error) = delivered { return done(.notPublished(error)) }
-                done(.published)
-            }
+            publish(key, value, headers)
         }
     }
 

@@ -206,34 +206,46 @@ extension RelayPipeline {
     /// Ends `item`'s turn in its device's queue and returns the item queued behind it, if any
     /// (parking behind a parked one of its app: `parkedUntil`, per topic).
     func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
-        // An intent to send that became now-or-never behind a parked one (``parkingBehind(_:due:)``)
-        // ends its turn in the queue too, although a now-or-never admission queues nowhere.
-        var token = item.queueToken
-        let turnedNowOrNever = token == nil
-        if turnedNowOrNever, case .nowOrNever = item.admission, case .success(let intent) = item.intent { token = intent.recipient }
-        guard let token else { return nil }
+        guard let turn = Self.queueTurn(of: item) else { return nil }
         let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
-            // The token is hashed once.
-            guard let index = state.devices.index(forKey: token) else { return (nil, []) }
-            // One admitted now-or-never (never queued) has no turn to end.
-            if turnedNowOrNever, state.devices.values[index].first !== item { return (nil, []) }
-            state.devices.values[index].removeFirst()
-            guard let queued = state.devices.values[index].first else {
-                state.devices.remove(at: index)
-                return (nil, [])
-            }
-            state.lanes.dequeued(queued.lane)
-            if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
-               let parked = Self.parkingBehind(queued, due: due) {
-                let first = state.devices.values[index].startIndex
-                state.devices.values[index][first] = parked
-                // One fewer waiting: room for an admitting task if that bound held it.
-                return (parked, state.lanes.waitersWithRoom())
-            }
+            guard let queued = Self.nextQueued(after: item, turn, parkedUntil: parkedUntil, &state) else { return (nil, []) }
             // One fewer waiting: room for an admitting task if that bound held it.
             return (queued, state.lanes.waitersWithRoom())
         }
         for waiter in waiters { waiter.resume() }
+        return queued
+    }
+
+    /// The queue whose turn `item` ends: its device's (nil when it queued nowhere), and whether
+    /// it became now-or-never behind a parked intent (``parkingBehind(_:due:)``): such an item
+    /// ends its turn in the queue too, although a now-or-never admission queues nowhere.
+    static func queueTurn(of item: WorkItem) -> (token: String, turnedNowOrNever: Bool)? {
+        if let token = item.queueToken { return (token, false) }
+        if case .nowOrNever = item.admission, case .success(let intent) = item.intent { return (intent.recipient, true) }
+        return nil
+    }
+
+    /// ``nextInQueue(after:parkedUntil:)`` inside the state lock, for the turn ``queueTurn(of:)``
+    /// found; the caller resumes the admitting tasks the dequeued item made room for
+    /// (``LaneLedger/waitersWithRoom()``).
+    static func nextQueued(after item: WorkItem, _ turn: (token: String, turnedNowOrNever: Bool), parkedUntil: [String: Int64],
+                           _ state: inout State) -> WorkItem? {
+        // The token is hashed once.
+        guard let index = state.devices.index(forKey: turn.token) else { return nil }
+        // One admitted now-or-never (never queued) has no turn to end.
+        if turn.turnedNowOrNever, state.devices.values[index].first !== item { return nil }
+        state.devices.values[index].removeFirst()
+        guard let queued = state.devices.values[index].first else {
+            state.devices.remove(at: index)
+            return nil
+        }
+        state.lanes.dequeued(queued.lane)
+        if case .success(let later) = queued.intent, let due = parkedUntil[later.topic],
+           let parked = Self.parkingBehind(queued, due: due) {
+            let first = state.devices.values[index].startIndex
+            state.devices.values[index][first] = parked
+            return parked
+        }
         return queued
     }
 }

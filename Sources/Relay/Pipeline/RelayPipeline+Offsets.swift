@@ -2,53 +2,87 @@ import Dispatch
 import Kafka
 
 extension RelayPipeline {
+    /// An item that ended (``finish(_:thenNext:)``). `stored`: its offset may be stored (its
+    /// outcome was delivered, or it parked). `sent`: it was counted among its partition's work
+    /// at APNs; a revocation waiting for that work goes on once the last of it ended.
+    struct Finished {
+        let item: WorkItem
+        let stored: Bool
+        let sent: Bool
+    }
+
     /// Ends an item: its offset becomes committable once it and every earlier one are done.
+    func finish(_ item: WorkItem, stored: Bool, sent: Bool) {
+        finish([Finished(item: item, stored: stored, sent: sent)], thenNext: false)
+    }
+
+    /// Ends items, as many as one poll's delivery reports concluded, in one turn of the state
+    /// lock and one offset store (``KafkaConsumer/storeOffsets(_:)``) for all their partitions;
+    /// with `thenNext`, ends their turns in their devices' queues too and returns the items
+    /// queued behind them, to start now (as ``nextInQueue(after:parkedUntil:)`` does, with
+    /// nothing parked).
     ///
-    /// The offset is stored inside the state lock: two items finishing at once must store their
+    /// The offsets are stored inside the state lock: two calls finishing at once must store their
     /// positions in order (a later store of an older position would move the commit back), and
     /// the drain that waits for the last item must find its offset stored.
-    ///
-    /// `sent`: the item was counted among its partition's work at APNs; a revocation waiting
-    /// for that work goes on once the last of it ended.
-    func finish(_ item: WorkItem, stored: Bool, sent: Bool) {
-        // Its spans end here if no outcome ended them (parked: stored without one).
-        item.traced?.end(without: stored ? "parked" : "unfinished")
-        var release = false
+    @discardableResult
+    func finish(_ items: [Finished], thenNext: Bool) -> [WorkItem] {
+        for finished in items {
+            // Its spans end here if no outcome ended them (parked: stored without one).
+            finished.item.traced?.end(without: finished.stored ? "parked" : "unfinished")
+        }
+        var released: [TopicPartition] = []
         var revokeWaiter: DispatchSemaphore?
-        let (notStored, waiters, idleWaiters, inFlight) = state.withLock {
-            state -> (Int64?, [CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>], Int) in
-            Self.freeSlot(of: item, &state)
-            if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
-            var notStored: Int64?
-            // Intents from a mailbox had their offsets stored when they were parked.
-            if stored, item.mailboxMember == nil,
-               let committable = state.partitions.finish(item.partition, generation: item.generation, offset: item.offset) {
-                do {
-                    try consumer.storeOffset(item.partition, offset: committable)
-                } catch {
-                    notStored = committable
+        let (notStored, next, waiters, idleWaiters, inFlight) = state.withLock { state in
+            // The newest committable offset of each partition the items moved (a later finish
+            // of a partition only moves it further).
+            var committable: [(partition: TopicPartition, offset: Int64)] = []
+            for finished in items {
+                let item = finished.item
+                Self.freeSlot(of: item, &state)
+                if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
+                // Intents from a mailbox had their offsets stored when they were parked.
+                if finished.stored, item.mailboxMember == nil,
+                   let offset = state.partitions.finish(item.partition, generation: item.generation, offset: item.offset) {
+                    if let index = committable.firstIndex(where: { $0.partition == item.partition }) {
+                        committable[index].offset = offset
+                    } else {
+                        committable.append((item.partition, offset))
+                    }
                 }
-                release = state.partitions.releaseIfDrained(item.partition)
+                if finished.sent, let waiter = Self.endAtAPNs(item, &state) { revokeWaiter = waiter }
             }
-            if sent { revokeWaiter = Self.endAtAPNs(item, &state) }
+            let failed = consumer.storeOffsets(committable)
+            let notStored = failed.compactMap { failure in committable.first { $0.partition == failure.0 } }
+            for (partition, _) in committable where state.partitions.releaseIfDrained(partition) { released.append(partition) }
+            var next: [WorkItem] = []
+            if thenNext {
+                for finished in items {
+                    if let turn = Self.queueTurn(of: finished.item),
+                       let queued = Self.nextQueued(after: finished.item, turn, parkedUntil: [:], &state) { next.append(queued) }
+                }
+            }
             let waiters = state.lanes.waitersWithRoom()
             var idleWaiters: [CheckedContinuation<Bool, Never>] = []
             if state.inFlight == 0, !state.idleWaiters.isEmpty {
                 idleWaiters = Array(state.idleWaiters.values)
                 state.idleWaiters.removeAll()
             }
-            return (notStored, waiters, idleWaiters, state.lanes.inFlight[item.lane])
+            // Each item's lane's count (not the ledger's array: held past the lock, it would make
+            // the next change copy it).
+            return (notStored, next, waiters, idleWaiters, items.map { state.lanes.inFlight[$0.item.lane] })
         }
-        if let notStored {
+        for (partition, offset) in notStored {
             logger.info("offset not stored (partition no longer ours)", metadata: [
-                "kafka.partition": "\(item.partition.partition)", "kafka.offset": "\(notStored)",
+                "kafka.partition": "\(partition.partition)", "kafka.offset": "\(offset)",
             ])
         }
-        laneMetrics[item.lane].inFlight.record(inFlight)
+        for (finished, inFlight) in zip(items, inFlight) { laneMetrics[finished.item.lane].inFlight.record(inFlight) }
         for waiter in waiters { waiter.resume() }
         for waiter in idleWaiters { waiter.resume(returning: true) }
         revokeWaiter?.signal()
-        if release { released(item.partition) }
+        for partition in released { self.released(partition) }
+        return next
     }
 
     /// The item no longer counts among its partition's work at APNs; returns the revocation's

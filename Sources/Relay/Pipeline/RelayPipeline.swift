@@ -88,6 +88,9 @@ public final class RelayPipeline: RelayStatus, Service {
     let drivesByCallbacks: Bool
     /// Intents that went that way so far.
     let drivenByCallbacks = Atomic<Int>(0)
+    /// Where their outcomes' delivery reports come, a poll of the producer at a time
+    /// (``outcomesDelivered(_:)``).
+    let outcomeReports: DeliveryReportBatcher<Concluding>
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
@@ -187,9 +190,11 @@ public final class RelayPipeline: RelayStatus, Service {
         self.laneMetrics = lanes.map { RelayMetrics.Lane(topic: $0.topic) }
         self.producer = clients.producer
         self.consumer = clients.consumer
+        self.outcomeReports = clients.producer.reportBatcher()
         clients.consumer.onRevoking { [weak self] partitions, lost in
             self?.partitionsRevoking(partitions, lost: lost)
         }
+        outcomeReports.deliver { [weak self] reports in self?.outcomesDelivered(reports) }
     }
 
     /// Outcomes published so far, by status.

@@ -1,0 +1,71 @@
+import Common
+
+/// Hands delivery reports over a batch at a time: the reports of records sent with
+/// ``KafkaProducer/send(topic:partition:key:value:headers:token:to:)`` that one poll of
+/// librdkafka served reach the handler in one call, on the thread that polled (the producer's
+/// poll thread, or one flushing or closing it). Within a batch, a partition's reports are in
+/// its records' order; batches handed over from two threads at once (a flush while the poll
+/// thread polls) may overlap. A record librdkafka refuses at once (its queue full, the producer
+/// closed) is handed over at once, alone, on the sending thread.
+///
+/// For a caller whose work per report shrinks when it comes in batches: one lock for many
+/// records, one offset store for many intents. Made with ``KafkaProducer/reportBatcher(_:)``;
+/// the producer keeps it.
+public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
+    public typealias Report = (token: Token, result: Result<KafkaProducer.Delivery, KafkaError>)
+
+    /// Reports served and not handed over yet: appended by librdkafka's delivery-report callback,
+    /// taken whole after the poll that served them. At most the records in flight.
+    private let pending = Locked<[Report]>([])
+    private let handler: Locked<(@Sendable ([Report]) -> Void)?>
+
+    init(_ handler: (@Sendable ([Report]) -> Void)?) {
+        self.handler = Locked(handler)
+    }
+
+    /// Sets (or replaces) the handler: for a maker that needs the batcher before it can make
+    /// its handler. Reports that come before a handler is set are held until one is.
+    public func deliver(to handler: @escaping @Sendable ([Report]) -> Void) {
+        self.handler.withLock { $0 = handler }
+        dispatch()
+    }
+
+    func append(_ token: Token, _ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        pending.withLock { $0.append((token, result)) }
+    }
+
+    /// Hands the reports served since the last call to the handler, if any.
+    func dispatch() {
+        guard let handler = handler.withLock({ $0 }) else { return }
+        let reports = pending.withLock { pending -> [Report] in
+            guard !pending.isEmpty else { return [] }
+            let count = pending.count
+            let taken = pending.take()
+            // The next poll's reports go into storage of about this batch's size at once.
+            pending.reserveCapacity(count)
+            return taken
+        }
+        if !reports.isEmpty { handler(reports) }
+    }
+
+    /// A record refused at once: its report alone, now.
+    func refused(_ token: Token, _ error: KafkaError) {
+        handler.withLock { $0 }?([(token, .failure(error))]) ?? append(token, .failure(error))
+    }
+}
+
+/// What the producer asks of its batchers after each poll, whatever their token type.
+protocol DeliveryReportDispatching: AnyObject, Sendable {
+    func dispatch()
+}
+
+extension DeliveryReportBatcher: DeliveryReportDispatching {}
+
+extension Array {
+    /// The array's elements, leaving it empty.
+    fileprivate mutating func take() -> [Element] {
+        var taken: [Element] = []
+        swap(&self, &taken)
+        return taken
+    }
+}
