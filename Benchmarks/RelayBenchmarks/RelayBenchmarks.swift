@@ -2,6 +2,7 @@ import APNs
 import Benchmark
 import Crypto
 import Foundation
+import Kafka
 import NIOCore
 import Redis
 import Relay
@@ -40,6 +41,21 @@ let benchmarks: @Sendable () -> Void = {
         outcome.badge = nil
         for _ in benchmark.scaledIterations {
             blackHole(outcome.utf8)
+        }
+    }
+
+    // An intent's offset through its partition's ledger, as admission starts it and its end
+    // finishes it (in order, so each finish moves the committable offset).
+    Benchmark("Partition ledger: an offset started and finished") { benchmark in
+        var ledger = PartitionLedger()
+        let partition = TopicPartition(topic: "apns.intents", partition: 3)
+        ledger.assign([partition])
+        let generation = ledger.generation(of: partition) ?? 0
+        var offset: Int64 = 0
+        for _ in benchmark.scaledIterations {
+            blackHole(ledger.start(partition, offset: offset, generation: generation))
+            blackHole(ledger.finish(partition, generation: generation, offset: offset))
+            offset += 1
         }
     }
 

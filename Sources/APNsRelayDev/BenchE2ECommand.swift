@@ -75,6 +75,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         // intents' are left out.
         let latencies = LatencyRecorder(capacity: count)
         let cpuBefore = ProcessCPU.now()
+        let allocationsBefore = ProcessAllocations.now()
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             if outcome.id?.hasPrefix(BenchWorkload.warmUpPrefix) != true { latencies.record(outcome.latencyMilliseconds) }
         }, deliveryByCallbacks: !taskPerIntent)
@@ -85,6 +86,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(5))
         }
         let cpu = ProcessCPU.now() - cpuBefore
+        let allocations = ProcessAllocations.now().flatMap { after in allocationsBefore.map { after - $0 } }
         let rss = peakResidentMiB()
         let counts = pipeline.outcomeCounts
         Terminal.line("driven by callbacks: \(pipeline.intentsDrivenByCallbacks) intents (the warm-up's included)")
@@ -92,7 +94,11 @@ struct BenchE2ECommand: AsyncParsableCommand {
         pipeline.requestStop()
         await running.value
 
-        return (counts, figureLine(seconds: (progress.finishedAt - started).totalSeconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu))
+        var line = figureLine(seconds: (progress.finishedAt - started).totalSeconds, latencies: latencies, peakResidentMiB: rss, cpuSeconds: cpu)
+        // This process is the relay: its allocations from its start to its last outcome, as for
+        // the CPU figure (the warm-up's intents counted too).
+        if let allocations { line += String(format: " allocations_per_intent: %.1f", Double(allocations) / Double(count + workload.warmUp)) }
+        return (counts, line)
     }
 
     /// The relay as `apns-relay run` in a process of its own, with the configuration the stack

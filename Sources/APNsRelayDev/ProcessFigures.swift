@@ -35,6 +35,37 @@ enum ProcessCPU {
     }
 }
 
+/// Allocations this process has asked for so far, from jemalloc's statistics (the executables
+/// link it, Package.swift): its small and large allocation requests, every arena and every
+/// thread's cache. Nil where the allocator is not jemalloc. A thread's cache reports its
+/// requests when it fills or empties, so a figure lags by at most a few caches' worth: nothing
+/// against the millions of a benchmark run.
+enum ProcessAllocations {
+    private typealias Mallctl = @convention(c) (UnsafePointer<CChar>?, UnsafeMutableRawPointer?, UnsafeMutablePointer<Int>?,
+                                                UnsafeMutableRawPointer?, Int) -> Int32
+
+    /// jemalloc's `mallctl`, looked up in the running process (no header or link-time name).
+    private static let mallctl: Mallctl? = dlopen(nil, RTLD_NOW).flatMap { dlsym($0, "mallctl") }.map {
+        unsafeBitCast($0, to: Mallctl.self)
+    }
+
+    static func now() -> UInt64? {
+        guard let mallctl else { return nil }
+        // Writing the epoch refreshes the statistics the reads below return.
+        var epoch: UInt64 = 1
+        guard mallctl("epoch", nil, nil, &epoch, MemoryLayout<UInt64>.size) == 0 else { return nil }
+        var total: UInt64 = 0
+        // 4096: MALLCTL_ARENAS_ALL, every arena merged.
+        for name in ["stats.arenas.4096.small.nrequests", "stats.arenas.4096.large.nrequests"] {
+            var value: UInt64 = 0
+            var length = MemoryLayout<UInt64>.size
+            guard mallctl(name, &value, &length, nil, 0) == 0 else { return nil }
+            total += value
+        }
+        return total
+    }
+}
+
 /// Another process's figures, from its /proc entry (nil when it is gone or unreadable).
 enum ProcessFigures {
     /// CPU time so far (user + system), in seconds: fields 14 and 15 of /proc/PID/stat, in clock

@@ -1,4 +1,4 @@
-import Kafka
+package import Kafka
 
 /// The partitions this relay owns and where each one's work stands: per partition an
 /// ``OffsetTracker`` and a generation, bumped at every assignment and revocation, so that work
@@ -10,7 +10,7 @@ import Kafka
 /// holds them all. Past `uncommittedLimit` of them the partition is *held*: the pipeline
 /// pauses it until the tracker is down to half (``holdIfFull(_:)``, ``releaseIfDrained(_:)``),
 /// so memory stays bounded whatever the throughput.
-struct PartitionLedger: Sendable {
+package struct PartitionLedger: Sendable {
     private var trackers: [TopicPartition: OffsetTracker] = [:]
     private var generations: [TopicPartition: Int] = [:]
     let uncommittedLimit: Int
@@ -23,12 +23,12 @@ struct PartitionLedger: Sendable {
     /// Per partition, its items whose notification went to APNs and that have not ended.
     private var atAPNs: [TopicPartition: Int] = [:]
 
-    init(uncommittedLimit: Int = .max) {
+    package init(uncommittedLimit: Int = .max) {
         self.uncommittedLimit = max(uncommittedLimit, 2)
     }
 
     /// The partitions are ours from now on (a new generation each).
-    mutating func assign(_ partitions: [TopicPartition]) {
+    package mutating func assign(_ partitions: [TopicPartition]) {
         for partition in partitions {
             trackers[partition] = OffsetTracker()
             generations[partition, default: 0] += 1
@@ -99,10 +99,10 @@ struct PartitionLedger: Sendable {
     /// ours (the message is dropped), or not since `expected` (the generation it was consumed
     /// under, when the caller knows it: a message consumed before a revocation never starts
     /// under the partition's next assignment).
-    mutating func start(_ partition: TopicPartition, offset: Int64, generation expected: Int? = nil) -> Int? {
+    package mutating func start(_ partition: TopicPartition, offset: Int64, generation expected: Int? = nil) -> Int? {
         guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition],
               expected == nil || expected == generation else { return nil }
-        trackers[partition]?.started(offset)
+        Self.update(&trackers, partition) { $0.started(offset) }
         return generation
     }
 
@@ -113,13 +113,24 @@ struct PartitionLedger: Sendable {
 
     /// An offset's work ended: the partition's new committable offset when it moved (nil when
     /// it did not, or the work is no longer ours).
-    mutating func finish(_ partition: TopicPartition, generation: Int, offset: Int64) -> Int64? {
+    package mutating func finish(_ partition: TopicPartition, generation: Int, offset: Int64) -> Int64? {
         guard owns(partition, generation: generation) else { return nil }
-        return trackers[partition]?.finish(offset)
+        return Self.update(&trackers, partition) { $0.finish(offset) } ?? nil
+    }
+
+    /// Changes `partition`'s tracker in place, if there is one. Not `trackers[partition]?.…`:
+    /// that goes through three nested `_modify` coroutines whose frames, too large for the
+    /// caller's buffer for an `OffsetTracker`, are each allocated on the heap (six allocations
+    /// per intent, counted with `bench e2e`'s `allocations_per_intent`, docs/performance.md);
+    /// a value reached by its index is changed where it is stored.
+    private static func update<R>(_ trackers: inout [TopicPartition: OffsetTracker], _ partition: TopicPartition,
+                                  _ change: (inout OffsetTracker) -> R) -> R? {
+        guard let index = trackers.index(forKey: partition) else { return nil }
+        return change(&trackers.values[index])
     }
 
     /// The partition's current generation, if it is ours.
-    func generation(of partition: TopicPartition) -> Int? {
+    package func generation(of partition: TopicPartition) -> Int? {
         trackers[partition] != nil ? generations[partition] : nil
     }
 
