@@ -39,6 +39,28 @@ struct DeviceQueueSlotTests {
         #expect(state.recentAnswers.answered(key, since: read))
     }
 
+    /// A device queue that empties is kept for the next device without one (its first intent
+    /// allocates no queue), up to the spare queues' bound; one that grew large is let go.
+    @Test func anEmptiedDeviceQueueServesTheNextDevice() throws {
+        var state = Self.state()
+        let first = try Self.item(offset: 0)
+        let turn = try #require(Pipeline.queueTurn(of: first))
+        #expect(Pipeline.enqueue(first, &state) === first)
+        #expect(Pipeline.nextQueued(after: first, turn, parkedUntil: [:], &state) == nil)
+        #expect(state.devices.isEmpty && state.spareQueues.count == 1)
+        let second = try Self.item(offset: 1)
+        #expect(Pipeline.enqueue(second, &state) === second)
+        #expect(state.spareQueues.isEmpty, "taken by the next device's first intent")
+        #expect(state.devices[turn.token]?.count == 1)
+
+        // A backlog grows the queue past what is kept.
+        let backlog = try (2..<40).map { try Self.item(offset: Int64($0)) }
+        for item in backlog { #expect(Pipeline.enqueue(item, &state) == nil) }
+        var ended = second
+        while let next = Pipeline.nextQueued(after: ended, turn, parkedUntil: [:], &state) { ended = next }
+        #expect(state.devices.isEmpty && state.spareQueues.isEmpty, "a queue of capacity \(Pipeline.State.spareQueueCapacity)+ is not kept")
+    }
+
     /// A copy decided again in its turn was counted as answering for later copies when it was
     /// queued: whatever it is decided (here `duplicate`, which records nothing), its end takes
     /// it off; a second holder of the same intent keeps it answering until its own end.

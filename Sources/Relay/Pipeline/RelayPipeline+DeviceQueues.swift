@@ -159,7 +159,7 @@ extension RelayPipeline {
             state.lanes.queued(item.lane)
             return nil
         }
-        var queue = CircularBuffer<WorkItem>(initialCapacity: 4)
+        var queue = state.spareQueues.popLast() ?? CircularBuffer<WorkItem>(initialCapacity: 4)
         queue.append(item)
         state.devices[token] = queue
         return item
@@ -236,7 +236,10 @@ extension RelayPipeline {
         if turn.turnedNowOrNever, state.devices.values[index].first !== item { return nil }
         state.devices.values[index].removeFirst()
         guard let queued = state.devices.values[index].first else {
-            state.devices.remove(at: index)
+            let (_, emptied) = state.devices.remove(at: index)
+            if state.spareQueues.count < State.spareQueueLimit, emptied.capacity <= State.spareQueueCapacity {
+                state.spareQueues.append(emptied)
+            }
             return nil
         }
         state.lanes.dequeued(queued.lane)

@@ -112,6 +112,12 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]
+        /// Emptied device queues kept for the next device that has none, so that a device's
+        /// first intent does not allocate a queue (most devices have one intent at a time): at
+        /// most ``spareQueueLimit`` of them, none that grew past ``spareQueueCapacity``.
+        var spareQueues: [CircularBuffer<WorkItem>] = []
+        static let spareQueueLimit = 256
+        static let spareQueueCapacity = 16
         /// The intents items in ``devices`` record answers for (how many such items each).
         var answering: [AnswerKey: Int] = [:]
         /// Answers recorded while batches' admission reads were under way.
