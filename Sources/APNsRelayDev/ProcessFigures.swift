@@ -38,8 +38,8 @@ enum ProcessCPU {
 /// Allocations this process has asked for so far, from jemalloc's statistics (the executables
 /// link it, Package.swift): its small and large allocation requests, every arena and every
 /// thread's cache. Nil where the allocator is not jemalloc. A thread's cache reports its
-/// requests when it fills or empties, so a figure lags by at most a few caches' worth: nothing
-/// against the millions of a benchmark run.
+/// requests when it fills from or flushes to its arena (its periodic collection included), so a
+/// figure lags by at most a few caches' worth: nothing against the millions of a benchmark run.
 enum ProcessAllocations {
     private typealias Mallctl = @convention(c) (UnsafePointer<CChar>?, UnsafeMutableRawPointer?, UnsafeMutablePointer<Int>?,
                                                 UnsafeMutableRawPointer?, Int) -> Int32

@@ -3,9 +3,9 @@ import Common
 /// Hands delivery reports over a batch at a time: the reports of records sent with
 /// ``KafkaProducer/send(topic:partition:key:value:headers:token:to:)`` that one poll of
 /// librdkafka served reach the handler in one call, on the thread that polled (the producer's
-/// poll thread, or one flushing or closing it). Within a batch, a partition's reports are in
-/// its records' order; batches handed over from two threads at once (a flush while the poll
-/// thread polls) may overlap. A record librdkafka refuses at once (its queue full, the producer
+/// poll thread, or one flushing or closing it). A partition's reports come in its records'
+/// order, except while a flush polls beside the poll thread: then the two may hand over
+/// reports of one partition out of order, or in overlapping batches. A record librdkafka refuses at once (its queue full, the producer
 /// closed) is handed over at once, alone, on the sending thread.
 ///
 /// For a caller whose work per report shrinks when it comes in batches: one lock for many
@@ -41,8 +41,9 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
             guard !pending.isEmpty else { return [] }
             let count = pending.count
             let taken = pending.take()
-            // The next poll's reports go into storage of about this batch's size at once.
-            pending.reserveCapacity(count)
+            // The next poll's reports go into storage of about this batch's size at once (a
+            // burst's size is not kept).
+            pending.reserveCapacity(min(count, 1024))
             return taken
         }
         if !reports.isEmpty { handler(reports) }
@@ -50,7 +51,10 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
 
     /// A record refused at once: its report alone, now.
     func refused(_ token: Token, _ error: KafkaError) {
-        handler.withLock { $0 }?([(token, .failure(error))]) ?? append(token, .failure(error))
+        if let handler = handler.withLock({ $0 }) { return handler([(token, .failure(error))]) }
+        append(token, .failure(error))
+        // A handler set meanwhile (``deliver(to:)``) may have dispatched before the append.
+        dispatch()
     }
 }
 

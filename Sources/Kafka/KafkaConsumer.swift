@@ -173,8 +173,9 @@ public final class KafkaConsumer: Service, Sendable {
 
     /// ``storeOffset(_:offset:)`` for several partitions in one call (one
     /// `rd_kafka_offsets_store`): returns those whose offset was not stored, with librdkafka's
-    /// reason (a partition not assigned: `_UNKNOWN_PARTITION`; every one, `_INVALID_ARG`, when
-    /// `enable.auto.offset.store` is on); empty when every one was.
+    /// reason (a partition no longer assigned: `_STATE`; one this client never knew:
+    /// `_UNKNOWN_PARTITION`; every one, `_INVALID_ARG`, when `enable.auto.offset.store` is on);
+    /// empty when every one was.
     public func storeOffsets(_ offsets: [(partition: TopicPartition, offset: Int64)]) -> [(TopicPartition, KafkaError)] {
         guard !offsets.isEmpty else { return [] }
         offsetStores.add(1, ordering: .relaxed)

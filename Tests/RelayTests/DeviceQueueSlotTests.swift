@@ -16,7 +16,8 @@ struct DeviceQueueSlotTests {
                        credentialFaults: CredentialFaultBreaker(cooldownSeconds: 60))
     }
 
-    static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true) throws -> Pipeline.WorkItem {
+    static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true,
+                     token: String = token) throws -> Pipeline.WorkItem {
         let json = #"{"id":"x","token":"\#(token)","topic":"com.example.app","payload":{"aps":{"alert":"hi"}}}"#
         let intent = try Intent.parse(Array(json.utf8), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
         return Pipeline.WorkItem(partition: TopicPartition(topic: "intents", partition: 0), offset: offset, generation: 1,
@@ -48,17 +49,27 @@ struct DeviceQueueSlotTests {
         #expect(Pipeline.enqueue(first, &state) === first)
         #expect(Pipeline.nextQueued(after: first, turn, parkedUntil: [:], &state) == nil)
         #expect(state.devices.isEmpty && state.spareQueues.count == 1)
-        let second = try Self.item(offset: 1)
+        let other = String(repeating: "6c", count: 32)
+        let second = try Self.item(offset: 1, token: other)
+        let otherTurn = try #require(Pipeline.queueTurn(of: second))
         #expect(Pipeline.enqueue(second, &state) === second)
         #expect(state.spareQueues.isEmpty, "taken by the next device's first intent")
-        #expect(state.devices[turn.token]?.count == 1)
+        #expect(state.devices[other]?.count == 1)
 
         // A backlog grows the queue past what is kept.
-        let backlog = try (2..<40).map { try Self.item(offset: Int64($0)) }
+        let backlog = try (2..<40).map { try Self.item(offset: Int64($0), token: other) }
         for item in backlog { #expect(Pipeline.enqueue(item, &state) == nil) }
         var ended = second
-        while let next = Pipeline.nextQueued(after: ended, turn, parkedUntil: [:], &state) { ended = next }
+        while let next = Pipeline.nextQueued(after: ended, otherTurn, parkedUntil: [:], &state) { ended = next }
         #expect(state.devices.isEmpty && state.spareQueues.isEmpty, "a queue of capacity \(Pipeline.State.spareQueueCapacity)+ is not kept")
+
+        // Many devices' queues emptied at once: no more than the bound is kept.
+        let devices = try (0..<(Pipeline.State.spareQueueLimit + 44)).map {
+            try Self.item(offset: 100 + Int64($0), token: String(format: "%064x", $0))
+        }
+        for item in devices { #expect(Pipeline.enqueue(item, &state) === item) }
+        for item in devices { #expect(Pipeline.nextQueued(after: item, try #require(Pipeline.queueTurn(of: item)), parkedUntil: [:], &state) == nil) }
+        #expect(state.devices.isEmpty && state.spareQueues.count == Pipeline.State.spareQueueLimit)
     }
 
     /// A copy decided again in its turn was counted as answering for later copies when it was

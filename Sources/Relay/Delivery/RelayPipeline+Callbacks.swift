@@ -126,11 +126,18 @@ extension RelayPipeline {
                 concluded(.notPublished(error), concluding.item, concluding.ending)
             }
         }
-        guard !delivered.isEmpty else { return }
-        for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
-            inTurnTask { await self.work(next) }
+        // A poll after a stall may serve tens of thousands: the lock is taken per chunk, so
+        // that admissions and other ends go on between them.
+        for chunk in stride(from: 0, to: delivered.count, by: Self.endedPerTurn) {
+            let ended = Array(delivered[chunk..<min(chunk + Self.endedPerTurn, delivered.count)])
+            for next in finish(ended, thenNext: true) where !driveByCallbacks(next) {
+                inTurnTask { await self.work(next) }
+            }
         }
     }
+
+    /// Intents ended in one turn of the state lock, at most (``outcomesDelivered(_:)``).
+    static let endedPerTurn = 1024
 
     /// How an outcome's way went on other than in a delivered batch: a record Redis failed
     /// (recorded with retries, then published, as ``recordAndPublish(_:_:records:)`` goes on), an
