@@ -282,9 +282,10 @@ struct RelayEndToEndTests {
         await harness.running.value
         let took = ContinuousClock.now - stopped
         // The 1 s deadline, then the clients close (an open APNs request is cut a second later):
-        // far below the request's 60 s (a generous bound: the suite runs many tests at once).
+        // far below the request's 60 s (a generous bound, a third of it: the suite runs many
+        // tests at once, and a clean clone's run on a slow sitting once took 10.8 s).
         #expect(took >= .seconds(1))
-        #expect(took < slowed(.seconds(10)))
+        #expect(took < slowed(.seconds(20)))
         #expect(harness.pipeline.outcomeCounts.isEmpty)
         #expect(harness.pipeline.inFlight == 0, "abandoned, not waiting to be sent again")
         #expect(harness.pipeline.intentsDrivenByCallbacks == (byCallbacks ? 1 : 0))
