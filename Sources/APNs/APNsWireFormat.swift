@@ -13,7 +13,9 @@ extension APNsClient {
         }
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(8)
-        headers.add("apns-id", apnsID)
+        // Never the same twice: indexed, each would take a place in both ends' HPACK tables
+        // (allocated, and pushing out the topic and push type the next requests refer to).
+        headers.addUnindexed("apns-id", apnsID)
         headers.add("apns-push-type", notification.pushType.rawValue)
         headers.add("apns-topic", notification.topic)
         headers.add("apns-priority", String(notification.effectivePriority))
@@ -32,7 +34,7 @@ extension APNsClient {
                                          authority: String) -> HTTP2Request {
         var headers = HTTP2Headers()
         headers.fields.reserveCapacity(7)
-        headers.add("apns-request-id", requestID)
+        headers.addUnindexed("apns-request-id", requestID)
         headers.add("apns-channel-id", channelID)
         headers.add("apns-push-type", PushType.liveactivity.rawValue)
         headers.add("apns-priority", String(notification.effectivePriority))

@@ -3,6 +3,11 @@ public import NIOCore
 /// An ordered list of HTTP/2 header fields, names in lower case as HTTP/2 requires.
 public struct HTTP2Headers: Sendable, ExpressibleByDictionaryLiteral {
     public var fields: [(name: String, value: String)]
+    /// Names whose fields HPACK sends as literals never indexed (RFC 7541 §6.2.3), kept out of
+    /// the compression contexts' dynamic tables: a value sent once (a request id) would
+    /// otherwise be inserted on both ends — an allocation each, and an eviction of an entry that
+    /// the next requests would have referred to by index. Empty for most header lists.
+    public var unindexedNames: [String] = []
 
     public init(_ fields: [(name: String, value: String)] = []) {
         self.fields = fields
@@ -14,6 +19,18 @@ public struct HTTP2Headers: Sendable, ExpressibleByDictionaryLiteral {
 
     public mutating func add(_ name: String, _ value: String) {
         fields.append((name: name, value: value))
+    }
+
+    /// Adds a field whose value no other header list repeats, kept out of HPACK's dynamic
+    /// tables (``unindexedNames``).
+    public mutating func addUnindexed(_ name: String, _ value: String) {
+        fields.append((name: name, value: value))
+        if !unindexedNames.contains(name) { unindexedNames.append(name) }
+    }
+
+    /// Whether `name`'s fields are sent never indexed (``unindexedNames``).
+    func isIndexed(_ name: String) -> Bool {
+        unindexedNames.isEmpty || !unindexedNames.contains(name)
     }
 
     /// The first value of `name`.

@@ -63,6 +63,9 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public var channel: (any Channel)? { context?.channel }
     public var openStreams: Int { openStreamIDs.count }
+    /// Bytes of header fields this connection's HPACK decoder keeps in its dynamic table (RFC
+    /// 7541 §4.1): what the client's indexed fields cost this side. Event loop only.
+    public var headerDecoderTableSize: Int { session?.headerTableSizes.decoder ?? 0 }
 
     // MARK: Public, event loop only
 

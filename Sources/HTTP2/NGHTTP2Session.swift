@@ -56,7 +56,7 @@ final class NGHTTP2Session {
     @exclusivity(unchecked) fileprivate var peerError: String?
     /// Reused between submits so that building a header list allocates nothing.
     @exclusivity(unchecked) private var scratchBytes: [UInt8] = []
-    @exclusivity(unchecked) private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int)] = []
+    @exclusivity(unchecked) private var scratchSpans: [(nameStart: Int, nameCount: Int, valueStart: Int, valueCount: Int, indexed: Bool)] = []
     @exclusivity(unchecked) private var scratchNameValues: [nghttp2_nv] = []
     /// Inside `nghttp2_session_mem_recv`: nghttp2 must not be asked to send from its callbacks
     /// (its documented rule); the owning handler defers its flushes until `receive` returned.
@@ -162,6 +162,12 @@ final class NGHTTP2Session {
         nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
     }
 
+    /// Bytes in HPACK's dynamic tables (RFC 7541 §4.1): what this side's encoder and decoder
+    /// hold of the header fields sent and received.
+    var headerTableSizes: (encoder: Int, decoder: Int) {
+        (nghttp2_session_get_hd_deflate_dynamic_table_size(session), nghttp2_session_get_hd_inflate_dynamic_table_size(session))
+    }
+
     var lastProcessedStreamID: Int32 {
         nghttp2_session_get_last_proc_stream_id(session)
     }
@@ -186,7 +192,7 @@ final class NGHTTP2Session {
         addField(":scheme", request.scheme)
         addField(":authority", request.authority)
         addField(":path", request.path)
-        for field in request.headers.fields { addField(field.name, field.value) }
+        addFields(request.headers)
         let hasBody = request.body != nil
         let streamID = withFields { nva, count in
             guard hasBody else { return nghttp2_submit_request(session, nil, nva, count, nil, nil) }
@@ -201,7 +207,7 @@ final class NGHTTP2Session {
     func submitResponse(streamID: Int32, _ response: HTTP2Response) throws(HTTP2Error) {
         beginFields()
         addField(":status", String(response.status))
-        for field in response.headers.fields { addField(field.name, field.value) }
+        addFields(response.headers)
         if let body = response.body { outboundBodies[streamID] = body }
         let hasBody = response.body != nil
         let rc = withFields { nva, count in
@@ -242,12 +248,17 @@ final class NGHTTP2Session {
         scratchSpans.removeAll(keepingCapacity: true)
     }
 
-    private func addField(_ name: String, _ value: String) {
+    /// `indexed` false: HPACK sends it as a literal never indexed (``HTTP2Headers/unindexedNames``).
+    private func addField(_ name: String, _ value: String, indexed: Bool = true) {
         let nameStart = scratchBytes.count
         scratchBytes.append(contentsOf: name.utf8)
         let valueStart = scratchBytes.count
         scratchBytes.append(contentsOf: value.utf8)
-        scratchSpans.append((nameStart, valueStart - nameStart, valueStart, scratchBytes.count - valueStart))
+        scratchSpans.append((nameStart, valueStart - nameStart, valueStart, scratchBytes.count - valueStart, indexed))
+    }
+
+    private func addFields(_ headers: HTTP2Headers) {
+        for field in headers.fields { addField(field.name, field.value, indexed: headers.isIndexed(field.name)) }
     }
 
     private func withFields<R>(_ body: (UnsafeMutablePointer<nghttp2_nv>, Int) -> R) -> R {
@@ -258,7 +269,8 @@ final class NGHTTP2Session {
             for span in scratchSpans {
                 scratchNameValues.append(nghttp2_nv(
                     name: base + span.nameStart, value: base + span.valueStart,
-                    namelen: span.nameCount, valuelen: span.valueCount, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+                    namelen: span.nameCount, valuelen: span.valueCount,
+                    flags: UInt8(span.indexed ? NGHTTP2_NV_FLAG_NONE.rawValue : NGHTTP2_NV_FLAG_NO_INDEX.rawValue)))
             }
             return scratchNameValues.withUnsafeMutableBufferPointer { nameValues in
                 body(nameValues.baseAddress!, nameValues.count)

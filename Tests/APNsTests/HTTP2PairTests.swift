@@ -1,3 +1,5 @@
+import APNs
+import Foundation
 import HTTP2
 import NIOCore
 import NIOEmbedded
@@ -126,6 +128,26 @@ struct HTTP2PairTests {
         pair.serverHandler.respond(streamID: pair.application.requests[4].streamID, HTTP2Response(status: 200))
         try pair.exchange()
         #expect(pair.results.count == 5 && pair.results.values.allSatisfy { (try? $0.get().status) == 200 })
+    }
+
+    /// An APNs request's `apns-id` goes as a literal never indexed (RFC 7541 §6.2.3): the
+    /// server's HPACK decoder keeps what every request repeats (authority, topic, push type,
+    /// priority), about 200 bytes, not an entry per id — 200 of them, 75 bytes each, would fill
+    /// its 4,096-byte table and push the repeated fields out.
+    @Test func aRequestsOwnIDStaysOutOfThePeersHeaderTable() throws {
+        let pair = try HTTP2Pair()
+        defer { pair.finish() }
+        try pair.exchange()
+        let count = 200
+        for index in 0..<count {
+            let notification = APNsNotification.alert("x", deviceToken: token(index), topic: sampleTopic)
+            let request = APNsClient.request(for: notification, apnsID: UUID().uuidString, authority: "api.example")
+            pair.clientHandler.execute(request, deadline: pair.loop.now + .seconds(60)) { [unowned pair] in pair.results[index] = $0 }
+            try pair.exchange()
+        }
+        #expect(pair.results.count == count && pair.results.values.allSatisfy { (try? $0.get().status) == 200 })
+        #expect(Set(pair.application.requests.compactMap { $0.request.headers["apns-id"] }).count == count)
+        #expect(pair.serverHandler.headerDecoderTableSize < 512, "\(pair.serverHandler.headerDecoderTableSize) bytes")
     }
 
     /// A GOAWAY read a byte at a time: the streams it names as processed are answered, the one
