@@ -2,6 +2,16 @@ import Kafka
 @testable import Relay
 import Testing
 
+extension BatchAdmission {
+    /// ``apply(_:to:_:_:holdsUnregistered:)`` for an answer whose pair held no remembered 410.
+    static func apply(_ answer: (decisions: [DevicePolicy.Admission], due: Int64), to positions: [Int],
+                      _ parsed: [Result<Intent, InvalidIntent>], _ admissions: inout [Admission]) {
+        var holds = Array(repeating: true, count: admissions.count)
+        apply(DevicePolicy.Decided(decisions: answer.decisions, due: answer.due, holdsUnregistered: false), to: positions, parsed,
+              &admissions, holdsUnregistered: &holds)
+    }
+}
+
 /// The pure part of a batch's admission, step by step: no Redis, no clock.
 @Suite("Batch admission", .timeLimit(.minutes(3)))
 struct BatchAdmissionTests {

@@ -31,6 +31,13 @@ struct KnownUnregisteredTests {
         return try #require(PolicyTests.byID(try await harness.outcomes(count: outcomesSoFar + 1))[id])
     }
 
+    /// The `DEL`s the server ran so far (`INFO commandstats`).
+    static func deleteCalls(_ client: RedisClient) async throws -> Int {
+        let info = try await client.send(RedisCommand("INFO", ["commandstats"])).string ?? ""
+        guard let line = info.split(whereSeparator: \.isNewline).first(where: { $0.hasPrefix("cmdstat_del:calls=") }) else { return 0 }
+        return Int(line.dropFirst("cmdstat_del:calls=".count).prefix { $0.isNumber }) ?? 0
+    }
+
     @Test func aRememberedFourTenAnswersUntilTheTokenIsRegisteredAgain() async throws {
         let redis = try await RedisServerProcess.started()
         let harness = try await Self.harness(redis, skip: true)
@@ -83,9 +90,16 @@ struct KnownUnregisteredTests {
         // A 410 remembered while the option was on is forgotten by a delivery while it is off.
         _ = try await client.send(RedisCommand("SET", [key, "\(Self.unregisteredAt)"]))
         harness.simulator.update { $0.unregistered = [:] }
+        let deletesBefore = try await Self.deleteCalls(client)
         let back = try await Self.answer(harness, Self.toGone("back-1"), id: "back-1", outcomesSoFar: 2)
         #expect(back["status"] as? String == "delivered")
         #expect(try await client.send(RedisCommand("EXISTS", [key])).integer == 0)
+        let deletes = try await Self.deleteCalls(client)
+        #expect(deletes > deletesBefore)
+        // A delivery whose admission read found no 410 has none to delete: no DEL sent.
+        let again = try await Self.answer(harness, Self.toGone("back-2"), id: "back-2", outcomesSoFar: 3)
+        #expect(again["status"] as? String == "delivered")
+        #expect(try await Self.deleteCalls(client) == deletes)
         await client.shutdown()
         try await harness.stopExpectingOneOutcomeEach()
     }
@@ -102,10 +116,10 @@ struct KnownUnregisteredTests {
         let intents = [try parsed("old", 20, collapse: "c"), try parsed("new", 5, collapse: "c"), try parsed("plain", nil),
                        try parsed("seen", nil)]
         var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
-        BatchAdmission.group(intents.map { .success($0) }, rules: BatchAdmissionTests.rules(), readsUnregistered: true,
+        BatchAdmission.group(intents.map { .success($0) }, rules: BatchAdmissionTests.rules(), skipsKnownUnregistered: true,
                              groups: &groups, members: &members)
         let group = try #require(groups.first)
-        #expect(group.readsUnregistered && group.registeredAt == [20, 5, nil, nil])
+        #expect(group.readsUnregistered && group.skipsKnownUnregistered && group.registeredAt == [20, 5, nil, nil])
         var bucket = DevicePolicy.Bucket(.init(burst: 10, refillPerSecond: 1), stored: nil, now: 0)
         let decisions = DevicePolicy.decide(group, waiting: nil, backoffUntil: 0, bucket: &bucket, now: 0, unregisteredAt: 10) {
             group.ids[$0] == "seen" ? .some(AnswerRecord(status: "unregistered", httpStatus: 410)) : nil

@@ -117,7 +117,7 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending),
               let (key, value) = Self.encoded(ending) else { return orElse(.notRecorded) }
         let started = ContinuousClock.now
-        let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(ending)
+        let headers = Self.outgoingHeaders(item), traced = item.traced, unregistered = unregisteredChange(item, ending)
         deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
                             lastSent: ending.lastSent, unregistered: unregistered,
                             onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
@@ -139,7 +139,7 @@ extension RelayPipeline {
         guard let deduplicator, case .success(let intent) = item.intent, let (status, window) = recordFields(ending) else { return }
         _ = await withRedisRetries(item) { () throws(RedisError) in
             try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status, window: window,
-                                          lastSent: ending.lastSent, unregistered: unregisteredChange(ending),
+                                          lastSent: ending.lastSent, unregistered: unregisteredChange(item, ending),
                                           onlyIfAbsent: ending.outcome?.status == .coalesced)
         }
     }
@@ -154,17 +154,19 @@ extension RelayPipeline {
     /// What the answer changes in the pair's remembered 410: with `policy.skip_known_unregistered`
     /// APNs' 410 is remembered (its timestamp); a delivery forgets it whether the option is on
     /// or not (so that turning it off and on again, or relays of an older version during an
-    /// upgrade, leave no 410 behind that a delivery since contradicts). A `KnownUnregistered`
+    /// upgrade, leave no 410 behind that a delivery since contradicts) — unless the intent's
+    /// admission read the pair and found none (``WorkItem/forgetsUnregistered``): then there is
+    /// nothing to delete, and most deliveries send Redis one command fewer. A `KnownUnregistered`
     /// answer (no request was made) changes nothing: the 410 keeps its own lifetime. A channel
     /// has no 410 to remember.
     @inline(never)
-    func unregisteredChange(_ ending: Ending) -> Deduplicator.Unregistered? {
+    func unregisteredChange(_ item: WorkItem, _ ending: Ending) -> Deduplicator.Unregistered? {
         guard let outcome = ending.outcome, outcome.channelID == nil else { return nil }
         switch outcome.status {
         case .unregistered where outcome.httpStatus == 410 && configuration.policy.skipKnownUnregistered:
             return .remember(at: outcome.unregisteredAt ?? outcome.at, ttl: configuration.policy.knownUnregisteredTTLSeconds)
         case .delivered:
-            return .forget
+            return item.forgetsUnregistered ? .forget : nil
         default:
             return nil
         }

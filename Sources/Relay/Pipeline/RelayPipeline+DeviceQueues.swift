@@ -7,7 +7,8 @@ extension RelayPipeline {
     /// partition is not ours). `consumedAt`: when the consumer handed the message over.
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
                lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil,
-               consumedAt: ContinuousClock.Instant = .now, readMark: UInt64? = nil, policyDecision: String? = nil) -> WorkItem? {
+               consumedAt: ContinuousClock.Instant = .now, readMark: UInt64? = nil, policyDecision: String? = nil,
+               forgetsUnregistered: Bool = true) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
@@ -51,7 +52,7 @@ extension RelayPipeline {
             }
             let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
                                 consumedAt: consumedAt, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
-                                trace: trace, traced: traced, policyDecision: policyDecision)
+                                trace: trace, traced: traced, policyDecision: policyDecision, forgetsUnregistered: forgetsUnregistered)
             return (Self.enqueue(item, &state, precedence: lanePrecedence), state.lanes.inFlight[lane])
         }
         // Not ours (revoked meanwhile): no work, so its span ends now.

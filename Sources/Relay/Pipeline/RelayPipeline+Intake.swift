@@ -143,7 +143,8 @@ extension RelayPipeline {
         var groups = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
-                guard var admissions = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil else { return }
+                guard case (var admissions, let holdsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
+                else { return }
                 let decisions = self.applyPolicyMode(&admissions, batch.parsed)
                 let admitting = batch.admitting
                 let readMark = admitting.read?.mark
@@ -161,9 +162,10 @@ extension RelayPipeline {
                 for chunk in stride(from: 0, to: messages.count, by: Self.workGroupSize) {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
-                    let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map {
-                        (message: messages[$0], parsed: batch.parsed[$0], admission: admissions[$0],
-                         generation: batch.generations[messages[$0].topicPartition], decision: decisions[$0])
+                    let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map { index -> Member in
+                        Member(message: messages[index], parsed: batch.parsed[index], admission: admissions[index],
+                               holdsUnregistered: holdsUnregistered[index], generation: batch.generations[messages[index].topicPartition],
+                               decision: decisions[index])
                     }
                     let admitted = AsyncLatch()
                     let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
@@ -176,7 +178,8 @@ extension RelayPipeline {
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
                                                           generation: member.generation, policy: policy, consumedAt: consumedAt,
-                                                          readMark: readMark, policyDecision: member.decision) {
+                                                          readMark: readMark, policyDecision: member.decision,
+                                                          forgetsUnregistered: member.holdsUnregistered) {
                                     if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }
                             }
@@ -190,6 +193,16 @@ extension RelayPipeline {
                 admitting.read?.end()
             }
         }
+    }
+
+    /// One record of a work group, as admitted.
+    private struct Member: Sendable {
+        let message: KafkaMessage
+        let parsed: Result<Intent, InvalidIntent>
+        let admission: Admission
+        let holdsUnregistered: Bool
+        let generation: Int?
+        let decision: String?
     }
 
     /// Records of a lane's backlog were admitted: the consumer may hand over more of its topic,

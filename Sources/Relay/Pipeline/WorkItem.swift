@@ -42,11 +42,14 @@ extension RelayPipeline {
         /// lanes an urgent send may overtake, see ``RelayPipeline/enqueue(_:_:precedence:)``).
         /// Worked out once: it is asked several times on every intent's way.
         let queueToken: String?
+        /// Its delivery deletes the pair's remembered 410 (``RelayPipeline/unregisteredChange(_:_:)``):
+        /// false only where its batch's admission read found none.
+        let forgetsUnregistered: Bool
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
              intent: Result<Intent, InvalidIntent>, admission: Admission = .send, recordsAnswer: Bool = false,
              holdsAnswer: Bool? = nil, mailboxMember: String? = nil, trace: TraceContext? = nil, traced: IntentTrace? = nil,
-             policyDecision: String? = nil, origin: TopicPartition? = nil) {
+             policyDecision: String? = nil, origin: TopicPartition? = nil, forgetsUnregistered: Bool = true) {
             self.partition = partition
             self.lane = lane
             self.offset = offset
@@ -61,6 +64,7 @@ extension RelayPipeline {
             self.traced = traced
             self.policyDecision = policyDecision
             self.origin = origin
+            self.forgetsUnregistered = forgetsUnregistered
             self.queueToken = Self.queueToken(intent, admission)
         }
 
@@ -70,7 +74,7 @@ extension RelayPipeline {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
                      intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
                      holdsAnswer: holdsAnswer, mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision,
-                     origin: origin)
+                     origin: origin, forgetsUnregistered: forgetsUnregistered)
         }
 
         /// ``queueToken``.

@@ -40,10 +40,11 @@ enum BatchAdmission {
     /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
     /// the newest may turn out unable to go out.
     ///
-    /// `readsUnregistered`: each group also reads the pair's remembered 410
-    /// (`policy.skip_known_unregistered`).
+    /// Each group of a device's token reads the pair's remembered 410 (a delivery deletes one
+    /// only where it was); `skipsKnownUnregistered` (`policy.skip_known_unregistered`): it
+    /// decides too.
     static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (_ topic: String, _ recipient: String) -> RelayConfiguration.Policy.Rules,
-                      readsUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
+                      skipsKnownUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
         func collapseKey(_ intent: Intent) -> CollapseKey? {
             guard let collapseID = intent.collapseID, rules(intent.topic, intent.recipient).coalesce else { return nil }
@@ -72,7 +73,8 @@ enum BatchAdmission {
                 groups.append(DevicePolicy.Group(token: key.token, topic: intent.topic,
                                                  rules: rules(intent.topic, intent.recipient)))
                 // A channel has no 410 to remember.
-                groups[group].readsUnregistered = readsUnregistered && intent.channelID == nil
+                groups[group].readsUnregistered = intent.channelID == nil
+                groups[group].skipsKnownUnregistered = skipsKnownUnregistered && intent.channelID == nil
                 members.append([])
             }
             placed[index] = (group, groups[group].append(intent.id, nowOrNever: intent.expiration == 0,
@@ -87,11 +89,13 @@ enum BatchAdmission {
 
     /// Turns one group's answer into admissions: of the intents that must wait, the newest is
     /// parked and the older ones are `coalesced` by it (now-or-never ones expire instead).
-    static func apply(_ answer: (decisions: [DevicePolicy.Admission], due: Int64), to positions: [Int],
-                      _ parsed: [Result<Intent, InvalidIntent>], _ admissions: inout [Admission]) {
+    /// `holdsUnregistered` hears, per position, whether the pair had a remembered 410 when read.
+    static func apply(_ answer: DevicePolicy.Decided, to positions: [Int], _ parsed: [Result<Intent, InvalidIntent>],
+                      _ admissions: inout [Admission], holdsUnregistered: inout [Bool]) {
         var parking: Int?
         for (position, decision) in zip(positions, answer.decisions).reversed() {
             guard case .success(let intent) = parsed[position] else { continue }
+            holdsUnregistered[position] = answer.holdsUnregistered
             switch decision {
             case .send: admissions[position] = .send
             case .duplicate(let record): admissions[position] = .duplicate(record)

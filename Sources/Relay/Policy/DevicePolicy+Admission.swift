@@ -53,8 +53,12 @@ extension DevicePolicy {
         private(set) var registeredAt: [Int64?] = []
         /// For each intent, its expiration (epoch s).
         private(set) var expirations: [Int64] = []
-        /// The pair's remembered 410 is read (`policy.skip_known_unregistered`).
+        /// The pair's remembered 410 is read (every group of a device's token, not of a channel):
+        /// a delivery deletes it only where there was one.
         var readsUnregistered = false
+        /// The remembered 410 decides (`policy.skip_known_unregistered`): an intent it applies to
+        /// is `knownUnregistered`.
+        var skipsKnownUnregistered = false
         /// For each intent, the position of the newest intent of its collapse id when that is
         /// another one (nil for the newest and for intents that do not collapse).
         var collapsesInto: [Int?] = []
@@ -154,9 +158,18 @@ extension DevicePolicy {
         PendingAdmission(policy: self, groups: groups)
     }
 
+    /// One group's answer: its intents' decisions, when the device may be sent to next, and
+    /// whether Redis held a remembered 410 for the pair (true where it was not read: a delivery
+    /// deletes it then).
+    struct Decided: Sendable {
+        var decisions: [Admission]
+        var due: Int64
+        var holdsUnregistered = true
+    }
+
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
     /// topic one `MGET` of the bucket, the backoff, the mailbox's ids, the intents' dedupe
-    /// records and, with `policy.skip_known_unregistered`, the pair's remembered 410), the
+    /// records and the pair's remembered 410), the
     /// decisions taken here, and the buckets' new arrival times written after them in a second
     /// round trip on the same connection, whose replies are checked (a group whose write failed
     /// fails as a failed read does).
@@ -170,12 +183,13 @@ extension DevicePolicy {
         let policy: DevicePolicy
         let groups: [Group]
 
-        /// The decisions for every group at `now` (epoch ms), and for each the time the device
-        /// may be sent to next; a group whose read Redis answered with an error (its keys' slot
+        /// The decisions for every group at `now` (epoch ms), for each the time the device
+        /// may be sent to next, and whether Redis held a remembered 410 for the pair (true
+        /// where it was not read); a group whose read Redis answered with an error (its keys' slot
         /// being migrated in a Redis Cluster, say) has that error instead, and the others are
         /// decided all the same. Throws when the round trip itself failed. Asked again after a
         /// failure, it reads again.
-        func get(now: Int64) async throws(RedisError) -> [Result<(decisions: [Admission], due: Int64), RedisError>] {
+        func get(now: Int64) async throws(RedisError) -> [Result<Decided, RedisError>] {
             guard !groups.isEmpty else { return [] }
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
             let keys = policy.keys
@@ -194,7 +208,7 @@ extension DevicePolicy {
             guard replies.count == groups.count else {
                 throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
             }
-            var answers: [Result<(decisions: [Admission], due: Int64), RedisError>] = []
+            var answers: [Result<Decided, RedisError>] = []
             answers.reserveCapacity(groups.count)
             var writes = RedisCommandBuffer(reservingBytes: 64 * groups.count)
             // Per bucket write, the answer it belongs to.
@@ -214,7 +228,8 @@ extension DevicePolicy {
                 let backoffUntil = Bucket.backoff(values[1].string)?.until ?? 0
                 // A value that does not read as a time (Redis holds whatever was written) is
                 // no remembered 410: the intent is sent and APNs answers.
-                let unregisteredAt = group.readsUnregistered ? values[3 + group.ids.count].integer : nil
+                let unregistered = group.readsUnregistered ? values[3 + group.ids.count] : nil
+                let unregisteredAt = group.skipsKnownUnregistered ? unregistered?.integer : nil
                 // In shadow mode the mailbox enforce mode would have (``ShadowMailbox``), unless
                 // the real one holds an intent (parked before a switch to shadow mode).
                 let mailbox = values[2].bytes
@@ -248,7 +263,8 @@ extension DevicePolicy {
                     }
                     written.append(answers.count)
                 }
-                answers.append(.success((decisions, max(backoffUntil, bucket.due))))
+                answers.append(.success(Decided(decisions: decisions, due: max(backoffUntil, bucket.due),
+                                                holdsUnregistered: unregistered.map { !$0.isNull } ?? true)))
             }
             // The buckets are spent before anything is sent: a write Redis refuses (a replica
             // that was a master, `READONLY`; a full `noeviction` server, `OOM`; a slot moved)
