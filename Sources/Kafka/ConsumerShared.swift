@@ -14,7 +14,7 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     let queue: AsyncBoundedQueue<KafkaConsumerEvent>
     let flow: Locked<ConsumerFlowControl>
     /// Told of a revocation on the poll thread before its commit (``KafkaConsumer/onRevoking(_:)``).
-    let revocationHandler = Locked<(@Sendable ([TopicPartition], _ lost: Bool) -> Void)?>(nil)
+    let revocationHandler = LockedFunction<@Sendable ([TopicPartition], _ lost: Bool) -> Void>()
     /// Revocations whose commit failed (``KafkaConsumer/revocationCommitFailures``).
     let revocationCommitFailures = Atomic<Int>(0)
     /// With topic queues (``KafkaConsumer`` `topicQueues`): each topic's own librdkafka queue,
@@ -294,7 +294,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         // The application stops new work of these partitions and lets what is under way finish
         // first (bounded by the handler), so that the commit below covers it.
         let lost = list == nil || rd_kafka_assignment_lost(rk) != 0
-        shared.revocationHandler.withLock { $0 }?(changed, lost)
+        shared.revocationHandler.current?(changed, lost)
         // Commit what is stored first, so the partitions' next owner starts exactly behind the
         // work finished here (synchronous: the callback runs on the poll thread). The revocation's
         // list carries no offsets (committing it commits nothing): commit the stored offsets of
@@ -339,7 +339,7 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         let (assigned, paused) = shared.flow.withLock { flow in
             (Array(flow.assigned), flow.bufferFull ? Array(flow.assigned) : Array(flow.pausedByApplication))
         }
-        shared.revocationHandler.withLock { $0 }?(assigned, true)
+        shared.revocationHandler.current?(assigned, true)
         if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         _ = rd_kafka_assign(rk, nil)
         shared.handedOverOffsets.resetAll()

@@ -17,16 +17,16 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
     /// Reports served and not handed over yet: appended by librdkafka's delivery-report callback,
     /// taken whole after the poll that served them. At most the records in flight.
     private let pending = Locked<[Report]>([])
-    private let handler: Locked<(@Sendable ([Report]) -> Void)?>
+    private let handler: LockedFunction<@Sendable ([Report]) -> Void>
 
     init(_ handler: (@Sendable ([Report]) -> Void)?) {
-        self.handler = Locked(handler)
+        self.handler = LockedFunction(handler)
     }
 
     /// Sets (or replaces) the handler: for a maker that needs the batcher before it can make
     /// its handler. Reports that come before a handler is set are held until one is.
     public func deliver(to handler: @escaping @Sendable ([Report]) -> Void) {
-        self.handler.withLock { $0 = handler }
+        self.handler.set(handler)
         dispatch()
     }
 
@@ -36,7 +36,7 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
 
     /// Hands the reports served since the last call to the handler, if any.
     func dispatch() {
-        guard let handler = handler.withLock({ $0 }) else { return }
+        guard let handler = handler.current else { return }
         let reports = pending.withLock { pending -> [Report] in
             guard !pending.isEmpty else { return [] }
             let count = pending.count
@@ -51,7 +51,7 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
 
     /// A record refused at once: its report alone, now.
     func refused(_ token: Token, _ error: KafkaError) {
-        if let handler = handler.withLock({ $0 }) { return handler([(token, .failure(error))]) }
+        if let handler = handler.current { return handler([(token, .failure(error))]) }
         append(token, .failure(error))
         // A handler set meanwhile (``deliver(to:)``) may have dispatched before the append.
         dispatch()

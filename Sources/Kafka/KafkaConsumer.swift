@@ -206,7 +206,7 @@ public final class KafkaConsumer: Service, Sendable {
     /// may block, bounded: it is the moment to stop new work of those partitions and let the
     /// work under way store its offsets. The `.revoked` event follows in ``events``.
     public func onRevoking(_ handler: @escaping @Sendable ([TopicPartition], _ lost: Bool) -> Void) {
-        shared.revocationHandler.withLock { $0 = handler }
+        shared.revocationHandler.set(handler)
     }
 
     /// Revocations whose commit failed so far: the revoked partitions' next owners start from
@@ -251,7 +251,7 @@ public final class KafkaConsumer: Service, Sendable {
     /// Hands each of librdkafka's statistics to `handler` (from the poll thread), every
     /// `statistics.interval.ms` (0, librdkafka's default, emits none).
     public func onStatistics(_ handler: @escaping @Sendable (KafkaStatistics) -> Void) {
-        shared.statistics.withLock { $0 = handler }
+        shared.statistics.set(handler)
     }
 
     /// Leaves the group (revoking every partition, whose stored offsets are committed) and ends

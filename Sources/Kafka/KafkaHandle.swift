@@ -5,11 +5,11 @@ import Logging
 
 /// What librdkafka's callbacks reach through the client's opaque pointer: at least a logger.
 /// `@unchecked Sendable` (the compiler checks no class that may be subclassed): `logger` is a
-/// `let` and `statistics` a `Locked`; each subclass says what makes its own state safe.
+/// `let` and `statistics` a `LockedFunction`; each subclass says what makes its own state safe.
 class KafkaCallbackContext: @unchecked Sendable {
     let logger: Logger
     /// Hears librdkafka's statistics (``KafkaStatistics``), when set.
-    let statistics = Locked<(@Sendable (KafkaStatistics) -> Void)?>(nil)
+    let statistics = LockedFunction<@Sendable (KafkaStatistics) -> Void>()
 
     init(logger: Logger) {
         self.logger = logger
@@ -33,7 +33,7 @@ class KafkaCallbackContext: @unchecked Sendable {
 private let forwardStatistics: @convention(c) (OpaquePointer?, UnsafeMutablePointer<CChar>?, Int, UnsafeMutableRawPointer?) -> Int32 = { _, json, length, opaque in
     guard let json, let opaque else { return 0 }
     let context = Unmanaged<KafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
-    guard let handler = context.statistics.withLock({ $0 }),
+    guard let handler = context.statistics.current,
           let statistics = KafkaStatistics(json: UnsafeRawBufferPointer(start: json, count: length)) else { return 0 }
     handler(statistics)
     return 0

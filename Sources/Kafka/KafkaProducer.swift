@@ -267,7 +267,7 @@ public final class KafkaProducer: Service, Sendable {
     /// Hands each of librdkafka's statistics to `handler` (from the poll thread), every
     /// `statistics.interval.ms` (0, librdkafka's default, emits none).
     public func onStatistics(_ handler: @escaping @Sendable (KafkaStatistics) -> Void) {
-        callbacks.statistics.withLock { $0 = handler }
+        callbacks.statistics.set(handler)
     }
 
     /// A fatal producer error (idempotence broken), if one happened.

@@ -43,3 +43,20 @@ struct LockedTests {
         #expect(value.withLock { $0 } == 2)
     }
 }
+
+@Suite("Locked function", .timeLimit(.minutes(1)))
+struct LockedFunctionTests {
+    /// Read a thousand times, the function is called through as few frames as at first.
+    @Test func readsLeaveTheFunctionAsItWas() {
+        let depths = Locked<[Int]>([])
+        let function = LockedFunction<@Sendable () -> Void>({ depths.withLock { $0.append(Thread.callStackSymbols.count) } })
+        for _ in 0..<1_000 { function.current?() }
+        let seen = depths.withLock { $0 }
+        #expect(seen.count == 1_000 && Set(seen).count == 1, "\(seen.first ?? 0) frames at first, \(seen.last ?? 0) at last")
+        function.set(nil)
+        #expect(function.current == nil)
+        function.set { depths.withLock { $0 = [-1] } }
+        function.current?()
+        #expect(depths.withLock { $0 } == [-1])
+    }
+}

@@ -235,6 +235,33 @@ struct KafkaTests {
     /// poll of the producer, not one per record (the relay ends a poll's worth of intents in one
     /// turn); each record's report comes once, with its token. A record sent after `close()` is
     /// refused at once, alone.
+    /// The handler is reached the same way after hundreds of polls as after the first: each
+    /// poll reads it, and when the lock lent it as `inout` every read left it wrapped two
+    /// thunks deeper (``LockedFunction``), until its calls took hundreds of frames.
+    @Test func theReportHandlerIsReachedAsDirectlyAfterManyPolls() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("outcomes")
+        try cluster.createTopic(topic, partitions: 1)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        try await producer.prepare(topics: [topic])
+        let depths = Locked<[Int: Int]>([:])
+        let reported = AsyncWatched(0)
+        let batcher: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
+            let depth = Thread.callStackSymbols.count
+            depths.withLock { for report in batch { $0[report.token] = depth } }
+            reported.update { $0 += batch.count }
+        }
+        // One record at a time: each report takes polls of its own.
+        let count = 200
+        for index in 0..<count {
+            producer.send(topic: topic, key: nil, value: [1], token: index, to: batcher)
+            #expect(await reported.wait(atMost: .seconds(10)) { $0 > index }, "report \(index)")
+        }
+        await producer.close()
+        let (first, last) = depths.withLock { ($0[0] ?? 0, $0[count - 1] ?? 0) }
+        #expect(first > 0 && last - first < 8, "\(first) frames deep at the first report, \(last) at the last")
+    }
+
     @Test func deliveryReportsComeABatchAtATime() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let topic = uniqueName("outcomes")

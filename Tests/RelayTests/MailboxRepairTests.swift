@@ -202,20 +202,18 @@ struct MailboxRepairTests {
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         let token = hexToken(0x3e)
         let lost = AsyncLatch()
-        harness.pipeline.afterDueRead.withLock { hook in
-            hook = { [pipeline = harness.pipeline] partitions in
-                // As librdkafka's revocation does, on another thread, before the takes.
-                guard !lost.isOpen else { return }
-                pipeline.partitionsRevoking(partitions, lost: true)
-                lost.open()
-            }
+        harness.pipeline.afterDueRead.set { [pipeline = harness.pipeline] partitions in
+            // As librdkafka's revocation does, on another thread, before the takes.
+            guard !lost.isOpen else { return }
+            pipeline.partitionsRevoking(partitions, lost: true)
+            lost.open()
         }
         _ = try await client.pipeline(Self.dueEntry("raced-1", token: token, partition: 2, intentsTopic: harness.intentsTopic,
                                                     expiration: expiration))
         #expect(await lost.wait(atMost: .seconds(20)))
         // The poll that read it went on to its takes (a second poll begins after it).
         let polled = AsyncLatch()
-        harness.pipeline.afterDueRead.withLock { $0 = { _ in polled.open() } }
+        harness.pipeline.afterDueRead.set { _ in polled.open() }
         #expect(await polled.wait(atMost: .seconds(20)))
         let mailbox = RedisKeys.standard.mailbox(token: token, topic: "com.example.app")
         #expect(try await client.send(RedisCommand("HGET", [mailbox, "pid"])).string == "raced-1")

@@ -70,7 +70,7 @@ public final class RelayPipeline: RelayStatus, Service {
     let stopping = AsyncLatch()
     /// For tests: called between a mailbox poll's due-index read and its takes, with the
     /// partitions that had due entries (where a rebalance can take one away).
-    let afterDueRead = Locked<(@Sendable ([TopicPartition]) -> Void)?>(nil)
+    let afterDueRead = LockedFunction<@Sendable ([TopicPartition]) -> Void>()
     /// Opened once in-flight work finished or the shutdown deadline passed: what is still
     /// running is cancelled.
     let abandoning = AsyncLatch()

@@ -234,7 +234,7 @@ extension RelayPipeline {
             redisFailed(error, by: .poll)
             return
         }
-        if !found.isEmpty, let hook = afterDueRead.withLock({ $0 }) { hook(Array(Set(found.map(\.partition)))) }
+        if !found.isEmpty, let hook = afterDueRead.current { hook(Array(Set(found.map(\.partition)))) }
         // Takes failing one after another (Redis down) end the poll; one failing take (its
         // node's trouble, its entry's) does not hold up the others.
         var failingTakes = 0
