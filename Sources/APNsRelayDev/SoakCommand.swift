@@ -30,9 +30,9 @@ import Common
 /// Sends twice are allowed where the relay cannot know better: the intents it had at APNs when
 /// it was killed (at most `--max-in-flight` per kill) and the sends APNs took in without
 /// answering while it stalled; an intent APNs accepted that a redelivery then answered
-/// `coalesced` counts against the same bound. An intent whose only outcomes are `duplicate`s of
-/// a right answer is one whose answer Redis recorded and whose outcome a killed relay had not
-/// yet published: it counts as answered from its record, at most `--max-in-flight` per kill.
+/// `coalesced` counts against the same bound. So does an intent whose only outcomes are
+/// `duplicate`s of a right answer (of `delivered`, only if APNs took it): its answer was recorded
+/// in Redis and its outcome not yet published when its relay was killed.
 struct SoakCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "soak",

@@ -3,10 +3,9 @@
 ///
 /// Not a `Locked<(@Sendable (…) -> Void)?>`: `Mutex.withLock` lends its value as `inout`, and a
 /// function value lent so is reabstracted on the way in and again on the way out — wrapped in
-/// two more thunks that stay stored, even when the closure only read it. Every read made every
-/// later call two frames deeper: a handler read after each producer poll was, ten seconds into
-/// `bench e2e`, reached through hundreds of nested thunks (8% of the relay's CPU), and would have
-/// overflowed its thread's stack in time. Here the function sits in an object that the lock
+/// two more thunks that stay stored, even when the closure only read it. Every read would make
+/// every later call two frames deeper, without bound (a handler read after each producer poll;
+/// docs/performance.md has what that cost). Here the function sits in an object that the lock
 /// holds, so reading it copies a reference.
 public final class LockedFunction<Function: Sendable>: Sendable {
     private final class Box: Sendable {

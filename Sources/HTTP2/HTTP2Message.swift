@@ -3,11 +3,12 @@ public import NIOCore
 /// An ordered list of HTTP/2 header fields, names in lower case as HTTP/2 requires.
 public struct HTTP2Headers: Sendable, ExpressibleByDictionaryLiteral {
     public var fields: [(name: String, value: String)]
-    /// Names whose fields HPACK sends as literals never indexed (RFC 7541 §6.2.3), kept out of
-    /// the compression contexts' dynamic tables: a value sent once (a request id) would
-    /// otherwise be inserted on both ends — an allocation each, and an eviction of an entry that
-    /// the next requests would have referred to by index. Empty for most header lists.
-    public var unindexedNames: [String] = []
+    /// The positions in ``fields`` (below 64) of the fields HPACK sends as literals never
+    /// indexed (RFC 7541 §6.2.3), kept out of the compression contexts' dynamic tables: a value
+    /// sent once (a request id) would otherwise be inserted on both ends — an allocation each,
+    /// and an eviction of an entry the next requests would have referred to by index. Set by
+    /// ``addUnindexed(_:_:)``; a bit per position, so marking one allocates nothing.
+    public private(set) var unindexedPositions: UInt64 = 0
 
     public init(_ fields: [(name: String, value: String)] = []) {
         self.fields = fields
@@ -22,15 +23,15 @@ public struct HTTP2Headers: Sendable, ExpressibleByDictionaryLiteral {
     }
 
     /// Adds a field whose value no other header list repeats, kept out of HPACK's dynamic
-    /// tables (``unindexedNames``).
+    /// tables (``unindexedPositions``; from the 65th field on, indexed as any other).
     public mutating func addUnindexed(_ name: String, _ value: String) {
+        if fields.count < 64 { unindexedPositions |= 1 << UInt64(fields.count) }
         fields.append((name: name, value: value))
-        if !unindexedNames.contains(name) { unindexedNames.append(name) }
     }
 
-    /// Whether `name`'s fields are sent never indexed (``unindexedNames``).
-    func isIndexed(_ name: String) -> Bool {
-        unindexedNames.isEmpty || !unindexedNames.contains(name)
+    /// Whether the field at `position` may be indexed (``unindexedPositions``).
+    func isIndexed(at position: Int) -> Bool {
+        position >= 64 || unindexedPositions & (1 << UInt64(position)) == 0
     }
 
     /// The first value of `name`.

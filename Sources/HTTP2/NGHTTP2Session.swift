@@ -248,7 +248,7 @@ final class NGHTTP2Session {
         scratchSpans.removeAll(keepingCapacity: true)
     }
 
-    /// `indexed` false: HPACK sends it as a literal never indexed (``HTTP2Headers/unindexedNames``).
+    /// `indexed` false: HPACK sends it as a literal never indexed (``HTTP2Headers/unindexedPositions``).
     private func addField(_ name: String, _ value: String, indexed: Bool = true) {
         let nameStart = scratchBytes.count
         scratchBytes.append(contentsOf: name.utf8)
@@ -258,7 +258,9 @@ final class NGHTTP2Session {
     }
 
     private func addFields(_ headers: HTTP2Headers) {
-        for field in headers.fields { addField(field.name, field.value, indexed: headers.isIndexed(field.name)) }
+        for (position, field) in headers.fields.enumerated() {
+            addField(field.name, field.value, indexed: headers.isIndexed(at: position))
+        }
     }
 
     private func withFields<R>(_ body: (UnsafeMutablePointer<nghttp2_nv>, Int) -> R) -> R {

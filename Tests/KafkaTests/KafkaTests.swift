@@ -231,10 +231,6 @@ struct KafkaTests {
         await #expect(throws: KafkaError.self) { _ = try await producer.send(topic: topic, key: nil, value: [2]) }
     }
 
-    /// Records sent together have their delivery reports handed over together: one call per
-    /// poll of the producer, not one per record (the relay ends a poll's worth of intents in one
-    /// turn); each record's report comes once, with its token. A record sent after `close()` is
-    /// refused at once, alone.
     /// The handler is reached the same way after hundreds of polls as after the first: each
     /// poll reads it, and when the lock lent it as `inout` every read left it wrapped two
     /// thunks deeper (``LockedFunction``), until its calls took hundreds of frames.
@@ -262,6 +258,10 @@ struct KafkaTests {
         #expect(first > 0 && last - first < 8, "\(first) frames deep at the first report, \(last) at the last")
     }
 
+    /// Records sent together have their delivery reports handed over together: one call per
+    /// poll of the producer, not one per record (the relay ends a poll's worth of intents in one
+    /// turn); each record's report comes once, with its token. A record sent after `close()` is
+    /// refused at once, alone.
     @Test func deliveryReportsComeABatchAtATime() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let topic = uniqueName("outcomes")

@@ -14,14 +14,15 @@ extension RelayPipeline {
         if case .readmit = item.admission {
             // Decided now, in its device's turn: its batch's read of its keys failed, or could
             // not see a copy's answer recorded after it (that decision was counted already).
-            guard let decided = await readmit(item), case .success(let intent) = item.intent else {
+            guard let (decided, forgets) = await readmit(item), case .success(let intent) = item.intent else {
                 await conclude(item, Ending())
                 return nil
             }
             let (admission, decision) = shadowed(decided, intent, counted: item.policyDecision != nil)
             var records = false
             if deduplicator != nil, case .send = admission { records = true }
-            return await handle(item.admitted(as: admission, recordsAnswer: records, policyDecision: decision))
+            return await handle(item.admitted(as: admission, recordsAnswer: records, policyDecision: decision,
+                                              forgetsUnregistered: item.forgetsUnregistered || forgets))
         }
         let ending: Ending
         var parkedDue: Int64?

@@ -154,9 +154,10 @@ extension RelayPipeline {
     /// What the answer changes in the pair's remembered 410: with `policy.skip_known_unregistered`
     /// APNs' 410 is remembered (its timestamp); a delivery forgets it whether the option is on
     /// or not (so that turning it off and on again, or relays of an older version during an
-    /// upgrade, leave no 410 behind that a delivery since contradicts) — unless the intent's
-    /// admission read the pair and found none (``WorkItem/forgetsUnregistered``): then there is
-    /// nothing to delete, and most deliveries send Redis one command fewer. A `KnownUnregistered`
+    /// upgrade, leave no 410 behind that a delivery since contradicts) — unless the option is
+    /// off and the intent's admission read the pair and found none
+    /// (``WorkItem/forgetsUnregistered``): then there is nothing to delete, and most deliveries
+    /// send Redis one command fewer. A `KnownUnregistered`
     /// answer (no request was made) changes nothing: the 410 keeps its own lifetime. A channel
     /// has no 410 to remember.
     @inline(never)

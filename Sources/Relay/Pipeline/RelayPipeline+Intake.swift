@@ -143,7 +143,7 @@ extension RelayPipeline {
         var groups = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
-                guard case (var admissions, let holdsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
+                guard case (var admissions, let forgetsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
                 else { return }
                 let decisions = self.applyPolicyMode(&admissions, batch.parsed)
                 let admitting = batch.admitting
@@ -164,7 +164,7 @@ extension RelayPipeline {
                     // not the batch's.
                     let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map { index -> Member in
                         Member(message: messages[index], parsed: batch.parsed[index], admission: admissions[index],
-                               holdsUnregistered: holdsUnregistered[index], generation: batch.generations[messages[index].topicPartition],
+                               forgetsUnregistered: forgetsUnregistered[index], generation: batch.generations[messages[index].topicPartition],
                                decision: decisions[index])
                     }
                     let admitted = AsyncLatch()
@@ -179,7 +179,7 @@ extension RelayPipeline {
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
                                                           generation: member.generation, policy: policy, consumedAt: consumedAt,
                                                           readMark: readMark, policyDecision: member.decision,
-                                                          forgetsUnregistered: member.holdsUnregistered) {
+                                                          forgetsUnregistered: member.forgetsUnregistered) {
                                     if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }
                             }
@@ -200,7 +200,7 @@ extension RelayPipeline {
         let message: KafkaMessage
         let parsed: Result<Intent, InvalidIntent>
         let admission: Admission
-        let holdsUnregistered: Bool
+        let forgetsUnregistered: Bool
         let generation: Int?
         let decision: String?
     }

@@ -43,7 +43,8 @@ extension RelayPipeline {
         /// Worked out once: it is asked several times on every intent's way.
         let queueToken: String?
         /// Its delivery deletes the pair's remembered 410 (``RelayPipeline/unregisteredChange(_:_:)``):
-        /// false only where its batch's admission read found none.
+        /// false only where its admission read found none and the relay remembers no 410s
+        /// itself (``DevicePolicy/Decided/forgetsUnregistered``).
         let forgetsUnregistered: Bool
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,
@@ -70,11 +71,12 @@ extension RelayPipeline {
 
         /// The same item with another admission (an intent to send that is to park instead, its
         /// device's earlier intent having parked).
-        func admitted(as admission: Admission, recordsAnswer: Bool? = nil, policyDecision: String? = nil) -> WorkItem {
+        func admitted(as admission: Admission, recordsAnswer: Bool? = nil, policyDecision: String? = nil,
+                      forgetsUnregistered: Bool? = nil) -> WorkItem {
             WorkItem(partition: partition, lane: lane, offset: offset, generation: generation, consumedAt: consumedAt,
                      intent: intent, admission: admission, recordsAnswer: recordsAnswer ?? self.recordsAnswer,
                      holdsAnswer: holdsAnswer, mailboxMember: mailboxMember, trace: trace, traced: traced, policyDecision: policyDecision ?? self.policyDecision,
-                     origin: origin, forgetsUnregistered: forgetsUnregistered)
+                     origin: origin, forgetsUnregistered: forgetsUnregistered ?? self.forgetsUnregistered)
         }
 
         /// ``queueToken``.

@@ -29,8 +29,8 @@ extension RelayPipeline {
     }
 }
 
-/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:groups:members:)``
-/// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:)`` turns Redis'
+/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:skipsKnownUnregistered:groups:members:)``
+/// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:forgetsUnregistered:)`` turns Redis'
 /// answer for each group into the intents' admissions.
 enum BatchAdmission {
     typealias Admission = RelayPipeline.Admission
@@ -89,13 +89,14 @@ enum BatchAdmission {
 
     /// Turns one group's answer into admissions: of the intents that must wait, the newest is
     /// parked and the older ones are `coalesced` by it (now-or-never ones expire instead).
-    /// `holdsUnregistered` hears, per position, whether the pair had a remembered 410 when read.
+    /// `forgetsUnregistered` hears, per position, whether a delivery deletes the pair's
+    /// remembered 410 (``DevicePolicy/Decided/forgetsUnregistered``).
     static func apply(_ answer: DevicePolicy.Decided, to positions: [Int], _ parsed: [Result<Intent, InvalidIntent>],
-                      _ admissions: inout [Admission], holdsUnregistered: inout [Bool]) {
+                      _ admissions: inout [Admission], forgetsUnregistered: inout [Bool]) {
         var parking: Int?
         for (position, decision) in zip(positions, answer.decisions).reversed() {
             guard case .success(let intent) = parsed[position] else { continue }
-            holdsUnregistered[position] = answer.holdsUnregistered
+            forgetsUnregistered[position] = answer.forgetsUnregistered
             switch decision {
             case .send: admissions[position] = .send
             case .duplicate(let record): admissions[position] = .duplicate(record)

@@ -159,12 +159,15 @@ extension DevicePolicy {
     }
 
     /// One group's answer: its intents' decisions, when the device may be sent to next, and
-    /// whether Redis held a remembered 410 for the pair (true where it was not read: a delivery
-    /// deletes it then).
+    /// whether a delivery of its intents deletes the pair's remembered 410: where Redis held one
+    /// when read, where it was not read, and always with `policy.skip_known_unregistered` (then
+    /// this relay itself may remember one after the read, for an earlier intent of the pair
+    /// still at APNs). Without the option this relay remembers none, so a read that found none
+    /// leaves nothing for the delivery to delete.
     struct Decided: Sendable {
         var decisions: [Admission]
         var due: Int64
-        var holdsUnregistered = true
+        var forgetsUnregistered = true
     }
 
     /// A batch's admission: one round trip of plain reads for the whole batch (per device and
@@ -264,7 +267,7 @@ extension DevicePolicy {
                     written.append(answers.count)
                 }
                 answers.append(.success(Decided(decisions: decisions, due: max(backoffUntil, bucket.due),
-                                                holdsUnregistered: unregistered.map { !$0.isNull } ?? true)))
+                                                forgetsUnregistered: group.skipsKnownUnregistered || (unregistered.map { !$0.isNull } ?? true))))
             }
             // The buckets are spent before anything is sent: a write Redis refuses (a replica
             // that was a master, `READONLY`; a full `noeviction` server, `OOM`; a slot moved)

@@ -6,9 +6,9 @@ extension RelayPipeline {
     /// A batch's admission: what was decided without Redis, and what to ask Redis.
     struct Admitting: Sendable {
         var admissions: [Admission]
-        /// Per batch position, whether its pair may have a remembered 410 (Redis held one when
-        /// read, or it was not read): its delivery deletes it (``WorkItem/forgetsUnregistered``).
-        var holdsUnregistered: [Bool]
+        /// Per batch position, whether its delivery deletes the pair's remembered 410
+        /// (``DevicePolicy/Decided/forgetsUnregistered``, ``WorkItem/forgetsUnregistered``).
+        var forgetsUnregistered: [Bool]
         /// For each group of the round trip, the batch positions of its intents.
         var members: [[Int]]
         var pending: DevicePolicy.PendingAdmission?
@@ -24,7 +24,7 @@ extension RelayPipeline {
     /// ``finishAdmission(_:_:)``, one batch after another).
     func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count),
-                                  holdsUnregistered: Array(repeating: true, count: parsed.count), members: [])
+                                  forgetsUnregistered: Array(repeating: true, count: parsed.count), members: [])
         guard let policy else { return admitting }
         var groups: [DevicePolicy.Group] = []
         BatchAdmission.group(parsed, rules: configuration.policy.rules(for:recipient:),
@@ -48,10 +48,10 @@ extension RelayPipeline {
     /// Waits for a batch's admission. While Redis fails this asks again with backoff (admitting
     /// stops, the consumer's buffer fills and its partitions pause), or with `redis.fail_open`
     /// lets everything through. Nil when cancelled meanwhile. With the admissions, per position
-    /// whether the pair may have a remembered 410 (``Admitting/holdsUnregistered``).
+    /// whether a delivery deletes the pair's remembered 410 (``Admitting/forgetsUnregistered``).
     func finishAdmission(_ parsed: [Result<Intent, InvalidIntent>], _ admitting: Admitting) async -> ([Admission], [Bool])? {
-        var admissions = admitting.admissions, holdsUnregistered = admitting.holdsUnregistered
-        guard let pending = admitting.pending else { return (admissions, holdsUnregistered) }
+        var admissions = admitting.admissions, forgetsUnregistered = admitting.forgetsUnregistered
+        guard let pending = admitting.pending else { return (admissions, forgetsUnregistered) }
         let answers = await Retry(backoff: backoff, interrupt: stopping).run { () async throws(RedisError) in
             let asked = ContinuousClock.now
             let answers = try await pending.get(now: nowMilliseconds())
@@ -69,12 +69,12 @@ extension RelayPipeline {
             return configuration.redis.failOpen ? .giveUp : .retry
         }
         // Given up: with `fail_open` everything goes through; else the relay stops or is cancelled.
-        guard let answers else { return configuration.redis.failOpen ? (admissions, holdsUnregistered) : nil }
+        guard let answers else { return configuration.redis.failOpen ? (admissions, forgetsUnregistered) : nil }
         var failed: (count: Int, error: RedisError)?
         for (index, answer) in answers.enumerated() {
             switch answer {
             case .success(let decided):
-                BatchAdmission.apply(decided, to: admitting.members[index], parsed, &admissions, holdsUnregistered: &holdsUnregistered)
+                BatchAdmission.apply(decided, to: admitting.members[index], parsed, &admissions, forgetsUnregistered: &forgetsUnregistered)
             case .failure(let error):
                 // This device's keys only: its intents are decided again in their turn.
                 for position in admitting.members[index] where Self.isUsable(parsed[position]) { admissions[position] = .readmit }
@@ -85,7 +85,7 @@ extension RelayPipeline {
             logger.warning("Redis answered some devices' admission with an error: they are decided again in their turn",
                            metadata: ["redis.error": "\(failed.error)", "relay.devices": "\(failed.count)"])
         }
-        return (admissions, holdsUnregistered)
+        return (admissions, forgetsUnregistered)
     }
 
     /// What the policy decided, as outcomes and metrics name it: `send`, `duplicate`, `park`,
@@ -160,25 +160,25 @@ extension RelayPipeline {
     /// Decides an intent whose device's read failed while its batch was admitted, or could not
     /// see a copy's answer (``Admission/readmit``), alone, asking Redis until it answers (with backoff; an error reply counts as Redis
     /// failing), as long as the item's partition is ours; with `redis.fail_open` it is sent.
-    /// Nil when given up (revoked, or the relay stopping past its deadline).
-    func readmit(_ item: WorkItem) async -> Admission? {
-        guard let policy, case .success = item.intent else { return .send }
+    /// Nil when given up (revoked, or the relay stopping past its deadline). With the admission,
+    /// whether this read says a delivery deletes the pair's remembered 410
+    /// (``DevicePolicy/Decided/forgetsUnregistered``; true where there was no read).
+    func readmit(_ item: WorkItem) async -> (Admission, forgetsUnregistered: Bool)? {
+        guard let policy, case .success = item.intent else { return (.send, true) }
         var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
         BatchAdmission.group([item.intent], rules: configuration.policy.rules(for:recipient:),
                              skipsKnownUnregistered: configuration.policy.skipKnownUnregistered, groups: &groups, members: &members)
-        guard !groups.isEmpty else { return .send }
+        guard !groups.isEmpty else { return (.send, true) }
         let pending = policy.admission(groups)
         let answer = await withRedisRetries(item) { () throws(RedisError) -> DevicePolicy.Decided in
             try await pending.get(now: nowMilliseconds())[0].get()
         }
         // Given up while still ours: Redis refused the read, or `redis.fail_open`: sent without
         // the policy, as any intent then.
-        guard let answer else { return isCurrent(item) && !Task.isCancelled ? .send : nil }
-        // What this read saw of a remembered 410 is not carried: the item keeps its batch's
-        // (true where that read failed).
-        var admissions: [Admission] = [.send], holdsUnregistered = [true]
-        BatchAdmission.apply(answer, to: members[0], [item.intent], &admissions, holdsUnregistered: &holdsUnregistered)
-        return admissions[0]
+        guard let answer else { return isCurrent(item) && !Task.isCancelled ? (.send, true) : nil }
+        var admissions: [Admission] = [.send], forgetsUnregistered = [true]
+        BatchAdmission.apply(answer, to: members[0], [item.intent], &admissions, forgetsUnregistered: &forgetsUnregistered)
+        return (admissions[0], forgetsUnregistered[0])
     }
 
     /// Now in epoch milliseconds, for the policy's clocks: the system's milliseconds, or the
