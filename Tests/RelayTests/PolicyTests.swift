@@ -176,10 +176,12 @@ struct PolicyTests {
         let parked = try #require(byID["parked"])
         #expect(parked["status"] as? String == "expired")
         #expect(parked["reason"] as? String == "ExpiredWhileParked")
-        // Answered once its expiration passed, within the mailbox's 100 ms polls (and a
-        // second's grace: the take answers expired from the next second on).
+        // Answered once its expiration passed, at one of the mailbox's 100 ms polls after it (a
+        // second's grace: the take answers expired from the next second on), not when the
+        // device's bucket would have let it go (1,000 s away). The bound leaves a loaded
+        // machine's late polls room (a whole-suite run once answered it 5 s late).
         let answeredAt = parked["at"] as? Int64 ?? (parked["at"] as? Int).map(Int64.init) ?? 0
-        #expect(answeredAt >= soon * 1000 && answeredAt < (soon + 5) * 1000, "\(parked)")
+        #expect(answeredAt >= soon * 1000 && answeredAt < (soon + 30) * 1000, "\(parked)")
         #expect(parked["attempts"] as? Int == 0)
         let nowOrNever = try #require(byID["now-or-never"])
         #expect(nowOrNever["status"] as? String == "expired")
@@ -236,8 +238,11 @@ struct PolicyTests {
 
     @Test func theBackoffGrowsWhile429sRepeat() async throws {
         let redis = try await RedisServerProcess.started()
-        // One notification per device per 5 s: the second one meets 429s until then.
-        let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(5), backoffMax: 8)
+        // One notification per device per 5 s: the second one meets 429s until then. The
+        // backoff's ceiling (30 s) is above every step taken here (1, 2, 4 s); it keeps the
+        // backoff's key (which lives its length plus the ceiling) until it is read below, however
+        // slowly a loaded machine gets there.
+        let harness = try await Self.tooManyRequests(redis, perDevice: 1, window: .seconds(5), backoffMax: 30)
         let token = hexToken(0x4291)
         try await harness.produce(intent("first", token: token), key: token)
         try await harness.produce(intent("second", token: token), key: token)
