@@ -24,7 +24,8 @@ import Common
 /// badge, and every fifth goes to an urgent lane (weight 8) beside the bulk one: devices then
 /// reach their rate limit, park and have their parked intents superseded (`coalesced`), and
 /// the verdict checks what must hold all the same — every intent has exactly one status that
-/// is not `duplicate` (`delivered`, or `coalesced` if APNs never accepted it), each device's
+/// is not `duplicate` (`delivered`, or `coalesced` if APNs never accepted it), or only
+/// `duplicate`s of one such (below), a `delivered` one only if APNs took it, each device's
 /// notifications reach APNs in order within a lane, and no device's badge goes down. In both
 /// modes every outcome must name its own intent's lane, partition and offset.
 /// Sends twice are allowed where the relay cannot know better: the intents it had at APNs when

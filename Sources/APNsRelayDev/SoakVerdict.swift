@@ -36,7 +36,8 @@ extension Soak {
                     answers = [String(recorded.dropFirst("duplicate/".count))]
                     fromRecordOnly += 1
                 }
-                guard answers.count == 1, let status = answers.first, status == "delivered" || (sharedDevices && status == "coalesced"),
+                let sent = sends[APNsIdentifiers.format(Intent.apnsID(for: id)).lowercased()] != nil
+                guard answers.count == 1, let status = answers.first, (status == "delivered" && sent) || (sharedDevices && status == "coalesced"),
                       statuses.allSatisfy({ !$0.hasPrefix("duplicate/") || $0 == "duplicate/\(status)" }) else {
                     wrong += 1
                     if examples.count < 5 { examples.append("\(id): \(statuses.joined(separator: ", "))") }

@@ -2,6 +2,8 @@ public import NIOCore
 
 /// An ordered list of HTTP/2 header fields, names in lower case as HTTP/2 requires.
 public struct HTTP2Headers: Sendable, ExpressibleByDictionaryLiteral {
+    /// The fields in order. A field's value may be changed in place; inserting, removing or
+    /// reordering fields after ``addUnindexed(_:_:)`` moves its mark onto another position.
     public var fields: [(name: String, value: String)]
     /// The positions in ``fields`` (below 64) of the fields HPACK sends as literals never
     /// indexed (RFC 7541 §6.2.3), kept out of the compression contexts' dynamic tables: a value

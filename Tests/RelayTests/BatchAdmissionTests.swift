@@ -3,12 +3,12 @@ import Kafka
 import Testing
 
 extension BatchAdmission {
-    /// ``apply(_:to:_:_:forgetsUnregistered:)`` for an answer whose pair held no remembered 410.
+    /// ``apply(_:to:_:_:forgetsUnregistered:)`` for an answer whose deliveries delete no remembered 410.
     static func apply(_ answer: (decisions: [DevicePolicy.Admission], due: Int64), to positions: [Int],
                       _ parsed: [Result<Intent, InvalidIntent>], _ admissions: inout [Admission]) {
-        var holds = Array(repeating: true, count: admissions.count)
+        var forgets = Array(repeating: true, count: admissions.count)
         apply(DevicePolicy.Decided(decisions: answer.decisions, due: answer.due, forgetsUnregistered: false), to: positions, parsed,
-              &admissions, forgetsUnregistered: &holds)
+              &admissions, forgetsUnregistered: &forgets)
     }
 }
 

@@ -7,7 +7,7 @@ import Testing
 
 /// The Live Activity budgets a device keeps and APNs never reports, paced per token in Redis:
 /// the simulator counts per device what a device would have dropped.
-@Suite("Live Activity budgets", .stopsItsRelays, .timeLimit(.minutes(5)))
+@Suite("Live Activity budgets", .stopsItsRelays, .timeLimit(.minutes(8)))
 struct LiveActivityPacingTests {
     static let topic = "com.example.app.push-type.liveactivity"
 
@@ -51,8 +51,8 @@ struct LiveActivityPacingTests {
         for index in 0..<50 { try await harness.produce(Self.start("start-\(index)", token: pushToStart), key: pushToStart) }
         for index in 0..<500 { try await harness.produce(Self.update("update-\(index)", token: activity), key: activity) }
         // Two devices' intents one after another each, every one a budget script's round trip
-        // or two: on a loaded machine's three cluster masters a minute was once not enough
-        // (519 of 550).
+        // or two: the bound leaves a loaded machine's three cluster masters room, ten times what
+        // the test takes alone.
         let outcomes = PolicyTests.byID(try await harness.outcomes(count: 550, timeout: slowed(.seconds(150))))
         #expect(outcomes.count == 550)
         let updates = outcomes.filter { $0.key.hasPrefix("update-") }.map(\.value)

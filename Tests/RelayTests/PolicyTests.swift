@@ -179,7 +179,7 @@ struct PolicyTests {
         // Answered once its expiration passed, at one of the mailbox's 100 ms polls after it (a
         // second's grace: the take answers expired from the next second on), not when the
         // device's bucket would have let it go (1,000 s away). The bound leaves a loaded
-        // machine's late polls room (a whole-suite run once answered it 5 s late).
+        // machine's late polls room.
         let answeredAt = parked["at"] as? Int64 ?? (parked["at"] as? Int).map(Int64.init) ?? 0
         #expect(answeredAt >= soon * 1000 && answeredAt < (soon + 30) * 1000, "\(parked)")
         #expect(parked["attempts"] as? Int == 0)

@@ -22,7 +22,7 @@ extension RelayPipeline {
             var records = false
             if deduplicator != nil, case .send = admission { records = true }
             return await handle(item.admitted(as: admission, recordsAnswer: records, policyDecision: decision,
-                                              forgetsUnregistered: item.forgetsUnregistered || forgets))
+                                              forgetsUnregistered: forgets))
         }
         let ending: Ending
         var parkedDue: Int64?

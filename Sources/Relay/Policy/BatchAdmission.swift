@@ -40,9 +40,9 @@ enum BatchAdmission {
     /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
     /// the newest may turn out unable to go out.
     ///
-    /// Each group of a device's token reads the pair's remembered 410 (a delivery deletes one
-    /// only where it was); `skipsKnownUnregistered` (`policy.skip_known_unregistered`): it
-    /// decides too.
+    /// Each group of a device's token reads the pair's remembered 410 (without the option a
+    /// delivery deletes one only where the read found it: ``DevicePolicy/Decided``);
+    /// `skipsKnownUnregistered` (`policy.skip_known_unregistered`): it decides too.
     static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (_ topic: String, _ recipient: String) -> RelayConfiguration.Policy.Rules,
                       skipsKnownUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }

@@ -54,7 +54,7 @@ extension DevicePolicy {
         /// For each intent, its expiration (epoch s).
         private(set) var expirations: [Int64] = []
         /// The pair's remembered 410 is read (every group of a device's token, not of a channel):
-        /// a delivery deletes it only where there was one.
+        /// without the option a delivery deletes it only where the read found it (``Decided``).
         var readsUnregistered = false
         /// The remembered 410 decides (`policy.skip_known_unregistered`): an intent it applies to
         /// is `knownUnregistered`.
@@ -187,8 +187,8 @@ extension DevicePolicy {
         let groups: [Group]
 
         /// The decisions for every group at `now` (epoch ms), for each the time the device
-        /// may be sent to next, and whether Redis held a remembered 410 for the pair (true
-        /// where it was not read); a group whose read Redis answered with an error (its keys' slot
+        /// may be sent to next, and whether their deliveries delete the pair's remembered 410
+        /// (``Decided/forgetsUnregistered``); a group whose read Redis answered with an error (its keys' slot
         /// being migrated in a Redis Cluster, say) has that error instead, and the others are
         /// decided all the same. Throws when the round trip itself failed. Asked again after a
         /// failure, it reads again.
