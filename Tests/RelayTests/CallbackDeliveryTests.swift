@@ -133,14 +133,15 @@ struct CallbackDeliveryTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
-    /// A relay on `redis` whose rate limit never bites, with a 3 s backoff after a 429 (the
-    /// intents produced behind the first are consumed well before it ends, on a loaded machine
-    /// too), and APNs answering in `latency` ms; `byCallbacks` false runs a task per intent.
+    /// A relay on `redis` whose rate limit never bites, with an 8 s backoff after a 429 (the
+    /// intents produced behind the first are consumed before it ends, even where a loaded
+    /// machine takes seconds to consume them), and APNs answering in `latency` ms;
+    /// `byCallbacks` false runs a task per intent.
     static func relay(_ redis: RedisServerProcess, latency: Int64, byCallbacks: Bool,
                       configure: @escaping (inout RelayConfiguration) -> Void = { _ in }) async throws -> RelayHarness {
         try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
-            $0.policy.backoffInitialSeconds = 3
-            $0.policy.backoffMaxSeconds = 3
+            $0.policy.backoffInitialSeconds = 8
+            $0.policy.backoffMaxSeconds = 8
             configure(&$0)
         }, simulator: { $0.behaviour.latency = .milliseconds(latency) }, deliveryByCallbacks: byCallbacks)
     }
