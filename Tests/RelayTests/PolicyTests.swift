@@ -518,8 +518,10 @@ struct PolicyTests {
     @Test func redeliveredParkedIntentsAreNotSentTwice() async throws {
         let redis = try await RedisServerProcess.started()
         let token = hexToken(0xd0)
-        // "two" is due 10 s after "one": time for the copy below and `inspect` on a loaded machine.
-        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two", refill: 0.1)
+        // "two" would be due 1,000 s after "one": the test makes it due once the copy is handled.
+        // (Due after 10 s, it raced a loaded machine: a copy consumed after "two" left the mailbox
+        // is a copy of an intent in flight, rightly `duplicate`, and this test is not about that.)
+        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "one", parked: "two", refill: 0.001)
         // A copy of the parked intent while it waits: it is in the mailbox already.
         try await harness.produce(intent("two", token: token), key: token)
         // `inspect` shows the parked intent, the empty bucket and the last notification sent.
@@ -529,9 +531,24 @@ struct PolicyTests {
         #expect(inspected.status == 0, "\(inspected.stdout)")
         let lines = inspected.stdout.split(separator: "\n")
         #expect(lines.contains { $0.hasPrefix("parked: two, due in ") && $0.contains(#""id":"two""#) }, "\(inspected.stdout)")
-        #expect(lines.contains { $0.hasPrefix("bucket: 0.") && $0.contains(" of 1 tokens (refill 0.1/s)") }, "\(inspected.stdout)")
+        #expect(lines.contains { $0.hasPrefix("bucket: 0.") && $0.contains(" of 1 tokens (refill 0.001/s)") }, "\(inspected.stdout)")
         #expect(lines.contains { $0.hasPrefix("last sent: ") && $0.contains(#""id":"one""#) }, "\(inspected.stdout)")
         #expect(lines.contains("429 backoff: none"), "\(inspected.stdout)")
+        // The copy is handled (its offset committed: parked with the original), and then "two"
+        // is due: a full bucket and its due-index member moved to now.
+        try await waitUntil(timeout: slowed(.seconds(30)), asking: { ((try? await harness.committedTotal()) ?? 0) == 3 })
+        let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
+        #expect(try await client.send(RedisCommand("DEL", ["apns-relay:rate:{\(token)}"])).integer == 1)
+        let member = "\(token) com.example.app two"
+        var moved: Int64 = 0
+        for partition in 0..<4 {
+            let due = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: Int32(partition))
+            if try await !client.send(RedisCommand("ZSCORE", [due, member])).isNull {
+                moved += try await client.send(RedisCommand("ZADD", [due, "XX", "CH", 0, member])).integer ?? 0
+            }
+        }
+        #expect(moved == 1)
+        await client.shutdown()
         let byID = Self.byID(try await harness.outcomes(count: 2))
         #expect(byID["one"]?["status"] as? String == "delivered")
         #expect(byID["two"]?["status"] as? String == "delivered")
@@ -549,7 +566,9 @@ struct PolicyTests {
     @Test func aNewerIntentDoesNotOvertakeAnOlderOneWaitingInTheMailbox() async throws {
         let redis = try await RedisServerProcess.started()
         let token = hexToken(0x27)
-        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "first", parked: "older")
+        // "older" would be due 1,000 s after "first": "newer" is consumed before, however slow
+        // the machine (due 5 s after, a loaded machine could send "older" first).
+        let harness = try await Self.oneSentOneParked(redis, token: token, sent: "first", parked: "older", refill: 0.001)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
         #expect(try await client.send(RedisCommand("DEL", ["apns-relay:rate:{\(token)}"])).integer == 1)
         try await harness.produce(intent("newer", token: token), key: token)
