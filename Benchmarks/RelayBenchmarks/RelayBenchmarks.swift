@@ -47,7 +47,7 @@ let benchmarks: @Sendable () -> Void = {
     // An intent's offset through its partition's ledger, as admission starts it and its end
     // finishes it (in order, so each finish moves the committable offset).
     Benchmark("Partition ledger: an offset started and finished") { benchmark in
-        var ledger = PartitionLedger()
+        var ledger = PartitionLedger<TopicPartition>()
         let partition = TopicPartition(topic: "apns.intents", partition: 3)
         ledger.assign([partition])
         let generation = ledger.generation(of: partition) ?? 0

@@ -10,7 +10,7 @@
 /// - `apns-relay:rate:{<token>}` — string: the token bucket as a GCRA theoretical arrival time
 ///   (epoch ms): each send moves it one interval (`1000 / refill_per_second` ms, rounded up)
 ///   on, from now at the earliest; a send is allowed while it lies at most `burst - 1`
-///   intervals ahead (the bucket is full when it is not ahead at all) (``DevicePolicy/Bucket``).
+///   intervals ahead (the bucket is full when it is not ahead at all) (``DeviceAdmission/Bucket``).
 /// - `apns-relay:backoff:{<token>}` — string `<until ms> <level>`: the 429 backoff (its level
 ///   doubles the wait while 429s repeat).
 /// - `apns-relay:mailbox:{<token>}:<topic>` — hash: the parked intent (`pid` id, `p` entry, `pe`
@@ -23,7 +23,7 @@
 /// - `apns-relay:shadow-waiting:{<token>}:<topic>` — string, epoch ms: in shadow mode
 ///   (`policy.mode`), the due time of the intent enforce mode would have parked, so that until
 ///   then shadow mode decides the device's later intents as enforce mode would (they wait
-///   behind it) (``DevicePolicy/ShadowMailbox``). Enforce mode never reads it.
+///   behind it) (``DeviceAdmission/ShadowMailbox``). Enforce mode never reads it.
 /// - `apns-relay:last:{<token>}:<topic>` — string, the last notification APNs accepted
 ///   (``DeviceRecords``).
 /// - `apns-relay:unregistered:{<token>}:<topic>` — string, the timestamp (epoch ms) of APNs' last

@@ -4,10 +4,10 @@ import Testing
 
 extension BatchAdmission {
     /// ``apply(_:to:_:_:forgetsUnregistered:)`` for an answer whose deliveries delete no remembered 410.
-    static func apply(_ answer: (decisions: [DevicePolicy.Admission], due: Int64), to positions: [Int],
+    static func apply(_ answer: (decisions: [DeviceAdmission.Admission], due: Int64), to positions: [Int],
                       _ parsed: [Result<Intent, InvalidIntent>], _ admissions: inout [Admission]) {
         var forgets = Array(repeating: true, count: admissions.count)
-        apply(DevicePolicy.Decided(decisions: answer.decisions, due: answer.due, forgetsUnregistered: false), to: positions, parsed,
+        apply(DeviceAdmission.Decided(decisions: answer.decisions, due: answer.due, forgetsUnregistered: false), to: positions, parsed,
               &admissions, forgetsUnregistered: &forgets)
     }
 }
@@ -52,7 +52,7 @@ struct BatchAdmissionTests {
     @Test func groupsByDeviceAndTopicInBatchOrderAndSkipsInvalidOnes() {
         let parsed = [Self.intent("1"), Self.intent("2", token: Self.b), .failure(InvalidIntent(reason: "x", message: "y", id: "bad")),
                       Self.intent("3"), Self.intent("4", topic: "com.y", expiration: 0)]
-        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
         BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
         #expect(groups.map(\.token) == [Self.a, Self.b, Self.a])
         #expect(groups.map(\.topic) == ["com.x", "com.x", "com.y"])
@@ -65,7 +65,7 @@ struct BatchAdmissionTests {
     @Test func marksTheOlderIntentsOfACollapseIDWhereTheTopicCoalesces() {
         let parsed = [Self.intent("1", collapse: "c"), Self.intent("2", collapse: "c"), Self.intent("3", collapse: "d"),
                       Self.intent("4", collapse: "c"), Self.intent("5", token: Self.b, collapse: "c")]
-        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
         BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
         #expect(groups.map(\.ids) == [["1", "2", "3", "4"], ["5"]])
         #expect(groups.map(\.collapsesInto) == [[3, 3, nil, nil], [nil]])
@@ -83,15 +83,15 @@ struct BatchAdmissionTests {
     static func admit(_ parsed: [Result<Intent, InvalidIntent>], records: [String: AnswerRecord?] = [:], tokens: Int,
                       waiting: String? = nil) -> (admissions: [BatchAdmission.Admission], spent: Int) {
         var admissions = Array(repeating: BatchAdmission.Admission.send, count: parsed.count)
-        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
         BatchAdmission.group(parsed, rules: Self.rules(), groups: &groups, members: &members)
         var spent = 0
         for (group, positions) in zip(groups, members) {
             let limit = RelayConfiguration.Policy.RateLimit(burst: 10, refillPerSecond: 0.5)
             let now: Int64 = 1_000_000, interval = limit.intervalMilliseconds
             // A bucket of burst 10 with `tokens` left: its arrival time 10 - tokens intervals on.
-            var bucket = DevicePolicy.Bucket(limit, stored: now + Int64(10 - tokens) * interval, now: now)
-            let decisions = DevicePolicy.decide(group, waiting: waiting.map { Array($0.utf8) }, backoffUntil: 0, bucket: &bucket,
+            var bucket = DeviceAdmission.Bucket(limit, stored: now + Int64(10 - tokens) * interval, now: now)
+            let decisions = DeviceAdmission.decide(group, waiting: waiting.map { Array($0.utf8) }, backoffUntil: 0, bucket: &bucket,
                                                 now: now) { records[group.ids[$0]] }
             spent += bucket.spent.map { Int(($0 - now) / interval) - (10 - tokens) } ?? 0
             BatchAdmission.apply((decisions, due: 42), to: positions, parsed, &admissions)

@@ -120,13 +120,13 @@ struct KnownUnregisteredTests {
         }
         let intents = [try parsed("old", 20, collapse: "c"), try parsed("new", 5, collapse: "c"), try parsed("plain", nil),
                        try parsed("seen", nil)]
-        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
         BatchAdmission.group(intents.map { .success($0) }, rules: BatchAdmissionTests.rules(), skipsKnownUnregistered: true,
                              groups: &groups, members: &members)
         let group = try #require(groups.first)
         #expect(group.readsUnregistered && group.skipsKnownUnregistered && group.registeredAt == [20, 5, nil, nil])
-        var bucket = DevicePolicy.Bucket(.init(burst: 10, refillPerSecond: 1), stored: nil, now: 0)
-        let decisions = DevicePolicy.decide(group, waiting: nil, backoffUntil: 0, bucket: &bucket, now: 0, unregisteredAt: 10) {
+        var bucket = DeviceAdmission.Bucket(.init(burst: 10, refillPerSecond: 1), stored: nil, now: 0)
+        let decisions = DeviceAdmission.decide(group, waiting: nil, backoffUntil: 0, bucket: &bucket, now: 0, unregisteredAt: 10) {
             group.ids[$0] == "seen" ? .some(AnswerRecord(status: "unregistered", httpStatus: 410)) : nil
         }
         #expect(decisions == [.send, .knownUnregistered(at: 10), .knownUnregistered(at: 10),

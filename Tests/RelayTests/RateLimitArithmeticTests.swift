@@ -5,7 +5,7 @@ import Testing
 
 /// The token bucket of a device and of a broadcast channel (a GCRA arrival time in Redis, see
 /// RedisKeys) on a manual clock, spent by both of its writers in random order: the admission
-/// (``DevicePolicy/Bucket``, whose spend the relay writes back) and the mailbox take
+/// (``DeviceAdmission/Bucket``, whose spend the relay writes back) and the mailbox take
 /// (Scripts/take.lua). Whatever the arrival pattern: never more than `burst` plus one per
 /// interval in any span of time, a refusal names the first moment a token is there, and the
 /// two writers take the same decisions from the same stored time.
@@ -34,7 +34,7 @@ struct RateLimitArithmeticTests {
                 now += generator.next() % 4 == 0 ? Int64(generator.next() % UInt64(2 * burst * interval + 1))
                     : Int64(generator.next() % UInt64(interval / 2 + 1))
                 let stored = try await client.send(RedisCommand("GET", [RedisKeys.standard.rate(token: recipient)])).integer
-                var expected = DevicePolicy.Bucket(limit, stored: stored, now: now)
+                var expected = DeviceAdmission.Bucket(limit, stored: stored, now: now)
                 let allowed = expected.spend()
                 if generator.next() % 2 == 0 {
                     // The admission: the relay writes the spent arrival time back.
@@ -60,8 +60,8 @@ struct RateLimitArithmeticTests {
                     refused += 1
                     // The due time is the first moment the bucket has a token again.
                     #expect(expected.due > now)
-                    var atDue = DevicePolicy.Bucket(limit, stored: stored, now: expected.due)
-                    var before = DevicePolicy.Bucket(limit, stored: stored, now: expected.due - 1)
+                    var atDue = DeviceAdmission.Bucket(limit, stored: stored, now: expected.due)
+                    var before = DeviceAdmission.Bucket(limit, stored: stored, now: expected.due - 1)
                     #expect(atDue.spend() && !before.spend(), "due \(expected.due) is not the first moment")
                 }
             }

@@ -38,8 +38,8 @@ struct RedisKeysTests {
     /// The `waiting` value (`<length of pid>:<pid><cid>`) read as what the mailbox holds for an
     /// intent being admitted; an unreadable value holds nothing.
     @Test func aWaitingValueSaysWhatTheMailboxHoldsForAnIntent() {
-        func holds(_ value: String?, _ id: String) -> DevicePolicy.MailboxHolds {
-            DevicePolicy.mailbox(value.map { Array($0.utf8) }, holdsFor: id)
+        func holds(_ value: String?, _ id: String) -> DeviceAdmission.MailboxHolds {
+            DeviceAdmission.mailbox(value.map { Array($0.utf8) }, holdsFor: id)
         }
         #expect(holds(nil, "a") == .nothing)
         #expect(holds("0:", "a") == .nothing)

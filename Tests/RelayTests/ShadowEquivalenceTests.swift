@@ -9,7 +9,7 @@ import Testing
 /// Shadow and enforce mode on the same arrivals decide the same, on a manual clock against
 /// redis-server: each mode on keys of its own, enforce mode's mailboxes parked into and taken
 /// from at their due times (the take answered at once), shadow mode with its note in their
-/// place (``DevicePolicy/ShadowMailbox``). Random arrival patterns: bursts and gaps, batches of
+/// place (``DeviceAdmission/ShadowMailbox``). Random arrival patterns: bursts and gaps, batches of
 /// one to three intents of a device, collapse pairs among them, some expiring within seconds.
 @Suite("Shadow and enforce decide alike", .timeLimit(.minutes(3)))
 struct ShadowEquivalenceTests {
@@ -17,7 +17,7 @@ struct ShadowEquivalenceTests {
 
     enum Decided: Equatable, CustomStringConvertible {
         case send, park, coalesced, other(String)
-        init(_ admission: DevicePolicy.Admission) {
+        init(_ admission: DeviceAdmission.Admission) {
             switch admission {
             case .send: self = .send
             case .wait: self = .park
@@ -71,7 +71,7 @@ struct ShadowEquivalenceTests {
             }
             // A batch of one to three intents of one device, the last two of a collapse id now and then.
             let token = tokens[Int(generator.next() % 3)]
-            var group = DevicePolicy.Group(token: token, topic: Self.topic, rules: rules)
+            var group = DeviceAdmission.Group(token: token, topic: Self.topic, rules: rules)
             let count = Int(generator.next() % 3) + 1
             var ids: [String] = [], expirations: [Int64] = []
             for _ in 0..<count {
@@ -84,7 +84,7 @@ struct ShadowEquivalenceTests {
                 next += 1
             }
             if count >= 2, generator.next() % 3 == 0 { group.collapsesInto[count - 2] = count - 1 }
-            var shadowGroup = DevicePolicy.Group(token: token, topic: Self.topic, rules: shadowRules)
+            var shadowGroup = DeviceAdmission.Group(token: token, topic: Self.topic, rules: shadowRules)
             for (id, expiration) in zip(ids, expirations) { _ = shadowGroup.append(id, nowOrNever: false, expiration: expiration) }
             shadowGroup.collapsesInto = group.collapsesInto
             guard case .success(let enforced) = try await enforce.admission([group]).get(now: now).first,

@@ -2,7 +2,7 @@
 import PropertyBased
 import Testing
 
-/// The per-device token bucket (`DevicePolicy.Bucket`, a GCRA arrival time) under random
+/// The per-device token bucket (`DeviceAdmission.Bucket`, a GCRA arrival time) under random
 /// arrivals: it never lets more than `burst` plus one per interval through in any window, and it
 /// never refuses a send it says is due.
 @Suite("Token bucket", .timeLimit(.minutes(3)))
@@ -23,14 +23,14 @@ struct TokenBucketTests {
         var sends: [Int64] = []
         for gap in gaps {
             now += Int64(gap) * interval * 3 / max(Int64(burst), 1) / 8
-            var bucket = DevicePolicy.Bucket(limit, stored: stored, now: now)
+            var bucket = DeviceAdmission.Bucket(limit, stored: stored, now: now)
             if bucket.spend() {
                 sends.append(now)
                 stored = bucket.spent
             } else {
                 // Refused: the time it names is later, and a send then goes through.
                 #expect(bucket.due > now)
-                var then = DevicePolicy.Bucket(limit, stored: stored, now: bucket.due)
+                var then = DeviceAdmission.Bucket(limit, stored: stored, now: bucket.due)
                 let spent = then.spend()
                 #expect(spent, "due \(bucket.due) refused")
             }

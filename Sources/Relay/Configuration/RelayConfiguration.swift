@@ -287,6 +287,8 @@ public struct RelayConfiguration: Sendable {
     public var defaults = Defaults()
     public var retry = Retry()
     public var redis = RedisSettings()
+    /// The rules applied in Redis per device, and per broadcast channel (docs/redis.md).
+    public typealias Policy = PolicyConfiguration
     public var policy = Policy()
     public var http = HTTP()
     public var tracing = Tracing()

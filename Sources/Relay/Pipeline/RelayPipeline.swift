@@ -26,6 +26,9 @@ import Tracing
 ///   earlier offset of the partition is done. Work for revoked partitions is dropped unsent
 ///   where it has not reached APNs, and its offsets are never stored.
 public final class RelayPipeline: RelayStatus, Service {
+    /// What the policy decided for a consumed intent (``BatchAdmission/Admission``).
+    typealias Admission = BatchAdmission.Admission
+
     public let configuration: RelayConfiguration
     public let worker: String
     let consumer: KafkaConsumer
@@ -108,7 +111,7 @@ public final class RelayPipeline: RelayStatus, Service {
     let liveActivityPacer: LiveActivityPacer?
 
     struct State {
-        var partitions: PartitionLedger
+        var partitions: PartitionLedger<TopicPartition>
         /// Per device token, its items that are sent or parked, in order: the first is under
         /// way, the others wait for it.
         var devices: [String: CircularBuffer<WorkItem>] = [:]

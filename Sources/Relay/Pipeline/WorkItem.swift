@@ -44,7 +44,7 @@ extension RelayPipeline {
         let queueToken: String?
         /// Its delivery deletes the pair's remembered 410 (``RelayPipeline/unregisteredChange(_:_:)``):
         /// false only where its admission read found none and the relay remembers no 410s
-        /// itself (``DevicePolicy/Decided/forgetsUnregistered``).
+        /// itself (``DeviceAdmission/Decided/forgetsUnregistered``).
         let forgetsUnregistered: Bool
 
         init(partition: TopicPartition, lane: Int = 0, offset: Int64, generation: Int, consumedAt: ContinuousClock.Instant,

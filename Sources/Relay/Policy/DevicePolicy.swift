@@ -70,7 +70,7 @@ struct DevicePolicy: Sendable {
     static let noteBackoffScript = RedisScript(RedisScripts.source(PackageResources.backoff_lua, PackageResources.note_backoff_lua))
 
     /// Takes a due mailbox entry for sending, if the device may be sent to now (spending a
-    /// token as an admission does, see ``Bucket``).
+    /// token as an admission does, see ``DeviceAdmission/Bucket``).
     /// KEYS: mailbox, rate, the entry's seen key, backoff, waiting. ARGV: id, now ms, burst,
     /// interval ms, lease ms, owner (``handOverOwner()``). Answers ``Take``'s codes: {0} stale,
     /// {1, entry, trace, record} answered before, {2, due} not yet (or claimed under a lease

@@ -109,7 +109,7 @@ public struct DeviceRecords: Sendable {
         records.parked = entry(0)
         records.sending = entry(4)
         records.bucketArrival = replies[4].integer
-        if let backoff = DevicePolicy.Bucket.backoff(replies[5].string) {
+        if let backoff = DeviceAdmission.Bucket.backoff(replies[5].string) {
             records.backoffUntil = backoff.until
             records.backoffLevel = backoff.level
         }

@@ -7,7 +7,7 @@ extension RelayPipeline {
     struct Admitting: Sendable {
         var admissions: [Admission]
         /// Per batch position, whether its delivery deletes the pair's remembered 410
-        /// (``DevicePolicy/Decided/forgetsUnregistered``, ``WorkItem/forgetsUnregistered``).
+        /// (``DeviceAdmission/Decided/forgetsUnregistered``, ``WorkItem/forgetsUnregistered``).
         var forgetsUnregistered: [Bool]
         /// For each group of the round trip, the batch positions of its intents.
         var members: [[Int]]
@@ -26,7 +26,7 @@ extension RelayPipeline {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count),
                                   forgetsUnregistered: Array(repeating: true, count: parsed.count), members: [])
         guard let policy else { return admitting }
-        var groups: [DevicePolicy.Group] = []
+        var groups: [DeviceAdmission.Group] = []
         BatchAdmission.group(parsed, rules: configuration.policy.rules(for:recipient:),
                              skipsKnownUnregistered: configuration.policy.skipKnownUnregistered,
                              groups: &groups, members: &admitting.members)
@@ -162,15 +162,15 @@ extension RelayPipeline {
     /// failing), as long as the item's partition is ours; with `redis.fail_open` it is sent.
     /// Nil when given up (revoked, or the relay stopping past its deadline). With the admission,
     /// whether this read says a delivery deletes the pair's remembered 410
-    /// (``DevicePolicy/Decided/forgetsUnregistered``; true where there was no read).
+    /// (``DeviceAdmission/Decided/forgetsUnregistered``; true where there was no read).
     func readmit(_ item: WorkItem) async -> (Admission, forgetsUnregistered: Bool)? {
         guard let policy, case .success = item.intent else { return (.send, true) }
-        var groups: [DevicePolicy.Group] = [], members: [[Int]] = []
+        var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
         BatchAdmission.group([item.intent], rules: configuration.policy.rules(for:recipient:),
                              skipsKnownUnregistered: configuration.policy.skipKnownUnregistered, groups: &groups, members: &members)
         guard !groups.isEmpty else { return (.send, true) }
         let pending = policy.admission(groups)
-        let answer = await withRedisRetries(item) { () throws(RedisError) -> DevicePolicy.Decided in
+        let answer = await withRedisRetries(item) { () throws(RedisError) -> DeviceAdmission.Decided in
             try await pending.get(now: nowMilliseconds())[0].get()
         }
         // Given up while still ours: Redis refused the read, or `redis.fail_open`: sent without

@@ -202,9 +202,7 @@ extension RelayPipeline {
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
         let (owned, rooms) = state.withLock { state in
-            (laneTopics.flatMap { topic in
-                state.partitions.owned(topic: topic).map { (partition: TopicPartition(topic: topic, partition: $0.partition), generation: $0.generation) }
-             },
+            (laneTopics.flatMap { topic in state.partitions.owned { $0.topic == topic } },
              laneTopics.indices.map { state.lanes.mailboxRoom($0) })
         }
         let withRoom = owned.filter { rooms[lane(of: $0.partition.topic)] > 0 }

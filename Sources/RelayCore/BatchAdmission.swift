@@ -1,6 +1,9 @@
-extension RelayPipeline {
+/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:skipsKnownUnregistered:groups:members:)``
+/// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:forgetsUnregistered:)`` turns Redis'
+/// answer for each group into the intents' admissions.
+package enum BatchAdmission {
     /// What the policy decided for a consumed intent before it reaches its device's queue.
-    enum Admission: Sendable, Equatable {
+    package enum Admission: Sendable, Equatable {
         case send
         /// APNs answered it before (what it answered, when the record says), or a copy is in
         /// flight here: outcome `duplicate`.
@@ -27,24 +30,17 @@ extension RelayPipeline {
         /// outcome `failed` (`RecipientBacklog`), nothing sent.
         case recipientBacklog
     }
-}
-
-/// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:skipsKnownUnregistered:groups:members:)``
-/// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:forgetsUnregistered:)`` turns Redis'
-/// answer for each group into the intents' admissions.
-enum BatchAdmission {
-    typealias Admission = RelayPipeline.Admission
 
     /// Groups the usable intents by device (or channel) and topic, in batch order, and marks in each group
     /// the older intents of a collapse id (where the topic coalesces) as collapsing into the
-    /// newest: which one survives is decided with Redis' answer (``DevicePolicy/decide``), as
+    /// newest: which one survives is decided with Redis' answer (``DeviceAdmission/decide``), as
     /// the newest may turn out unable to go out.
     ///
     /// Each group of a device's token reads the pair's remembered 410 (without the option a
-    /// delivery deletes one only where the read found it: ``DevicePolicy/Decided``);
+    /// delivery deletes one only where the read found it: ``DeviceAdmission/Decided``);
     /// `skipsKnownUnregistered` (`policy.skip_known_unregistered`): it decides too.
-    static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (_ topic: String, _ recipient: String) -> RelayConfiguration.Policy.Rules,
-                      skipsKnownUnregistered: Bool = false, groups: inout [DevicePolicy.Group], members: inout [[Int]]) {
+    package static func group(_ parsed: [Result<Intent, InvalidIntent>], rules: (_ topic: String, _ recipient: String) -> PolicyConfiguration.Rules,
+                              skipsKnownUnregistered: Bool = false, groups: inout [DeviceAdmission.Group], members: inout [[Int]]) {
         struct CollapseKey: Hashable { var token: String, topic: String, collapseID: String }
         func collapseKey(_ intent: Intent) -> CollapseKey? {
             guard let collapseID = intent.collapseID, rules(intent.topic, intent.recipient).coalesce else { return nil }
@@ -70,7 +66,7 @@ enum BatchAdmission {
             } else {
                 group = groups.count
                 groupIndex[key] = group
-                groups.append(DevicePolicy.Group(token: key.token, topic: intent.topic,
+                groups.append(DeviceAdmission.Group(token: key.token, topic: intent.topic,
                                                  rules: rules(intent.topic, intent.recipient)))
                 // A channel has no 410 to remember.
                 groups[group].readsUnregistered = intent.channelID == nil
@@ -90,9 +86,9 @@ enum BatchAdmission {
     /// Turns one group's answer into admissions: of the intents that must wait, the newest is
     /// parked and the older ones are `coalesced` by it (now-or-never ones expire instead).
     /// `forgetsUnregistered` hears, per position, whether a delivery deletes the pair's
-    /// remembered 410 (``DevicePolicy/Decided/forgetsUnregistered``).
-    static func apply(_ answer: DevicePolicy.Decided, to positions: [Int], _ parsed: [Result<Intent, InvalidIntent>],
-                      _ admissions: inout [Admission], forgetsUnregistered: inout [Bool]) {
+    /// remembered 410 (``DeviceAdmission/Decided/forgetsUnregistered``).
+    package static func apply(_ answer: DeviceAdmission.Decided, to positions: [Int], _ parsed: [Result<Intent, InvalidIntent>],
+                              _ admissions: inout [Admission], forgetsUnregistered: inout [Bool]) {
         var parking: Int?
         for (position, decision) in zip(positions, answer.decisions).reversed() {
             guard case .success(let intent) = parsed[position] else { continue }

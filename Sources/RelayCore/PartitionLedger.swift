@@ -1,34 +1,33 @@
-package import Kafka
-
 /// The partitions this relay owns and where each one's work stands: per partition an
 /// ``OffsetTracker`` and a generation, bumped at every assignment and revocation, so that work
 /// started under an earlier ownership is known as no longer ours even once the partition came
 /// back. A value type: the pipeline keeps it under its state lock and stores the committable
-/// offsets it returns.
+/// offsets it returns. Generic over what names a partition (the relay's is Kafka's
+/// `Partition`), so that this module needs no Kafka.
 ///
 /// One unfinished offset keeps every later one of its partition uncommitted, and the tracker
 /// holds them all. Past `uncommittedLimit` of them the partition is *held*: the pipeline
 /// pauses it until the tracker is down to half (``holdIfFull(_:)``, ``releaseIfDrained(_:)``),
 /// so memory stays bounded whatever the throughput.
-package struct PartitionLedger: Sendable {
-    private var trackers: [TopicPartition: OffsetTracker] = [:]
-    private var generations: [TopicPartition: Int] = [:]
-    let uncommittedLimit: Int
+package struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
+    private var trackers: [Partition: OffsetTracker] = [:]
+    private var generations: [Partition: Int] = [:]
+    package let uncommittedLimit: Int
     /// Partitions paused because they reached the limit.
-    private(set) var held: Set<TopicPartition> = []
+    package private(set) var held: Set<Partition> = []
     /// Partitions librdkafka is taking away: no new work of theirs starts, the work that
     /// reached APNs finishes (its offsets are still stored) before the revocation is
     /// acknowledged (``markRevoking(_:)``, ``revokingSettled``).
-    private(set) var revoking: Set<TopicPartition> = []
+    package private(set) var revoking: Set<Partition> = []
     /// Per partition, its items whose notification went to APNs and that have not ended.
-    private var atAPNs: [TopicPartition: Int] = [:]
+    private var atAPNs: [Partition: Int] = [:]
 
     package init(uncommittedLimit: Int = .max) {
         self.uncommittedLimit = max(uncommittedLimit, 2)
     }
 
     /// The partitions are ours from now on (a new generation each).
-    package mutating func assign(_ partitions: [TopicPartition]) {
+    package mutating func assign(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = OffsetTracker()
             generations[partition, default: 0] += 1
@@ -37,7 +36,7 @@ package struct PartitionLedger: Sendable {
 
     /// The partitions are no longer ours: their work in flight is abandoned (its offsets are
     /// never stored).
-    mutating func revoke(_ partitions: [TopicPartition]) {
+    package mutating func revoke(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = nil
             generations[partition, default: 0] += 1
@@ -48,48 +47,48 @@ package struct PartitionLedger: Sendable {
     }
 
     /// The partitions this relay owns now.
-    var owned: [TopicPartition] { Array(trackers.keys) }
+    package var owned: [Partition] { Array(trackers.keys) }
 
     /// librdkafka is revoking `partitions`: from now on none of their work starts, even when
     /// their assignment has not reached the ledger yet (it waits behind consumed batches); the
     /// mark stays until the revocation itself arrives (``revoke(_:)``).
-    mutating func markRevoking(_ partitions: [TopicPartition]) {
+    package mutating func markRevoking(_ partitions: [Partition]) {
         revoking.formUnion(partitions)
     }
 
     /// True once no work of a revoking partition is at APNs (nothing to wait for).
-    var revokingSettled: Bool {
+    package var revokingSettled: Bool {
         revoking.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
     }
 
     /// Whether work started under `generation` may go on to APNs: its partition is ours and
     /// not being revoked.
-    func isActive(_ partition: TopicPartition, generation: Int) -> Bool {
+    package func isActive(_ partition: Partition, generation: Int) -> Bool {
         owns(partition, generation: generation) && !revoking.contains(partition)
     }
 
     /// A notification of this work goes to APNs (counted once per item: `first`). False when
     /// it must not (the partition is not active): then nothing was counted.
-    mutating func sendBegins(_ partition: TopicPartition, generation: Int, first: Bool) -> Bool {
+    package mutating func sendBegins(_ partition: Partition, generation: Int, first: Bool) -> Bool {
         guard isActive(partition, generation: generation) else { return false }
         if first { atAPNs[partition, default: 0] += 1 }
         return true
     }
 
     /// Work counted by ``sendBegins(_:generation:first:)`` ended (its offset stored or not).
-    mutating func sentWorkEnded(_ partition: TopicPartition, generation: Int) {
+    package mutating func sentWorkEnded(_ partition: Partition, generation: Int) {
         guard generations[partition] == generation, let count = atAPNs[partition] else { return }
         atAPNs[partition] = count > 1 ? count - 1 : nil
     }
 
     /// True when `partition` just reached the limit of uncommitted offsets: to be paused.
-    mutating func holdIfFull(_ partition: TopicPartition) -> Bool {
+    package mutating func holdIfFull(_ partition: Partition) -> Bool {
         guard let tracker = trackers[partition], tracker.uncommitted >= uncommittedLimit else { return false }
         return held.insert(partition).inserted
     }
 
     /// True when a held partition is down to half the limit: to be resumed.
-    mutating func releaseIfDrained(_ partition: TopicPartition) -> Bool {
+    package mutating func releaseIfDrained(_ partition: Partition) -> Bool {
         guard held.contains(partition), (trackers[partition]?.uncommitted ?? 0) <= uncommittedLimit / 2 else { return false }
         held.remove(partition)
         return true
@@ -99,7 +98,7 @@ package struct PartitionLedger: Sendable {
     /// ours (the message is dropped), or not since `expected` (the generation it was consumed
     /// under, when the caller knows it: a message consumed before a revocation never starts
     /// under the partition's next assignment).
-    package mutating func start(_ partition: TopicPartition, offset: Int64, generation expected: Int? = nil) -> Int? {
+    package mutating func start(_ partition: Partition, offset: Int64, generation expected: Int? = nil) -> Int? {
         guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition],
               expected == nil || expected == generation else { return nil }
         Self.update(&trackers, partition) { $0.started(offset) }
@@ -107,13 +106,13 @@ package struct PartitionLedger: Sendable {
     }
 
     /// Whether work started under `generation` is still ours.
-    func owns(_ partition: TopicPartition, generation: Int) -> Bool {
+    package func owns(_ partition: Partition, generation: Int) -> Bool {
         trackers[partition] != nil && generations[partition] == generation
     }
 
     /// An offset's work ended: the partition's new committable offset when it moved (nil when
     /// it did not, or the work is no longer ours).
-    package mutating func finish(_ partition: TopicPartition, generation: Int, offset: Int64) -> Int64? {
+    package mutating func finish(_ partition: Partition, generation: Int, offset: Int64) -> Int64? {
         guard owns(partition, generation: generation) else { return nil }
         return Self.update(&trackers, partition) { $0.finish(offset) } ?? nil
     }
@@ -123,19 +122,19 @@ package struct PartitionLedger: Sendable {
     /// caller's buffer for an `OffsetTracker`, are each allocated on the heap (six allocations
     /// per intent, counted with `bench e2e`'s `allocations_per_intent`, docs/performance.md);
     /// a value reached by its index is changed where it is stored.
-    private static func update<R>(_ trackers: inout [TopicPartition: OffsetTracker], _ partition: TopicPartition,
+    private static func update<R>(_ trackers: inout [Partition: OffsetTracker], _ partition: Partition,
                                   _ change: (inout OffsetTracker) -> R) -> R? {
         guard let index = trackers.index(forKey: partition) else { return nil }
         return change(&trackers.values[index])
     }
 
     /// The partition's current generation, if it is ours.
-    package func generation(of partition: TopicPartition) -> Int? {
+    package func generation(of partition: Partition) -> Int? {
         trackers[partition] != nil ? generations[partition] : nil
     }
 
-    /// The owned partitions of `topic` with their generations.
-    func owned(topic: String) -> [(partition: Int32, generation: Int)] {
-        trackers.keys.filter { $0.topic == topic }.map { ($0.partition, generations[$0] ?? 0) }
+    /// The owned partitions that `include` picks (those of one topic, say), with their generations.
+    package func owned(where include: (Partition) -> Bool) -> [(partition: Partition, generation: Int)] {
+        trackers.keys.filter(include).map { ($0, generations[$0] ?? 0) }
     }
 }
