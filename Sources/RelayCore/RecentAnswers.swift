@@ -5,8 +5,9 @@ import Synchronization
 /// its intents' dedupe records when the batch is consumed, and admits each intent later (after
 /// the batches before it, and when there is room under `limits.max_in_flight`). A copy of an
 /// intent whose first copy was answered — its record written — between the two cannot have seen
-/// that record; ``answered(_:since:)`` says so, and the copy is decided again in its turn
-/// (``RelayPipeline/admit(_:_:_:lane:generation:policy:consumedAt:readMark:policyDecision:)``).
+/// that record; ``answered(_:since:)`` says so, and the copy is decided again in its turn. The
+/// relay keeps its devices' parks here too (a key per mailbox parked into): an intent whose read
+/// came before its device's earlier intent parked would overtake that one.
 ///
 /// Bounded by the reads under way: an answer is kept only while a read that began before it has
 /// not ended, so when reads come and go as batches do, only the answers of the last few batches'

@@ -114,6 +114,33 @@ struct CallbackDeliveryTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// An intent whose batch read Redis before its device's earlier intent parked, and that is
+    /// admitted only after that park (one intent in flight at most: it waits for the earlier
+    /// one's slot), cannot have seen the park in its read: it is decided again in its turn,
+    /// parks behind the parked one and displaces it. Before, it went out at once, ahead of the
+    /// parked intent and inside the device's 429 backoff, and the parked one followed it.
+    @Test(arguments: [true, false])
+    func anIntentReadBeforeItsDevicesParkDoesNotOvertakeTheParkedOne(byCallbacks: Bool) async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await Self.relay(redis, latency: 300, byCallbacks: byCallbacks) {
+            $0.limits.maxInFlight = 1
+            $0.policy.backoffInitialSeconds = 1
+            $0.policy.backoffMaxSeconds = 1
+        }
+        let device = hexToken(0xCB)
+        try await Self.nextAnswerIsA429(harness)
+        try await harness.produce(intent("older", token: device), key: device)
+        try await harness.produce(intent("newer", token: device), key: device)
+        let outcomes = PolicyTests.byID(try await harness.outcomes(count: 3))
+        #expect(outcomes["older"]?["status"] as? String == "coalesced", "\(outcomes["older"] ?? [:])")
+        #expect(outcomes["older"]?["superseded_by"] as? String == "newer")
+        #expect(outcomes["newer"]?["status"] as? String == "delivered", "\(outcomes["newer"] ?? [:])")
+        #expect(await harness.pipeline.idle(within: .seconds(20)))
+        let sent = harness.simulator.accepted.filter { $0.deviceToken == device }.map(\.apnsID)
+        #expect(sent == [APNsIdentifiers.format(Intent.apnsID(for: "newer"))])
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     /// A now-or-never intent (expiration 0) queued behind one that parks cannot wait: it ends
     /// `expired`, and its device's queue goes on behind it (the intent after it parks too, and
     /// is delivered from the mailbox).

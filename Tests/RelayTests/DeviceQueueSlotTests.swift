@@ -37,7 +37,7 @@ struct DeviceQueueSlotTests {
         // that began before this end knows it missed the answer.
         #expect(state.lanes.hasRoom(0))
         #expect(state.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
-        #expect(state.recentAnswers.answered(key, since: read))
+        #expect(state.recentAnswers.answered(.answered(key), since: read))
     }
 
     /// A device queue that empties is kept for the next device without one (its first intent

@@ -27,6 +27,14 @@ extension RelayPipeline {
             }
             var admission = admission
             var recordsAnswer = false
+            // Its device and app's mailbox was parked into after this batch read Redis: the read
+            // could not see that intent waiting there, and sent now this one would overtake it
+            // (inside the backoff of a 429, say). Decided again in its turn, from a read that does.
+            if case .send = admission, let readMark,
+               state.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic), since: readMark),
+               isEnforced(intent) {
+                admission = .readmit
+            }
             if deduplicator != nil, Self.mayRecordAnswer(admission) {
                 let key = AnswerKey(intent)
                 if state.answering[key] != nil {
@@ -37,7 +45,8 @@ extension RelayPipeline {
                 } else {
                     // A copy answered after this batch read Redis: the read could not see its
                     // record. Decided again in its turn, from a read that does (enforce mode).
-                    if case .send = admission, let readMark, state.recentAnswers.answered(key, since: readMark), isEnforced(intent) {
+                    if case .send = admission, let readMark, state.recentAnswers.answered(.answered(key), since: readMark),
+                       isEnforced(intent) {
                         admission = .readmit
                     }
                     // Decided again or not, it answers for its copies consumed meanwhile.
@@ -76,7 +85,7 @@ extension RelayPipeline {
             state.answering[key] = count - 1
         } else {
             state.answering[key] = nil
-            state.recentAnswers.answered(key)
+            state.recentAnswers.answered(.answered(key))
         }
     }
 
@@ -84,7 +93,16 @@ extension RelayPipeline {
     /// ``State/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs.
     func recordedCoalesced(_ intent: Intent) {
-        state.withLock { $0.recentAnswers.answered(AnswerKey(intent)) }
+        state.withLock { $0.recentAnswers.answered(.answered(AnswerKey(intent))) }
+    }
+
+    /// What a batch's admission read of Redis may have missed (``State/recentAnswers``).
+    enum RecentChange: Hashable {
+        /// APNs' answer to the intent was recorded (a copy of it is a duplicate).
+        case answered(AnswerKey)
+        /// An intent was parked in this device (or channel) and app's mailbox (the others
+        /// wait behind it).
+        case parked(recipient: String, topic: String)
     }
 
     /// Whether the policy of the intent's topic is enforced (not in shadow mode).

@@ -123,8 +123,9 @@ public final class RelayPipeline: RelayStatus, Service {
         static let spareQueueCapacity = 16
         /// The intents items in ``devices`` record answers for (how many such items each).
         var answering: [AnswerKey: Int] = [:]
-        /// Answers recorded while batches' admission reads were under way.
-        var recentAnswers = RecentAnswers<AnswerKey>()
+        /// Answers recorded, and mailboxes parked into, while batches' admission reads were
+        /// under way.
+        var recentAnswers = RecentAnswers<RecentChange>()
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.

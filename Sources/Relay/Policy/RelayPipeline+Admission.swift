@@ -32,13 +32,11 @@ extension RelayPipeline {
                              groups: &groups, members: &admitting.members)
         if !groups.isEmpty {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
-            if deduplicator != nil {
-                // Marked before the read is written: an answer recorded after the mark may be
-                // missing from what it reads.
-                let mark = state.withLock { $0.recentAnswers.readBegan() }
-                admitting.read = AdmissionRead(mark: mark) { [weak self] mark in
-                    self?.state.withLock { $0.recentAnswers.readEnded(mark) }
-                }
+            // Marked before the read is written: an answer recorded, or a park, after the mark
+            // may be missing from what it reads.
+            let mark = state.withLock { $0.recentAnswers.readBegan() }
+            admitting.read = AdmissionRead(mark: mark) { [weak self] mark in
+                self?.state.withLock { $0.recentAnswers.readEnded(mark) }
             }
             admitting.pending = policy.admission(groups)
         }

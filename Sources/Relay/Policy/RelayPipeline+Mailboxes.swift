@@ -31,6 +31,9 @@ extension RelayPipeline {
             return try await policy.park(token: intent.recipient, topic: intent.topic, id: intent.id, entry: entry,
                                          due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
+        // A batch whose read began before this park cannot see it: its intents of the mailbox
+        // are decided again (``RelayPipeline/RecentChange``).
+        state.withLock { $0.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic)) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
