@@ -172,45 +172,60 @@ public final class APNsClient: Service, Sendable {
             return completion(.failure(error))
         }
         let attempt = makeAttempt(notification)
-        let finish: @Sendable (Result<APNsResult, any Error>) -> Void = { result in
-            self.outstanding.subtract(1, ordering: .relaxed)
-            completion(result)
-        }
-        guard case .token(let source) = configuration.credential else { return sendAttempt(attempt, finish) }
+        attempt.completion = completion
+        guard case .token(let source) = configuration.credential else { return sendAttempt(attempt) }
         if let token = source.freshToken() {
             attempt.use(token)
-            return sendAttempt(attempt, finish)
+            return sendAttempt(attempt)
         }
         Task {
             do {
                 attempt.use(try await source.currentToken())
             } catch {
-                return finish(.failure(error))
+                return self.finish(attempt, .failure(error))
             }
-            self.sendAttempt(attempt, finish)
+            self.sendAttempt(attempt)
         }
     }
 
-    /// One attempt of a callback send, and the next one its answer calls for.
-    private func sendAttempt(_ attempt: Attempt, _ finish: @escaping @Sendable (Result<APNsResult, any Error>) -> Void) {
+    /// One attempt of a callback send. The connection's `load` counts it until its answer
+    /// (counted here, not by the connection, so that the request carries one closure, and that
+    /// closure holds only the attempt: no allocation for its captures).
+    private func sendAttempt(_ attempt: Attempt) {
         let connection = pickConnection(avoiding: attempt.avoid)
-        connection.execute(attempt.request, deadline: attempt.deadline) { answer in
-            switch self.judge(answer, from: connection, attempt) {
-            case .finished(let result):
-                finish(.success(result))
-            case .resend:
-                self.sendAttempt(attempt, finish)
-            case .refreshToken(let source, let rejected):
-                Task {
-                    do {
-                        attempt.use(try await source.refresh(after: rejected))
-                    } catch {
-                        return finish(.failure(error))
-                    }
-                    self.sendAttempt(attempt, finish)
+        attempt.connection = connection
+        connection.load.add(1, ordering: .relaxed)
+        connection.execute(attempt.request, deadline: attempt.deadline) { [attempt] answer in
+            attempt.client.answered(attempt, answer)
+        }
+    }
+
+    /// A callback send's attempt was answered: the caller hears the result, or the next attempt
+    /// its answer calls for goes.
+    private func answered(_ attempt: Attempt, _ answer: Result<HTTP2Response, HTTP2StreamError>) {
+        guard let connection = attempt.connection else { return }
+        connection.load.subtract(1, ordering: .relaxed)
+        switch judge(answer, from: connection, attempt) {
+        case .finished(let result):
+            finish(attempt, .success(result))
+        case .resend:
+            sendAttempt(attempt)
+        case .refreshToken(let source, let rejected):
+            Task {
+                do {
+                    attempt.use(try await source.refresh(after: rejected))
+                } catch {
+                    return self.finish(attempt, .failure(error))
                 }
+                self.sendAttempt(attempt)
             }
         }
+    }
+
+    /// A callback send ends: it no longer counts among the client's sends, and its caller hears.
+    private func finish(_ attempt: Attempt, _ result: Result<APNsResult, any Error>) {
+        outstanding.subtract(1, ordering: .relaxed)
+        attempt.completion?(result)
     }
 
     /// An answer to ``request(method:path:headers:body:)``.
@@ -278,6 +293,10 @@ public final class APNsClient: Service, Sendable {
     /// Sends admitted and not yet answered (waiting for a stream, or on the wire).
     public var sendsUnderWay: Int { outstanding.load(ordering: .relaxed) }
 
+    /// Requests handed to the connections and not answered yet (every attempt counts while it
+    /// is out): what picks the least loaded connection.
+    package var requestsUnderWay: Int { connections.reduce(0) { $0 + $1.load.load(ordering: .relaxed) } }
+
     /// Connections the pool has tried to open so far (reconnects included).
     public var connectAttempts: Int {
         connections.reduce(0) { $0 + $1.connectAttempts.load(ordering: .relaxed) }
@@ -322,11 +341,18 @@ public final class APNsClient: Service, Sendable {
         var refreshedToken = false
         /// The connection that refused the last attempt.
         var avoid: Int?
+        /// The client sending it (a callback send's answer finds its way back through it).
+        let client: APNsClient
+        /// A callback send's: who hears its result (nil for an awaited send).
+        var completion: (@Sendable (Result<APNsResult, any Error>) -> Void)?
+        /// A callback send's: the connection its current attempt went to.
+        var connection: APNsConnection?
 
-        init(request: HTTP2Request, apnsID: String, deadline: NIODeadline) {
+        init(request: HTTP2Request, apnsID: String, deadline: NIODeadline, client: APNsClient) {
             self.request = request
             self.apnsID = apnsID
             self.deadline = deadline
+            self.client = client
         }
 
         /// Sends `fresh` as the `authorization` header from now on.
@@ -350,7 +376,7 @@ public final class APNsClient: Service, Sendable {
     private func makeAttempt(_ notification: APNsNotification) -> Attempt {
         let apnsID = APNsIdentifiers.format(notification.apnsID)
         return Attempt(request: makeRequest(notification, apnsID: apnsID), apnsID: apnsID,
-                       deadline: .now() + configuration.requestTimeout)
+                       deadline: .now() + configuration.requestTimeout, client: self)
     }
 
     /// What to do after one attempt: answer the caller, send again elsewhere, or retry once with

@@ -80,7 +80,8 @@ final class APNsConnection: @unchecked Sendable {
 
     // Shared with any thread.
     private let inbox = Locked(Inbox())
-    /// Requests handed to this slot and not yet answered.
+    /// Requests handed to this slot and not yet answered (a callback request is counted by its
+    /// caller, ``execute(_:deadline:completion:)``).
     let load = Atomic<Int>(0)
     let isReady = Atomic<Bool>(false)
     /// How many streams the ready channel may have open (0 while not ready).
@@ -139,13 +140,11 @@ final class APNsConnection: @unchecked Sendable {
 
     /// Sends one request and hands its answer to `completion` (on the connection's event loop,
     /// or at once on the caller's thread when the connection refuses it): no task waits, and
-    /// nothing cancels it but its deadline.
+    /// nothing cancels it but its deadline. Unlike the awaited ``execute(_:deadline:)``, it
+    /// leaves ``load`` to the caller (``APNsClient`` counts it: a wrapping closure here would
+    /// be an allocation per request).
     func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping SendableCompletion) {
-        load.add(1, ordering: .relaxed)
-        submit(request, deadline: deadline, answer: nil) { answer in
-            self.load.subtract(1, ordering: .relaxed)
-            completion(answer)
-        }
+        submit(request, deadline: deadline, answer: nil, completion: completion)
     }
 
     private func submit(_ request: HTTP2Request, deadline: NIODeadline, answer: PendingAnswer) {

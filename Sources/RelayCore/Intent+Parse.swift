@@ -45,10 +45,11 @@ extension Intent {
     /// One pass over the bytes (``JSONReader``), no Foundation object tree: this runs for every
     /// consumed message. The payload is sent as given with its insignificant whitespace removed.
     public static func parse(_ value: [UInt8], key: [UInt8]?, now: Int64, defaultTTL: Int64) throws(InvalidIntent) -> Intent {
-        let keyToken = key.map { String(decoding: $0, as: UTF8.self) }
+        // The key stands in for a token the intent does not give: made only for an invalid one.
         func invalid(_ reason: String, _ message: String, id: String? = nil, token: String? = nil, topic: String? = nil,
                      channelID: String? = nil, namesChannel: Bool = false) -> InvalidIntent {
-            InvalidIntent(reason: reason, message: message, id: id, token: namesChannel ? token : token ?? keyToken, topic: topic,
+            InvalidIntent(reason: reason, message: message, id: id,
+                          token: namesChannel ? token : token ?? key.map { String(decoding: $0, as: UTF8.self) }, topic: topic,
                           channelID: channelID)
         }
         guard value.count <= maxMessageBytes else {
@@ -190,8 +191,9 @@ extension Intent {
         let payload = value.withUnsafeBytes { bytes in
             JSONReader.compacted(UnsafeRawBufferPointer(rebasing: bytes[payloadRange]))
         }
-        // One device, one spelling: hex tokens are kept in lower case (APNs reads either).
-        let intent = Intent(id: id, token: token?.lowercased() ?? "", topic: topic, pushType: pushType, priority: priority,
+        // One device, one spelling: hex tokens are kept in lower case (APNs reads either). A token
+        // in lower case already is kept as it is (`lowercased()` would copy it).
+        let intent = Intent(id: id, token: token.map(Self.inLowerCase) ?? "", topic: topic, pushType: pushType, priority: priority,
                             expiration: expiration, collapseID: collapseID, environment: environment, payload: payload,
                             badge: badge, tokenRegisteredAt: tokenRegisteredAt, channelID: channelID,
                             messageStoragePolicy: messageStoragePolicy, metadata: metadata, redrive: redrive)
@@ -202,6 +204,13 @@ extension Intent {
             throw fail(error.code.rawValue, error.message)
         }
         return intent
+    }
+
+    /// `text` in lower case: itself when it has no upper-case ASCII letter (no copy).
+    private static func inLowerCase(_ text: String) -> String {
+        var text = text
+        let upper = text.withUTF8 { $0.contains { $0 >= UInt8(ascii: "A") && $0 <= UInt8(ascii: "Z") } }
+        return upper ? text.lowercased() : text
     }
 
     /// The top-level members of an intent that the relay reads, each as the last value given.
@@ -232,7 +241,12 @@ extension Intent {
             }
         }
 
-        private var values: [JSONReader.Value?] = Array(repeating: nil, count: Field.allCases.count)
+        /// One per ``Field``, in place (an array would be an allocation per intent).
+        private var values = InlineArray<15, JSONReader.Value?>(repeating: nil)
+
+        private init() {
+            assert(Field.allCases.count == values.count, "one value per field")
+        }
 
         /// The fields, unless the bytes are not exactly one well-formed JSON object.
         package static func read(_ bytes: UnsafeRawBufferPointer) -> Result<Fields, JSONReader.Failure> {

@@ -140,13 +140,15 @@ struct ClientSimulatorTests {
         await harness.stop()
     }
 
-    @Test func expiredProviderTokenMintsOnceAndRetries() async throws {
+    @Test(arguments: [false, true])
+    func expiredProviderTokenMintsOnceAndRetries(byCallback: Bool) async throws {
         // The client's clock reads 4000 s behind at the first mint (APNs sees a stale token), then
         // right: the ExpiredProviderToken answer makes it mint once more and retry.
         let now = Int64(Date().timeIntervalSince1970)
         let clock = ScriptedClock([now - 4000, now])
         let harness = try await Harness.start(clientClock: clock.function)
-        let result = try await harness.client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
+        let result = try await harness.client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic), byCallback: byCallback)
+        #expect(harness.client.sendsUnderWay == 0 && harness.client.requestsUnderWay == 0)
         #expect(result.classification == .delivered)
         #expect(result.attempts == 2)
         #expect(harness.source.mintCount == 2)

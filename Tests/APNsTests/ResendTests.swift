@@ -15,24 +15,29 @@ struct ResendTests {
 
     /// REFUSED_STREAM outside a GOAWAY: not processed, so it goes out again (the client
     /// prefers a connection other than the refusing one).
-    @Test func aRefusedStreamGoesOutAgainOnTheOtherConnection() async throws {
+    /// Awaited or by callback (the relay's way), and either way nothing stays counted after.
+    @Test(arguments: [false, true])
+    func aRefusedStreamGoesOutAgainOnTheOtherConnection(byCallback: Bool) async throws {
         let harness = try await Harness.start(connections: 2, configure: { $0.behaviour.refuseNext = 1 })
-        let result = try await harness.client.send(Self.notification())
+        let result = try await harness.client.send(Self.notification(), byCallback: byCallback)
         #expect(result.classification == .delivered)
         #expect(result.attempts == 2)
         #expect(harness.simulator.disrupted.refused == [result.apnsID])
         #expect(harness.simulator.accepted.map(\.apnsID) == [result.apnsID])
+        #expect(harness.client.sendsUnderWay == 0 && harness.client.requestsUnderWay == 0)
         await harness.stop()
     }
 
-    @Test func refusalsEndAtTheResendCap() async throws {
+    @Test(arguments: [false, true])
+    func refusalsEndAtTheResendCap(byCallback: Bool) async throws {
         let harness = try await Harness.start(connections: 2, configure: { $0.behaviour.refuseNext = 100 },
                                               configureClient: { $0.maxResends = 3 })
-        let result = try await harness.client.send(Self.notification())
+        let result = try await harness.client.send(Self.notification(), byCallback: byCallback)
         #expect(result.failure == .notSent("REFUSED_STREAM"), "\(String(describing: result.failure))")
         #expect(result.attempts == 4)
         #expect(harness.simulator.disrupted.refused.count == 4)
         #expect(harness.simulator.accepted.isEmpty)
+        #expect(harness.client.sendsUnderWay == 0 && harness.client.requestsUnderWay == 0)
         await harness.stop()
     }
 

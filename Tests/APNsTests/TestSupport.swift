@@ -87,3 +87,13 @@ struct Harness {
         await simulator.stop()
     }
 }
+
+extension APNsClient {
+    /// ``send(_:)``, or when `byCallback` the send that hands its result to a closure.
+    func send(_ notification: APNsNotification, byCallback: Bool) async throws -> APNsResult {
+        guard byCallback else { return try await send(notification) }
+        return try await withCheckedThrowingContinuation { continuation in
+            send(notification) { continuation.resume(with: $0) }
+        }
+    }
+}

@@ -126,8 +126,9 @@ extension RelayPipeline {
 
     /// One intent's delivery across its attempts: what is sent, and the state machine that
     /// decides (``DeliveryStateMachine``). `@unchecked Sendable`: one step of its intent touches
-    /// it at a time (a task's frames, or callbacks each started by the one before).
-    final class Delivery: @unchecked Sendable {
+    /// it at a time (a task's frames, or callbacks each started by the one before). It is its
+    /// own ``Ending`` (``ending``): a separate object would be one more allocation per intent.
+    final class Delivery: Ending, @unchecked Sendable {
         let intent: Intent
         let item: WorkItem
         var notification: APNsNotification
@@ -135,7 +136,8 @@ extension RelayPipeline {
         var badge: Int64?
         /// Which credentials send for the intent's topic (nil: none do).
         let credentialIndex: Int?
-        let ending = Ending()
+        /// How it ended: itself.
+        var ending: Ending { self }
         var machine: DeliveryStateMachine
         /// The client the next attempt goes through.
         var client: APNsClient?
@@ -157,6 +159,7 @@ extension RelayPipeline {
             self.notification.precedence = precedence
             self.credentialIndex = credentialIndex
             self.machine = machine
+            super.init()
         }
     }
 

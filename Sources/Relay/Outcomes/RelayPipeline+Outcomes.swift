@@ -9,7 +9,8 @@ extension RelayPipeline {
     /// and, when APNs accepted it, the device's last-notification record. A class, so the async
     /// frames on the way hold a reference, not the outcome.
     /// `@unchecked Sendable`: as ``Delivery``, one step of its intent touches it at a time.
-    final class Ending: @unchecked Sendable {
+    /// Not final: a ``Delivery`` is its own ending (one object per sent intent, not two).
+    class Ending: @unchecked Sendable {
         var outcome: Outcome?
         var lastSent: DeviceRecords.LastSent?
         /// In its device's mailbox: no outcome now (the mailbox answers it later), and its
