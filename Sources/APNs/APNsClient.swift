@@ -203,7 +203,9 @@ public final class APNsClient: Service, Sendable {
     /// A callback send's attempt was answered: the caller hears the result, or the next attempt
     /// its answer calls for goes.
     private func answered(_ attempt: Attempt, _ answer: Result<HTTP2Response, HTTP2StreamError>) {
-        guard let connection = attempt.connection else { return }
+        guard let connection = attempt.connection else {
+            preconditionFailure("an attempt is answered only once it went to a connection")
+        }
         connection.load.subtract(1, ordering: .relaxed)
         switch judge(answer, from: connection, attempt) {
         case .finished(let result):

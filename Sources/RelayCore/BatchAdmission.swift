@@ -22,9 +22,10 @@ package enum BatchAdmission {
         /// not say its token was registered since: outcome `unregistered` (`KnownUnregistered`).
         case knownUnregistered(at: Int64)
         /// Redis answered its device's read with an error while the rest of its batch was
-        /// decided (its keys' hash slot being migrated, say), or a copy of it was answered after
-        /// its batch's read began (``RecentAnswers``): decided again alone when its turn in its
-        /// device's queue comes, with retries, so it holds up no other device.
+        /// decided (its keys' hash slot being migrated, say), or a copy of it was answered, or an
+        /// intent of its mailbox parked, after its batch's read began (``RecentAnswers``):
+        /// decided again alone when its turn in its device's queue comes, with retries, so it
+        /// holds up no other device.
         case readmit
         /// Its recipient already has `limits.max_waiting_per_recipient` intents waiting here:
         /// outcome `failed` (`RecipientBacklog`), nothing sent.
@@ -67,7 +68,7 @@ package enum BatchAdmission {
                 group = groups.count
                 groupIndex[key] = group
                 groups.append(DeviceAdmission.Group(token: key.token, topic: intent.topic,
-                                                 rules: rules(intent.topic, intent.recipient)))
+                                                    rules: rules(intent.topic, intent.recipient)))
                 // A channel has no 410 to remember.
                 groups[group].readsUnregistered = intent.channelID == nil
                 groups[group].skipsKnownUnregistered = skipsKnownUnregistered && intent.channelID == nil

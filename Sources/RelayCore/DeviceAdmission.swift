@@ -1,7 +1,7 @@
 /// A batch's admission decisions for one device (or channel) and topic, from what Redis
-/// holds for it: pure, no I/O and no clock (`now` is passed in). ``DevicePolicy`` reads
-/// Redis, asks ``decide(_:waiting:backoffUntil:bucket:now:unregisteredAt:record:)`` and writes
-/// back what the bucket spent.
+/// holds for it: pure, no I/O and no clock (`now` is passed in). The relay's `DevicePolicy`
+/// reads Redis, asks ``decide(_:waiting:backoffUntil:bucket:now:unregisteredAt:record:)`` and
+/// writes back what the bucket spent.
 package enum DeviceAdmission {
     /// What a device and app's mailbox holds, as an intent being admitted sees it.
     package enum MailboxHolds: Equatable {
@@ -95,7 +95,7 @@ package enum DeviceAdmission {
     /// newer intent of the group goes out now is `coalesced` into that one instead: it would
     /// reach the device after it. Only a sent intent spends a token.
     package static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
-                       unregisteredAt: Int64? = nil, record: (Int) -> AnswerRecord??) -> [Admission] {
+                               unregisteredAt: Int64? = nil, record: (Int) -> AnswerRecord??) -> [Admission] {
         var decisions = Array(repeating: Admission.wait, count: group.ids.count)
         // The older intents of each collapse id, newest first, by the position of the newest.
         var older: [Int: [Int]] = [:]

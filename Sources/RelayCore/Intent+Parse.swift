@@ -241,11 +241,16 @@ extension Intent {
             }
         }
 
-        /// One per ``Field``, in place (an array would be an allocation per intent).
-        private var values = InlineArray<15, JSONReader.Value?>(repeating: nil)
+        /// One per ``Field``, in place: an array would be an allocation per intent (and
+        /// `InlineArray` needs macOS 26, where the package supports 15). Reached by position
+        /// through a pointer: a tuple of one type is laid out as an array of it.
+        private var values: (Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot, Slot) =
+            (nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+        private typealias Slot = JSONReader.Value?
+        private static let width = 15
 
         private init() {
-            assert(Field.allCases.count == values.count, "one value per field")
+            assert(Field.allCases.count == Self.width, "one value per field")
         }
 
         /// The fields, unless the bytes are not exactly one well-formed JSON object.
@@ -256,7 +261,7 @@ extension Intent {
             do {
                 try reader.forEachMember { reader, key throws(JSONReader.Failure) in
                     if let field = Field(key: key) {
-                        fields.values[field.rawValue] = try reader.readValue(depth: 1)
+                        fields[field] = try reader.readValue(depth: 1)
                     } else {
                         try reader.skipValue(depth: 1)
                     }
@@ -268,7 +273,18 @@ extension Intent {
             return .success(fields)
         }
 
-        package subscript(field: Field) -> JSONReader.Value? { values[field.rawValue] }
+        package subscript(field: Field) -> JSONReader.Value? {
+            get {
+                withUnsafePointer(to: values) {
+                    $0.withMemoryRebound(to: Slot.self, capacity: Self.width) { $0[field.rawValue] }
+                }
+            }
+            set {
+                withUnsafeMutablePointer(to: &values) {
+                    $0.withMemoryRebound(to: Slot.self, capacity: Self.width) { $0[field.rawValue] = newValue }
+                }
+            }
+        }
 
         package func string(_ field: Field) -> String? {
             if case .string(let text)? = self[field] { return text }

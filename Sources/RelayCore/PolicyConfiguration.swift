@@ -1,6 +1,6 @@
 /// The rules applied in Redis per device, and per broadcast channel (see docs/redis.md);
 /// without Redis none apply. The relay's configuration names it `RelayConfiguration.Policy`;
-/// it lives here, with the decisions it drives (``DeviceAdmission``), free of Redis.
+/// it lives here, with the decisions it drives (`DeviceAdmission`), free of Redis.
 public struct PolicyConfiguration: Sendable {
     /// A token bucket per device token: `burst` sends at once, then `refillPerSecond`.
     public struct RateLimit: Sendable, Equatable {

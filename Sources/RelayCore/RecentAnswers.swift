@@ -30,6 +30,9 @@ package struct RecentAnswers<Key: Hashable> {
 
     /// Answers held now.
     package var held: Int { latest.count }
+    /// The mark of the latest answer (0 before the first): a read marked at or after it missed
+    /// none of the answers so far.
+    package var latestMark: UInt64 { count }
 
     package init(capacity: Int = 100_000) {
         self.capacity = capacity
@@ -53,7 +56,7 @@ package struct RecentAnswers<Key: Hashable> {
         while let first = order.first, first.mark <= oldest { dropOldest() }
     }
 
-    /// An answer for `key` was recorded.
+    /// An answer for `key` was recorded (or whatever else a read begun before now cannot see).
     package mutating func answered(_ key: Key) {
         count += 1
         guard !reads.isEmpty else { return }

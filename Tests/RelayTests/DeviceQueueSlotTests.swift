@@ -40,6 +40,31 @@ struct DeviceQueueSlotTests {
         #expect(state.recentAnswers.answered(.answered(key), since: read))
     }
 
+    /// A read that began before a park into an intent's mailbox missed it (the intent is decided
+    /// again in its turn); one that began after it did not; a park after a 429 is missed by the
+    /// device's other apps too (the backoff is the device's).
+    @Test func aReadBeforeAParkMissedIt() throws {
+        func intent(_ topic: String, token: String = Self.token) throws -> Intent {
+            let json = #"{"id":"x","token":"\#(token)","topic":"\#(topic)","payload":{"aps":{"alert":"hi"}}}"#
+            return try Intent.parse(Array(json.utf8), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
+        }
+        let app = try intent("com.example.app"), other = try intent("com.example.other")
+        let elsewhere = try intent("com.example.app", token: String(repeating: "6c", count: 32))
+        var state = Self.state()
+        let before = state.recentAnswers.readBegan()
+        #expect(!Pipeline.missedPark(app, since: before, state))
+        Pipeline.noteParked(app, tooManyRequests: false, &state)
+        let after = state.recentAnswers.readBegan()
+        #expect(Pipeline.missedPark(app, since: before, state))
+        #expect(!Pipeline.missedPark(app, since: after, state))
+        #expect(!Pipeline.missedPark(other, since: before, state), "a park holds back its own app's intents")
+        #expect(!Pipeline.missedPark(elsewhere, since: before, state))
+        Pipeline.noteParked(app, tooManyRequests: true, &state)
+        #expect(Pipeline.missedPark(other, since: before, state), "after a 429 the device is in backoff for every app")
+        #expect(Pipeline.missedPark(other, since: after, state))
+        #expect(!Pipeline.missedPark(elsewhere, since: after, state))
+    }
+
     /// A device queue that empties is kept for the next device without one (its first intent
     /// allocates no queue), up to the spare queues' bound; one that grew large is let go.
     @Test func anEmptiedDeviceQueueServesTheNextDevice() throws {

@@ -13,7 +13,8 @@ extension RelayPipeline {
     func handle(_ item: WorkItem) async -> Int64? {
         if case .readmit = item.admission {
             // Decided now, in its device's turn: its batch's read of its keys failed, or could
-            // not see a copy's answer recorded after it (that decision was counted already).
+            // not see a copy's answer recorded, or a park of its device, after it (that decision
+            // was counted already).
             guard let (decided, forgets) = await readmit(item), case .success(let intent) = item.intent else {
                 await conclude(item, Ending())
                 return nil

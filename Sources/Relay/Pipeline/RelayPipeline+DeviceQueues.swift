@@ -27,12 +27,9 @@ extension RelayPipeline {
             }
             var admission = admission
             var recordsAnswer = false
-            // Its device and app's mailbox was parked into after this batch read Redis: the read
-            // could not see that intent waiting there, and sent now this one would overtake it
-            // (inside the backoff of a 429, say). Decided again in its turn, from a read that does.
-            if case .send = admission, let readMark,
-               state.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic), since: readMark),
-               isEnforced(intent) {
+            // A park this batch's read could not see: decided again in its turn, from a read
+            // that does (``missedPark(_:since:_:)``).
+            if case .send = admission, let readMark, Self.missedPark(intent, since: readMark, state), isEnforced(intent) {
                 admission = .readmit
             }
             if deduplicator != nil, Self.mayRecordAnswer(admission) {
@@ -103,6 +100,27 @@ extension RelayPipeline {
         /// An intent was parked in this device (or channel) and app's mailbox (the others
         /// wait behind it).
         case parked(recipient: String, topic: String)
+        /// An intent of this device was parked after a 429: the device is in backoff, for
+        /// every app.
+        case backedOff(recipient: String)
+    }
+
+    /// Whether the read marked `readMark` missed a park into the intent's device and app's
+    /// mailbox, or a 429 backoff of its device: sent now, the intent would overtake the parked
+    /// one, or go out inside the backoff. Looked up only when a park came after the read
+    /// (``State/lastParkMark``): parks are rare, sends are not.
+    static func missedPark(_ intent: Intent, since readMark: UInt64, _ state: State) -> Bool {
+        guard state.lastParkMark > readMark else { return false }
+        return state.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic), since: readMark)
+            || state.recentAnswers.answered(.backedOff(recipient: intent.recipient), since: readMark)
+    }
+
+    /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
+    /// (``missedPark(_:since:_:)``).
+    static func noteParked(_ intent: Intent, tooManyRequests: Bool, _ state: inout State) {
+        state.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic))
+        if tooManyRequests { state.recentAnswers.answered(.backedOff(recipient: intent.recipient)) }
+        state.lastParkMark = state.recentAnswers.latestMark
     }
 
     /// Whether the policy of the intent's topic is enforced (not in shadow mode).

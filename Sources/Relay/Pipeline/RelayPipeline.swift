@@ -126,6 +126,8 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Answers recorded, and mailboxes parked into, while batches' admission reads were
         /// under way.
         var recentAnswers = RecentAnswers<RecentChange>()
+        /// The mark of the latest park in ``recentAnswers`` (0: none yet).
+        var lastParkMark: UInt64 = 0
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.

@@ -14,7 +14,8 @@ extension RelayPipeline {
         var pending: DevicePolicy.PendingAdmission?
         /// When its round trip began (epoch ns), while spans are exported.
         var startedAt: UInt64 = 0
-        /// Its read of the dedupe records, while the batch is held (nil without one).
+        /// Its read of Redis (dedupe records, mailboxes), while the batch is held (nil without one):
+        /// what was answered or parked after it began, it could not see.
         var read: AdmissionRead?
     }
 
@@ -156,7 +157,7 @@ extension RelayPipeline {
     }
 
     /// Decides an intent whose device's read failed while its batch was admitted, or could not
-    /// see a copy's answer (``Admission/readmit``), alone, asking Redis until it answers (with backoff; an error reply counts as Redis
+    /// see a copy's answer or a park of its device (``Admission/readmit``), alone, asking Redis until it answers (with backoff; an error reply counts as Redis
     /// failing), as long as the item's partition is ours; with `redis.fail_open` it is sent.
     /// Nil when given up (revoked, or the relay stopping past its deadline). With the admission,
     /// whether this read says a delivery deletes the pair's remembered 410

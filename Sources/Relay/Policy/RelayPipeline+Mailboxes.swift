@@ -32,8 +32,8 @@ extension RelayPipeline {
                                          due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
-        // are decided again (``RelayPipeline/RecentChange``).
-        state.withLock { $0.recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic)) }
+        // (after a 429, of the device) are decided again (``missedPark(_:since:_:)``).
+        state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
