@@ -538,8 +538,8 @@ struct PolicyTests {
         // is due: a full bucket and its due-index member moved to now.
         try await waitUntil(timeout: slowed(.seconds(30)), asking: { ((try? await harness.committedTotal()) ?? 0) == 3 })
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("DEL", ["apns-relay:rate:{\(token)}"])).integer == 1)
-        let member = "\(token) com.example.app two"
+        #expect(try await client.send(RedisCommand("DEL", [RedisKeys.standard.rate(token: token)])).integer == 1)
+        let member = RedisKeys.member(token: token, topic: "com.example.app", id: "two")
         var moved: Int64 = 0
         for partition in 0..<4 {
             let due = RedisKeys.standard.due(intentsTopic: harness.intentsTopic, partition: Int32(partition))
@@ -570,7 +570,7 @@ struct PolicyTests {
         // the machine (due 5 s after, a loaded machine could send "older" first).
         let harness = try await Self.oneSentOneParked(redis, token: token, sent: "first", parked: "older", refill: 0.001)
         let client = try RedisClient(configuration: RedisConfiguration(url: RedisURL(parsing: redis.url)))
-        #expect(try await client.send(RedisCommand("DEL", ["apns-relay:rate:{\(token)}"])).integer == 1)
+        #expect(try await client.send(RedisCommand("DEL", [RedisKeys.standard.rate(token: token)])).integer == 1)
         try await harness.produce(intent("newer", token: token), key: token)
         let byID = Self.byID(try await harness.outcomes(count: 3))
         #expect(byID["first"]?["status"] as? String == "delivered")
