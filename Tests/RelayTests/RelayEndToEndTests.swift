@@ -429,9 +429,10 @@ struct RelayEndToEndTests {
         #expect(outcomes.filter { $0.status == "delivered" }.count == 1)
         #expect(outcomes.filter { $0.status == "failed" }.count == count - 1)
         // Every one answered within the deadline of its consumption (plus backoff and a loaded
-        // machine's slack); one deadline after another, the last would take 10 s.
+        // machine's slack: a clean clone's run took 7.6 s from the produce); one deadline after
+        // another, the last would take 10 s after the first was consumed.
         let latest = outcomes.map(\.at).max()!
-        #expect(latest - produced < slowed(.milliseconds(6_000)), "answered after \(outcomes.map { $0.at - produced })")
+        #expect(latest - produced < slowed(.milliseconds(8_500)), "answered after \(outcomes.map { $0.at - produced })")
         await harness.stop()
     }
 
