@@ -10,6 +10,9 @@
 ///   buffer is down to half.
 /// - Partitions the application paused stay paused until it resumes them, and do not resume
 ///   while the buffer is full. Partitions assigned while it is full start paused.
+/// - The application's pauses and resumes are wishes: the poll thread applies them on its next
+///   turn (``applicationChanges()``), so that the application never waits for librdkafka (its
+///   pause and resume calls wait for the partitions' broker threads, without a deadline).
 public struct ConsumerFlowControl: Sendable {
     public enum Decision: Sendable, Equatable {
         /// Poll again.
@@ -25,7 +28,11 @@ public struct ConsumerFlowControl: Sendable {
     public let capacity: Int
     public let holdLimit: Duration
     public private(set) var assigned: Set<TopicPartition> = []
+    /// What the application wants paused (applied or not yet).
     public private(set) var pausedByApplication: Set<TopicPartition> = []
+    /// What is paused in librdkafka now, whatever the reason: what a revocation resumes
+    /// (librdkafka keeps a partition paused across its unassignment).
+    public private(set) var paused: Set<TopicPartition> = []
     /// Every assigned partition is paused because the application is behind.
     public private(set) var bufferFull = false
     private var holdingUntil: ContinuousClock.Instant?
@@ -49,6 +56,7 @@ public struct ConsumerFlowControl: Sendable {
             guard now >= until else { return .hold }
             holdingUntil = nil
             bufferFull = true
+            paused = assigned
             return .pause(Self.sorted(assigned))
         }
         if !bufferFull, buffered >= capacity {
@@ -57,7 +65,8 @@ public struct ConsumerFlowControl: Sendable {
         }
         if bufferFull, buffered <= resumeLevel {
             bufferFull = false
-            let resumable = assigned.subtracting(pausedByApplication)
+            let resumable = paused.subtracting(pausedByApplication)
+            paused.subtract(resumable)
             return resumable.isEmpty ? .poll : .resume(Self.sorted(resumable))
         }
         return .poll
@@ -73,33 +82,53 @@ public struct ConsumerFlowControl: Sendable {
     /// buffer is full, else none).
     public mutating func assigned(_ partitions: [TopicPartition]) -> [TopicPartition] {
         assigned.formUnion(partitions)
-        return bufferFull ? partitions : []
+        guard bufferFull else { return [] }
+        paused.formUnion(partitions)
+        return partitions
     }
 
-    public mutating func revoked(_ partitions: [TopicPartition]) {
+    /// A rebalance revoked `partitions`: the ones paused in librdkafka, to resume before they
+    /// are unassigned (else they would come back paused if they are assigned here again).
+    public mutating func revoked(_ partitions: [TopicPartition]) -> [TopicPartition] {
         assigned.subtract(partitions)
         pausedByApplication.subtract(partitions)
+        let resume = partitions.filter { paused.contains($0) }
+        paused.subtract(partitions)
+        return resume
     }
 
-    /// The whole assignment is gone (a failed rebalance): the partitions that were assigned.
-    public mutating func lostAssignment() -> [TopicPartition] {
+    /// The whole assignment is gone (a failed rebalance): the partitions that were assigned,
+    /// and those of them paused in librdkafka (to resume).
+    public mutating func lostAssignment() -> (assigned: [TopicPartition], paused: [TopicPartition]) {
         defer {
             assigned.removeAll()
             pausedByApplication.removeAll()
+            paused.removeAll()
         }
-        return Self.sorted(assigned)
+        return (Self.sorted(assigned), Self.sorted(paused))
     }
 
-    /// The application pauses `partitions` (always done at once).
+    /// The application wants `partitions` paused (``applicationChanges()`` applies it).
     public mutating func applicationPaused(_ partitions: [TopicPartition]) {
         pausedByApplication.formUnion(partitions)
     }
 
-    /// The application resumes `partitions`: the ones to resume now (none while the buffer is
-    /// full; they resume with the others).
-    public mutating func applicationResumed(_ partitions: [TopicPartition]) -> [TopicPartition] {
+    /// The application wants `partitions` resumed (``applicationChanges()`` applies it; not
+    /// while the buffer is full: they resume with the others).
+    public mutating func applicationResumed(_ partitions: [TopicPartition]) {
         pausedByApplication.subtract(partitions)
-        return bufferFull ? [] : partitions
+    }
+
+    /// On the poll thread: what to pause and resume in librdkafka now for the application's
+    /// wishes since the last call, counted as done. Assigned partitions only; nothing while the
+    /// buffer is full (every assigned partition is paused then).
+    public mutating func applicationChanges() -> (pause: [TopicPartition], resume: [TopicPartition]) {
+        guard !bufferFull else { return ([], []) }
+        let wanted = pausedByApplication.intersection(assigned)
+        let pause = wanted.subtracting(paused)
+        let resume = paused.subtracting(wanted)
+        paused = wanted
+        return (Self.sorted(pause), Self.sorted(resume))
     }
 
     private static func sorted(_ partitions: Set<TopicPartition>) -> [TopicPartition] {

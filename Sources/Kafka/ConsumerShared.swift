@@ -17,6 +17,9 @@ final class ConsumerShared: KafkaCallbackContext, @unchecked Sendable {
     let revocationHandler = LockedFunction<@Sendable ([TopicPartition], _ lost: Bool) -> Void>()
     /// Revocations whose commit failed (``KafkaConsumer/revocationCommitFailures``).
     let revocationCommitFailures = Atomic<Int>(0)
+    /// Times the poll thread applied the application's pauses and resumes
+    /// (``KafkaConsumer/pausesApplied``).
+    let applicationPausesApplied = Atomic<Int>(0)
     /// With topic queues (``KafkaConsumer`` `topicQueues`): each topic's own librdkafka queue,
     /// in the order of the topics; set once, before the poll thread starts. The queues are
     /// destroyed by ``destroyTopicQueues()``, once the poll thread stopped.
@@ -153,6 +156,7 @@ extension KafkaMessage {
 /// each topic's queue while its records handed over and not released stay under the limit;
 /// only a turn that found nothing waits, 10 ms at most, on the main queue.
 func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
+    applyApplicationPauses(handle, shared)
     if shared.topicQueues.isEmpty {
         _ = pollMainQueue(handle, shared, batchSize: batchSize, timeout: 100)
     } else if pollMainQueue(handle, shared, batchSize: batchSize, timeout: 0) + pollTopicQueues(handle, shared, batchSize: batchSize) == 0 {
@@ -168,6 +172,7 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
             return
         case .hold:
             usleep(2_000)
+            applyApplicationPauses(handle, shared)
         case .pause(let partitions):
             handle.withHandle { rk in withPartitionList(partitions) { _ = rd_kafka_pause_partitions(rk, $0) } }
             shared.logger.info("consumer paused: the application is behind", metadata: ["kafka.buffered": "\(shared.queue.size)"])
@@ -178,6 +183,19 @@ func pollOnce(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) {
             return
         }
     }
+}
+
+/// Pauses and resumes what the application asked for since the last turn
+/// (``ConsumerFlowControl/applicationChanges()``): librdkafka's calls wait for the partitions'
+/// broker threads, which only this thread may do.
+private func applyApplicationPauses(_ handle: KafkaHandle, _ shared: ConsumerShared) {
+    let (pause, resume) = shared.flow.withLock { $0.applicationChanges() }
+    guard !pause.isEmpty || !resume.isEmpty else { return }
+    handle.withHandle { rk in
+        if !pause.isEmpty { withPartitionList(pause) { _ = rd_kafka_pause_partitions(rk, $0) } }
+        if !resume.isEmpty { withPartitionList(resume) { _ = rd_kafka_resume_partitions(rk, $0) } }
+    }
+    shared.applicationPausesApplied.add(1, ordering: .releasing)
 }
 
 /// Serves the consumer's main queue: its records (all of them without topic queues) go to the
@@ -316,7 +334,10 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         }
         // A partition paused here stays paused in librdkafka across its unassignment, so it
         // would come back paused if it is assigned here again: resume the paused ones first.
-        let paused = shared.flow.withLock { flow in flow.bufferFull ? changed : changed.filter(flow.pausedByApplication.contains) }
+        let (paused, held) = shared.flow.withLock { flow in
+            let paused = flow.revoked(changed)
+            return (paused, flow.assigned.count)
+        }
         if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         // Unassign before telling the application, so that from the moment it hears of the
         // revocation its offset stores for these partitions fail.
@@ -327,23 +348,17 @@ let rebalance: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutabl
         } else {
             _ = rd_kafka_assign(rk, nil)
         }
-        let held = shared.flow.withLock { flow in
-            flow.revoked(changed)
-            return flow.assigned.count
-        }
         shared.handedOverOffsets.reset(changed)
         shared.push(.revoked(changed))
         shared.membership.update { $0.assigned = held }
     default:
         shared.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2str(error)))"])
-        let (assigned, paused) = shared.flow.withLock { flow in
-            (Array(flow.assigned), flow.bufferFull ? Array(flow.assigned) : Array(flow.pausedByApplication))
-        }
+        let (assigned, paused) = shared.flow.withLock { $0.lostAssignment() }
         shared.revocationHandler.current?(assigned, true)
         if !paused.isEmpty { withPartitionList(paused) { _ = rd_kafka_resume_partitions(rk, $0) } }
         _ = rd_kafka_assign(rk, nil)
         shared.handedOverOffsets.resetAll()
-        shared.push(.revoked(shared.flow.withLock { $0.lostAssignment() }))
+        shared.push(.revoked(assigned))
         shared.membership.update { $0.assigned = 0 }
     }
 }

@@ -220,21 +220,26 @@ public final class KafkaConsumer: Service, Sendable {
         shared.outstanding.withLock { $0[index] = max($0[index] - records, 0) }
     }
 
-    /// Stops fetching from these partitions until ``resume(_:)``.
+    /// Stops fetching from these partitions until ``resume(_:)``. Returns at once: the poll
+    /// thread pauses them on its next turn (within 100 ms; librdkafka's call waits for the
+    /// partitions' broker threads, so no caller's thread or event loop does), and records
+    /// fetched before that are still handed over.
     public func pause(_ partitions: [TopicPartition]) {
         shared.flow.withLock { $0.applicationPaused(partitions) }
-        handle.withHandle { rk in
-            withPartitionList(partitions) { _ = rd_kafka_pause_partitions(rk, $0) }
-        }
     }
 
+    /// Fetches from these partitions again (not while the consumer's buffer is full: they
+    /// resume with the others). Returns at once, as ``pause(_:)`` does.
     public func resume(_ partitions: [TopicPartition]) {
-        let resumable = shared.flow.withLock { $0.applicationResumed(partitions) }
-        guard !resumable.isEmpty else { return }
-        handle.withHandle { rk in
-            withPartitionList(resumable) { _ = rd_kafka_resume_partitions(rk, $0) }
-        }
+        shared.flow.withLock { $0.applicationResumed(partitions) }
     }
+
+    /// Turns of the poll thread that applied pauses or resumes so far: a test waits for it to
+    /// move past a value read after its ``pause(_:)``.
+    package var pausesApplied: Int { shared.applicationPausesApplied.load(ordering: .acquiring) }
+
+    /// The partitions paused in librdkafka now, by the application or while the buffer is full.
+    public var paused: Set<TopicPartition> { shared.flow.withLock { $0.paused } }
 
     /// Commits the stored offsets now and waits for the broker's answer.
     public func commit() async throws(KafkaError) {
@@ -369,21 +374,17 @@ public final class KafkaConsumer: Service, Sendable {
             return false
         }
         let empty = await shared.membership.wait(atMost: Self.leaveTimeout) { $0.assigned == 0 }
-        let assigned = await runBlocking { [self] in assignment }
+        let assigned = assignment
         if !empty || !assigned.isEmpty {
             logger.warning("closing with partitions still assigned", metadata: ["kafka.partitions": "\(assigned.count)"])
         }
         return true
     }
 
-    /// The current assignment.
+    /// The current assignment, as the rebalance callbacks applied it (no call into librdkafka:
+    /// its `rd_kafka_assignment` waits for its main thread, without a deadline).
     public var assignment: [TopicPartition] {
-        handle.withHandle { rk in
-            var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?
-            guard rd_kafka_assignment(rk, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return [] }
-            defer { rd_kafka_topic_partition_list_destroy(list) }
-            return partitions(of: list)
-        }
+        Array(shared.flow.withLock { $0.assigned })
     }
 
     /// Records not yet consumed per assigned partition: the high watermark librdkafka last saw

@@ -52,7 +52,8 @@ struct ConsumerFlowControlTests {
         #expect(flow.decide(buffered: 100, now: start + .seconds(5)) == .pause([p0, p1, p2]))
         let p3 = TopicPartition(topic: "t", partition: 3)
         #expect(flow.assigned([p3]) == [p3])
-        flow.revoked([p1])
+        // Paused in librdkafka: resumed as it is revoked.
+        #expect(flow.revoked([p1]) == [p1])
         #expect(flow.decide(buffered: 0, now: start + .seconds(6)) == .resume([p0, p2, p3]))
         #expect(flow.assigned([p1]) == [])
     }
@@ -60,24 +61,54 @@ struct ConsumerFlowControlTests {
     @Test func theApplicationsPausesOutliveTheBuffersAndItsResumesWaitForIt() {
         var flow = flow()
         flow.applicationPaused([p1])
-        #expect(flow.applicationResumed([p1]) == [p1])
+        #expect(flow.applicationChanges() == ([p1], []))
+        flow.applicationResumed([p1])
+        #expect(flow.applicationChanges() == ([], [p1]))
         flow.applicationPaused([p1])
+        #expect(flow.applicationChanges() == ([p1], []))
         _ = flow.decide(buffered: 100, now: start)
         #expect(flow.decide(buffered: 100, now: start + .seconds(5)) == .pause([p0, p1, p2]))
         // Resumed by the application while the buffer is full: it waits for the buffer.
         flow.applicationPaused([p2])
-        #expect(flow.applicationResumed([p2]) == [])
+        flow.applicationResumed([p2])
+        #expect(flow.applicationChanges() == ([], []))
         // The buffer drains: everything but what the application still holds resumes.
         #expect(flow.decide(buffered: 0, now: start + .seconds(6)) == .resume([p0, p2]))
         #expect(flow.pausedByApplication == [p1])
+        #expect(flow.paused == [p1])
+        #expect(flow.applicationChanges() == ([], []))
+    }
+
+    /// The application's wishes are applied by the poll thread, the last one winning: a pause
+    /// resumed before the poll thread's turn costs librdkafka nothing, a partition not (or no
+    /// longer) assigned is never paused, and a revocation resumes only what librdkafka has
+    /// paused.
+    @Test func theApplicationsWishesAreAppliedOnThePollThreadsTurn() {
+        var flow = flow()
+        flow.applicationPaused([p0, p1])
+        flow.applicationResumed([p0])
+        #expect(flow.applicationChanges() == ([p1], []))
+        #expect(flow.applicationChanges() == ([], []))
+        let p3 = TopicPartition(topic: "t", partition: 3)
+        flow.applicationPaused([p2, p3])
+        #expect(flow.revoked([p2]) == [])
+        #expect(flow.applicationChanges() == ([], []))
+        #expect(flow.paused == [p1])
+        #expect(flow.revoked([p1]) == [p1])
+        #expect(flow.paused.isEmpty)
+        // Assigned again: it is not paused unless the application asks again.
+        #expect(flow.assigned([p1]) == [])
+        #expect(flow.applicationChanges() == ([], []))
     }
 
     @Test func aLostAssignmentIsReportedOnceAndForgotten() {
         var flow = flow()
         flow.applicationPaused([p0])
-        #expect(flow.lostAssignment() == [p0, p1, p2])
-        #expect(flow.lostAssignment() == [])
-        #expect(flow.pausedByApplication.isEmpty)
+        _ = flow.applicationChanges()
+        let lost = flow.lostAssignment()
+        #expect(lost.assigned == [p0, p1, p2] && lost.paused == [p0])
+        #expect(flow.lostAssignment() == ([], []))
+        #expect(flow.pausedByApplication.isEmpty && flow.paused.isEmpty)
     }
 
     @Test func closingEndsAHold() {

@@ -2,6 +2,7 @@ import Foundation
 import Kafka
 import KafkaTesting
 import Testing
+import TestSupport
 
 /// Topic queues (each topic's records taken only while the application keeps up with that
 /// topic), and pauses that do not outlive a partition's assignment.
@@ -39,8 +40,8 @@ struct KafkaTopicQueueTests {
         await consumer.close()
     }
 
-    /// Pauses and resumes from another thread while the poll thread takes from a topic queue
-    /// lose nothing and repeat nothing: every partition's offsets arrive once each, without a
+    /// Pauses and resumes asked from another thread while the poll thread takes from a topic
+    /// queue lose nothing and repeat nothing: every partition's offsets arrive once each, without a
     /// gap (librdkafka 2.0's batch call lost the records it had taken when a pause landed in the
     /// middle of it; a pause during a partition's first offset lookup can make librdkafka read
     /// the partition again from its start, which the consumer skips: ``HandedOverOffsets``).
@@ -108,5 +109,36 @@ struct KafkaTopicQueueTests {
         #expect(messages.allSatisfy { revoked.contains($0.topicPartition) }, "\(messages.map(\.topicPartition))")
         await producer.close()
         await first.close()
+    }
+
+    /// A pause or resume asked by the application (from an event loop, say) returns without
+    /// calling librdkafka, whose pause and resume wait for the partitions' broker threads
+    /// without a deadline: the poll thread applies it on its next turn, and it holds from then.
+    @Test func pausesAreAppliedByThePollThread() async throws {
+        let cluster = try KafkaMockCluster(brokers: 1)
+        let topic = uniqueName("paused")
+        try cluster.createTopic(topic, partitions: 2)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+        let consumer = try KafkaConsumer(bootstrapServers: cluster.bootstrapServers, groupID: uniqueName("group"), topics: [topic],
+                                         properties: fastGroup.merging(["fetch.wait.max.ms": "10"]) { $1 })
+        let (p0, p1) = (TopicPartition(topic: topic, partition: 0), TopicPartition(topic: topic, partition: 1))
+        _ = try await collect(consumer) { _, events in events.contains { if case .assigned = $0 { true } else { false } } }
+        let turns = consumer.pausesApplied
+        consumer.pause([p0])
+        // Asked, not applied by the caller: only the poll thread pauses, once, on its turn.
+        try await waitUntil { consumer.pausesApplied > turns }
+        #expect(consumer.paused == [p0])
+        for index in 0..<20 {
+            _ = try await producer.send(topic: topic, partition: Int32(index % 2), key: Array("k\(index)".utf8), value: [1])
+        }
+        let (some, _) = try await collect(consumer) { messages, _ in messages.count >= 10 }
+        #expect(some.count == 10 && some.allSatisfy { $0.topicPartition == p1 }, "\(some.map(\.topicPartition))")
+        let resumed = consumer.pausesApplied
+        consumer.resume([p0])
+        let (rest, _) = try await collect(consumer) { messages, _ in messages.count >= 10 }
+        #expect(rest.count == 10 && rest.allSatisfy { $0.topicPartition == p0 })
+        #expect(consumer.pausesApplied == resumed + 1 && consumer.paused.isEmpty)
+        await producer.close()
+        await consumer.close()
     }
 }

@@ -47,9 +47,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
     /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
     /// at least the number of cores; on a loop without one, a send hops to its connection's
-    /// loop as it did from the global executor. Pausing or resuming a partition (librdkafka
-    /// waits for its own thread) and making an APNs client (its TLS context) happen on these
-    /// loops too; both are rare.
+    /// loop as it did from the global executor. Making an APNs client (its TLS context)
+    /// happens on these loops too, rarely; a partition's pause or resume is only asked here
+    /// (the consumer's poll thread calls librdkafka, ``KafkaConsumer/pause(_:)``).
     let workExecutors: [EventLoopTaskExecutor]
     let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
     /// Each lane's intents topic (`kafka.lanes`, or `kafka.intents_topic` alone): a work item's
@@ -62,8 +62,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Outcomes published so far, by ``Outcome/Status/ordinal``: a lock of its own, taken once
     /// per outcome (not the pipeline's state lock).
     let outcomeTally = Locked(Array(repeating: 0, count: Outcome.Status.allCases.count))
-    /// The partitions paused now (held by the ledger), as last applied; its lock serializes
-    /// ``reconcilePauses(_:)``.
+    /// The partitions paused (held by the ledger), as last asked of the consumer; its lock
+    /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
     let state: Locked<State>
     let logger: Logger
