@@ -43,10 +43,10 @@ struct BatchAdmissionTests {
             RelayPipeline.WorkItem(partition: partition, offset: 1, generation: 0, consumedAt: .now, intent: parsed, admission: admission,
                                    mailboxMember: member)
         }
-        #expect(RelayPipeline.parkingBehind(item(Self.intent("1")), due: 42)?.admission == .park(due: 42))
-        #expect(RelayPipeline.parkingBehind(item(Self.intent("2", expiration: 0)), due: 42)?.admission == .nowOrNever)
-        #expect(RelayPipeline.parkingBehind(item(Self.intent("3"), member: "m"), due: 42) == nil)
-        #expect(RelayPipeline.parkingBehind(item(Self.intent("4"), admission: .duplicate(nil)), due: 42) == nil)
+        #expect(DeviceQueues<RelayPipeline.WorkItem>.parkingBehind(item(Self.intent("1")), due: 42)?.admission == .park(due: 42))
+        #expect(DeviceQueues<RelayPipeline.WorkItem>.parkingBehind(item(Self.intent("2", expiration: 0)), due: 42)?.admission == .nowOrNever)
+        #expect(DeviceQueues<RelayPipeline.WorkItem>.parkingBehind(item(Self.intent("3"), member: "m"), due: 42) == nil)
+        #expect(DeviceQueues<RelayPipeline.WorkItem>.parkingBehind(item(Self.intent("4"), admission: .duplicate(nil)), due: 42) == nil)
     }
 
     @Test func groupsByDeviceAndTopicInBatchOrderAndSkipsInvalidOnes() {

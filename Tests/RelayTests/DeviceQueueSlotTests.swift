@@ -11,7 +11,7 @@ struct DeviceQueueSlotTests {
     static let token = String(repeating: "5b", count: 32)
 
     static func state() -> Pipeline.State {
-        Pipeline.State(partitions: PartitionLedger(uncommittedLimit: 100),
+        Pipeline.State(partitions: PartitionLedger(uncommittedLimit: 100), queues: DeviceQueues(),
                        lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10),
                        credentialFaults: CredentialFaultBreaker(cooldownSeconds: 60))
     }
@@ -27,17 +27,17 @@ struct DeviceQueueSlotTests {
     @Test func anEndedIntentNoLongerAnswersForTheCopyThatTakesItsSlot() throws {
         var state = Self.state()
         let first = try Self.item(offset: 0)
-        let key = Pipeline.AnswerKey(try first.intent.get())
+        let key = AnswerKey(try first.intent.get())
         state.lanes.admitted(0)
         #expect(Pipeline.enqueue(first, &state) === first)
-        let read = state.recentAnswers.readBegan()
-        #expect(state.answering[key] == 1 && !state.lanes.hasRoom(0))
+        let read = state.queues.recentAnswers.readBegan()
+        #expect(state.queues.answering[key] == 1 && !state.lanes.hasRoom(0))
         Pipeline.freeSlot(of: first, &state)
         // The slot is free: whoever is admitted into it now finds no copy in flight, and a read
         // that began before this end knows it missed the answer.
         #expect(state.lanes.hasRoom(0))
-        #expect(state.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
-        #expect(state.recentAnswers.answered(.answered(key), since: read))
+        #expect(state.queues.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
+        #expect(state.queues.recentAnswers.answered(.answered(key), since: read))
     }
 
     /// A read that began before a park into an intent's mailbox missed it (the intent is decided
@@ -51,18 +51,18 @@ struct DeviceQueueSlotTests {
         let app = try intent("com.example.app"), other = try intent("com.example.other")
         let elsewhere = try intent("com.example.app", token: String(repeating: "6c", count: 32))
         var state = Self.state()
-        let before = state.recentAnswers.readBegan()
-        #expect(!Pipeline.missedPark(app, since: before, state))
+        let before = state.queues.recentAnswers.readBegan()
+        #expect(!state.queues.missedPark(app, since: before))
         Pipeline.noteParked(app, tooManyRequests: false, &state)
-        let after = state.recentAnswers.readBegan()
-        #expect(Pipeline.missedPark(app, since: before, state))
-        #expect(!Pipeline.missedPark(app, since: after, state))
-        #expect(!Pipeline.missedPark(other, since: before, state), "a park holds back its own app's intents")
-        #expect(!Pipeline.missedPark(elsewhere, since: before, state))
+        let after = state.queues.recentAnswers.readBegan()
+        #expect(state.queues.missedPark(app, since: before))
+        #expect(!state.queues.missedPark(app, since: after))
+        #expect(!state.queues.missedPark(other, since: before), "a park holds back its own app's intents")
+        #expect(!state.queues.missedPark(elsewhere, since: before))
         Pipeline.noteParked(app, tooManyRequests: true, &state)
-        #expect(Pipeline.missedPark(other, since: before, state), "after a 429 the device is in backoff for every app")
-        #expect(Pipeline.missedPark(other, since: after, state))
-        #expect(!Pipeline.missedPark(elsewhere, since: after, state))
+        #expect(state.queues.missedPark(other, since: before), "after a 429 the device is in backoff for every app")
+        #expect(state.queues.missedPark(other, since: after))
+        #expect(!state.queues.missedPark(elsewhere, since: after))
     }
 
     /// A device queue that empties is kept for the next device without one (its first intent
@@ -70,31 +70,31 @@ struct DeviceQueueSlotTests {
     @Test func anEmptiedDeviceQueueServesTheNextDevice() throws {
         var state = Self.state()
         let first = try Self.item(offset: 0)
-        let turn = try #require(Pipeline.queueTurn(of: first))
+        let turn = try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: first))
         #expect(Pipeline.enqueue(first, &state) === first)
         #expect(Pipeline.nextQueued(after: first, turn, parkedUntil: [:], &state) == nil)
-        #expect(state.devices.isEmpty && state.spareQueues.count == 1)
+        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.count == 1)
         let other = String(repeating: "6c", count: 32)
         let second = try Self.item(offset: 1, token: other)
-        let otherTurn = try #require(Pipeline.queueTurn(of: second))
+        let otherTurn = try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: second))
         #expect(Pipeline.enqueue(second, &state) === second)
-        #expect(state.spareQueues.isEmpty, "taken by the next device's first intent")
-        #expect(state.devices[other]?.count == 1)
+        #expect(state.queues.spareQueues.isEmpty, "taken by the next device's first intent")
+        #expect(state.queues.devices[other]?.count == 1)
 
         // A backlog grows the queue past what is kept.
         let backlog = try (2..<40).map { try Self.item(offset: Int64($0), token: other) }
         for item in backlog { #expect(Pipeline.enqueue(item, &state) == nil) }
         var ended = second
         while let next = Pipeline.nextQueued(after: ended, otherTurn, parkedUntil: [:], &state) { ended = next }
-        #expect(state.devices.isEmpty && state.spareQueues.isEmpty, "a queue of capacity \(Pipeline.State.spareQueueCapacity)+ is not kept")
+        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.isEmpty, "a queue of capacity \(DeviceQueues<Pipeline.WorkItem>.spareQueueCapacity)+ is not kept")
 
         // Many devices' queues emptied at once: no more than the bound is kept.
-        let devices = try (0..<(Pipeline.State.spareQueueLimit + 44)).map {
+        let devices = try (0..<(DeviceQueues<Pipeline.WorkItem>.spareQueueLimit + 44)).map {
             try Self.item(offset: 100 + Int64($0), token: String(format: "%064x", $0))
         }
         for item in devices { #expect(Pipeline.enqueue(item, &state) === item) }
-        for item in devices { #expect(Pipeline.nextQueued(after: item, try #require(Pipeline.queueTurn(of: item)), parkedUntil: [:], &state) == nil) }
-        #expect(state.devices.isEmpty && state.spareQueues.count == Pipeline.State.spareQueueLimit)
+        for item in devices { #expect(Pipeline.nextQueued(after: item, try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: item)), parkedUntil: [:], &state) == nil) }
+        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.count == DeviceQueues<Pipeline.WorkItem>.spareQueueLimit)
     }
 
     /// A copy decided again in its turn was counted as answering for later copies when it was
@@ -104,17 +104,17 @@ struct DeviceQueueSlotTests {
         var state = Self.state()
         let first = try Self.item(offset: 0, admission: .readmit)
         let second = try Self.item(offset: 1, admission: .readmit)
-        let key = Pipeline.AnswerKey(try first.intent.get())
+        let key = AnswerKey(try first.intent.get())
         #expect(Pipeline.enqueue(first, &state) === first)
         #expect(Pipeline.enqueue(second, &state) == nil)
-        #expect(state.answering[key] == 2)
+        #expect(state.queues.answering[key] == 2)
         let decided = first.admitted(as: .duplicate(nil), recordsAnswer: false)
         #expect(!decided.recordsAnswer && decided.holdsAnswer)
         state.lanes.admitted(0)
         Pipeline.freeSlot(of: decided, &state)
-        #expect(state.answering[key] == 1, "the second copy still answers for later ones")
+        #expect(state.queues.answering[key] == 1, "the second copy still answers for later ones")
         state.lanes.admitted(0)
         Pipeline.freeSlot(of: second, &state)
-        #expect(state.answering[key] == nil)
+        #expect(state.queues.answering[key] == nil)
     }
 }

@@ -118,7 +118,7 @@ struct LaneLedgerTests {
     }
 }
 
-/// Where an urgent intent stands in its device's queue (``RelayPipeline/position(of:in:precedence:)``).
+/// Where an urgent intent stands in its device's queue (``DeviceQueues/position(of:in:precedence:)``).
 @Suite("Device queue order across lanes")
 struct DeviceQueueOrderTests {
     static let intent = Intent(id: "i", token: String(repeating: "a", count: 64), topic: "com.x", pushType: .alert, priority: 10,
@@ -134,7 +134,7 @@ struct DeviceQueueOrderTests {
     /// send takes, nil for the end.
     static func position(_ lanes: [RelayPipeline.WorkItem]) -> Int? {
         let queue = CircularBuffer(lanes)
-        return RelayPipeline.position(of: item(lane: 0), in: queue, precedence: [1, 0])
+        return DeviceQueues<RelayPipeline.WorkItem>.position(of: item(lane: 0), in: queue, precedence: [1, 0])
             .map { queue.distance(from: queue.startIndex, to: $0) }
     }
 

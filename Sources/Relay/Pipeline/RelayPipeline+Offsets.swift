@@ -58,7 +58,7 @@ extension RelayPipeline {
             var next: [WorkItem] = []
             if thenNext {
                 for finished in items {
-                    if let turn = Self.queueTurn(of: finished.item),
+                    if let turn = DeviceQueues.turn(of: finished.item),
                        let queued = Self.nextQueued(after: finished.item, turn, parkedUntil: [:], &state) { next.append(queued) }
                 }
             }

@@ -112,22 +112,9 @@ public final class RelayPipeline: RelayStatus, Service {
 
     struct State {
         var partitions: PartitionLedger<TopicPartition>
-        /// Per device token, its items that are sent or parked, in order: the first is under
-        /// way, the others wait for it.
-        var devices: [String: CircularBuffer<WorkItem>] = [:]
-        /// Emptied device queues kept for the next device that has none, so that a device's
-        /// first intent does not allocate a queue (most devices have one intent at a time): at
-        /// most ``spareQueueLimit`` of them, none that grew past ``spareQueueCapacity``.
-        var spareQueues: [CircularBuffer<WorkItem>] = []
-        static let spareQueueLimit = 256
-        static let spareQueueCapacity = 16
-        /// The intents items in ``devices`` record answers for (how many such items each).
-        var answering: [AnswerKey: Int] = [:]
-        /// Answers recorded, and mailboxes parked into, while batches' admission reads were
-        /// under way.
-        var recentAnswers = RecentAnswers<RecentChange>()
-        /// The mark of the latest park in ``recentAnswers`` (0: none yet).
-        var lastParkMark: UInt64 = 0
+        /// Per device, its items that are sent or parked, in order; the intents they answer
+        /// for; the answers and parks the admission reads under way may have missed.
+        var queues: DeviceQueues<WorkItem>
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.
@@ -161,8 +148,13 @@ public final class RelayPipeline: RelayStatus, Service {
         self.logger = logger
         self.clock = clock
         self.published = published
+        let lanes = configuration.kafka.intentLanes
+        let weights = Set(lanes.map(\.weight)).sorted()
+        let precedence = lanes.map { min(weights.firstIndex(of: $0.weight) ?? 0, 3) }
+        self.lanePrecedence = precedence
         self.state = Locked(State(
             partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
+            queues: DeviceQueues(precedence: precedence),
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting),
             credentialFaults: CredentialFaultBreaker(
@@ -195,10 +187,7 @@ public final class RelayPipeline: RelayStatus, Service {
         self.workExecutors = clients.workExecutors
         self.tracer = clients.tracing?.tracer
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
-        let lanes = configuration.kafka.intentLanes
         self.laneTopics = lanes.map(\.topic)
-        let weights = Set(lanes.map(\.weight)).sorted()
-        self.lanePrecedence = lanes.map { min(weights.firstIndex(of: $0.weight) ?? 0, 3) }
         self.laneMetrics = lanes.map { RelayMetrics.Lane(topic: $0.topic) }
         self.producer = clients.producer
         self.consumer = clients.consumer

@@ -89,3 +89,9 @@ extension RelayPipeline {
         }
     }
 }
+
+extension RelayPipeline.WorkItem: DeviceQueueItem {
+    func withAdmission(_ admission: RelayPipeline.Admission) -> RelayPipeline.WorkItem {
+        admitted(as: admission)
+    }
+}

@@ -35,9 +35,9 @@ extension RelayPipeline {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
             // Marked before the read is written: an answer recorded, or a park, after the mark
             // may be missing from what it reads.
-            let mark = state.withLock { $0.recentAnswers.readBegan() }
+            let mark = state.withLock { $0.queues.recentAnswers.readBegan() }
             admitting.read = AdmissionRead(mark: mark) { [weak self] mark in
-                self?.state.withLock { $0.recentAnswers.readEnded(mark) }
+                self?.state.withLock { $0.queues.recentAnswers.readEnded(mark) }
             }
             admitting.pending = policy.admission(groups)
         }

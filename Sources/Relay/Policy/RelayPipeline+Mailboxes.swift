@@ -319,7 +319,7 @@ extension RelayPipeline {
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
-            let start = state.withLock { state in Self.enqueue(item, &state, precedence: lanePrecedence) }
+            let start = state.withLock { state in Self.enqueue(item, &state) }
             if let start { workers.addTask { await self.work(start) } }
         }
     }
