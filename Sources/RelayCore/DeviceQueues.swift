@@ -5,6 +5,8 @@ package import NIOCore
 package protocol DeviceQueueItem: AnyObject {
     /// Its lane (its precedence among a device's sends: ``DeviceQueues/precedence``).
     var lane: Int { get }
+    /// The number of the partition it was consumed from (of its lane's topic).
+    var partitionNumber: Int32 { get }
     var admission: BatchAdmission.Admission { get }
     var intent: Result<Intent, InvalidIntent> { get }
     /// Taken from a mailbox: its due-index member.
@@ -70,6 +72,11 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     package var recentAnswers = RecentAnswers<RecentChange>()
     /// The mark of the latest park in ``recentAnswers`` (0: none yet).
     package var lastParkMark: UInt64 = 0
+    /// Consumed intents queued so far behind an intent of their device (or channel) consumed
+    /// from another partition number: their producers key intents by something other than the
+    /// device token (docs/intents.md). Their order here is consumption order, not the
+    /// producer's, and two relays can hold them at once.
+    package var acrossPartitions = 0
     /// Each lane's precedence among a device's sends waiting for an APNs stream (see
     /// ``enqueue(_:)``); one lane or one weight: no overtaking.
     package let precedence: [Int]
@@ -95,6 +102,10 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         if item.holdsAnswer, case .success(let intent) = item.intent { answering[AnswerKey(intent), default: 0] += 1 }
         // The token is hashed once (a device's queue is looked up by it several times per intent).
         if let index = devices.index(forKey: token) {
+            if item.mailboxMember == nil, let last = devices.values[index].last, last.mailboxMember == nil,
+               last.partitionNumber != item.partitionNumber {
+                acrossPartitions += 1
+            }
             // No copy of the queue is held while it changes (that would copy its storage).
             if precedence.count > 1, case .send = item.admission, item.mailboxMember == nil,
                let position = Self.position(of: item, in: devices.values[index], precedence: precedence) {

@@ -17,11 +17,12 @@ struct DeviceQueueSlotTests {
     }
 
     static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true,
-                     token: String = token) throws -> Pipeline.WorkItem {
+                     token: String = token, partition: Int32 = 0, member: String? = nil) throws -> Pipeline.WorkItem {
         let json = #"{"id":"x","token":"\#(token)","topic":"com.example.app","payload":{"aps":{"alert":"hi"}}}"#
         let intent = try Intent.parse(Array(json.utf8), key: nil, now: 1_700_000_000, defaultTTL: 86_400)
-        return Pipeline.WorkItem(partition: TopicPartition(topic: "intents", partition: 0), offset: offset, generation: 1,
-                                 consumedAt: .now, intent: .success(intent), admission: admission, recordsAnswer: recordsAnswer)
+        return Pipeline.WorkItem(partition: TopicPartition(topic: "intents", partition: partition), offset: offset, generation: 1,
+                                 consumedAt: .now, intent: .success(intent), admission: admission, recordsAnswer: recordsAnswer,
+                                 mailboxMember: member)
     }
 
     @Test func anEndedIntentNoLongerAnswersForTheCopyThatTakesItsSlot() throws {
@@ -116,5 +117,25 @@ struct DeviceQueueSlotTests {
         state.lanes.admitted(0)
         Pipeline.freeSlot(of: second, &state)
         #expect(state.queues.answering[key] == nil)
+    }
+
+    /// A device's intents consumed from two partition numbers (their producer keys intents by
+    /// something else than the device token) are counted as they queue behind one another;
+    /// one partition's, and a mailbox delivery's (whose partition is its due index's), are not.
+    @Test func aDevicesIntentsFromTwoPartitionsAreCounted() throws {
+        var state = Self.state()
+        #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &state) != nil)
+        #expect(Pipeline.enqueue(try Self.item(offset: 1, partition: 0), &state) == nil)
+        #expect(state.queues.acrossPartitions == 0)
+        #expect(Pipeline.enqueue(try Self.item(offset: 7, partition: 3), &state) == nil)
+        #expect(state.queues.acrossPartitions == 1)
+        #expect(Pipeline.enqueue(try Self.item(offset: 8, partition: 3), &state) == nil)
+        #expect(state.queues.acrossPartitions == 1, "behind its own partition's intent")
+        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 5, member: "m"), &state) == nil)
+        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 0), &state) == nil)
+        #expect(state.queues.acrossPartitions == 1, "a mailbox delivery's partition is its due index's")
+        let other = String(repeating: "6c", count: 32)
+        #expect(Pipeline.enqueue(try Self.item(offset: 9, token: other, partition: 3), &state) != nil)
+        #expect(state.queues.acrossPartitions == 1, "another device")
     }
 }

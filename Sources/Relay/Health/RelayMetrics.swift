@@ -52,6 +52,9 @@ enum RelayMetrics {
     /// Revocations whose commit the group coordinator refused: the partitions' next owners
     /// send again what was finished here since the last commit.
     static let revocationCommitFailures = Counter(label: "apns_relay_revocation_commit_failures_total")
+    /// Intents queued behind an intent of their device consumed from another partition number
+    /// (``DeviceQueues/acrossPartitions``): their producer does not key intents by device.
+    static let intentsAcrossPartitions = Counter(label: "apns_relay_intents_across_partitions_total")
     /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).
     static let redisLatency = Timer(label: "apns_relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)
     static let apnsLatency = Timer(label: "apns_relay_apns_request_duration_seconds", preferredDisplayUnit: .seconds)
@@ -230,7 +233,7 @@ enum RelayMetrics {
     /// configured bundle id, and each configured team's credential faults.
     static func register(teamIDs: [String], topics: [String]) {
         for counter in [retries, redisOutage, redisRefused, parked, publishFailures, invalidationsPublished, tombstonesPublished,
-                        mailboxEntriesQuarantined, revocationCommitFailures] { counter.increment(by: 0) }
+                        mailboxEntriesQuarantined, revocationCommitFailures, intentsAcrossPartitions] { counter.increment(by: 0) }
         partitionsHeld.record(0)
         for topic in Set(topics) {
             // The app's Live Activity topic, as its pushes are labelled (a bundle id, or one

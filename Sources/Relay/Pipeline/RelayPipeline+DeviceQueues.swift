@@ -119,8 +119,10 @@ extension RelayPipeline {
     /// Queues an item behind its device's earlier ones (``DeviceQueues/enqueue(_:)``); returns
     /// it when it can start now, else counts it as waiting in its lane.
     static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
+        let across = state.queues.acrossPartitions
         let start = state.queues.enqueue(item)
         if start == nil { state.lanes.queued(item.lane) }
+        if state.queues.acrossPartitions != across { RelayMetrics.intentsAcrossPartitions.increment() }
         return start
     }
 

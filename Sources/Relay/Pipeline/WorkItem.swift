@@ -91,6 +91,8 @@ extension RelayPipeline {
 }
 
 extension RelayPipeline.WorkItem: DeviceQueueItem {
+    var partitionNumber: Int32 { partition.partition }
+
     func withAdmission(_ admission: RelayPipeline.Admission) -> RelayPipeline.WorkItem {
         admitted(as: admission)
     }
