@@ -59,6 +59,28 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // A device's two intents through its queue, as the pipeline moves them: the first starts,
+    // the second queues behind it, the first's turn ends (the second starts) and its slot is
+    // freed, then the second's; 64 devices in turn, so that queues are emptied and taken again
+    // from the spares. Per call: one intent.
+    let parsed = try! Intent.parse(intent, key: nil, now: 1_700_000_000, defaultTTL: 86_400)
+    let tokens = (0..<64).map { String(format: "%064x", $0) }
+    Benchmark("Device queues: an intent queued, its turn ended") { benchmark in
+        var queues = DeviceQueues<QueuedIntent>()
+        let items = tokens.map { token in (QueuedIntent(parsed, token: token, partition: 0), QueuedIntent(parsed, token: token, partition: 0)) }
+        var device = 0
+        for _ in 0..<(benchmark.scaledIterations.count / 2) {
+            let (first, second) = items[device]
+            device = (device + 1) % items.count
+            blackHole(queues.enqueue(first))
+            blackHole(queues.enqueue(second))
+            blackHole(queues.nextQueued(after: first, (first.queueToken!, false), parkedUntil: [:]))
+            queues.answerFreed(by: first)
+            blackHole(queues.nextQueued(after: second, (second.queueToken!, false), parkedUntil: [:]))
+            queues.answerFreed(by: second)
+        }
+    }
+
     // An admission batch as the pipeline asks it: per device one MGET of its bucket, backoff,
     // mailbox ids and one dedupe record, each key written straight into the command's bytes
     // as the pipeline's key writers do (no string per key).
@@ -112,5 +134,31 @@ let benchmarks: @Sendable () -> Void = {
         for _ in benchmark.scaledIterations {
             blackHole(APNsClient.request(for: notification, apnsID: apnsID, authority: "api.push.apple.com"))
         }
+    }
+}
+
+/// An intent as ``DeviceQueues`` sees it, without the relay's work item (its Kafka partition,
+/// trace and policy fields): what the queues cost alone.
+final class QueuedIntent: DeviceQueueItem {
+    let lane = 0
+    let partitionNumber: Int32
+    let admission: BatchAdmission.Admission
+    let intent: Result<Intent, InvalidIntent>
+    let mailboxMember: String? = nil
+    let holdsAnswer = true
+    let queueToken: String?
+
+    init(_ intent: Intent, token: String, partition: Int32, admission: BatchAdmission.Admission = .send) {
+        var intent = intent
+        intent.token = token
+        self.intent = .success(intent)
+        self.partitionNumber = partition
+        self.admission = admission
+        self.queueToken = token
+    }
+
+    func withAdmission(_ admission: BatchAdmission.Admission) -> QueuedIntent {
+        guard case .success(let intent) = intent else { return self }
+        return QueuedIntent(intent, token: queueToken ?? intent.token, partition: partitionNumber, admission: admission)
     }
 }

@@ -12,8 +12,7 @@ struct DeviceQueueSlotTests {
 
     static func state() -> Pipeline.State {
         Pipeline.State(partitions: PartitionLedger(uncommittedLimit: 100), queues: DeviceQueues(),
-                       lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10),
-                       credentialFaults: CredentialFaultBreaker(cooldownSeconds: 60))
+                       lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10))
     }
 
     static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true,

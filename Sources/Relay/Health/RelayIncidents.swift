@@ -12,6 +12,11 @@ public struct RelayIncidents: Sendable, Equatable {
     /// Outcome and invalidation record deliveries Kafka has failed so far (each is tried
     /// again until it is delivered).
     public var publishFailures = 0
+    /// Why the relay refused to go on (its Redis can evict parked intents, ``RedisGuarantees``);
+    /// set once.
+    public var refusal: String?
+    /// Redis' risks to parked intents as last read (each change is logged once).
+    public var redisRisks: [String] = []
 
     public init() {}
 }

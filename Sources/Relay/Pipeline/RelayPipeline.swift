@@ -66,6 +66,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
     let state: Locked<State>
+    /// Per team, its credential's fault and cool-down (``CredentialFaultBreaker``): asked before
+    /// each send, its own lock.
+    let credentialFaults: Locked<CredentialFaultBreaker>
     let logger: Logger
     let clock: @Sendable () -> Int64
     let backoff: Backoff
@@ -124,16 +127,11 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Waiting for `inFlight` to reach 0 (``idle(within:)``), by waiter.
         var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
-        var credentialFaults: CredentialFaultBreaker
         /// The consumer's count of failed revocation commits the metric has seen.
         var revocationCommitFailuresCounted = 0
         var firstConsumedAt: ContinuousClock.Instant?
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
-        /// Why the relay refused to go on (its Redis can evict parked intents).
-        var refusal: String?
-        /// Redis' risk to parked intents last logged (each change is logged once).
-        var redisRisksLogged: [String] = []
         /// The consumer's poll thread, waiting in a revocation until the revoking partitions'
         /// work at APNs ended.
         var revokeWaiter: DispatchSemaphore?
@@ -156,9 +154,8 @@ public final class RelayPipeline: RelayStatus, Service {
             partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
             queues: DeviceQueues(precedence: precedence),
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
-                              maxWaiting: configuration.limits.maxWaiting),
-            credentialFaults: CredentialFaultBreaker(
-            cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds)))
+                              maxWaiting: configuration.limits.maxWaiting)))
+        self.credentialFaults = Locked(CredentialFaultBreaker(cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
         let topics = RelayConfiguration.effectiveTopics(configuration.apns.credentials, clients.credentials)
@@ -223,7 +220,7 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Why the relay stopped on its own and must not be run as it is configured: its Redis
     /// can evict parked intents (``RedisGuarantees``). `run` exits with an error then.
-    public var refusal: String? { state.withLock { $0.refusal } }
+    public var refusal: String? { incidents.value.refusal }
 
     /// Why the relay is not ready, or nil when it is: ready means started and consuming, alive,
     /// and not stopping. Its dependencies' health is not part of it (see

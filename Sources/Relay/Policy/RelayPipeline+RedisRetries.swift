@@ -47,15 +47,15 @@ extension RelayPipeline {
         // Warnings at the first check and when they change, not every minute.
         let allowed = guarantees.evictionRisk.map { "\($0) (allowed by redis.allow_eviction)" }
         let warnings = [guarantees.persistenceRisk, configuration.redis.allowEviction ? allowed : nil].compactMap { $0 }
-        let changed = state.withLock { state in
-            defer { state.redisRisksLogged = warnings }
-            return state.redisRisksLogged != warnings
+        let changed = incidents.update { incidents in
+            defer { incidents.redisRisks = warnings }
+            return incidents.redisRisks != warnings
         }
         if changed { for warning in warnings { logger.warning("\(warning)") } }
         guard let risk = guarantees.evictionRisk, !configuration.redis.allowEviction else { return true }
-        let first = state.withLock { state in
-            defer { state.refusal = state.refusal ?? risk }
-            return state.refusal == nil
+        let first = incidents.update { incidents in
+            defer { incidents.refusal = incidents.refusal ?? risk }
+            return incidents.refusal == nil
         }
         if first { logger.critical("refusing to run: \(risk)") }
         requestStop()
