@@ -82,6 +82,8 @@ public struct ConsumerFlowControl: Sendable {
     /// buffer is full, else none).
     public mutating func assigned(_ partitions: [TopicPartition]) -> [TopicPartition] {
         assigned.formUnion(partitions)
+        // A wish made for an earlier assignment of these partitions does not carry over.
+        pausedByApplication.subtract(partitions)
         guard bufferFull else { return [] }
         paused.formUnion(partitions)
         return partitions
@@ -108,9 +110,11 @@ public struct ConsumerFlowControl: Sendable {
         return (Self.sorted(assigned), Self.sorted(paused))
     }
 
-    /// The application wants `partitions` paused (``applicationChanges()`` applies it).
+    /// The application wants `partitions` paused (``applicationChanges()`` applies it); those
+    /// not assigned now are left out (a wish made just as a rebalance took them would
+    /// otherwise pause them when they come back, with nobody left to resume them).
     public mutating func applicationPaused(_ partitions: [TopicPartition]) {
-        pausedByApplication.formUnion(partitions)
+        pausedByApplication.formUnion(partitions.filter(assigned.contains))
     }
 
     /// The application wants `partitions` resumed (``applicationChanges()`` applies it; not

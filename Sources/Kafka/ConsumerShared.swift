@@ -217,8 +217,9 @@ private func pollMainQueue(_ handle: KafkaHandle, _ shared: ConsumerShared, batc
 ///
 /// One record per call (`rd_kafka_consume_queue`), as `rd_kafka_consumer_poll` does: librdkafka
 /// 2.0's batch call moves a partition's position past records it then drops when a pause from
-/// another thread lands in the middle of the batch (fixed in 2.1.0), and the relay pauses
-/// partitions from its own tasks.
+/// another thread lands in the middle of the batch (fixed in 2.1.0). Pauses now come only from
+/// this thread, between batches; the one-record calls stay all the same (the batch call was not
+/// measured against them since).
 private func pollTopicQueues(_ handle: KafkaHandle, _ shared: ConsumerShared, batchSize: Int) -> Int {
     let room = shared.outstanding.withLock { $0.map { shared.outstandingLimit - $0 } }
     var total = 0

@@ -220,10 +220,11 @@ public final class KafkaConsumer: Service, Sendable {
         shared.outstanding.withLock { $0[index] = max($0[index] - records, 0) }
     }
 
-    /// Stops fetching from these partitions until ``resume(_:)``. Returns at once: the poll
-    /// thread pauses them on its next turn (within 100 ms; librdkafka's call waits for the
-    /// partitions' broker threads, so no caller's thread or event loop does), and records
-    /// fetched before that are still handed over.
+    /// Stops fetching from these partitions (assigned ones; the wish ends with their
+    /// assignment) until ``resume(_:)``. Returns at once: the poll thread pauses them on its next
+    /// turn (within 100 ms, unless it is serving a rebalance: then after it), as librdkafka's
+    /// call waits for the partitions' broker threads, which no caller's thread or event loop
+    /// should. Records fetched before that are still handed over.
     public func pause(_ partitions: [TopicPartition]) {
         shared.flow.withLock { $0.applicationPaused(partitions) }
     }
@@ -385,6 +386,17 @@ public final class KafkaConsumer: Service, Sendable {
     /// its `rd_kafka_assignment` waits for its main thread, without a deadline).
     public var assignment: [TopicPartition] {
         Array(shared.flow.withLock { $0.assigned })
+    }
+
+    /// The assignment as librdkafka holds it, asked of its main thread (blocks): for tests that
+    /// check librdkafka's view rather than the consumer's.
+    package var librdkafkaAssignment: [TopicPartition] {
+        handle.withHandle { rk in
+            var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?
+            guard rd_kafka_assignment(rk, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return [] }
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            return partitions(of: list)
+        }
     }
 
     /// Records not yet consumed per assigned partition: the high watermark librdkafka last saw

@@ -73,9 +73,11 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// The mark of the latest park in ``recentAnswers`` (0: none yet).
     package var lastParkMark: UInt64 = 0
     /// Consumed intents queued so far behind an intent of their device (or channel) consumed
-    /// from another partition number: their producers key intents by something other than the
-    /// device token (docs/intents.md). Their order here is consumption order, not the
-    /// producer's, and two relays can hold them at once.
+    /// from another partition number (compared with the latest consumed intent in the queue;
+    /// mailbox deliveries carry their due index's partition): their producers key intents by
+    /// something other than the device token (docs/intents.md), or their lanes' topics have
+    /// different partition counts. Their order here is consumption order, not the producer's,
+    /// and two relays can hold them at once.
     package var acrossPartitions = 0
     /// Each lane's precedence among a device's sends waiting for an APNs stream (see
     /// ``enqueue(_:)``); one lane or one weight: no overtaking.
@@ -102,8 +104,8 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         if item.holdsAnswer, case .success(let intent) = item.intent { answering[AnswerKey(intent), default: 0] += 1 }
         // The token is hashed once (a device's queue is looked up by it several times per intent).
         if let index = devices.index(forKey: token) {
-            if item.mailboxMember == nil, let last = devices.values[index].last, last.mailboxMember == nil,
-               last.partitionNumber != item.partitionNumber {
+            if item.mailboxMember == nil, let consumed = devices.values[index].last(where: { $0.mailboxMember == nil }),
+               consumed.partitionNumber != item.partitionNumber {
                 acrossPartitions += 1
             }
             // No copy of the queue is held while it changes (that would copy its storage).

@@ -96,9 +96,16 @@ struct ConsumerFlowControlTests {
         #expect(flow.paused == [p1])
         #expect(flow.revoked([p1]) == [p1])
         #expect(flow.paused.isEmpty)
-        // Assigned again: it is not paused unless the application asks again.
-        #expect(flow.assigned([p1]) == [])
+        // Assigned again: it is not paused unless the application asks again, and neither is
+        // one wished paused while it was not assigned.
+        #expect(flow.assigned([p1, p3]) == [])
         #expect(flow.applicationChanges() == ([], []))
+        // A wish that met a revocation on its way does not outlive the next assignment.
+        flow.applicationPaused([p3])
+        #expect(flow.revoked([p3]) == [])
+        #expect(flow.assigned([p3]) == [])
+        #expect(flow.applicationChanges() == ([], []))
+        #expect(flow.pausedByApplication.isEmpty)
     }
 
     @Test func aLostAssignmentIsReportedOnceAndForgotten() {

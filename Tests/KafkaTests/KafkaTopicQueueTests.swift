@@ -69,7 +69,8 @@ struct KafkaTopicQueueTests {
             group.addTask {
                 while !Task.isCancelled {
                     consumer.pause(partitions)
-                    try? await Task.sleep(for: .microseconds(200))
+                    // Long enough for the poll thread's turn to apply it, mostly.
+                    try? await Task.sleep(for: .milliseconds(5))
                     consumer.resume(partitions)
                     try? await Task.sleep(for: .milliseconds(3))
                 }
@@ -93,6 +94,9 @@ struct KafkaTopicQueueTests {
         let cluster = try KafkaMockCluster(brokers: 1)
         let (first, second, _, revoked) = try await KafkaRebalanceTests.rebalance(cluster, properties: fastGroup) { first, _ in
             first.pause(first.assignment)
+            // Applied by the poll thread before the rebalance, so that the revocation has
+            // paused partitions to resume.
+            try await waitUntil { first.paused == Set(first.assignment) }
         }
         #expect(!revoked.isEmpty)
         // The second member leaves: its partitions come back to the first.
@@ -127,7 +131,7 @@ struct KafkaTopicQueueTests {
         consumer.pause([p0])
         // Asked, not applied by the caller: only the poll thread pauses, once, on its turn.
         try await waitUntil { consumer.pausesApplied > turns }
-        #expect(consumer.paused == [p0])
+        #expect(consumer.pausesApplied == turns + 1 && consumer.paused == [p0])
         for index in 0..<20 {
             _ = try await producer.send(topic: topic, partition: Int32(index % 2), key: Array("k\(index)".utf8), value: [1])
         }

@@ -119,8 +119,9 @@ struct DeviceQueueSlotTests {
     }
 
     /// A device's intents consumed from two partition numbers (their producer keys intents by
-    /// something else than the device token) are counted as they queue behind one another;
-    /// one partition's, and a mailbox delivery's (whose partition is its due index's), are not.
+    /// something else than the device token) are counted as they queue behind one another,
+    /// each against the latest consumed intent queued for the device; one partition's are not,
+    /// nor a mailbox delivery (whose partition is its due index's).
     @Test func aDevicesIntentsFromTwoPartitionsAreCounted() throws {
         var state = Self.state()
         #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &state) != nil)
@@ -131,10 +132,13 @@ struct DeviceQueueSlotTests {
         #expect(Pipeline.enqueue(try Self.item(offset: 8, partition: 3), &state) == nil)
         #expect(state.queues.acrossPartitions == 1, "behind its own partition's intent")
         #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 5, member: "m"), &state) == nil)
-        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 0), &state) == nil)
         #expect(state.queues.acrossPartitions == 1, "a mailbox delivery's partition is its due index's")
+        #expect(Pipeline.enqueue(try Self.item(offset: 9, partition: 3), &state) == nil)
+        #expect(state.queues.acrossPartitions == 1, "compared with the latest consumed intent, past the mailbox delivery")
+        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 0), &state) == nil)
+        #expect(state.queues.acrossPartitions == 2)
         let other = String(repeating: "6c", count: 32)
-        #expect(Pipeline.enqueue(try Self.item(offset: 9, token: other, partition: 3), &state) != nil)
-        #expect(state.queues.acrossPartitions == 1, "another device")
+        #expect(Pipeline.enqueue(try Self.item(offset: 10, token: other, partition: 3), &state) != nil)
+        #expect(state.queues.acrossPartitions == 2, "another device")
     }
 }

@@ -90,11 +90,13 @@ struct LaneTests {
         // Counted from when the relay consumed the urgent intent (its outcome's time less its
         // latency), not from when it was produced, which a loaded machine (a sanitizer run)
         // stretches past the whole backlog: from then on, only the bulk intent under way (and one
-        // more, for the outcomes' millisecond rounding) is answered before it.
+        // more, for the outcomes' millisecond rounding) is answered before it, and one more
+        // where the loaded machine's lane task admits it a turn of the device's queue after
+        // consuming it. Without overtaking it would wait for all the queued ones (about 28).
         let urgent = order[position]
         let consumed = urgent.at - urgent.latencyMilliseconds
         let answeredMeanwhile = order[..<position].filter { $0.at > consumed }.count
-        #expect(answeredMeanwhile <= 2, "\(answeredMeanwhile) bulk intents answered after the urgent one was consumed")
+        #expect(answeredMeanwhile <= 3, "\(answeredMeanwhile) bulk intents answered after the urgent one was consumed")
         // And it overtook queued ones: the device still had bulk intents waiting when it came.
         // (How many bulk intents were answered before it was consumed at all is the test's
         // produce and the consumer's fetch, not the lanes: under a loaded parallel run that was

@@ -53,7 +53,8 @@ enum RelayMetrics {
     /// send again what was finished here since the last commit.
     static let revocationCommitFailures = Counter(label: "apns_relay_revocation_commit_failures_total")
     /// Intents queued behind an intent of their device consumed from another partition number
-    /// (``DeviceQueues/acrossPartitions``): their producer does not key intents by device.
+    /// (``DeviceQueues/acrossPartitions``), counted once a second: their producer does not key
+    /// intents by device, or the lanes' topics have different partition counts.
     static let intentsAcrossPartitions = Counter(label: "apns_relay_intents_across_partitions_total")
     /// Round trips to Redis the pipeline waited for (admissions, records, mailboxes).
     static let redisLatency = Timer(label: "apns_relay_redis_request_duration_seconds", preferredDisplayUnit: .seconds)

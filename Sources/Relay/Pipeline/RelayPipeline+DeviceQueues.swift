@@ -28,7 +28,7 @@ extension RelayPipeline {
             var admission = admission
             var recordsAnswer = false
             // A park this batch's read could not see: decided again in its turn, from a read
-            // that does (``missedPark(_:since:_:)``).
+            // that does (``DeviceQueues/missedPark(_:since:)``).
             if case .send = admission, let readMark, state.queues.missedPark(intent, since: readMark), isEnforced(intent) {
                 admission = .readmit
             }
@@ -80,7 +80,7 @@ extension RelayPipeline {
     }
 
     /// A `coalesced` record was written for `intent` by an item that does not answer for it in
-    /// ``State/answering``: a copy whose batch read Redis before the record is decided again in
+    /// ``DeviceQueues/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs.
     func recordedCoalesced(_ intent: Intent) {
         state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
@@ -119,10 +119,8 @@ extension RelayPipeline {
     /// Queues an item behind its device's earlier ones (``DeviceQueues/enqueue(_:)``); returns
     /// it when it can start now, else counts it as waiting in its lane.
     static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
-        let across = state.queues.acrossPartitions
         let start = state.queues.enqueue(item)
         if start == nil { state.lanes.queued(item.lane) }
-        if state.queues.acrossPartitions != across { RelayMetrics.intentsAcrossPartitions.increment() }
         return start
     }
 

@@ -399,11 +399,16 @@ public final class RelayPipeline: RelayStatus, Service {
         logger.info("stopping: outcomes flushed")
     }
 
-    /// Consumer lag from librdkafka's cached positions and watermarks (no round trip), every
-    /// second until the relay stops.
+    /// Consumer lag from librdkafka's cached positions and watermarks (no round trip), and the
+    /// intents queued behind another partition's intent of their device since the last report
+    /// (``DeviceQueues/acrossPartitions``), every second until the relay stops.
     private func reportLag() async {
+        var acrossReported = 0
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
             RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
+            let across = state.withLock { $0.queues.acrossPartitions }
+            if across > acrossReported { RelayMetrics.intentsAcrossPartitions.increment(by: across - acrossReported) }
+            acrossReported = across
         }
     }
 

@@ -16,7 +16,7 @@ extension RelayPipeline {
         /// APNs' answer to it is recorded for dedupe (a usable intent to send, with Redis);
         /// among the items in flight, only one per (token, topic, id) does.
         let recordsAnswer: Bool
-        /// Counted in ``RelayPipeline/State/answering`` from its enqueueing until it finishes
+        /// Counted in ``DeviceQueues/answering`` from its enqueueing until it finishes
         /// (its slot freed): copies admitted meanwhile are answered from it. Its own
         /// ``recordsAnswer`` when made; kept when it is decided again in its turn, whatever
         /// that decides (a copy decided `duplicate` records nothing, but was counted).
@@ -39,7 +39,7 @@ extension RelayPipeline {
         /// answered from what APNs said before (duplicates, known-unregistered tokens), whose
         /// outcome and invalidation record must follow the device's earlier ones (a replay's
         /// 410 and the delivery after it end in that order on the invalidations topic; across
-        /// lanes an urgent send may overtake, see ``RelayPipeline/enqueue(_:_:precedence:)``).
+        /// lanes an urgent send may overtake, see ``DeviceQueues/enqueue(_:)``).
         /// Worked out once: it is asked several times on every intent's way.
         let queueToken: String?
         /// Its delivery deletes the pair's remembered 410 (``RelayPipeline/unregisteredChange(_:_:)``):

@@ -32,7 +32,7 @@ extension RelayPipeline {
                                          due: max(due, now), now: now, tooManyRequests: tooManyRequests, owner: owner)
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
-        // (after a 429, of the device) are decided again (``missedPark(_:since:_:)``).
+        // (after a 429, of the device) are decided again (``DeviceQueues/missedPark(_:since:)``).
         state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
