@@ -104,7 +104,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         if item.holdsAnswer, case .success(let intent) = item.intent { answering[AnswerKey(intent), default: 0] += 1 }
         // The token is hashed once (a device's queue is looked up by it several times per intent).
         if let index = devices.index(forKey: token) {
-            if item.mailboxMember == nil, let consumed = devices.values[index].last(where: { $0.mailboxMember == nil }),
+            if item.mailboxMember == nil, let consumed = Self.latestConsumed(in: devices.values[index]),
                consumed.partitionNumber != item.partitionNumber {
                 acrossPartitions += 1
             }
@@ -121,6 +121,17 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         queue.append(item)
         devices[token] = queue
         return item
+    }
+
+    /// The last item of `queue` that was consumed (not a mailbox delivery).
+    @inlinable
+    package static func latestConsumed(in queue: CircularBuffer<Item>) -> Item? {
+        var position = queue.endIndex
+        while position > queue.startIndex {
+            position = queue.index(before: position)
+            if queue[position].mailboxMember == nil { return queue[position] }
+        }
+        return nil
     }
 
     /// Where `item` goes in its device's queue when that is not the end: before the sends of
