@@ -104,8 +104,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         if item.holdsAnswer, case .success(let intent) = item.intent { answering[AnswerKey(intent), default: 0] += 1 }
         // The token is hashed once (a device's queue is looked up by it several times per intent).
         if let index = devices.index(forKey: token) {
-            if item.mailboxMember == nil, let consumed = Self.latestConsumed(in: devices.values[index]),
-               consumed.partitionNumber != item.partitionNumber {
+            if item.mailboxMember == nil, let number = latestConsumedPartition(at: index), number != item.partitionNumber {
                 acrossPartitions += 1
             }
             // No copy of the queue is held while it changes (that would copy its storage).
@@ -123,13 +122,15 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
         return item
     }
 
-    /// The last item of `queue` that was consumed (not a mailbox delivery).
+    /// The partition number of the last item of the queue at `index` in ``devices`` that was
+    /// consumed (not a mailbox delivery). Read in place: a copy of the queue held while it then
+    /// changes would copy its storage.
     @inlinable
-    package static func latestConsumed(in queue: CircularBuffer<Item>) -> Item? {
-        var position = queue.endIndex
-        while position > queue.startIndex {
-            position = queue.index(before: position)
-            if queue[position].mailboxMember == nil { return queue[position] }
+    package func latestConsumedPartition(at index: Dictionary<String, CircularBuffer<Item>>.Index) -> Int32? {
+        var position = devices.values[index].endIndex
+        while position > devices.values[index].startIndex {
+            position = devices.values[index].index(before: position)
+            if devices.values[index][position].mailboxMember == nil { return devices.values[index][position].partitionNumber }
         }
         return nil
     }
