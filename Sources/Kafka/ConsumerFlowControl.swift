@@ -82,8 +82,6 @@ public struct ConsumerFlowControl: Sendable {
     /// buffer is full, else none).
     public mutating func assigned(_ partitions: [TopicPartition]) -> [TopicPartition] {
         assigned.formUnion(partitions)
-        // A wish made for an earlier assignment of these partitions does not carry over.
-        pausedByApplication.subtract(partitions)
         guard bufferFull else { return [] }
         paused.formUnion(partitions)
         return partitions

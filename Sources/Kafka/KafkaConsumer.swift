@@ -388,17 +388,6 @@ public final class KafkaConsumer: Service, Sendable {
         Array(shared.flow.withLock { $0.assigned })
     }
 
-    /// The assignment as librdkafka holds it, asked of its main thread (blocks): for tests that
-    /// check librdkafka's view rather than the consumer's.
-    package var librdkafkaAssignment: [TopicPartition] {
-        handle.withHandle { rk in
-            var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?
-            guard rd_kafka_assignment(rk, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return [] }
-            defer { rd_kafka_topic_partition_list_destroy(list) }
-            return partitions(of: list)
-        }
-    }
-
     /// Records not yet consumed per assigned partition: the high watermark librdkafka last saw
     /// minus this consumer's position. Cached values, no network round trip; partitions with no
     /// position or watermark yet are left out.

@@ -100,7 +100,7 @@ struct ConsumerFlowControlTests {
         // one wished paused while it was not assigned.
         #expect(flow.assigned([p1, p3]) == [])
         #expect(flow.applicationChanges() == ([], []))
-        // A wish that met a revocation on its way does not outlive the next assignment.
+        // A wish whose partition is revoked ends with its assignment.
         flow.applicationPaused([p3])
         #expect(flow.revoked([p3]) == [])
         #expect(flow.assigned([p3]) == [])

@@ -41,10 +41,11 @@ struct KafkaTopicQueueTests {
     }
 
     /// Pauses and resumes asked from another thread while the poll thread takes from a topic
-    /// queue lose nothing and repeat nothing: every partition's offsets arrive once each, without a
-    /// gap (librdkafka 2.0's batch call lost the records it had taken when a pause landed in the
-    /// middle of it; a pause during a partition's first offset lookup can make librdkafka read
-    /// the partition again from its start, which the consumer skips: ``HandedOverOffsets``).
+    /// queue lose nothing and repeat nothing: every partition's offsets arrive once each, without
+    /// a gap. (librdkafka 2.0's batch call lost the records it had taken when a pause landed in
+    /// the middle of it, which cannot happen now that the poll thread applies pauses between its
+    /// turns; a pause during a partition's first offset lookup can make librdkafka read the
+    /// partition again from its start, which the consumer skips: ``HandedOverOffsets``.)
     @Test func pausesFromAnotherThreadLoseNoRecord() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
         let bulk = uniqueName("bulk"), urgent = uniqueName("urgent")

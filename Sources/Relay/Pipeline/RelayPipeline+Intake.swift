@@ -93,8 +93,14 @@ extension RelayPipeline {
                     defer { state.revocationCommitFailuresCounted = failures }
                     return failures - state.revocationCommitFailuresCounted
                 }
-                // The consumer resumed them as it let them go.
-                pauses.withLock { $0.subtract(partitions) }
+                // The consumer resumed them as it let them go. A pause asked for one of them
+                // after the consumer revoked it (a hold of its old assignment, late) could have
+                // reached the consumer after it was assigned again: that wish ends here.
+                let asked = pauses.withLock { paused in
+                    defer { paused.subtract(partitions) }
+                    return partitions.filter(paused.contains)
+                }
+                if !asked.isEmpty { consumer.resume(asked) }
                 if uncounted > 0 { RelayMetrics.revocationCommitFailures.increment(by: uncounted) }
                 logger.info("partitions revoked", metadata: ["kafka.partitions": "\(partitions)"])
             case .messages(let batch):
