@@ -85,19 +85,20 @@ package struct RecentAnswers<Key: Hashable> {
 
 /// A batch's admission read of Redis under way, from ``RelayPipeline/startAdmission(_:)`` until
 /// its last intent was admitted (``end()``), or the batch was let go unadmitted as the relay
-/// stops: then it ends in the pipeline's ``RecentAnswers``, once.
+/// stops: then it ends in the pipeline's ``RecentAnswers``, once. `marks`: where the read began
+/// in each shard's ``RecentAnswers`` (each shard counts its own), by shard.
 package final class AdmissionRead: Sendable {
-    package let mark: UInt64
-    private let ended: @Sendable (UInt64) -> Void
+    package let marks: [UInt64]
+    private let ended: @Sendable ([UInt64]) -> Void
     private let done = Atomic<Bool>(false)
 
-    package init(mark: UInt64, ended: @escaping @Sendable (UInt64) -> Void) {
-        self.mark = mark
+    package init(marks: [UInt64], ended: @escaping @Sendable ([UInt64]) -> Void) {
+        self.marks = marks
         self.ended = ended
     }
 
     package func end() {
-        if !done.exchange(true, ordering: .relaxed) { ended(mark) }
+        if !done.exchange(true, ordering: .relaxed) { ended(marks) }
     }
 
     deinit { end() }

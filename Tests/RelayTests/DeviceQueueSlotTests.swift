@@ -2,7 +2,7 @@ import Kafka
 @testable import Relay
 import Testing
 
-/// What an intent's end frees at once (``RelayPipeline/freeSlot(of:_:)``): its slot among the
+/// What an intent's end frees at once (``RelayPipeline/freeSlot(of:_:_:)``): its slot among the
 /// intents in flight and its place among the copies in flight that answer for later copies. A
 /// copy admitted into the freed slot must not find the intent still answering for it.
 @Suite("Device queue slots")
@@ -11,8 +11,11 @@ struct DeviceQueueSlotTests {
     static let token = String(repeating: "5b", count: 32)
 
     static func state() -> Pipeline.State {
-        Pipeline.State(partitions: PartitionLedger(uncommittedLimit: 100), queues: DeviceQueues(),
-                       lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10))
+        Pipeline.State(lanes: LaneLedger(weights: [1], maxInFlight: 1, maxWaiting: 10))
+    }
+
+    static func shard() -> Pipeline.Shard {
+        Pipeline.Shard(partitions: PartitionLedger(uncommittedLimit: 100), queues: DeviceQueues())
     }
 
     static func item(offset: Int64, admission: RelayPipeline.Admission = .send, recordsAnswer: Bool = true,
@@ -25,19 +28,19 @@ struct DeviceQueueSlotTests {
     }
 
     @Test func anEndedIntentNoLongerAnswersForTheCopyThatTakesItsSlot() throws {
-        var state = Self.state()
+        var state = Self.state(), shard = Self.shard()
         let first = try Self.item(offset: 0)
         let key = AnswerKey(try first.intent.get())
         state.lanes.admitted(0)
-        #expect(Pipeline.enqueue(first, &state) === first)
-        let read = state.queues.recentAnswers.readBegan()
-        #expect(state.queues.answering[key] == 1 && !state.lanes.hasRoom(0))
-        Pipeline.freeSlot(of: first, &state)
+        #expect(Pipeline.enqueue(first, &shard, &state) === first)
+        let read = shard.queues.recentAnswers.readBegan()
+        #expect(shard.queues.answering[key] == 1 && !state.lanes.hasRoom(0))
+        Pipeline.freeSlot(of: first, &shard, &state)
         // The slot is free: whoever is admitted into it now finds no copy in flight, and a read
         // that began before this end knows it missed the answer.
         #expect(state.lanes.hasRoom(0))
-        #expect(state.queues.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
-        #expect(state.queues.recentAnswers.answered(.answered(key), since: read))
+        #expect(shard.queues.answering[key] == nil, "a copy admitted now would be answered `duplicate` of an intent that is done")
+        #expect(shard.queues.recentAnswers.answered(.answered(key), since: read))
     }
 
     /// A read that began before a park into an intent's mailbox missed it (the intent is decided
@@ -50,72 +53,72 @@ struct DeviceQueueSlotTests {
         }
         let app = try intent("com.example.app"), other = try intent("com.example.other")
         let elsewhere = try intent("com.example.app", token: String(repeating: "6c", count: 32))
-        var state = Self.state()
-        let before = state.queues.recentAnswers.readBegan()
-        #expect(!state.queues.missedPark(app, since: before))
-        Pipeline.noteParked(app, tooManyRequests: false, &state)
-        let after = state.queues.recentAnswers.readBegan()
-        #expect(state.queues.missedPark(app, since: before))
-        #expect(!state.queues.missedPark(app, since: after))
-        #expect(!state.queues.missedPark(other, since: before), "a park holds back its own app's intents")
-        #expect(!state.queues.missedPark(elsewhere, since: before))
-        Pipeline.noteParked(app, tooManyRequests: true, &state)
-        #expect(state.queues.missedPark(other, since: before), "after a 429 the device is in backoff for every app")
-        #expect(state.queues.missedPark(other, since: after))
-        #expect(!state.queues.missedPark(elsewhere, since: after))
+        var shard = Self.shard()
+        let before = shard.queues.recentAnswers.readBegan()
+        #expect(!shard.queues.missedPark(app, since: before))
+        Pipeline.noteParked(app, tooManyRequests: false, &shard)
+        let after = shard.queues.recentAnswers.readBegan()
+        #expect(shard.queues.missedPark(app, since: before))
+        #expect(!shard.queues.missedPark(app, since: after))
+        #expect(!shard.queues.missedPark(other, since: before), "a park holds back its own app's intents")
+        #expect(!shard.queues.missedPark(elsewhere, since: before))
+        Pipeline.noteParked(app, tooManyRequests: true, &shard)
+        #expect(shard.queues.missedPark(other, since: before), "after a 429 the device is in backoff for every app")
+        #expect(shard.queues.missedPark(other, since: after))
+        #expect(!shard.queues.missedPark(elsewhere, since: after))
     }
 
     /// A device queue that empties is kept for the next device without one (its first intent
     /// allocates no queue), up to the spare queues' bound; one that grew large is let go.
     @Test func anEmptiedDeviceQueueServesTheNextDevice() throws {
-        var state = Self.state()
+        var state = Self.state(), shard = Self.shard()
         let first = try Self.item(offset: 0)
         let turn = try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: first))
-        #expect(Pipeline.enqueue(first, &state) === first)
-        #expect(Pipeline.nextQueued(after: first, turn, parkedUntil: [:], &state) == nil)
-        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.count == 1)
+        #expect(Pipeline.enqueue(first, &shard, &state) === first)
+        #expect(Pipeline.nextQueued(after: first, turn, parkedUntil: [:], &shard, &state) == nil)
+        #expect(shard.queues.devices.isEmpty && shard.queues.spareQueues.count == 1)
         let other = String(repeating: "6c", count: 32)
         let second = try Self.item(offset: 1, token: other)
         let otherTurn = try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: second))
-        #expect(Pipeline.enqueue(second, &state) === second)
-        #expect(state.queues.spareQueues.isEmpty, "taken by the next device's first intent")
-        #expect(state.queues.devices[other]?.count == 1)
+        #expect(Pipeline.enqueue(second, &shard, &state) === second)
+        #expect(shard.queues.spareQueues.isEmpty, "taken by the next device's first intent")
+        #expect(shard.queues.devices[other]?.count == 1)
 
         // A backlog grows the queue past what is kept.
         let backlog = try (2..<40).map { try Self.item(offset: Int64($0), token: other) }
-        for item in backlog { #expect(Pipeline.enqueue(item, &state) == nil) }
+        for item in backlog { #expect(Pipeline.enqueue(item, &shard, &state) == nil) }
         var ended = second
-        while let next = Pipeline.nextQueued(after: ended, otherTurn, parkedUntil: [:], &state) { ended = next }
-        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.isEmpty, "a queue of capacity \(DeviceQueues<Pipeline.WorkItem>.spareQueueCapacity)+ is not kept")
+        while let next = Pipeline.nextQueued(after: ended, otherTurn, parkedUntil: [:], &shard, &state) { ended = next }
+        #expect(shard.queues.devices.isEmpty && shard.queues.spareQueues.isEmpty, "a queue of capacity \(DeviceQueues<Pipeline.WorkItem>.spareQueueCapacity)+ is not kept")
 
         // Many devices' queues emptied at once: no more than the bound is kept.
         let devices = try (0..<(DeviceQueues<Pipeline.WorkItem>.spareQueueLimit + 44)).map {
             try Self.item(offset: 100 + Int64($0), token: String(format: "%064x", $0))
         }
-        for item in devices { #expect(Pipeline.enqueue(item, &state) === item) }
-        for item in devices { #expect(Pipeline.nextQueued(after: item, try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: item)), parkedUntil: [:], &state) == nil) }
-        #expect(state.queues.devices.isEmpty && state.queues.spareQueues.count == DeviceQueues<Pipeline.WorkItem>.spareQueueLimit)
+        for item in devices { #expect(Pipeline.enqueue(item, &shard, &state) === item) }
+        for item in devices { #expect(Pipeline.nextQueued(after: item, try #require(DeviceQueues<Pipeline.WorkItem>.turn(of: item)), parkedUntil: [:], &shard, &state) == nil) }
+        #expect(shard.queues.devices.isEmpty && shard.queues.spareQueues.count == DeviceQueues<Pipeline.WorkItem>.spareQueueLimit)
     }
 
     /// A copy decided again in its turn was counted as answering for later copies when it was
     /// queued: whatever it is decided (here `duplicate`, which records nothing), its end takes
     /// it off; a second holder of the same intent keeps it answering until its own end.
     @Test func aCopyDecidedAgainStopsAnsweringWhenItEnds() throws {
-        var state = Self.state()
+        var state = Self.state(), shard = Self.shard()
         let first = try Self.item(offset: 0, admission: .readmit)
         let second = try Self.item(offset: 1, admission: .readmit)
         let key = AnswerKey(try first.intent.get())
-        #expect(Pipeline.enqueue(first, &state) === first)
-        #expect(Pipeline.enqueue(second, &state) == nil)
-        #expect(state.queues.answering[key] == 2)
+        #expect(Pipeline.enqueue(first, &shard, &state) === first)
+        #expect(Pipeline.enqueue(second, &shard, &state) == nil)
+        #expect(shard.queues.answering[key] == 2)
         let decided = first.admitted(as: .duplicate(nil), recordsAnswer: false)
         #expect(!decided.recordsAnswer && decided.holdsAnswer)
         state.lanes.admitted(0)
-        Pipeline.freeSlot(of: decided, &state)
-        #expect(state.queues.answering[key] == 1, "the second copy still answers for later ones")
+        Pipeline.freeSlot(of: decided, &shard, &state)
+        #expect(shard.queues.answering[key] == 1, "the second copy still answers for later ones")
         state.lanes.admitted(0)
-        Pipeline.freeSlot(of: second, &state)
-        #expect(state.queues.answering[key] == nil)
+        Pipeline.freeSlot(of: second, &shard, &state)
+        #expect(shard.queues.answering[key] == nil)
     }
 
     /// A device's intents consumed from two partition numbers (their producer keys intents by
@@ -123,22 +126,22 @@ struct DeviceQueueSlotTests {
     /// each against the latest consumed intent queued for the device; one partition's are not,
     /// nor a mailbox delivery (whose partition is its due index's).
     @Test func aDevicesIntentsFromTwoPartitionsAreCounted() throws {
-        var state = Self.state()
-        #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &state) != nil)
-        #expect(Pipeline.enqueue(try Self.item(offset: 1, partition: 0), &state) == nil)
-        #expect(state.queues.acrossPartitions == 0)
-        #expect(Pipeline.enqueue(try Self.item(offset: 7, partition: 3), &state) == nil)
-        #expect(state.queues.acrossPartitions == 1)
-        #expect(Pipeline.enqueue(try Self.item(offset: 8, partition: 3), &state) == nil)
-        #expect(state.queues.acrossPartitions == 1, "behind its own partition's intent")
-        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 5, member: "m"), &state) == nil)
-        #expect(state.queues.acrossPartitions == 1, "a mailbox delivery's partition is its due index's")
-        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 0), &state) == nil)
-        #expect(state.queues.acrossPartitions == 2, "compared with the latest consumed intent (partition 3), past the mailbox delivery")
-        #expect(Pipeline.enqueue(try Self.item(offset: 3, partition: 0), &state) == nil)
-        #expect(state.queues.acrossPartitions == 2)
+        var state = Self.state(), shard = Self.shard()
+        #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &shard, &state) != nil)
+        #expect(Pipeline.enqueue(try Self.item(offset: 1, partition: 0), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 0)
+        #expect(Pipeline.enqueue(try Self.item(offset: 7, partition: 3), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 1)
+        #expect(Pipeline.enqueue(try Self.item(offset: 8, partition: 3), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 1, "behind its own partition's intent")
+        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 5, member: "m"), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 1, "a mailbox delivery's partition is its due index's")
+        #expect(Pipeline.enqueue(try Self.item(offset: 2, partition: 0), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 2, "compared with the latest consumed intent (partition 3), past the mailbox delivery")
+        #expect(Pipeline.enqueue(try Self.item(offset: 3, partition: 0), &shard, &state) == nil)
+        #expect(shard.queues.acrossPartitions == 2)
         let other = String(repeating: "6c", count: 32)
-        #expect(Pipeline.enqueue(try Self.item(offset: 10, token: other, partition: 3), &state) != nil)
-        #expect(state.queues.acrossPartitions == 2, "another device")
+        #expect(Pipeline.enqueue(try Self.item(offset: 10, token: other, partition: 3), &shard, &state) != nil)
+        #expect(shard.queues.acrossPartitions == 2, "another device")
     }
 }

@@ -112,8 +112,8 @@ extension RelayPipeline {
     }
 
     /// The delivery reports of outcomes driven by callbacks, as many as one poll of the producer
-    /// served: the delivered ones' items end together (one turn of the state lock, one offset
-    /// store: ``finish(_:thenNext:)``), then their devices' next intents start.
+    /// served: the delivered ones' items end together (one turn of each shard's lock, one offset
+    /// store each: ``finish(_:thenNext:)``), then their devices' next intents start.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher<Concluding>.Report]) {
         var delivered: [Finished] = []
         delivered.reserveCapacity(reports.count)
@@ -136,7 +136,7 @@ extension RelayPipeline {
         }
     }
 
-    /// Intents ended in one turn of the state lock, at most (``outcomesDelivered(_:)``).
+    /// Intents ended in one call of ``finish(_:thenNext:)``, at most (``outcomesDelivered(_:)``).
     static let endedPerTurn = 1024
 
     /// How an outcome's way went on other than in a delivered batch: a record Redis failed

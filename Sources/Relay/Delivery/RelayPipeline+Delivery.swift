@@ -1,3 +1,4 @@
+import Dispatch
 import Common
 import APNs
 import Redis
@@ -104,12 +105,12 @@ extension RelayPipeline {
     /// Whether the item's partition is still ours (being revoked included): work that reached
     /// APNs goes on to its outcome and stored offset.
     func isCurrent(_ item: WorkItem) -> Bool {
-        state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
+        shard(of: item.partition).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
     }
 
     /// Whether new work of the item may start: its partition is ours and not being revoked.
     func isActive(_ item: WorkItem) -> Bool {
-        state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
+        shard(of: item.partition).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
     }
 
     /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
@@ -117,7 +118,7 @@ extension RelayPipeline {
     /// waits for.
     func mayGoToAPNs(_ delivery: Delivery) -> Bool {
         let first = !delivery.ending.countedAtAPNs
-        let allowed = state.withLock {
+        let allowed = shard(of: delivery.item.partition).state.withLock {
             $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
         }
         if allowed { delivery.ending.countedAtAPNs = true }
@@ -313,7 +314,11 @@ extension RelayPipeline {
     func leftAPNs(_ delivery: Delivery) {
         guard delivery.ending.countedAtAPNs else { return }
         delivery.ending.countedAtAPNs = false
-        let waiter = state.withLock { Self.endAtAPNs(delivery.item, &$0) }
+        let box = shard(of: delivery.item.partition)
+        let waiter = box.state.withLock { shard -> DispatchSemaphore? in
+            guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
+            return state.withLock { Self.shardSettled(box.index, &$0) }
+        }
         waiter?.signal()
     }
 

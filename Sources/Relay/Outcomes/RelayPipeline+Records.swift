@@ -22,9 +22,9 @@ extension RelayPipeline {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return
         }
-        // An item counted in `answering` is marked when its slot is freed (``freeSlot(of:_:)``).
+        // An item counted in `answering` is marked when its slot is freed (``freeSlot(of:_:_:)``).
         if status == .coalesced, !item.holdsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
-            recordedCoalesced(intent)
+            recordedCoalesced(intent, of: item)
         }
         if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)

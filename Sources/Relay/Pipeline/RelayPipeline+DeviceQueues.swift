@@ -7,34 +7,38 @@ extension RelayPipeline {
     /// partition is not ours). `consumedAt`: when the consumer handed the message over.
     func admit(_ message: KafkaMessage, _ parsed: Result<Intent, InvalidIntent>, _ admission: Admission,
                lane: Int = 0, generation expected: Int? = nil, policy: (start: UInt64, end: UInt64)? = nil,
-               consumedAt: ContinuousClock.Instant = .now, readMark: UInt64? = nil, policyDecision: String? = nil,
+               consumedAt: ContinuousClock.Instant = .now, readMarks: [UInt64]? = nil, policyDecision: String? = nil,
                forgetsUnregistered: Bool = true) -> WorkItem? {
         let partition = message.topicPartition
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
         var hold = false, ours = true
-        let (start, inFlight) = state.withLock { state -> (WorkItem?, Int) in
-            guard let generation = state.partitions.start(partition, offset: message.offset, generation: expected) else {
+        let shard = shard(of: partition)
+        let readMark = readMarks.map { $0[shard.index] }
+        let (start, inFlight) = shard.state.withLock { shard -> (WorkItem?, Int) in
+            guard let generation = shard.partitions.start(partition, offset: message.offset, generation: expected) else {
                 ours = false
-                return (nil, state.lanes.inFlight[lane])
+                return (nil, state.withLock { $0.lanes.inFlight[lane] })
             }
-            hold = state.partitions.holdIfFull(partition)
-            if state.firstConsumedAt == nil { state.firstConsumedAt = consumedAt }
-            state.lanes.admitted(lane)
+            hold = shard.partitions.holdIfFull(partition)
             guard case .success(let intent) = parsed else {
-                return (WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
-                                 consumedAt: consumedAt, intent: parsed, trace: trace, traced: traced), state.lanes.inFlight[lane])
+                let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
+                                    consumedAt: consumedAt, intent: parsed, trace: trace, traced: traced)
+                return state.withLock { state in
+                    Self.admitted(lane, consumedAt: consumedAt, &state)
+                    return (item, state.lanes.inFlight[lane])
+                }
             }
             var admission = admission
             var recordsAnswer = false
             // A park this batch's read could not see: decided again in its turn, from a read
             // that does (``DeviceQueues/missedPark(_:since:)``).
-            if case .send = admission, let readMark, state.queues.missedPark(intent, since: readMark), isEnforced(intent) {
+            if case .send = admission, let readMark, shard.queues.missedPark(intent, since: readMark), isEnforced(intent) {
                 admission = .readmit
             }
             if deduplicator != nil, Self.mayRecordAnswer(admission) {
                 let key = AnswerKey(intent)
-                if state.queues.answering[key] != nil {
+                if shard.queues.answering[key] != nil {
                     // A copy in flight here is in its device's queue (Redis learns of it only
                     // once APNs answered it). In shadow mode it is sent all the same, as with the
                     // policy off; the first copy records the answer.
@@ -42,7 +46,7 @@ extension RelayPipeline {
                 } else {
                     // A copy answered after this batch read Redis: the read could not see its
                     // record. Decided again in its turn, from a read that does (enforce mode).
-                    if case .send = admission, let readMark, state.queues.recentAnswers.answered(.answered(key), since: readMark),
+                    if case .send = admission, let readMark, shard.queues.recentAnswers.answered(.answered(key), since: readMark),
                        isEnforced(intent) {
                         admission = .readmit
                     }
@@ -52,14 +56,17 @@ extension RelayPipeline {
             }
             // One recipient that cannot drain keeps no more than its share of the waiting room.
             if Self.countsAgainstBacklog(admission),
-               let queued = state.queues.devices[intent.recipient]?.count, queued > configuration.limits.maxWaitingPerRecipient {
+               let queued = shard.queues.devices[intent.recipient]?.count, queued > configuration.limits.maxWaitingPerRecipient {
                 admission = .recipientBacklog
                 recordsAnswer = false
             }
             let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
                                 consumedAt: consumedAt, intent: parsed, admission: admission, recordsAnswer: recordsAnswer,
                                 trace: trace, traced: traced, policyDecision: policyDecision, forgetsUnregistered: forgetsUnregistered)
-            return (Self.enqueue(item, &state), state.lanes.inFlight[lane])
+            return state.withLock { state in
+                Self.admitted(lane, consumedAt: consumedAt, &state)
+                return (Self.enqueue(item, &shard, &state), state.lanes.inFlight[lane])
+            }
         }
         // Not ours (revoked meanwhile): no work, so its span ends now.
         if !ours { traced?.end(without: "unfinished") }
@@ -69,27 +76,34 @@ extension RelayPipeline {
         return start
     }
 
+    /// An intent of `lane` was admitted: it counts among the lane's intents in flight.
+    static func admitted(_ lane: Int, consumedAt: ContinuousClock.Instant, _ state: inout State) {
+        if state.firstConsumedAt == nil { state.firstConsumedAt = consumedAt }
+        state.lanes.admitted(lane)
+    }
+
     /// The item's slot is free: it no longer counts among the intents in flight of its lane, nor
     /// (``WorkItem/holdsAnswer``) among the copies in flight that answer for the copies admitted
     /// after it. Both in one step: a copy admitted into the freed slot while the item still
     /// counted as in flight would be answered `duplicate` of it although it is done (had it
     /// ended without an answer, `expired` after a 503, the copy would never be sent).
-    static func freeSlot(of item: WorkItem, _ state: inout State) {
+    /// (Inside the item's shard's lock: an admission of the copy takes it too.)
+    static func freeSlot(of item: WorkItem, _ shard: inout Shard, _ state: inout State) {
         state.lanes.finished(item.lane)
-        state.queues.answerFreed(by: item)
+        shard.queues.answerFreed(by: item)
     }
 
     /// A `coalesced` record was written for `intent` by an item that does not answer for it in
     /// ``DeviceQueues/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs.
-    func recordedCoalesced(_ intent: Intent) {
-        state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
+    func recordedCoalesced(_ intent: Intent, of item: WorkItem) {
+        shard(of: item.partition).state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
     }
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
     /// (``DeviceQueues/missedPark(_:since:)``).
-    static func noteParked(_ intent: Intent, tooManyRequests: Bool, _ state: inout State) {
-        state.queues.noteParked(intent, tooManyRequests: tooManyRequests)
+    static func noteParked(_ intent: Intent, tooManyRequests: Bool, _ shard: inout Shard) {
+        shard.queues.noteParked(intent, tooManyRequests: tooManyRequests)
     }
 
     /// Whether the policy of the intent's topic is enforced (not in shadow mode).
@@ -118,8 +132,8 @@ extension RelayPipeline {
 
     /// Queues an item behind its device's earlier ones (``DeviceQueues/enqueue(_:)``); returns
     /// it when it can start now, else counts it as waiting in its lane.
-    static func enqueue(_ item: WorkItem, _ state: inout State) -> WorkItem? {
-        let start = state.queues.enqueue(item)
+    static func enqueue(_ item: WorkItem, _ shard: inout Shard, _ state: inout State) -> WorkItem? {
+        let start = shard.queues.enqueue(item)
         if start == nil { state.lanes.queued(item.lane) }
         return start
     }
@@ -151,21 +165,26 @@ extension RelayPipeline {
     /// (parking behind a parked one of its app: `parkedUntil`, per topic).
     func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
         guard let turn = DeviceQueues.turn(of: item) else { return nil }
-        let (queued, waiters) = state.withLock { state -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
-            guard let queued = Self.nextQueued(after: item, turn, parkedUntil: parkedUntil, &state) else { return (nil, []) }
-            // One fewer waiting: room for an admitting task if that bound held it.
-            return (queued, state.lanes.waitersWithRoom())
+        let (queued, waiters) = shard(of: item.partition).state.withLock { shard -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+            // The relay-wide lock only when an item was queued (most devices have one intent at a
+            // time): ``nextQueued(after:_:parkedUntil:_:_:)`` in two steps.
+            guard let queued = shard.queues.nextQueued(after: item, turn, parkedUntil: parkedUntil) else { return (nil, []) }
+            return state.withLock { state in
+                state.lanes.dequeued(queued.lane)
+                // One fewer waiting: room for an admitting task if that bound held it.
+                return (queued, state.lanes.waitersWithRoom())
+            }
         }
         for waiter in waiters { waiter.resume() }
         return queued
     }
 
-    /// ``nextInQueue(after:parkedUntil:)`` inside the state lock, for the turn
-    /// ``DeviceQueues/turn(of:)`` found; the caller resumes the admitting tasks the dequeued item
+    /// ``nextInQueue(after:parkedUntil:)`` inside the item's shard's lock and the relay-wide one,
+    /// for the turn ``DeviceQueues/turn(of:)`` found; the caller resumes the admitting tasks the dequeued item
     /// made room for (``LaneLedger/waitersWithRoom()``).
     static func nextQueued(after item: WorkItem, _ turn: (token: String, turnedNowOrNever: Bool), parkedUntil: [String: Int64],
-                           _ state: inout State) -> WorkItem? {
-        guard let queued = state.queues.nextQueued(after: item, turn, parkedUntil: parkedUntil) else { return nil }
+                           _ shard: inout Shard, _ state: inout State) -> WorkItem? {
+        guard let queued = shard.queues.nextQueued(after: item, turn, parkedUntil: parkedUntil) else { return nil }
         state.lanes.dequeued(queued.lane)
         return queued
     }

@@ -77,10 +77,8 @@ extension RelayPipeline {
         events: for await event in consumer.events {
             switch event {
             case .assigned(let partitions):
-                let owned = state.withLock { state in
-                    state.partitions.assign(partitions)
-                    return state.partitions.owned
-                }
+                eachShard(partitions) { shard, part in shard.partitions.assign(part) }
+                let owned = self.owned
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
                 if let apart = Self.lanesApart(owned, laneTopics) {
                     logger.warning("a device's lanes may be consumed by two relays: this relay owns different partitions of its lanes (see docs/lanes.md, Order)",
@@ -88,8 +86,8 @@ extension RelayPipeline {
                 }
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
+                eachShard(partitions) { shard, part in shard.partitions.revoke(part) }
                 let uncounted = state.withLock { state in
-                    state.partitions.revoke(partitions)
                     defer { state.revocationCommitFailuresCounted = failures }
                     return failures - state.revocationCommitFailuresCounted
                 }
@@ -109,16 +107,17 @@ extension RelayPipeline {
                 let now = clock()
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map { parse($0, now: now) }
-                    let generations = state.withLock { state in
-                        var generations: [TopicPartition: Int] = [:]
-                        var last: TopicPartition?
-                        for message in messages where message.topicPartition != last {
-                            last = message.topicPartition
-                            generations[message.topicPartition] = state.partitions.generation(of: message.topicPartition) ?? -1
+                    var generations: [TopicPartition: Int] = [:]
+                    var last: TopicPartition?
+                    for message in messages where message.topicPartition != last {
+                        last = message.topicPartition
+                        if generations[message.topicPartition] == nil {
+                            generations[message.topicPartition] = shard(of: message.topicPartition).state.withLock {
+                                $0.partitions.generation(of: message.topicPartition) ?? -1
+                            }
                         }
-                        state.lanes.consumed(lane, records: messages.count)
-                        return generations
                     }
+                    state.withLock { $0.lanes.consumed(lane, records: messages.count) }
                     let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations,
                                               consumedAt: consumedAt)
                     if queues.count == 1 {
@@ -153,7 +152,7 @@ extension RelayPipeline {
                 else { return }
                 let decisions = self.applyPolicyMode(&admissions, batch.parsed)
                 let admitting = batch.admitting
-                let readMark = admitting.read?.mark
+                let readMarks = admitting.read?.marks
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
                 // Intents run in task groups of their own, `workGroupSize` consecutive intents
                 // each: a finished child task is unlinked by walking its group's list of
@@ -184,7 +183,7 @@ extension RelayPipeline {
                                 if self.stopping.isOpen || Task.isCancelled { return }
                                 if let start = self.admit(member.message, member.parsed, member.admission, lane: lane,
                                                           generation: member.generation, policy: policy, consumedAt: consumedAt,
-                                                          readMark: readMark, policyDecision: member.decision,
+                                                          readMarks: readMarks, policyDecision: member.decision,
                                                           forgetsUnregistered: member.forgetsUnregistered) {
                                     if !self.driveByCallbacks(start) { intents.addTask { await self.work(start) } }
                                 }

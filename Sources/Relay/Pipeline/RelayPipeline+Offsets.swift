@@ -16,15 +16,16 @@ extension RelayPipeline {
         finish([Finished(item: item, stored: stored, sent: sent)], thenNext: false)
     }
 
-    /// Ends items, as many as one poll's delivery reports concluded, in one turn of the state
-    /// lock and one offset store (``KafkaConsumer/storeOffsets(_:)``) for all their partitions;
+    /// Ends items, as many as one poll's delivery reports concluded, in one turn of each of their
+    /// shards' locks and one offset store (``KafkaConsumer/storeOffsets(_:)``) per shard;
     /// with `thenNext`, ends their turns in their devices' queues too and returns the items
     /// queued behind them, to start now (as ``nextInQueue(after:parkedUntil:)`` does, with
     /// nothing parked).
     ///
-    /// The offsets are stored inside the state lock: two calls finishing at once must store their
-    /// positions in order (a later store of an older position would move the commit back), and
-    /// the drain that waits for the last item must find its offset stored.
+    /// The offsets are stored inside the shard's lock: two calls finishing at once must store
+    /// their positions in order (a later store of an older position would move the commit back),
+    /// and before the items' slots are freed: the drain that waits for the last item must find
+    /// its offset stored.
     @discardableResult
     func finish(_ items: [Finished], thenNext: Bool) -> [WorkItem] {
         for finished in items {
@@ -33,44 +34,61 @@ extension RelayPipeline {
         }
         var released: [TopicPartition] = []
         var revokeWaiter: DispatchSemaphore?
-        let (notStored, next, waiters, idleWaiters, inFlight) = state.withLock { state in
-            // The newest committable offset of each partition the items moved (a later finish
-            // of a partition only moves it further).
-            var committable: [(partition: TopicPartition, offset: Int64)] = []
-            for finished in items {
-                let item = finished.item
-                Self.freeSlot(of: item, &state)
-                if let member = item.mailboxMember { state.mailboxJobs.remove(member) }
-                // Intents from a mailbox had their offsets stored when they were parked.
-                if finished.stored, item.mailboxMember == nil,
-                   let offset = state.partitions.finish(item.partition, generation: item.generation, offset: item.offset) {
-                    if let index = committable.firstIndex(where: { $0.partition == item.partition }) {
-                        committable[index].offset = offset
-                    } else {
-                        committable.append((item.partition, offset))
+        var notStored: [(partition: TopicPartition, offset: Int64)] = []
+        var next: [WorkItem] = []
+        var waiters: [CheckedContinuation<Void, Never>] = []
+        var idleWaiters: [CheckedContinuation<Bool, Never>] = []
+        var inFlight = Array(repeating: 0, count: items.count)
+        // A shard's items in one turn of its lock (most polls' reports are of one shard or two).
+        for box in shards {
+            // The items of this shard's partitions (no array of them: one fewer allocation a call).
+            guard items.contains(where: { belongs($0.item, to: box) }) else { continue }
+            box.state.withLock { shard in
+                // The newest committable offset of each partition the items moved (a later finish
+                // of a partition only moves it further).
+                var committable: [(partition: TopicPartition, offset: Int64)] = []
+                var settled = false
+                for index in items.indices where belongs(items[index].item, to: box) {
+                    let finished = items[index], item = finished.item
+                    // Intents from a mailbox had their offsets stored when they were parked.
+                    if finished.stored, item.mailboxMember == nil,
+                       let offset = shard.partitions.finish(item.partition, generation: item.generation, offset: item.offset) {
+                        if let index = committable.firstIndex(where: { $0.partition == item.partition }) {
+                            committable[index].offset = offset
+                        } else {
+                            committable.append((item.partition, offset))
+                        }
                     }
+                    if finished.sent, Self.endAtAPNs(item, &shard) { settled = true }
                 }
-                if finished.sent, let waiter = Self.endAtAPNs(item, &state) { revokeWaiter = waiter }
-            }
-            let failed = consumer.storeOffsets(committable)
-            let notStored = failed.compactMap { failure in committable.first { $0.partition == failure.0 } }
-            for (partition, _) in committable where state.partitions.releaseIfDrained(partition) { released.append(partition) }
-            var next: [WorkItem] = []
-            if thenNext {
-                for finished in items {
-                    if let turn = DeviceQueues.turn(of: finished.item),
-                       let queued = Self.nextQueued(after: finished.item, turn, parkedUntil: [:], &state) { next.append(queued) }
+                // Inside the shard's lock, which every finish of these partitions takes; before
+                // the items' slots are freed, so that a drain that waits for the last of them
+                // finds its offset stored.
+                let failed = consumer.storeOffsets(committable)
+                notStored += failed.compactMap { failure in committable.first { $0.partition == failure.0 } }
+                for (partition, _) in committable where shard.partitions.releaseIfDrained(partition) { released.append(partition) }
+                state.withLock { state in
+                    for index in items.indices where belongs(items[index].item, to: box) {
+                        Self.freeSlot(of: items[index].item, &shard, &state)
+                        if let member = items[index].item.mailboxMember { state.mailboxJobs.remove(member) }
+                    }
+                    if settled, let waiter = Self.shardSettled(box.index, &state) { revokeWaiter = waiter }
+                    if thenNext {
+                        for index in items.indices where belongs(items[index].item, to: box) {
+                            if let turn = DeviceQueues.turn(of: items[index].item),
+                               let queued = Self.nextQueued(after: items[index].item, turn, parkedUntil: [:], &shard, &state) { next.append(queued) }
+                        }
+                    }
+                    waiters += state.lanes.waitersWithRoom()
+                    if state.inFlight == 0, !state.idleWaiters.isEmpty {
+                        idleWaiters += state.idleWaiters.values
+                        state.idleWaiters.removeAll()
+                    }
+                    // Each item's lane's count (not the ledger's array: held past the lock, it would
+                    // make the next change copy it).
+                    for index in items.indices where belongs(items[index].item, to: box) { inFlight[index] = state.lanes.inFlight[items[index].item.lane] }
                 }
             }
-            let waiters = state.lanes.waitersWithRoom()
-            var idleWaiters: [CheckedContinuation<Bool, Never>] = []
-            if state.inFlight == 0, !state.idleWaiters.isEmpty {
-                idleWaiters = Array(state.idleWaiters.values)
-                state.idleWaiters.removeAll()
-            }
-            // Each item's lane's count (not the ledger's array: held past the lock, it would make
-            // the next change copy it).
-            return (notStored, next, waiters, idleWaiters, items.map { state.lanes.inFlight[$0.item.lane] })
         }
         for (partition, offset) in notStored {
             logger.info("offset not stored (partition no longer ours)", metadata: [
@@ -85,13 +103,18 @@ extension RelayPipeline {
         return next
     }
 
-    /// The item no longer counts among its partition's work at APNs; returns the revocation's
-    /// waiter to signal when that was the last of it.
-    static func endAtAPNs(_ item: WorkItem, _ state: inout State) -> DispatchSemaphore? {
-        state.partitions.sentWorkEnded(item.partition, generation: item.generation)
-        guard state.revokeWaiter != nil, state.partitions.revokingSettled else { return nil }
-        defer { state.revokeWaiter = nil }
-        return state.revokeWaiter
+    /// The item no longer counts among its partition's work at APNs; true when that settled its
+    /// shard's revoking partitions (then, inside the shard's lock, ``shardSettled(_:_:)``
+    /// returns the revocation's waiter to signal when it was the last shard to settle).
+    static func endAtAPNs(_ item: WorkItem, _ shard: inout Shard) -> Bool {
+        shard.partitions.sentWorkEnded(item.partition, generation: item.generation)
+        return !shard.partitions.revoking.isEmpty && shard.partitions.revokingSettled
+    }
+
+    /// A shard's revoking partitions have no work at APNs left: the revocation's waiter, when it
+    /// was the last such shard.
+    static func shardSettled(_ index: Int, _ state: inout State) -> DispatchSemaphore? {
+        state.revocation.settled(index)
     }
 
     static let revocationWaitLimitSeconds = 60
@@ -114,12 +137,17 @@ extension RelayPipeline {
     /// its pod's grace period counts on.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
         let semaphore = DispatchSemaphore(value: 0)
-        let settled = state.withLock { state -> Bool in
-            state.partitions.markRevoking(partitions)
-            if lost || state.partitions.revokingSettled { return true }
-            state.revokeWaiter = semaphore
-            return false
+        state.withLock { $0.revocation.begin() }
+        // Each shard's unsettled mark is set inside its lock: a shard that settles from then on
+        // finds it (``shardSettled(_:_:)``), before or after the waiter is in place.
+        eachShard(partitions) { shard, part in
+            shard.partitions.markRevoking(part)
+            if !lost, !shard.partitions.revokingSettled {
+                let index = self.shard(of: part[0]).index
+                state.withLock { $0.revocation.unsettled(index) }
+            }
         }
+        let settled = lost || !state.withLock { $0.revocation.wait(semaphore) }
         logger.info("partitions being revoked: their new work stops", metadata: [
             "kafka.partitions": "\(partitions.map(\.partition))", "kafka.assignment_lost": "\(lost)",
         ])
@@ -143,7 +171,7 @@ extension RelayPipeline {
             }
         }
         if waited == .timedOut {
-            state.withLock { $0.revokeWaiter = nil }
+            state.withLock { $0.revocation.gaveUp() }
             logger.warning("revocation goes on with work still at APNs (its next owner may send it again)", metadata: [
                 "kafka.partitions": "\(partitions.map(\.partition))",
                 "relay.waited_seconds": "\((ContinuousClock.now - started).components.seconds)",
@@ -168,7 +196,7 @@ extension RelayPipeline {
     /// offsets are committable.
     func held(_ partition: TopicPartition) {
         reconcilePauses([partition])
-        RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
+        RelayMetrics.partitionsHeld.record(heldNow.count)
         logger.warning("partition paused: too many offsets wait behind an unfinished intent", metadata: [
             "kafka.partition": "\(partition.partition)", "relay.limit": "\(configuration.limits.maxUncommittedPerPartition)",
         ])
@@ -176,7 +204,7 @@ extension RelayPipeline {
 
     func released(_ partition: TopicPartition) {
         reconcilePauses([partition])
-        RelayMetrics.partitionsHeld.record(state.withLock { $0.partitions.held.count })
+        RelayMetrics.partitionsHeld.record(heldNow.count)
         logger.info("partition resumed", metadata: ["kafka.partition": "\(partition.partition)"])
     }
 
@@ -187,7 +215,7 @@ extension RelayPipeline {
     func reconcilePauses(_ partitions: [TopicPartition]) {
         guard !partitions.isEmpty else { return }
         pauses.withLock { paused in
-            let wanted = state.withLock { state in partitions.filter { state.partitions.held.contains($0) } }
+            let wanted = partitions.filter { partition in shard(of: partition).state.withLock { $0.partitions.held.contains(partition) } }
             let pause = wanted.filter { !paused.contains($0) }
             let resume = partitions.filter { paused.contains($0) && !wanted.contains($0) }
             if !pause.isEmpty { consumer.pause(pause) }

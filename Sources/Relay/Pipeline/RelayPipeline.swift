@@ -65,7 +65,13 @@ public final class RelayPipeline: RelayStatus, Service {
     /// The partitions paused (held by the ledger), as last asked of the consumer; its lock
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
+    /// What is relay-wide: the lanes' budget, the idle and revocation waiters, the mailbox jobs.
+    /// Taken inside a shard's lock where a step changes both (never the other way round, and
+    /// never two shards' locks at once).
     let state: Locked<State>
+    /// The shards, one per work executor: each owns its partitions and their devices' queues
+    /// (``Shard``, ``shard(of:)``).
+    let shards: [ShardBox]
     /// Per team, its credential's fault and cool-down (``CredentialFaultBreaker``): asked before
     /// each send, its own lock.
     let credentialFaults: Locked<CredentialFaultBreaker>
@@ -113,11 +119,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let badges: BadgeStore?
     let liveActivityPacer: LiveActivityPacer?
 
+    /// The relay-wide part of the pipeline's state; each shard's part is its ``Shard``.
     struct State {
-        var partitions: PartitionLedger<TopicPartition>
-        /// Per device, its items that are sent or parked, in order; the intents they answer
-        /// for; the answers and parks the admission reads under way may have missed.
-        var queues: DeviceQueues<WorkItem>
         /// Per lane: intents in flight and waiting, backlogs, the admitting tasks' waits.
         var lanes: LaneLedger<CheckedContinuation<Void, Never>>
         /// Intents between consume and outcome, the waiting ones included.
@@ -133,8 +136,8 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
         /// The consumer's poll thread, waiting in a revocation until the revoking partitions'
-        /// work at APNs ended.
-        var revokeWaiter: DispatchSemaphore?
+        /// work at APNs ended, on every shard (``shardSettled(_:_:)``).
+        var revocation = RevocationWait<DispatchSemaphore>()
     }
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
@@ -151,10 +154,12 @@ public final class RelayPipeline: RelayStatus, Service {
         let precedence = lanes.map { min(weights.firstIndex(of: $0.weight) ?? 0, 3) }
         self.lanePrecedence = precedence
         self.state = Locked(State(
-            partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
-            queues: DeviceQueues(precedence: precedence),
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting)))
+        self.shards = (0..<max(clients.workExecutors.count, 1)).map { index in
+            ShardBox(index: index, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
+                                         queues: DeviceQueues(precedence: precedence)))
+        }
         self.credentialFaults = Locked(CredentialFaultBreaker(cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
@@ -297,11 +302,11 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Partitions paused now because `limits.max_uncommitted_per_partition` of their offsets
     /// wait behind an unfinished intent.
-    public var heldPartitions: [Int32] { state.withLock { $0.partitions.held.map(\.partition).sorted() } }
+    public var heldPartitions: [Int32] { heldNow.map(\.partition).sorted() }
 
     /// The intents partitions (of every lane) this relay owns now.
     public var ownedPartitions: [(topic: String, partition: Int32)] {
-        state.withLock { $0.partitions.owned.map { ($0.topic, $0.partition) } }
+        owned.map { ($0.topic, $0.partition) }
     }
 
     /// Asks ``run()`` to stop consuming and drain.
@@ -406,7 +411,7 @@ public final class RelayPipeline: RelayStatus, Service {
         var acrossReported = 0
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
             RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
-            let across = state.withLock { $0.queues.acrossPartitions }
+            let across = shards.reduce(0) { sum, shard in sum + shard.state.withLock { $0.queues.acrossPartitions } }
             if across > acrossReported { RelayMetrics.intentsAcrossPartitions.increment(by: across - acrossReported) }
             acrossReported = across
         }

@@ -35,9 +35,11 @@ extension RelayPipeline {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
             // Marked before the read is written: an answer recorded, or a park, after the mark
             // may be missing from what it reads.
-            let mark = state.withLock { $0.queues.recentAnswers.readBegan() }
-            admitting.read = AdmissionRead(mark: mark) { [weak self] mark in
-                self?.state.withLock { $0.queues.recentAnswers.readEnded(mark) }
+            // One mark per shard: each shard counts its own answers and parks.
+            let marks = shards.map { shard in shard.state.withLock { $0.queues.recentAnswers.readBegan() } }
+            admitting.read = AdmissionRead(marks: marks) { [weak self] marks in
+                guard let self else { return }
+                for (shard, mark) in zip(self.shards, marks) { shard.state.withLock { $0.queues.recentAnswers.readEnded(mark) } }
             }
             admitting.pending = policy.admission(groups)
         }

@@ -33,7 +33,7 @@ extension RelayPipeline {
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
         // (after a 429, of the device) are decided again (``DeviceQueues/missedPark(_:since:)``).
-        state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
+        shard(of: item.partition).state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
@@ -131,7 +131,7 @@ extension RelayPipeline {
                 try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status,
                                               window: window, lastSent: nil, onlyIfAbsent: true)
             }
-            recordedCoalesced(intent)
+            recordedCoalesced(intent, of: item)
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
@@ -204,10 +204,10 @@ extension RelayPipeline {
     /// nothing to send).
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
-        let (owned, rooms) = state.withLock { state in
-            (laneTopics.flatMap { topic in state.partitions.owned { $0.topic == topic } },
-             laneTopics.indices.map { state.lanes.mailboxRoom($0) })
+        let owned = laneTopics.flatMap { topic in
+            shards.flatMap { shard in shard.state.withLock { $0.partitions.owned { $0.topic == topic } } }
         }
+        let rooms = state.withLock { state in laneTopics.indices.map { state.lanes.mailboxRoom($0) } }
         let withRoom = owned.filter { rooms[lane(of: $0.partition.topic)] > 0 }
         guard !withRoom.isEmpty else { return }
         let generations = Dictionary(owned.map { ($0.partition, $0.generation) }, uniquingKeysWith: { $1 })
@@ -243,11 +243,13 @@ extension RelayPipeline {
             let lane = lane(of: partition.topic)
             // Only for partitions still ours (a rebalance may have taken one since the query),
             // and while there is room: the send slot is reserved here.
-            let claimed = state.withLock { state in
-                guard state.partitions.isActive(partition, generation: generations[partition] ?? -1),
-                      state.lanes.mailboxRoom(lane) > 0, state.mailboxJobs.insert(member).inserted else { return false }
-                state.lanes.admitted(lane)
-                return true
+            let claimed = shard(of: partition).state.withLock { shard in
+                guard shard.partitions.isActive(partition, generation: generations[partition] ?? -1) else { return false }
+                return state.withLock { state in
+                    guard state.lanes.mailboxRoom(lane) > 0, state.mailboxJobs.insert(member).inserted else { return false }
+                    state.lanes.admitted(lane)
+                    return true
+                }
             }
             guard claimed else { continue }
             var started = false
@@ -319,7 +321,7 @@ extension RelayPipeline {
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
-            let start = state.withLock { state in Self.enqueue(item, &state) }
+            let start = shard(of: partition).state.withLock { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
             if let start { workers.addTask { await self.work(start) } }
         }
     }

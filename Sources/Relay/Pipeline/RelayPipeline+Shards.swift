@@ -1,0 +1,63 @@
+import Common
+import Kafka
+
+extension RelayPipeline {
+    /// What one shard owns: the partitions routed to it (their offset trackers, generations,
+    /// holds, revocations and work at APNs) and the queues of the devices whose intents come on
+    /// them, with the recent answers and parks those queues' admissions check.
+    ///
+    /// A partition's shard is fixed by its number (``shard(of:)``): partition N of every lane is
+    /// on one shard, so a device's intents — keyed by its token, on one partition number of each
+    /// lane (docs/intents.md) — meet in one shard's queues. Intents of one device that arrive on
+    /// two partition numbers of different shards are not serialized with each other.
+    ///
+    /// Lock order: a shard's lock, then (inside it, where a step changes both) the relay-wide
+    /// ``State``'s; never the other way round, and never two shards' at once. A step that
+    /// touches only a shard's partitions — whether an item's partition is still ours, a send
+    /// counted at APNs — takes no relay-wide lock.
+    struct Shard {
+        var partitions: PartitionLedger<TopicPartition>
+        var queues: DeviceQueues<WorkItem>
+    }
+
+    /// A shard and its lock (`Locked` is not copyable, so an array holds these).
+    final class ShardBox: Sendable {
+        let index: Int
+        let state: Locked<Shard>
+
+        init(index: Int, _ shard: consuming sending Shard) {
+            self.index = index
+            self.state = Locked(shard)
+        }
+    }
+
+    /// The shard that owns `partition`: by its number, the same for every lane.
+    func shard(of partition: TopicPartition) -> ShardBox {
+        shards[Int(partition.partition) % shards.count]
+    }
+
+    /// Whether `item`'s partition is `shard`'s.
+    func belongs(_ item: WorkItem, to shard: ShardBox) -> Bool {
+        shards.count == 1 || self.shard(of: item.partition) === shard
+    }
+
+    /// The partitions this relay owns now, of every shard.
+    var owned: [TopicPartition] {
+        shards.flatMap { shard in shard.state.withLock { $0.partitions.owned } }
+    }
+
+    /// The partitions held now (too many uncommitted offsets), of every shard.
+    var heldNow: Set<TopicPartition> {
+        shards.reduce(into: []) { held, shard in held.formUnion(shard.state.withLock { $0.partitions.held }) }
+    }
+
+    /// Applies an assignment or a revocation to the shards that own the partitions: `change`
+    /// runs once per shard with its part of them.
+    func eachShard(_ partitions: [TopicPartition], _ change: (inout Shard, [TopicPartition]) -> Void) {
+        var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
+        for partition in partitions { parts[shard(of: partition).index].append(partition) }
+        for (shard, part) in zip(shards, parts) where !part.isEmpty {
+            shard.state.withLock { change(&$0, part) }
+        }
+    }
+}
