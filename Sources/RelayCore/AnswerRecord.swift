@@ -5,7 +5,7 @@
 /// Stored as one line: `2 <status> <http status> <unregistered_at> <apns-id> <reason>`, `-` for
 /// what the answer did not have (the reason, last, is never split). Records written before this
 /// format hold the status alone; they still read, with the rest unknown.
-package struct AnswerRecord: Sendable, Equatable {
+public struct AnswerRecord: Sendable, Equatable {
     /// `delivered`, `rejected` or `unregistered`.
     package var status: String
     package var httpStatus: Int?

@@ -1,9 +1,9 @@
 /// The pure part of a batch's admission: no I/O, no clock. ``group(_:rules:skipsKnownUnregistered:groups:members:)``
 /// runs when a batch is consumed (before Redis is asked), ``apply(_:to:_:_:forgetsUnregistered:)`` turns Redis'
 /// answer for each group into the intents' admissions.
-package enum BatchAdmission {
+public enum BatchAdmission {
     /// What the policy decided for a consumed intent before it reaches its device's queue.
-    package enum Admission: Sendable, Equatable {
+    public enum Admission: Sendable, Equatable {
         case send
         /// APNs answered it before (what it answered, when the record says), or a copy is in
         /// flight here: outcome `duplicate`.

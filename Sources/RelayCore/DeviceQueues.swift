@@ -1,8 +1,8 @@
-package import NIOCore
+public import NIOCore
 
 /// What ``DeviceQueues`` needs of an item: one intent on its way from consume to outcome (the
 /// relay's `WorkItem`). A class: the queues hold references, not copies.
-package protocol DeviceQueueItem: AnyObject {
+public protocol DeviceQueueItem: AnyObject {
     /// Its lane (its precedence among a device's sends: ``DeviceQueues/precedence``).
     var lane: Int { get }
     /// The number of the partition it was consumed from (of its lane's topic).
@@ -22,12 +22,13 @@ package protocol DeviceQueueItem: AnyObject {
 
 /// An intent whose answer an item in its recipient's queue records: a copy consumed meanwhile is
 /// answered `duplicate` of it, looked up without scanning the queue.
-package struct AnswerKey: Hashable, Sendable {
-    package var recipient: String
-    package var topic: String
-    package var id: String
+public struct AnswerKey: Hashable, Sendable {
+    public var recipient: String
+    public var topic: String
+    public var id: String
 
-    package init(_ intent: Intent) {
+    @inlinable
+    public init(_ intent: Intent) {
         recipient = intent.recipient
         topic = intent.topic
         id = intent.id
@@ -35,7 +36,7 @@ package struct AnswerKey: Hashable, Sendable {
 }
 
 /// What a batch's admission read of Redis may have missed (``DeviceQueues/recentAnswers``).
-package enum RecentChange: Hashable, Sendable {
+public enum RecentChange: Hashable, Sendable {
     /// APNs' answer to the intent was recorded (a copy of it is a duplicate).
     case answered(AnswerKey)
     /// An intent was parked in this device (or channel) and app's mailbox (the others wait
@@ -48,42 +49,43 @@ package enum RecentChange: Hashable, Sendable {
 /// The relay's devices' queues: per device (or channel, ``Intent/recipient``), its items that
 /// are sent or parked, in order (the first is under way, the others wait for it); which intents
 /// those items answer for; and what admission reads under way may have missed (answers
-/// recorded, parks). A pure value: whoever owns it serializes its use (the pipeline's state
-/// lock today; a shard's event loop once the relay runs a shard per loop). The lanes' counts of
+/// recorded, parks). A pure value: whoever owns it serializes its use (a pipeline shard's
+/// lock). The lanes' counts of
 /// queued items are the caller's: ``enqueue(_:)`` and ``nextQueued(after:_:parkedUntil:)`` say
 /// what was queued and dequeued.
 ///
-/// Its methods are inlinable: the relay's items are one concrete class, and each intent passes
-/// here several times, where unspecialized generic code would pay for every dictionary and
-/// buffer operation through metadata.
-package struct DeviceQueues<Item: DeviceQueueItem> {
+/// Public, its methods inlinable: the relay's items are one concrete class, and each intent
+/// passes here several times, where unspecialized generic code pays for every dictionary and
+/// buffer operation through metadata. (`@inlinable package` methods are not specialized in
+/// another module: docs/architecture.md, hot-path rule 4.)
+public struct DeviceQueues<Item: DeviceQueueItem> {
     /// Per device token, its items that are sent or parked, in order.
-    package var devices: [String: CircularBuffer<Item>] = [:]
+    public var devices: [String: CircularBuffer<Item>] = [:]
     /// Emptied device queues kept for the next device that has none, so that a device's first
     /// intent does not allocate a queue (most devices have one intent at a time): at most
     /// ``spareQueueLimit`` of them, none that grew past ``spareQueueCapacity``.
-    package var spareQueues: [CircularBuffer<Item>] = []
-    package static var spareQueueLimit: Int { 256 }
-    package static var spareQueueCapacity: Int { 16 }
+    public var spareQueues: [CircularBuffer<Item>] = []
+    public static var spareQueueLimit: Int { 256 }
+    public static var spareQueueCapacity: Int { 16 }
     /// The intents items in ``devices`` record answers for (how many such items each).
-    package var answering: [AnswerKey: Int] = [:]
+    public var answering: [AnswerKey: Int] = [:]
     /// Answers recorded, and mailboxes parked into, while batches' admission reads were under
     /// way.
-    package var recentAnswers = RecentAnswers<RecentChange>()
+    public var recentAnswers = RecentAnswers<RecentChange>()
     /// The mark of the latest park in ``recentAnswers`` (0: none yet).
-    package var lastParkMark: UInt64 = 0
+    public var lastParkMark: UInt64 = 0
     /// Consumed intents queued so far behind an intent of their device (or channel) consumed
     /// from another partition number (compared with the latest consumed intent in the queue;
     /// mailbox deliveries carry their due index's partition): their producers key intents by
     /// something other than the device token (docs/intents.md), or their lanes' topics have
     /// different partition counts. Their order here is consumption order, not the producer's,
     /// and two relays can hold them at once.
-    package var acrossPartitions = 0
+    public var acrossPartitions = 0
     /// Each lane's precedence among a device's sends waiting for an APNs stream (see
     /// ``enqueue(_:)``); one lane or one weight: no overtaking.
-    package let precedence: [Int]
+    public let precedence: [Int]
 
-    package init(precedence: [Int] = []) {
+    public init(precedence: [Int] = []) {
         self.precedence = precedence
     }
 
@@ -99,7 +101,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// a known 410) stay behind the intent they answer for. Inserting copies the queue's
     /// storage: only overtaking pays it.
     @inlinable
-    package mutating func enqueue(_ item: Item) -> Item? {
+    public mutating func enqueue(_ item: Item) -> Item? {
         guard let token = item.queueToken else { return item }
         if item.holdsAnswer, case .success(let intent) = item.intent { answering[AnswerKey(intent), default: 0] += 1 }
         // The token is hashed once (a device's queue is looked up by it several times per intent).
@@ -126,7 +128,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// consumed (not a mailbox delivery). Read in place: a copy of the queue held while it then
     /// changes would copy its storage.
     @inlinable
-    package func latestConsumedPartition(at index: Dictionary<String, CircularBuffer<Item>>.Index) -> Int32? {
+    public func latestConsumedPartition(at index: Dictionary<String, CircularBuffer<Item>>.Index) -> Int32? {
         var position = devices.values[index].endIndex
         while position > devices.values[index].startIndex {
             position = devices.values[index].index(before: position)
@@ -139,7 +141,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// lower precedence that have not started, as far as the last intent to park or mailbox
     /// delivery.
     @inlinable
-    package static func position(of item: Item, in queue: CircularBuffer<Item>, precedence: [Int]) -> CircularBuffer<Item>.Index? {
+    public static func position(of item: Item, in queue: CircularBuffer<Item>, precedence: [Int]) -> CircularBuffer<Item>.Index? {
         let rank = precedence[item.lane]
         let first = queue.index(after: queue.startIndex)
         var position = queue.endIndex
@@ -155,7 +157,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// it became now-or-never behind a parked intent (``parkingBehind(_:due:)``): such an item
     /// ends its turn in the queue too, although a now-or-never admission queues nowhere.
     @inlinable
-    package static func turn(of item: Item) -> (token: String, turnedNowOrNever: Bool)? {
+    public static func turn(of item: Item) -> (token: String, turnedNowOrNever: Bool)? {
         if let token = item.queueToken { return (token, false) }
         if case .nowOrNever = item.admission, case .success(let intent) = item.intent { return (intent.recipient, true) }
         return nil
@@ -165,7 +167,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// behind it, now no longer waiting, to start (parking behind a parked one of its app:
     /// `parkedUntil`, per topic, when the device's last parked intent is due).
     @inlinable
-    package mutating func nextQueued(after item: Item, _ turn: (token: String, turnedNowOrNever: Bool),
+    public mutating func nextQueued(after item: Item, _ turn: (token: String, turnedNowOrNever: Bool),
                                      parkedUntil: [String: Int64]) -> Item? {
         // The token is hashed once.
         guard let index = devices.index(forKey: turn.token) else { return nil }
@@ -192,7 +194,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// parked until `due`, as one to park at `due` (or, now-or-never, to end `expired`: it
     /// cannot wait); nil when it is not such an intent.
     @inlinable
-    package static func parkingBehind(_ queued: Item, due: Int64) -> Item? {
+    public static func parkingBehind(_ queued: Item, due: Int64) -> Item? {
         guard case .send = queued.admission, queued.mailboxMember == nil,
               case .success(let later) = queued.intent else { return nil }
         return queued.withAdmission(later.expiration == 0 ? .nowOrNever : .park(due: due))
@@ -202,7 +204,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// the copies admitted after it (``DeviceQueueItem/holdsAnswer``); the last of them marks
     /// the answer for the reads under way.
     @inlinable
-    package mutating func answerFreed(by item: Item) {
+    public mutating func answerFreed(by item: Item) {
         guard item.holdsAnswer, case .success(let intent) = item.intent else { return }
         let key = AnswerKey(intent)
         if let count = answering[key], count > 1 {
@@ -218,7 +220,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
     /// one, or go out inside the backoff. Looked up only when a park came after the read
     /// (``lastParkMark``): parks are rare, sends are not.
     @inlinable
-    package func missedPark(_ intent: Intent, since readMark: UInt64) -> Bool {
+    public func missedPark(_ intent: Intent, since readMark: UInt64) -> Bool {
         guard lastParkMark > readMark else { return false }
         return recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic), since: readMark)
             || recentAnswers.answered(.backedOff(recipient: intent.recipient), since: readMark)
@@ -226,7 +228,7 @@ package struct DeviceQueues<Item: DeviceQueueItem> {
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
     /// (``missedPark(_:since:)``).
-    package mutating func noteParked(_ intent: Intent, tooManyRequests: Bool) {
+    public mutating func noteParked(_ intent: Intent, tooManyRequests: Bool) {
         recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic))
         if tooManyRequests { recentAnswers.answered(.backedOff(recipient: intent.recipient)) }
         lastParkMark = recentAnswers.latestMark

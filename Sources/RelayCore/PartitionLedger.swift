@@ -1,33 +1,37 @@
 /// The partitions this relay owns and where each one's work stands: per partition an
 /// ``OffsetTracker`` and a generation, bumped at every assignment and revocation, so that work
 /// started under an earlier ownership is known as no longer ours even once the partition came
-/// back. A value type: the pipeline keeps it under its state lock and stores the committable
+/// back. A value type: each pipeline shard keeps one under its lock and stores the committable
 /// offsets it returns. Generic over what names a partition (the relay's is Kafka's
-/// `Partition`), so that this module needs no Kafka.
+/// `TopicPartition`), so that this module needs no Kafka; public with inlinable methods, so that
+/// the relay's use is specialized (docs/architecture.md, hot-path rule 4).
 ///
 /// One unfinished offset keeps every later one of its partition uncommitted, and the tracker
 /// holds them all. Past `uncommittedLimit` of them the partition is *held*: the pipeline
 /// pauses it until the tracker is down to half (``holdIfFull(_:)``, ``releaseIfDrained(_:)``),
 /// so memory stays bounded whatever the throughput.
-package struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
-    private var trackers: [Partition: OffsetTracker] = [:]
-    private var generations: [Partition: Int] = [:]
-    package let uncommittedLimit: Int
+public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
+    @usableFromInline var trackers: [Partition: OffsetTracker] = [:]
+    @usableFromInline var generations: [Partition: Int] = [:]
+    public let uncommittedLimit: Int
     /// Partitions paused because they reached the limit.
-    package private(set) var held: Set<Partition> = []
+    @inlinable public var held: Set<Partition> { heldPartitions }
+    @usableFromInline var heldPartitions: Set<Partition> = []
     /// Partitions librdkafka is taking away: no new work of theirs starts, the work that
     /// reached APNs finishes (its offsets are still stored) before the revocation is
     /// acknowledged (``markRevoking(_:)``, ``revokingSettled``).
-    package private(set) var revoking: Set<Partition> = []
+    @inlinable public var revoking: Set<Partition> { revokingPartitions }
+    @usableFromInline var revokingPartitions: Set<Partition> = []
     /// Per partition, its items whose notification went to APNs and that have not ended.
-    private var atAPNs: [Partition: Int] = [:]
+    @usableFromInline var atAPNs: [Partition: Int] = [:]
 
-    package init(uncommittedLimit: Int = .max) {
+    public init(uncommittedLimit: Int = .max) {
         self.uncommittedLimit = max(uncommittedLimit, 2)
     }
 
     /// The partitions are ours from now on (a new generation each).
-    package mutating func assign(_ partitions: [Partition]) {
+    @inlinable
+    public mutating func assign(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = OffsetTracker()
             generations[partition, default: 0] += 1
@@ -36,61 +40,70 @@ package struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
 
     /// The partitions are no longer ours: their work in flight is abandoned (its offsets are
     /// never stored).
-    package mutating func revoke(_ partitions: [Partition]) {
+    @inlinable
+    public mutating func revoke(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = nil
             generations[partition, default: 0] += 1
-            held.remove(partition)
-            revoking.remove(partition)
+            heldPartitions.remove(partition)
+            revokingPartitions.remove(partition)
             atAPNs[partition] = nil
         }
     }
 
     /// The partitions this relay owns now.
-    package var owned: [Partition] { Array(trackers.keys) }
+    @inlinable
+    public var owned: [Partition] { Array(trackers.keys) }
 
     /// librdkafka is revoking `partitions`: from now on none of their work starts, even when
     /// their assignment has not reached the ledger yet (it waits behind consumed batches); the
     /// mark stays until the revocation itself arrives (``revoke(_:)``).
-    package mutating func markRevoking(_ partitions: [Partition]) {
-        revoking.formUnion(partitions)
+    @inlinable
+    public mutating func markRevoking(_ partitions: [Partition]) {
+        revokingPartitions.formUnion(partitions)
     }
 
     /// True once no work of a revoking partition is at APNs (nothing to wait for).
-    package var revokingSettled: Bool {
-        revoking.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
+    @inlinable
+    public var revokingSettled: Bool {
+        revokingPartitions.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
     }
 
     /// Whether work started under `generation` may go on to APNs: its partition is ours and
     /// not being revoked.
-    package func isActive(_ partition: Partition, generation: Int) -> Bool {
-        owns(partition, generation: generation) && !revoking.contains(partition)
+    @inlinable
+    public func isActive(_ partition: Partition, generation: Int) -> Bool {
+        owns(partition, generation: generation) && !revokingPartitions.contains(partition)
     }
 
     /// A notification of this work goes to APNs (counted once per item: `first`). False when
     /// it must not (the partition is not active): then nothing was counted.
-    package mutating func sendBegins(_ partition: Partition, generation: Int, first: Bool) -> Bool {
+    @inlinable
+    public mutating func sendBegins(_ partition: Partition, generation: Int, first: Bool) -> Bool {
         guard isActive(partition, generation: generation) else { return false }
         if first { atAPNs[partition, default: 0] += 1 }
         return true
     }
 
     /// Work counted by ``sendBegins(_:generation:first:)`` ended (its offset stored or not).
-    package mutating func sentWorkEnded(_ partition: Partition, generation: Int) {
+    @inlinable
+    public mutating func sentWorkEnded(_ partition: Partition, generation: Int) {
         guard generations[partition] == generation, let count = atAPNs[partition] else { return }
         atAPNs[partition] = count > 1 ? count - 1 : nil
     }
 
     /// True when `partition` just reached the limit of uncommitted offsets: to be paused.
-    package mutating func holdIfFull(_ partition: Partition) -> Bool {
+    @inlinable
+    public mutating func holdIfFull(_ partition: Partition) -> Bool {
         guard let tracker = trackers[partition], tracker.uncommitted >= uncommittedLimit else { return false }
-        return held.insert(partition).inserted
+        return heldPartitions.insert(partition).inserted
     }
 
     /// True when a held partition is down to half the limit: to be resumed.
-    package mutating func releaseIfDrained(_ partition: Partition) -> Bool {
-        guard held.contains(partition), (trackers[partition]?.uncommitted ?? 0) <= uncommittedLimit / 2 else { return false }
-        held.remove(partition)
+    @inlinable
+    public mutating func releaseIfDrained(_ partition: Partition) -> Bool {
+        guard heldPartitions.contains(partition), (trackers[partition]?.uncommitted ?? 0) <= uncommittedLimit / 2 else { return false }
+        heldPartitions.remove(partition)
         return true
     }
 
@@ -98,21 +111,24 @@ package struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     /// ours (the message is dropped), or not since `expected` (the generation it was consumed
     /// under, when the caller knows it: a message consumed before a revocation never starts
     /// under the partition's next assignment).
-    package mutating func start(_ partition: Partition, offset: Int64, generation expected: Int? = nil) -> Int? {
-        guard trackers[partition] != nil, !revoking.contains(partition), let generation = generations[partition],
+    @inlinable
+    public mutating func start(_ partition: Partition, offset: Int64, generation expected: Int? = nil) -> Int? {
+        guard trackers[partition] != nil, !revokingPartitions.contains(partition), let generation = generations[partition],
               expected == nil || expected == generation else { return nil }
         Self.update(&trackers, partition) { $0.started(offset) }
         return generation
     }
 
     /// Whether work started under `generation` is still ours.
-    package func owns(_ partition: Partition, generation: Int) -> Bool {
+    @inlinable
+    public func owns(_ partition: Partition, generation: Int) -> Bool {
         trackers[partition] != nil && generations[partition] == generation
     }
 
     /// An offset's work ended: the partition's new committable offset when it moved (nil when
     /// it did not, or the work is no longer ours).
-    package mutating func finish(_ partition: Partition, generation: Int, offset: Int64) -> Int64? {
+    @inlinable
+    public mutating func finish(_ partition: Partition, generation: Int, offset: Int64) -> Int64? {
         guard owns(partition, generation: generation) else { return nil }
         return Self.update(&trackers, partition) { $0.finish(offset) } ?? nil
     }
@@ -122,19 +138,22 @@ package struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     /// caller's buffer for an `OffsetTracker`, are each allocated on the heap (six allocations
     /// per intent, counted with `bench e2e`'s `allocations_per_intent`, docs/performance.md);
     /// a value reached by its index is changed where it is stored.
-    private static func update<R>(_ trackers: inout [Partition: OffsetTracker], _ partition: Partition,
+    @inlinable
+    static func update<R>(_ trackers: inout [Partition: OffsetTracker], _ partition: Partition,
                                   _ change: (inout OffsetTracker) -> R) -> R? {
         guard let index = trackers.index(forKey: partition) else { return nil }
         return change(&trackers.values[index])
     }
 
     /// The partition's current generation, if it is ours.
-    package func generation(of partition: Partition) -> Int? {
+    @inlinable
+    public func generation(of partition: Partition) -> Int? {
         trackers[partition] != nil ? generations[partition] : nil
     }
 
     /// The owned partitions that `include` picks (those of one topic, say), with their generations.
-    package func owned(where include: (Partition) -> Bool) -> [(partition: Partition, generation: Int)] {
+    @inlinable
+    public func owned(where include: (Partition) -> Bool) -> [(partition: Partition, generation: Int)] {
         trackers.keys.filter(include).map { ($0, generations[$0] ?? 0) }
     }
 }

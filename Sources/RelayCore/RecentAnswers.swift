@@ -1,4 +1,4 @@
-import NIOCore
+public import NIOCore
 import Synchronization
 
 /// The answers recorded while admission reads of Redis were under way. A batch's admission reads
@@ -14,38 +14,40 @@ import Synchronization
 /// time are held; and by `capacity`: past it the oldest answers go, and a read that began before
 /// one of them counts as having missed every key (more intents decided again, never one sent
 /// twice). A pure value: the pipeline's lock guards it.
-package struct RecentAnswers<Key: Hashable> {
+public struct RecentAnswers<Key: Hashable> {
     /// Answers held at most (a lane that holds a batch long while others press keeps theirs).
-    package let capacity: Int
+    public let capacity: Int
     /// The mark of the latest answer let go for the capacity.
-    private var evictedThrough: UInt64 = 0
+    @usableFromInline var evictedThrough: UInt64 = 0
     /// Reads under way, by the mark each began at (how many began there).
-    private var reads: [UInt64: Int] = [:]
+    @usableFromInline var reads: [UInt64: Int] = [:]
     /// Answers so far: an answer's mark is this count after it.
-    private var count: UInt64 = 0
+    @usableFromInline var count: UInt64 = 0
     /// The answers kept, in order: (mark, key).
-    private var order = CircularBuffer<(mark: UInt64, key: Key)>()
+    @usableFromInline var order = CircularBuffer<(mark: UInt64, key: Key)>()
     /// Per key kept, the mark of its latest answer.
-    private var latest: [Key: UInt64] = [:]
+    @usableFromInline var latest: [Key: UInt64] = [:]
 
     /// Answers held now.
-    package var held: Int { latest.count }
+    @inlinable public var held: Int { latest.count }
     /// The mark of the latest answer (0 before the first): a read marked at or after it missed
     /// none of the answers so far.
-    package var latestMark: UInt64 { count }
+    @inlinable public var latestMark: UInt64 { count }
 
-    package init(capacity: Int = 100_000) {
+    public init(capacity: Int = 100_000) {
         self.capacity = capacity
     }
 
     /// A read begins: its mark, for ``answered(_:since:)`` and ``readEnded(_:)``.
-    package mutating func readBegan() -> UInt64 {
+    @inlinable
+    public mutating func readBegan() -> UInt64 {
         reads[count, default: 0] += 1
         return count
     }
 
     /// The read marked `mark` ended: the answers no read under way began before go.
-    package mutating func readEnded(_ mark: UInt64) {
+    @inlinable
+    public mutating func readEnded(_ mark: UInt64) {
         guard let running = reads[mark] else { return }
         reads[mark] = running > 1 ? running - 1 : nil
         guard let oldest = reads.keys.min() else {
@@ -57,7 +59,8 @@ package struct RecentAnswers<Key: Hashable> {
     }
 
     /// An answer for `key` was recorded (or whatever else a read begun before now cannot see).
-    package mutating func answered(_ key: Key) {
+    @inlinable
+    public mutating func answered(_ key: Key) {
         count += 1
         guard !reads.isEmpty else { return }
         if order.count >= capacity {
@@ -68,14 +71,16 @@ package struct RecentAnswers<Key: Hashable> {
         latest[key] = count
     }
 
-    private mutating func dropOldest() {
+    @inlinable
+    mutating func dropOldest() {
         let first = order.removeFirst()
         if latest[first.key] == first.mark { latest[first.key] = nil }
     }
 
     /// Whether an answer for `key` was recorded after the read marked `mark` began (true for
     /// every key when answers after it were let go for the capacity).
-    package func answered(_ key: Key, since mark: UInt64) -> Bool {
+    @inlinable
+    public func answered(_ key: Key, since mark: UInt64) -> Bool {
         if mark < evictedThrough { return true }
         // Mostly empty (no answer recorded while a read was under way): no hashing then.
         guard !latest.isEmpty, let answered = latest[key] else { return false }
