@@ -2,8 +2,8 @@
 /// lines are read by people as well as machines). `null` is written only where asked for. Builds UTF-8 bytes
 /// directly: one outcome per intent goes through it.
 public struct JSONObjectWriter: Sendable {
-    private var bytes: [UInt8]
-    private var empty = true
+    @usableFromInline var bytes: [UInt8]
+    @usableFromInline var empty = true
 
     public init(capacity: Int = 256) {
         bytes = []
@@ -11,7 +11,8 @@ public struct JSONObjectWriter: Sendable {
         bytes.append(UInt8(ascii: "{"))
     }
 
-    private mutating func key(_ name: StaticString) {
+    @usableFromInline
+    mutating func key(_ name: StaticString) {
         if !empty { bytes.append(UInt8(ascii: ",")) }
         empty = false
         bytes.append(UInt8(ascii: "\""))
@@ -21,7 +22,8 @@ public struct JSONObjectWriter: Sendable {
     }
 
     /// A key known only at run time (log metadata, say), escaped as JSON needs.
-    private mutating func key(_ name: String) {
+    @usableFromInline
+    mutating func key(_ name: String) {
         if !empty { bytes.append(UInt8(ascii: ",")) }
         empty = false
         Self.appendQuoted(name, to: &bytes)
@@ -34,6 +36,7 @@ public struct JSONObjectWriter: Sendable {
     }
 
     /// Adds a value that is already JSON under a key known only at run time.
+    @inlinable
     public mutating func addJSON(key name: String, _ json: some Sequence<UInt8>) {
         key(name)
         bytes.append(contentsOf: json)
@@ -44,9 +47,18 @@ public struct JSONObjectWriter: Sendable {
         Self.appendQuoted(value, to: &bytes)
     }
 
+    /// Inlinable, as its siblings for integers below: the caller's integer type is known where
+    /// it calls, and a generic call from another module would go through `BinaryInteger`'s
+    /// witnesses (2% of the relay's CPU, encoding outcomes; docs/performance.md).
+    @inlinable
     public mutating func add<N: BinaryInteger>(_ name: StaticString, _ value: N) {
+        addInteger(name, Int64(clamping: value))
+    }
+
+    @usableFromInline
+    mutating func addInteger(_ name: StaticString, _ value: Int64) {
         key(name)
-        Self.appendDecimal(Int64(clamping: value), to: &bytes)
+        Self.appendDecimal(value, to: &bytes)
     }
 
     /// Adds the value, or `null` when it is nil.
@@ -54,8 +66,9 @@ public struct JSONObjectWriter: Sendable {
         if let value { add(name, value) } else { addNull(name) }
     }
 
+    @inlinable
     public mutating func addOrNull<N: BinaryInteger>(_ name: StaticString, _ value: N?) {
-        if let value { add(name, value) } else { addNull(name) }
+        if let value { addInteger(name, Int64(clamping: value)) } else { addNull(name) }
     }
 
     /// Adds the value, or nothing when it is nil.
@@ -63,11 +76,14 @@ public struct JSONObjectWriter: Sendable {
         if let value { add(name, value) }
     }
 
+    @inlinable
     public mutating func addIfPresent<N: BinaryInteger>(_ name: StaticString, _ value: N?) {
-        if let value { add(name, value) }
+        if let value { addInteger(name, Int64(clamping: value)) }
     }
 
-    /// Adds a value that is already JSON (an object, say), as it is.
+    /// Adds a value that is already JSON (an object, say), as it is (inlinable: the bytes are
+    /// copied with the caller's sequence type known, not one by one through its witnesses).
+    @inlinable
     public mutating func addJSON(_ name: StaticString, _ json: some Sequence<UInt8>) {
         key(name)
         bytes.append(contentsOf: json)
