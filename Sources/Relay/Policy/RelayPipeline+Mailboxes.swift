@@ -131,7 +131,8 @@ extension RelayPipeline {
                 try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status,
                                               window: window, lastSent: nil, onlyIfAbsent: true)
             }
-            recordedCoalesced(intent, of: item)
+            // Marked in the displaced intent's shard (its entry's partition): where its copies queue.
+            recordedCoalesced(intent, of: displaced)
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
