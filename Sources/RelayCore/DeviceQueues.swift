@@ -60,30 +60,30 @@ public enum RecentChange: Hashable, Sendable {
 /// another module: docs/architecture.md, hot-path rule 4.)
 public struct DeviceQueues<Item: DeviceQueueItem> {
     /// Per device token, its items that are sent or parked, in order.
-    public var devices: [String: CircularBuffer<Item>] = [:]
+    @usableFromInline package var devices: [String: CircularBuffer<Item>] = [:]
     /// Emptied device queues kept for the next device that has none, so that a device's first
     /// intent does not allocate a queue (most devices have one intent at a time): at most
     /// ``spareQueueLimit`` of them, none that grew past ``spareQueueCapacity``.
-    public var spareQueues: [CircularBuffer<Item>] = []
-    public static var spareQueueLimit: Int { 256 }
-    public static var spareQueueCapacity: Int { 16 }
+    @usableFromInline package var spareQueues: [CircularBuffer<Item>] = []
+    @inlinable public static var spareQueueLimit: Int { 256 }
+    @inlinable public static var spareQueueCapacity: Int { 16 }
     /// The intents items in ``devices`` record answers for (how many such items each).
-    public var answering: [AnswerKey: Int] = [:]
+    @usableFromInline package var answering: [AnswerKey: Int] = [:]
     /// Answers recorded, and mailboxes parked into, while batches' admission reads were under
     /// way.
-    public var recentAnswers = RecentAnswers<RecentChange>()
+    @usableFromInline package var recentAnswers = RecentAnswers<RecentChange>()
     /// The mark of the latest park in ``recentAnswers`` (0: none yet).
-    public var lastParkMark: UInt64 = 0
+    @usableFromInline package var lastParkMark: UInt64 = 0
     /// Consumed intents queued so far behind an intent of their device (or channel) consumed
     /// from another partition number (compared with the latest consumed intent in the queue;
     /// mailbox deliveries carry their due index's partition): their producers key intents by
     /// something other than the device token (docs/intents.md), or their lanes' topics have
     /// different partition counts. Their order here is consumption order, not the producer's,
     /// and two relays can hold them at once.
-    public var acrossPartitions = 0
+    @usableFromInline package var acrossPartitions = 0
     /// Each lane's precedence among a device's sends waiting for an APNs stream (see
     /// ``enqueue(_:)``); one lane or one weight: no overtaking.
-    public let precedence: [Int]
+    @usableFromInline package let precedence: [Int]
 
     public init(precedence: [Int] = []) {
         self.precedence = precedence
@@ -228,6 +228,7 @@ public struct DeviceQueues<Item: DeviceQueueItem> {
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
     /// (``missedPark(_:since:)``).
+    @inlinable
     public mutating func noteParked(_ intent: Intent, tooManyRequests: Bool) {
         recentAnswers.answered(.parked(recipient: intent.recipient, topic: intent.topic))
         if tooManyRequests { recentAnswers.answered(.backedOff(recipient: intent.recipient)) }

@@ -108,7 +108,9 @@ extension RelayPipeline {
     /// returns the revocation's waiter to signal when it was the last shard to settle).
     static func endAtAPNs(_ item: WorkItem, _ shard: inout Shard) -> Bool {
         shard.partitions.sentWorkEnded(item.partition, generation: item.generation)
-        return !shard.partitions.revoking.isEmpty && shard.partitions.revokingSettled
+        guard shard.revocationAwaits, shard.partitions.revokingSettled else { return false }
+        shard.revocationAwaits = false
+        return true
     }
 
     /// A shard's revoking partitions have no work at APNs left: the revocation's waiter, when it
@@ -142,7 +144,8 @@ extension RelayPipeline {
         // finds it (``shardSettled(_:_:)``), before or after the waiter is in place.
         eachShard(partitions) { shard, part in
             shard.partitions.markRevoking(part)
-            if !lost, !shard.partitions.revokingSettled {
+            shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
+            if shard.revocationAwaits {
                 let index = self.shard(of: part[0]).index
                 state.withLock { $0.revocation.unsettled(index) }
             }

@@ -18,6 +18,9 @@ extension RelayPipeline {
     struct Shard {
         var partitions: PartitionLedger<TopicPartition>
         var queues: DeviceQueues<WorkItem>
+        /// A revocation waits for this shard's revoking work at APNs (marked unsettled in
+        /// ``RevocationWait``): its end of that work takes the relay-wide lock, once.
+        var revocationAwaits = false
     }
 
     /// A shard and its lock (`Locked` is not copyable, so an array holds these).
