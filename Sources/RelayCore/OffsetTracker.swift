@@ -1,4 +1,4 @@
-public import NIOCore
+import NIOCore
 
 /// Which offsets of one partition are still being worked on, and up to where everything is done.
 ///
