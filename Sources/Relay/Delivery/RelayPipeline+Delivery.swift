@@ -1,4 +1,3 @@
-import Dispatch
 import Common
 import APNs
 import Redis
@@ -101,30 +100,6 @@ extension RelayPipeline {
         default: return nil
         }
     }
-
-    /// Whether the item's partition is still ours (being revoked included): work that reached
-    /// APNs goes on to its outcome and stored offset.
-    func isCurrent(_ item: WorkItem) -> Bool {
-        shard(of: item.partition).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
-    }
-
-    /// Whether new work of the item may start: its partition is ours and not being revoked.
-    func isActive(_ item: WorkItem) -> Bool {
-        shard(of: item.partition).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
-    }
-
-    /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
-    /// the first time, it is counted among its partition's work at APNs, which a revocation
-    /// waits for.
-    func mayGoToAPNs(_ delivery: Delivery) -> Bool {
-        let first = !delivery.ending.countedAtAPNs
-        let allowed = shard(of: delivery.item.partition).state.withLock {
-            $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
-        }
-        if allowed { delivery.ending.countedAtAPNs = true }
-        return allowed
-    }
-
 
     /// One intent's delivery across its attempts: what is sent, and the state machine that
     /// decides (``DeliveryStateMachine``). `@unchecked Sendable`: one step of its intent touches
@@ -309,17 +284,6 @@ extension RelayPipeline {
         let action = judge(answer, delivery, sentAt: sentAt)
         if case .success(let result) = answer, result.reason == .tooManyRequests { await noteShadowBackoff(delivery) }
         return action
-    }
-
-    func leftAPNs(_ delivery: Delivery) {
-        guard delivery.ending.countedAtAPNs else { return }
-        delivery.ending.countedAtAPNs = false
-        let box = shard(of: delivery.item.partition)
-        let waiter = box.state.withLock { shard -> DispatchSemaphore? in
-            guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
-            return state.withLock { Self.shardSettled(box.index, &$0) }
-        }
-        waiter?.signal()
     }
 
     /// Waits out a backoff; cancelled (the shutdown deadline passed), the delivery is abandoned.

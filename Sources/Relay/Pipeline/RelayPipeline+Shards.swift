@@ -1,4 +1,5 @@
 import Common
+import Dispatch
 import Kafka
 
 extension RelayPipeline {
@@ -62,5 +63,43 @@ extension RelayPipeline {
         for (shard, part) in zip(shards, parts) where !part.isEmpty {
             shard.state.withLock { change(&$0, part) }
         }
+    }
+
+    // An item's partition, asked of its shard alone (no relay-wide lock).
+
+    /// Whether the item's partition is still ours (being revoked included): work that reached
+    /// APNs goes on to its outcome and stored offset.
+    func isCurrent(_ item: WorkItem) -> Bool {
+        shard(of: item.partition).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
+    }
+
+    /// Whether new work of the item may start: its partition is ours and not being revoked.
+    func isActive(_ item: WorkItem) -> Bool {
+        shard(of: item.partition).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
+    }
+
+    /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
+    /// the first time, it is counted among its partition's work at APNs, which a revocation
+    /// waits for.
+    func mayGoToAPNs(_ delivery: Delivery) -> Bool {
+        let first = !delivery.ending.countedAtAPNs
+        let allowed = shard(of: delivery.item.partition).state.withLock {
+            $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
+        }
+        if allowed { delivery.ending.countedAtAPNs = true }
+        return allowed
+    }
+
+    /// The delivery no longer counts among its partition's work at APNs; the revocation's waiter
+    /// goes on when that settled the last shard it waited for.
+    func leftAPNs(_ delivery: Delivery) {
+        guard delivery.ending.countedAtAPNs else { return }
+        delivery.ending.countedAtAPNs = false
+        let box = shard(of: delivery.item.partition)
+        let waiter = box.state.withLock { shard -> DispatchSemaphore? in
+            guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
+            return state.withLock { Self.shardSettled(box.index, &$0) }
+        }
+        waiter?.signal()
     }
 }
