@@ -128,6 +128,9 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     public var pendingRequests: Int { pending.count }
     /// True while new requests are accepted.
     public var isAcceptingRequests: Bool { machine.isAcceptingRequests }
+    /// Blocks this connection's nghttp2 session had from the system allocator so far (the rest
+    /// it reused: `NGHTTP2Allocator`). Event loop only.
+    public var sessionSystemAllocations: Int { session?.systemAllocations ?? 0 }
 
     /// Sends `request` when a stream is free; `completion` runs exactly once on the event loop.
     public func execute(_ request: HTTP2Request, deadline: NIODeadline, completion: @escaping Completion) {

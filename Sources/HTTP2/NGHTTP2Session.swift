@@ -61,6 +61,9 @@ final class NGHTTP2Session {
     /// Inside `nghttp2_session_mem_recv`: nghttp2 must not be asked to send from its callbacks
     /// (its documented rule); the owning handler defers its flushes until `receive` returned.
     @exclusivity(unchecked) private(set) var isReceiving = false
+    /// The session's memory: its small blocks kept for reuse (``NGHTTP2Allocator``). Freed
+    /// after the session (stored properties go after `deinit`'s body).
+    private let allocator = NGHTTP2Allocator()
 
     init(mode: Mode, delegate: any NGHTTP2SessionDelegate, initialPeerMaxConcurrentStreams: UInt32? = nil) {
         self.delegate = delegate
@@ -88,10 +91,11 @@ final class NGHTTP2Session {
         // The user data is this object, unretained: it owns the session, so it is alive whenever
         // nghttp2 can call back (only from inside receive/produce).
         let userData = UnsafeMutableRawPointer(Unmanaged<NGHTTP2Session>.passUnretained(self).toOpaque())
+        var memory = allocator.memory
         let rc: Int32
         switch mode {
-        case .client: rc = nghttp2_session_client_new2(&created, callbacks, userData, option)
-        case .server: rc = nghttp2_session_server_new2(&created, callbacks, userData, option)
+        case .client: rc = nghttp2_session_client_new3(&created, callbacks, userData, option, &memory)
+        case .server: rc = nghttp2_session_server_new3(&created, callbacks, userData, option, &memory)
         }
         guard rc == 0, let created else {
             // Only NGHTTP2_ERR_NOMEM can fail here; nothing sensible is left to do.
@@ -167,6 +171,9 @@ final class NGHTTP2Session {
     var headerTableSizes: (encoder: Int, decoder: Int) {
         (nghttp2_session_get_hd_deflate_dynamic_table_size(session), nghttp2_session_get_hd_inflate_dynamic_table_size(session))
     }
+
+    /// Blocks the session had from the system allocator so far (``NGHTTP2Allocator``).
+    var systemAllocations: Int { allocator.systemAllocations }
 
     var lastProcessedStreamID: Int32 {
         nghttp2_session_get_last_proc_stream_id(session)
