@@ -122,9 +122,13 @@ struct BenchStackCommand: AsyncParsableCommand {
                 try stack.cluster.createTopic(BenchWorkload.urgentTopic, partitions: workload.partitions)
                 configuration.kafka.lanes = [.init(topic: BenchWorkload.urgentTopic, weight: 8),
                                              .init(topic: configuration.kafka.intentsTopic, weight: 1)]
+            }
+            if workload.urgent > 0 || workload.rate != nil {
                 // The mock broker holds a fetch that finds nothing new for all of
-                // fetch.wait.max.ms (500 ms by default), where a broker answers as soon as records
-                // arrive: a trickle of urgent intents would measure that hold.
+                // fetch.wait.max.ms (500 ms by default; librdkafka's rdkafka_mock_handlers.c says
+                // so of its Fetch), where a broker answers as soon as fetch.min.bytes arrived:
+                // intents offered at a rate (a trickle of urgent ones, or --rate) would come in
+                // the lumps those holds gather, and measure them.
                 configuration.kafka.properties["fetch.wait.max.ms"] = "10"
             }
             if workload.policy && workload.redisCluster {
