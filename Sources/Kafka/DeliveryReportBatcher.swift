@@ -1,7 +1,7 @@
 import Common
 
 /// Hands delivery reports over a batch at a time: the reports of records sent with
-/// ``KafkaProducer/send(topic:partition:key:value:headers:token:to:)`` that one poll of
+/// ``KafkaProducer/send(topic:partition:key:value:headers:slot:to:)`` that one poll of
 /// librdkafka served reach the handler in one call, on the thread that polled (the producer's
 /// poll thread, or one flushing or closing it). A partition's reports come in its records'
 /// order, except while a flush polls beside the poll thread: then the two may hand over
@@ -11,15 +11,23 @@ import Common
 /// For a caller whose work per report shrinks when it comes in batches: one lock for many
 /// records, one offset store for many intents. Made with ``KafkaProducer/reportBatcher(_:)``;
 /// the producer keeps it.
-public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
-    public typealias Report = (token: Token, result: Result<KafkaProducer.Delivery, KafkaError>)
+///
+/// A record is named by a `slot`, an integer of the caller's (the index of what the record's
+/// report concludes, in a table the caller keeps): it travels in the record's opaque pointer
+/// with the batcher's index (``BatchedOpaque``), so a send allocates nothing for its report.
+public final class DeliveryReportBatcher: Sendable {
+    public typealias Report = (slot: Int, result: Result<KafkaProducer.Delivery, KafkaError>)
+
+    /// Its place among its producer's batchers: part of its records' opaques.
+    let index: Int
 
     /// Reports served and not handed over yet: appended by librdkafka's delivery-report callback,
     /// taken whole after the poll that served them. At most the records in flight.
     private let pending = Locked<[Report]>([])
     private let handler: LockedFunction<@Sendable ([Report]) -> Void>
 
-    init(_ handler: (@Sendable ([Report]) -> Void)?) {
+    init(index: Int, _ handler: (@Sendable ([Report]) -> Void)?) {
+        self.index = index
         self.handler = LockedFunction(handler)
     }
 
@@ -30,8 +38,8 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
         dispatch()
     }
 
-    func append(_ token: Token, _ result: Result<KafkaProducer.Delivery, KafkaError>) {
-        pending.withLock { $0.append((token, result)) }
+    func append(_ slot: Int, _ result: Result<KafkaProducer.Delivery, KafkaError>) {
+        pending.withLock { $0.append((slot, result)) }
     }
 
     /// Hands the reports served since the last call to the handler, if any.
@@ -50,20 +58,35 @@ public final class DeliveryReportBatcher<Token: Sendable>: Sendable {
     }
 
     /// A record refused at once: its report alone, now.
-    func refused(_ token: Token, _ error: KafkaError) {
-        if let handler = handler.current { return handler([(token, .failure(error))]) }
-        append(token, .failure(error))
+    func refused(_ slot: Int, _ error: KafkaError) {
+        if let handler = handler.current { return handler([(slot, .failure(error))]) }
+        append(slot, .failure(error))
         // A handler set meanwhile (``deliver(to:)``) may have dispatched before the append.
         dispatch()
     }
 }
 
-/// What the producer asks of its batchers after each poll, whatever their token type.
-protocol DeliveryReportDispatching: AnyObject, Sendable {
-    func dispatch()
-}
+/// A batched record's opaque pointer: its batcher's index and its slot, tagged by the low bit.
+/// The producer's other records carry an object's address as their opaque, whose low bit is 0
+/// (objects are aligned), so the delivery-report callback tells the two apart.
+enum BatchedOpaque {
+    /// Batchers per producer, at most (their index takes the bits above the tag).
+    static let batchers = 1 << 15
+    /// Slots, at most: what is left of a 64-bit pointer.
+    static let slots = 1 << 47
 
-extension DeliveryReportBatcher: DeliveryReportDispatching {}
+    static func make(batcher: Int, slot: Int) -> UnsafeMutableRawPointer {
+        precondition(slot >= 0 && slot < slots, "a batched record's slot is 0 to 2^47 - 1")
+        return UnsafeMutableRawPointer(bitPattern: UInt(slot) << 16 | UInt(batcher) << 1 | 1)!
+    }
+
+    /// The batcher's index and the slot of a batched record's opaque; nil for an object's.
+    static func split(_ opaque: UnsafeMutableRawPointer) -> (batcher: Int, slot: Int)? {
+        let bits = UInt(bitPattern: opaque)
+        guard bits & 1 == 1 else { return nil }
+        return (Int(bits >> 1 & UInt(batchers - 1)), Int(bits >> 16))
+    }
+}
 
 extension Array {
     /// The array's elements, leaving it empty.

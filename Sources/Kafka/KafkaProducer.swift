@@ -141,30 +141,36 @@ public final class KafkaProducer: Service, Sendable {
     /// A batcher whose records' delivery reports reach `handler` a poll at a time
     /// (``DeliveryReportBatcher``); nil: set one later with ``DeliveryReportBatcher/deliver(to:)``.
     /// The producer keeps it as long as itself (every report it serves is handed over), so a
-    /// handler that needs its maker holds it weakly.
-    public func reportBatcher<Token: Sendable>(
-        _ handler: (@Sendable ([DeliveryReportBatcher<Token>.Report]) -> Void)? = nil) -> DeliveryReportBatcher<Token> {
-        let batcher = DeliveryReportBatcher<Token>(handler)
-        callbacks.batchers.withLock { $0.append(batcher) }
-        return batcher
+    /// handler that needs its maker holds it weakly. At most 32,768 per producer.
+    public func reportBatcher(_ handler: (@Sendable ([DeliveryReportBatcher.Report]) -> Void)? = nil) -> DeliveryReportBatcher {
+        callbacks.batchers.withLock { batchers in
+            precondition(batchers.count < BatchedOpaque.batchers, "at most \(BatchedOpaque.batchers) report batchers per producer")
+            let batcher = DeliveryReportBatcher(index: batchers.count, handler)
+            batchers.append(batcher)
+            return batcher
+        }
     }
 
-    /// Hands the record over now; `batcher` hears its delivery report with `token`, in a batch
-    /// with the others one poll served (or at once, alone, when the record is refused).
-    public func send<Token: Sendable>(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?,
-                                      headers: [KafkaHeader] = [], token: Token, to batcher: DeliveryReportBatcher<Token>) {
+    /// Hands the record over now; `batcher` hears its delivery report with `slot` (0 to 2^47 - 1,
+    /// the caller's name for the record), in a batch with the others one poll served (or at
+    /// once, alone, when the record is refused). Allocates nothing for the report: the slot and
+    /// the batcher travel in the record's opaque pointer.
+    public func send(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?,
+                     headers: [KafkaHeader] = [], slot: Int, to batcher: DeliveryReportBatcher) {
         guard !closed.load(ordering: .relaxed) else {
-            return batcher.refused(token, KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed"))
+            return batcher.refused(slot, KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed"))
         }
         start()
         let topicHandle: TopicHandle
         do {
             topicHandle = try self.topic(topic)
         } catch {
-            return batcher.refused(token, error)
+            return batcher.refused(slot, error)
         }
-        Self.produce(topicHandle, partition: partition ?? RD_KAFKA_PARTITION_UA, key: key, value: value, headers: headers,
-                     to: BatchedDelivery(batcher, token), topic: topic)
+        if let failure = Self.produce(topicHandle, partition: partition ?? RD_KAFKA_PARTITION_UA, key: key, value: value, headers: headers,
+                                      opaque: BatchedOpaque.make(batcher: batcher.index, slot: slot), topic: topic) {
+            batcher.refused(slot, failure)
+        }
     }
 
     /// Appends the records in the order given (records for one partition keep it) and waits for
@@ -191,24 +197,28 @@ public final class KafkaProducer: Service, Sendable {
                                 headers: [KafkaHeader] = [], to target: DeliveryTarget, topic: String) {
         // Retained here, released by the delivery report (or below when produce fails).
         let opaque = Unmanaged.passRetained(target).toOpaque()
-        let failure: KafkaError?
-        if headers.isEmpty {
-            let produced = withOptionalBytes(value) { valueBytes in
-                withOptionalBytes(key) { keyBytes in
-                    rd_kafka_produce(
-                        topicHandle.pointer, partition, RD_KAFKA_MSG_F_COPY,
-                        valueBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }, valueBytes?.count ?? 0,
-                        keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
-                }
-            }
-            failure = produced == 0 ? nil : KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")
-        } else {
-            failure = produceWithHeaders(topicHandle, partition: partition, key: key, value: value, headers: headers, opaque: opaque, topic: topic)
-        }
-        if let failure {
+        if let failure = produce(topicHandle, partition: partition, key: key, value: value, headers: headers, opaque: opaque, topic: topic) {
             Unmanaged<DeliveryTarget>.fromOpaque(opaque).release()
             target.refused(failure)
         }
+    }
+
+    /// Hands one record to librdkafka with `opaque` for its delivery report; why librdkafka
+    /// refused it at once, or nil.
+    private static func produce(_ topicHandle: TopicHandle, partition: Int32, key: [UInt8]?, value: [UInt8]?,
+                                headers: [KafkaHeader], opaque: UnsafeMutableRawPointer, topic: String) -> KafkaError? {
+        guard headers.isEmpty else {
+            return produceWithHeaders(topicHandle, partition: partition, key: key, value: value, headers: headers, opaque: opaque, topic: topic)
+        }
+        let produced = withOptionalBytes(value) { valueBytes in
+            withOptionalBytes(key) { keyBytes in
+                rd_kafka_produce(
+                    topicHandle.pointer, partition, RD_KAFKA_MSG_F_COPY,
+                    valueBytes.flatMap { UnsafeMutableRawPointer(mutating: $0.baseAddress) }, valueBytes?.count ?? 0,
+                    keyBytes?.baseAddress, keyBytes?.count ?? 0, opaque)
+            }
+        }
+        return produced == 0 ? nil : KafkaError(rd_kafka_last_error(), context: "produce to \(topic)")
     }
 
     /// Waits until every record handed over has its delivery report, or the timeout passes.
@@ -321,24 +331,6 @@ private final class DeliveryCallback: DeliveryTarget {
     }
 }
 
-/// One record's report for its batcher, to be handed over after the poll that served it.
-private final class BatchedDelivery<Token: Sendable>: DeliveryTarget {
-    let batcher: DeliveryReportBatcher<Token>
-    let token: Token
-    init(_ batcher: DeliveryReportBatcher<Token>, _ token: Token) {
-        self.batcher = batcher
-        self.token = token
-    }
-
-    override func report(_ result: Result<KafkaProducer.Delivery, KafkaError>) {
-        batcher.append(token, result)
-    }
-
-    override func refused(_ error: KafkaError) {
-        batcher.refused(token, error)
-    }
-}
-
 /// Gathers the delivery reports of a batch of records; resumes its task with the last one.
 private final class DeliveryCollector: Sendable {
     private let state: Locked<(results: [Result<KafkaProducer.Delivery, KafkaError>?], missing: Int)>
@@ -377,8 +369,8 @@ private final class CollectedDelivery: DeliveryTarget {
 /// callback on librdkafka's thread, read by the application's calls).
 final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
     let fatal = Locked<KafkaError?>(nil)
-    /// The producer's report batchers (``KafkaProducer/reportBatcher(_:)``).
-    let batchers = Locked<[any DeliveryReportDispatching]>([])
+    /// The producer's report batchers (``KafkaProducer/reportBatcher(_:)``), by index.
+    let batchers = Locked<[DeliveryReportBatcher]>([])
 
     /// Hands each batcher the reports the last poll (or flush) served it.
     func dispatchBatches() {
@@ -386,14 +378,20 @@ final class ProducerCallbacks: KafkaCallbackContext, @unchecked Sendable {
     }
 }
 
-private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, _ in
+private let deliveryReport: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = { _, message, callbacks in
     guard let message, let opaque = message.pointee._private else { return }
-    let target = Unmanaged<DeliveryTarget>.fromOpaque(opaque).takeRetainedValue()
-    if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-        target.report(.success(.init(partition: message.pointee.partition, offset: message.pointee.offset)))
-    } else {
-        target.report(.failure(KafkaError(message.pointee.err, context: "delivery")))
+    let result: Result<KafkaProducer.Delivery, KafkaError> = message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR
+        ? .success(.init(partition: message.pointee.partition, offset: message.pointee.offset))
+        : .failure(KafkaError(message.pointee.err, context: "delivery"))
+    if let (batcher, slot) = BatchedOpaque.split(opaque) {
+        // A batched record: its batcher among the producer's (the callbacks are the
+        // configuration's opaque).
+        guard let callbacks else { return }
+        let producer = Unmanaged<ProducerCallbacks>.fromOpaque(callbacks).takeUnretainedValue()
+        producer.batchers.withLock { $0.indices.contains(batcher) ? $0[batcher] : nil }?.append(slot, result)
+        return
     }
+    Unmanaged<DeliveryTarget>.fromOpaque(opaque).takeRetainedValue().report(result)
 }
 
 private let producerError: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void = { handle, code, reason, opaque in

@@ -38,6 +38,17 @@ let fastGroup = ["session.timeout.ms": "3000", "heartbeat.interval.ms": "500"]
 
 func uniqueName(_ prefix: String) -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }
 
+/// A one-broker mock cluster with an `outcomes-…` topic of `partitions`, and a producer that
+/// knows the topic. The caller keeps the cluster alive to its end (`withExtendedLifetime`).
+func preparedProducer(partitions: Int) async throws -> (KafkaMockCluster, String, KafkaProducer) {
+    let cluster = try KafkaMockCluster(brokers: 1)
+    let topic = uniqueName("outcomes")
+    try cluster.createTopic(topic, partitions: partitions)
+    let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
+    try await producer.prepare(topics: [topic])
+    return (cluster, topic, producer)
+}
+
 /// Each test has a mock cluster of its own; they run beside each other. The rebalance tests
 /// are in ``KafkaRebalanceTests``.
 @Suite("Kafka over librdkafka's mock cluster", .timeLimit(.minutes(3)))
@@ -235,32 +246,29 @@ struct KafkaTests {
     /// poll reads it, and when the lock lent it as `inout` every read left it wrapped two
     /// thunks deeper (``LockedFunction``), until its calls took hundreds of frames.
     @Test func theReportHandlerIsReachedAsDirectlyAfterManyPolls() async throws {
-        let cluster = try KafkaMockCluster(brokers: 1)
-        let topic = uniqueName("outcomes")
-        try cluster.createTopic(topic, partitions: 1)
-        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers)
-        try await producer.prepare(topics: [topic])
+        let (cluster, topic, producer) = try await preparedProducer(partitions: 1)
         let depths = Locked<[Int: Int]>([:])
         let reported = AsyncWatched(0)
-        let batcher: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
+        let batcher = producer.reportBatcher { batch in
             let depth = Thread.callStackSymbols.count
-            depths.withLock { for report in batch { $0[report.token] = depth } }
+            depths.withLock { for report in batch { $0[report.slot] = depth } }
             reported.update { $0 += batch.count }
         }
         // One record at a time: each report takes polls of its own.
         let count = 200
         for index in 0..<count {
-            producer.send(topic: topic, key: nil, value: [1], token: index, to: batcher)
+            producer.send(topic: topic, key: nil, value: [1], slot: index, to: batcher)
             #expect(await reported.wait(atMost: .seconds(10)) { $0 > index }, "report \(index)")
         }
         await producer.close()
         let (first, last) = depths.withLock { ($0[0] ?? 0, $0[count - 1] ?? 0) }
         #expect(first > 0 && last - first < 8, "\(first) frames deep at the first report, \(last) at the last")
+        withExtendedLifetime(cluster) {}
     }
 
     /// Records sent together have their delivery reports handed over together: one call per
     /// poll of the producer, not one per record (the relay ends a poll's worth of intents in one
-    /// turn); each record's report comes once, with its token. A record sent after `close()` is
+    /// turn); each record's report comes once, with its slot. A record sent after `close()` is
     /// refused at once, alone.
     @Test func deliveryReportsComeABatchAtATime() async throws {
         let cluster = try KafkaMockCluster(brokers: 1)
@@ -275,17 +283,17 @@ struct KafkaTests {
         let reports = Locked<[Int: Result<KafkaProducer.Delivery, KafkaError>]>([:])
         let twice = Locked<[Int]>([])
         let done = AsyncLatch()
-        let batcher: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
+        let batcher = producer.reportBatcher { batch in
             calls.withLock { $0.append(batch.count) }
             let all = reports.withLock { reports in
-                for (token, result) in batch where reports.updateValue(result, forKey: token) != nil {
-                    twice.withLock { $0.append(token) }
+                for (slot, result) in batch where reports.updateValue(result, forKey: slot) != nil {
+                    twice.withLock { $0.append(slot) }
                 }
                 return reports.count
             }
             if all == count { done.open() }
         }
-        for index in 0..<count { producer.send(topic: topic, key: Array("\(index % 7)".utf8), value: [1], token: index, to: batcher) }
+        for index in 0..<count { producer.send(topic: topic, key: Array("\(index % 7)".utf8), value: [1], slot: index, to: batcher) }
         #expect(await done.wait(atMost: .seconds(30)), "every report came")
         #expect(reports.withLock { $0.values.allSatisfy { (try? $0.get()) != nil } })
         await producer.close()
@@ -296,11 +304,38 @@ struct KafkaTests {
         #expect(batches.count * 10 <= count, "\(batches.count) batches: \(batches)")
 
         let refused = Locked<[(Int, Bool)]>([])
-        let late: DeliveryReportBatcher<Int> = producer.reportBatcher { batch in
-            refused.withLock { $0 += batch.map { ($0.token, (try? $0.result.get()) == nil) } }
+        let late = producer.reportBatcher { batch in
+            refused.withLock { $0 += batch.map { ($0.slot, (try? $0.result.get()) == nil) } }
         }
-        producer.send(topic: topic, key: nil, value: [2], token: 7, to: late)
+        producer.send(topic: topic, key: nil, value: [2], slot: 7, to: late)
         #expect(refused.withLock { $0.map(\.0) } == [7] && refused.withLock { $0.allSatisfy(\.1) }, "refused at once, on this thread")
+    }
+
+    /// A batched record's slot and batcher travel in its opaque pointer, beside records whose
+    /// report goes to a closure (an object's address): two batchers on one producer each hear
+    /// exactly their own slots, the largest slot included, and the closure its own report.
+    @Test func slotsReachTheirOwnBatcherBesideOtherReports() async throws {
+        let (cluster, topic, producer) = try await preparedProducer(partitions: 3)
+        let heard = Locked<[Int: [Int]]>([:])
+        let count = AsyncWatched(0)
+        let batchers = (0..<2).map { which in
+            producer.reportBatcher { batch in
+                heard.withLock { $0[which, default: []] += batch.compactMap { (try? $0.result.get()) != nil ? $0.slot : nil } }
+                count.update { $0 += batch.count }
+            }
+        }
+        let slots = [[0, 1, 1 << 40, (1 << 47) - 1], [5, 1 << 20, (1 << 47) - 2]]
+        let closure = AsyncLatch()
+        for (which, own) in slots.enumerated() {
+            for slot in own { producer.send(topic: topic, key: Array("\(slot)".utf8), value: [1], slot: slot, to: batchers[which]) }
+            producer.send(topic: topic, key: nil, value: [2]) { if case .success = $0 { closure.open() } }
+        }
+        #expect(await count.wait(atMost: .seconds(30)) { $0 == 7 }, "every batched report came")
+        #expect(await closure.wait(atMost: .seconds(30)), "the closure heard its report")
+        await producer.close()
+        #expect(heard.withLock { $0[0]?.sorted() } == slots[0].sorted())
+        #expect(heard.withLock { $0[1]?.sorted() } == slots[1].sorted())
+        withExtendedLifetime(cluster) {}
     }
 
     /// Several partitions' offsets go to librdkafka in one call; one this client does not know

@@ -93,7 +93,7 @@ extension RelayPipeline {
         if Self.records(item, status, dedupe: deduplicator != nil) {
             return record(item, ending, orElse: { self.concluded($0, item, ending) }) { key, value, headers in
                 producer.send(topic: outcomesTopic, key: key, value: value, headers: headers,
-                              token: Concluding(item: item, ending: ending), to: reports)
+                              slot: self.outcomeSlot(Concluding(item: item, ending: ending)), to: reports)
             }
         }
         guard let (key, value) = Self.encoded(ending) else {
@@ -101,23 +101,24 @@ extension RelayPipeline {
             return nextInTask(after: item)
         }
         producer.send(topic: outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item),
-                      token: Concluding(item: item, ending: ending), to: reports)
+                      slot: outcomeSlot(Concluding(item: item, ending: ending)), to: reports)
     }
 
-    /// An item driven by callbacks whose outcome is on its way to Kafka: its delivery report's
-    /// token (``outcomeReports``).
+    /// An item driven by callbacks whose outcome is on its way to Kafka, kept in its shard's
+    /// table under the slot its delivery report names (``outcomeSlot(_:)``, ``outcomeReports``).
     struct Concluding: Sendable {
         let item: WorkItem
         let ending: Ending
     }
 
     /// The delivery reports of outcomes driven by callbacks, as many as one poll of the producer
-    /// served: the delivered ones' items end together (one turn of each shard's lock, one offset
-    /// store each: ``finish(_:thenNext:)``), then their devices' next intents start.
-    func outcomesDelivered(_ reports: [DeliveryReportBatcher<Concluding>.Report]) {
+    /// served: their items are taken from their shards' tables (``concluding(_:)``), the
+    /// delivered ones end together (one turn of each shard's lock, one offset store each:
+    /// ``finish(_:thenNext:)``), then their devices' next intents start.
+    func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
         var delivered: [Finished] = []
         delivered.reserveCapacity(reports.count)
-        for (concluding, result) in reports {
+        for (concluding, result) in concluding(reports) {
             switch result {
             case .success:
                 published(concluding.ending, concluding.item)

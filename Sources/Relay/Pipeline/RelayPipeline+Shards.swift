@@ -19,6 +19,9 @@ extension RelayPipeline {
     struct Shard {
         var partitions: PartitionLedger<TopicPartition>
         var queues: DeviceQueues<WorkItem>
+        /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
+        /// records' delivery reports name (``outcomeSlot(_:)``).
+        var concluding = SlotTable<Concluding>()
         /// A revocation waits for this shard's revoking work at APNs (marked unsettled in
         /// ``RevocationWait``): its end of that work takes the relay-wide lock, once.
         var revocationAwaits = false
@@ -101,5 +104,37 @@ extension RelayPipeline {
             return state.withLock { Self.shardSettled(box.index, &$0) }
         }
         waiter?.signal()
+    }
+
+    // An outcome on its way to Kafka by callbacks, named by an integer its delivery report
+    // carries: its item's shard and a slot of that shard's table.
+
+    /// Keeps the item in its shard's table until its outcome's delivery report comes; returns
+    /// the slot the report names (the table's slot, times the shard count, plus the shard).
+    func outcomeSlot(_ concluding: Concluding) -> Int {
+        let box = shard(of: concluding.item.partition)
+        return box.state.withLock { $0.concluding.insert(concluding) } * shards.count + box.index
+    }
+
+    /// The items the reports name, each taken from its shard's table (one turn of each shard's
+    /// lock), with their reports' results, in the reports' order within each shard.
+    func concluding(_ reports: [DeliveryReportBatcher.Report]) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
+        var parts: [[DeliveryReportBatcher.Report]] = Array(repeating: [], count: shards.count)
+        for report in reports { parts[report.slot % shards.count].append(report) }
+        var taken: [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] = []
+        taken.reserveCapacity(reports.count)
+        for (box, part) in zip(shards, parts) where !part.isEmpty {
+            box.state.withLock { shard in
+                for (slot, result) in part {
+                    guard let concluding = shard.concluding.remove(slot / shards.count) else {
+                        // Every slot handed to the producer is reported once.
+                        assertionFailure("a delivery report for slot \(slot), which holds nothing")
+                        continue
+                    }
+                    taken.append((concluding, result))
+                }
+            }
+        }
+        return taken
     }
 }

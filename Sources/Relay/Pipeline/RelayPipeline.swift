@@ -102,7 +102,7 @@ public final class RelayPipeline: RelayStatus, Service {
     let drivenByCallbacks = Atomic<Int>(0)
     /// Where their outcomes' delivery reports come, a poll of the producer at a time
     /// (``outcomesDelivered(_:)``).
-    let outcomeReports: DeliveryReportBatcher<Concluding>
+    let outcomeReports: DeliveryReportBatcher
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
