@@ -124,12 +124,12 @@ struct BenchStackCommand: AsyncParsableCommand {
                                              .init(topic: configuration.kafka.intentsTopic, weight: 1)]
             }
             if workload.urgent > 0 || workload.rate != nil {
-                // The mock broker holds a fetch that finds nothing new for all of
-                // fetch.wait.max.ms (500 ms by default; librdkafka's rdkafka_mock_handlers.c says
-                // so of its Fetch), where a broker answers as soon as fetch.min.bytes arrived:
-                // intents offered at a rate (a trickle of urgent ones, or --rate) would come in
-                // the lumps those holds gather, and measure them.
-                configuration.kafka.properties["fetch.wait.max.ms"] = "10"
+                // librdkafka's mock broker holds a Fetch whose answer is empty for all of its
+                // MaxWait (fetch.wait.max.ms, 500 ms by default; rdkafka_mock_handlers.c), where a
+                // broker answers as soon as fetch.min.bytes arrived: intents offered at a rate (a
+                // trickle of urgent ones, or --rate) would come in the lumps those holds gather,
+                // and measure them.
+                configuration.kafka.consumerProperties["fetch.wait.max.ms"] = "10"
             }
             if workload.policy && workload.redisCluster {
                 let cluster = try RedisClusterProcess(masters: 3)

@@ -20,14 +20,18 @@ public final class DeliveryReportBatcher: Sendable {
 
     /// Its place among its producer's batchers: part of its records' opaques.
     let index: Int
+    /// Its producer's callbacks: a record's report finds its batcher by index among those of
+    /// the producer that sent it, so only that producer may send with it.
+    let owner: ObjectIdentifier
 
     /// Reports served and not handed over yet: appended by librdkafka's delivery-report callback,
     /// taken whole after the poll that served them. At most the records in flight.
     private let pending = Locked<[Report]>([])
     private let handler: LockedFunction<@Sendable ([Report]) -> Void>
 
-    init(index: Int, _ handler: (@Sendable ([Report]) -> Void)?) {
+    init(index: Int, owner: ObjectIdentifier, _ handler: (@Sendable ([Report]) -> Void)?) {
         self.index = index
+        self.owner = owner
         self.handler = LockedFunction(handler)
     }
 
@@ -72,7 +76,8 @@ public final class DeliveryReportBatcher: Sendable {
 enum BatchedOpaque {
     /// Batchers per producer, at most (their index takes the bits above the tag).
     static let batchers = 1 << 15
-    /// Slots, at most: what is left of a 64-bit pointer.
+    /// Slots, at most: 47 bits, the pointer's 64 less the tag and the batcher's 15 and one to
+    /// spare (a slot stays a positive `Int`).
     static let slots = 1 << 47
 
     static func make(batcher: Int, slot: Int) -> UnsafeMutableRawPointer {

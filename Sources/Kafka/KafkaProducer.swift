@@ -145,7 +145,7 @@ public final class KafkaProducer: Service, Sendable {
     public func reportBatcher(_ handler: (@Sendable ([DeliveryReportBatcher.Report]) -> Void)? = nil) -> DeliveryReportBatcher {
         callbacks.batchers.withLock { batchers in
             precondition(batchers.count < BatchedOpaque.batchers, "at most \(BatchedOpaque.batchers) report batchers per producer")
-            let batcher = DeliveryReportBatcher(index: batchers.count, handler)
+            let batcher = DeliveryReportBatcher(index: batchers.count, owner: ObjectIdentifier(callbacks), handler)
             batchers.append(batcher)
             return batcher
         }
@@ -154,9 +154,11 @@ public final class KafkaProducer: Service, Sendable {
     /// Hands the record over now; `batcher` hears its delivery report with `slot` (0 to 2^47 - 1,
     /// the caller's name for the record), in a batch with the others one poll served (or at
     /// once, alone, when the record is refused). Allocates nothing for the report: the slot and
-    /// the batcher travel in the record's opaque pointer.
+    /// the batcher travel in the record's opaque pointer. `batcher` must be this producer's
+    /// (``reportBatcher(_:)``).
     public func send(topic: String, partition: Int32? = nil, key: [UInt8]?, value: [UInt8]?,
                      headers: [KafkaHeader] = [], slot: Int, to batcher: DeliveryReportBatcher) {
+        precondition(batcher.owner == ObjectIdentifier(callbacks), "a report batcher takes the records of the producer that made it")
         guard !closed.load(ordering: .relaxed) else {
             return batcher.refused(slot, KafkaError(code: RD_KAFKA_RESP_ERR__DESTROY.rawValue, message: "the producer is closed"))
         }

@@ -116,22 +116,22 @@ extension RelayPipeline {
     /// delivered ones end together (one turn of each shard's lock, one offset store each:
     /// ``finish(_:thenNext:)``), then their devices' next intents start.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
-        var delivered: [Finished] = []
-        delivered.reserveCapacity(reports.count)
-        for (concluding, result) in concluding(reports) {
-            switch result {
-            case .success:
-                published(concluding.ending, concluding.item)
-                delivered.append(Finished(item: concluding.item, stored: true, sent: concluding.ending.countedAtAPNs))
-            case .failure(let error):
-                concluded(.notPublished(error), concluding.item, concluding.ending)
+        // A poll after a stall may serve tens of thousands: the shards' locks are taken per
+        // chunk, so that admissions and other ends go on between them.
+        for chunk in stride(from: 0, to: reports.count, by: Self.endedPerTurn) {
+            var delivered: [Finished] = []
+            delivered.reserveCapacity(min(Self.endedPerTurn, reports.count - chunk))
+            for (concluding, result) in concluding(Array(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)])) {
+                switch result {
+                case .success:
+                    published(concluding.ending, concluding.item)
+                    delivered.append(Finished(item: concluding.item, stored: true, sent: concluding.ending.countedAtAPNs))
+                case .failure(let error):
+                    concluded(.notPublished(error), concluding.item, concluding.ending)
+                }
             }
-        }
-        // A poll after a stall may serve tens of thousands: the lock is taken per chunk, so
-        // that admissions and other ends go on between them.
-        for chunk in stride(from: 0, to: delivered.count, by: Self.endedPerTurn) {
-            let ended = Array(delivered[chunk..<min(chunk + Self.endedPerTurn, delivered.count)])
-            for next in finish(ended, thenNext: true) where !driveByCallbacks(next) {
+            if delivered.isEmpty { continue }
+            for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
                 inTurnTask { await self.work(next) }
             }
         }
