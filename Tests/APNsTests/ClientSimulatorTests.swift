@@ -214,7 +214,10 @@ struct ClientSimulatorTests {
             return all
         }
         #expect(results.count == count)
-        #expect(results.allSatisfy { $0.classification == .delivered })
+        // What the undelivered ones were told, should any be (once, under the thread sanitizer
+        // with the whole suite running, 115 of them were: kept to show why if it happens again).
+        let undelivered = results.filter { $0.classification != .delivered }
+        #expect(undelivered.isEmpty, "\(undelivered.count) undelivered, e.g. \(undelivered.prefix(3).map { "\($0.classification) \($0.failure.map { "\($0)" } ?? "") after \($0.attempts) attempts" })")
         // GOAWAY really cut in: some notifications went out more than once as requests.
         #expect(results.contains { $0.attempts > 1 })
         #expect(harness.simulator.connectionsAccepted > 2)
