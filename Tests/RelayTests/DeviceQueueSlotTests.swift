@@ -125,6 +125,19 @@ struct DeviceQueueSlotTests {
     /// something else than the device token) are counted as they queue behind one another,
     /// each against the latest consumed intent queued for the device; one partition's are not,
     /// nor a mailbox delivery (whose partition is its due index's).
+    /// A device's intents on partition numbers of two shards never meet in one shard's queues:
+    /// the consumed batch counts them (with two shards, partitions 0 and 1), and leaves a pair of
+    /// one shard (0 and 2) to the queues; unusable messages count for nothing.
+    @Test func aDevicesIntentsFromTwoShardsAreCountedAtIntake() throws {
+        func parsed(_ token: String) throws -> Result<Intent, InvalidIntent> { .success(try Self.item(offset: 0, token: token).intent.get()) }
+        let other = String(repeating: "cd", count: 32)
+        let batch = [try parsed(Self.token), try parsed(Self.token), try parsed(other), try parsed(Self.token), try parsed(other),
+                     .failure(InvalidIntent(reason: "NotJSON", message: "x", token: Self.token))]
+        #expect(Pipeline.acrossShards([0, 1, 0, 2, 3, 1], batch, shards: 2) == 2, "partition 1 beside 0; and 3 beside 0")
+        #expect(Pipeline.acrossShards([0, 2, 0, 4, 2, 1], batch, shards: 2) == 0, "one shard's pairs are the queues' to count")
+        #expect(Pipeline.acrossShards([0, 1, 0, 2, 3, 1], batch, shards: 1) == 0)
+    }
+
     @Test func aDevicesIntentsFromTwoPartitionsAreCounted() throws {
         var state = Self.state(), shard = Self.shard()
         #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &shard, &state) != nil)

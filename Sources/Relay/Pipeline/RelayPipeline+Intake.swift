@@ -107,6 +107,10 @@ extension RelayPipeline {
                 let now = clock()
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map { parse($0, now: now) }
+                    if shards.count > 1 {
+                        let across = Self.acrossShards(messages.map(\.topicPartition.partition), parsed, shards: shards.count)
+                        if across > 0 { intentsAcrossShards.add(across, ordering: .relaxed) }
+                    }
                     var generations: [TopicPartition: Int] = [:]
                     var last: TopicPartition?
                     for message in messages where message.topicPartition != last {
@@ -132,6 +136,25 @@ extension RelayPipeline {
             if Task.isCancelled { break events }
         }
         for queue in queues { queue.finish() }
+    }
+
+    /// Intents of one lane's consumed batch whose device (or channel) has an earlier intent in
+    /// the batch from a partition number of another shard: a pair the shards' queues cannot see
+    /// (``DeviceQueues/acrossPartitions`` counts those of one shard). Counted per batch, so that
+    /// `apns_relay_intents_across_partitions_total` sees a producer that does not key by device
+    /// whatever the shard count.
+    static func acrossShards(_ partitions: [Int32], _ parsed: [Result<Intent, InvalidIntent>], shards: Int) -> Int {
+        var first: [String: Int32] = [:]
+        var across = 0
+        for (partition, intent) in zip(partitions, parsed) {
+            guard case .success(let intent) = intent else { continue }
+            if let earlier = first[intent.recipient] {
+                if Int(earlier) % shards != Int(partition) % shards { across += 1 }
+            } else {
+                first[intent.recipient] = partition
+            }
+        }
+        return across
     }
 
     /// A consumed batch's records by lane, each lane's in their order.

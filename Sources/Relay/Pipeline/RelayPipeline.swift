@@ -100,6 +100,9 @@ public final class RelayPipeline: RelayStatus, Service {
     let drivesByCallbacks: Bool
     /// Intents that went that way so far.
     let drivenByCallbacks = Atomic<Int>(0)
+    /// Intents consumed beside an intent of their device from another shard's partition
+    /// (``acrossShards(_:_:shards:)``), so far.
+    let intentsAcrossShards = Atomic<Int>(0)
     /// Where their outcomes' delivery reports come, a poll of the producer at a time
     /// (``outcomesDelivered(_:)``).
     let outcomeReports: DeliveryReportBatcher
@@ -406,12 +409,15 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Consumer lag from librdkafka's cached positions and watermarks (no round trip), and the
     /// intents queued behind another partition's intent of their device since the last report
-    /// (``DeviceQueues/acrossPartitions``), every second until the relay stops.
+    /// (``DeviceQueues/acrossPartitions``, within a shard) or consumed beside one from another
+    /// shard's partition (``intentsAcrossShards``), every second until the relay stops.
     private func reportLag() async {
         var acrossReported = 0
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
             RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
-            let across = shards.reduce(0) { sum, shard in sum + shard.state.withLock { $0.queues.acrossPartitions } }
+            let across = shards.reduce(intentsAcrossShards.load(ordering: .relaxed)) { sum, shard in
+                sum + shard.state.withLock { $0.queues.acrossPartitions }
+            }
             if across > acrossReported { RelayMetrics.intentsAcrossPartitions.increment(by: across - acrossReported) }
             acrossReported = across
         }
