@@ -43,7 +43,9 @@ final class NGHTTP2Allocator {
     /// Bytes of capacity on the free lists now.
     @exclusivity(unchecked) private var kept = 0
     /// Calls nghttp2 made that the system allocator served (`malloc`, `calloc`, `realloc`
-    /// that moved a block): for tests and benchmarks.
+    /// that moved a block): for tests. A `realloc` past ``largestKept`` is a new block and a
+    /// copy, never a growth in place (nghttp2 grows its buffers rarely: frame and HPACK
+    /// buffers, at a session's start or for a larger frame).
     @exclusivity(unchecked) private(set) var systemAllocations = 0
 
     init() {
