@@ -59,10 +59,15 @@ public final class RelayApplication: Service, Sendable {
     ///   - deliveryByCallbacks: intents without Redis, invalidation records or tracing go from
     ///     consume to outcome by callbacks, not a task each (``RelayPipeline/drivesByCallbacks``);
     ///     false runs a task per intent, which the benchmark measures against it.
+    ///   - shards: how many shards the pipeline's partitions are spread over (at least one);
+    ///     nil: one per event loop of NIO's shared group, which has one per core. Tests fix it,
+    ///     so that what runs only with one shard, or only with several, runs whatever the
+    ///     machine's core count.
     public init(configuration: RelayConfiguration, credentials: [LoadedCredential]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
-                published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = true) throws {
+                published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = true, shards: Int? = nil) throws {
+        precondition(shards.map { $0 >= 1 } ?? true, "a pipeline has at least one shard")
         let credentials = try credentials ?? configuration.loadCredentials()
         guard credentials.count == configuration.apns.credentials.count else {
             throw APNsError.credential("\(credentials.count) loaded credentials for \(configuration.apns.credentials.count) configured")
@@ -119,7 +124,7 @@ public final class RelayApplication: Service, Sendable {
                                    : try RelayTracing(endpoint: configuration.tracing.otlpEndpoint,
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
-                                 clock: clock, published: published, drivesByCallbacks: deliveryByCallbacks)
+                                 clock: clock, published: published, drivesByCallbacks: deliveryByCallbacks, shards: shards)
         // librdkafka's statistics (``statistics``) become metrics and readiness.
         // Weak: the clients outlive no pipeline through their handlers (a reload frees the old one).
         producer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "producer") }

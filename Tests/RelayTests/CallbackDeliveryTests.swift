@@ -11,14 +11,18 @@ import Testing
 /// callbacks (a retry's backoff, a park) included.
 @Suite("Intents driven by callbacks, and by a task each", .stopsItsRelays, .timeLimit(.minutes(3)))
 struct CallbackDeliveryTests {
-    @Test(arguments: [true, false])
-    func everyIntentIsAnsweredOnceInItsDevicesOrder(byCallbacks: Bool) async throws {
+    /// With one shard, and with three over the four partitions (two on the first): the code
+    /// that runs only with one shard, and that which finishes items across shards, run whatever
+    /// this machine's core count.
+    @Test(arguments: [true, false], [1, 3])
+    func everyIntentIsAnsweredOnceInItsDevicesOrder(byCallbacks: Bool, shards: Int) async throws {
         let gone = hexToken(0xdead)
         // The first three sends are answered 503: those intents wait and are sent again.
         let harness = try await RelayHarness.start(configure: {
             $0.behaviour.unregistered = [gone: 1_432_819_882_000]
             $0.behaviour.failNext = (count: 3, status: 503)
-        }, deliveryByCallbacks: byCallbacks)
+        }, deliveryByCallbacks: byCallbacks, shards: shards)
+        #expect(harness.pipeline.shards.count == shards)
         let devices = (1...5).map { hexToken(0xC0 + $0) }
         for round in 0..<4 {
             for device in devices {
@@ -51,12 +55,14 @@ struct CallbackDeliveryTests {
     /// together: one offset store for all their partitions, not one per intent (200 intents
     /// for as many devices, consumed at once; the producer's `linger.ms` of a second puts their
     /// outcomes in a request or two per partition, however slowly this machine answers them).
+    /// Three shards: a poll's reports name slots of every shard.
     @Test func intentsEndedByOnePollStoreTheirOffsetsOnce() async throws {
         let preload = (0..<200).map { index in
             let device = hexToken(0x1000 + index)
             return (json: intent("batch-\(index)", token: device), key: device)
         }
-        let harness = try await RelayHarness.start(configureRelay: { $0.kafka.producerProperties["linger.ms"] = "1000" }, preload: preload)
+        let harness = try await RelayHarness.start(configureRelay: { $0.kafka.producerProperties["linger.ms"] = "1000" }, preload: preload,
+                                                   shards: 3)
         let outcomes = try await harness.outcomes(count: 200)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         let stores = harness.pipeline.consumer.offsetStoreCalls

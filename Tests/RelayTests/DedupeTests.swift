@@ -209,7 +209,7 @@ struct DedupeTests {
             // less a second, and evicts a member that has not rejoined by then: 9 s, for a
             // revocation that waits out the outage below.
             $0.kafka.properties["session.timeout.ms"] = "10000"
-        })
+        }, shards: 3)
         let count = 300
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
             let token = hexToken(0x3000 + $0)

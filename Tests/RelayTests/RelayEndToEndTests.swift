@@ -33,10 +33,11 @@ struct RelayHarness {
     ///     broker and every other topic's by the first, so that the invalidations' produce
     ///     requests can be held (``KafkaMockCluster/pushBrokerRequestErrors(broker:apiKey:_:)``)
     ///     without holding the outcomes.
+    ///   - shards: the pipeline's shard count (nil: one per core, as deployed).
     static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
                       configureRelay: (inout RelayConfiguration) -> Void = { _ in },
                       preload: [(json: String, key: String)] = [],
-                      brokers: Int32 = 1, deliveryByCallbacks: Bool = true,
+                      brokers: Int32 = 1, deliveryByCallbacks: Bool = true, shards: Int? = nil,
                       published: (@Sendable (Outcome) -> Void)? = nil) async throws -> RelayHarness {
         let cluster = try KafkaMockCluster(brokers: Int(brokers))
         let suffix = UUID().uuidString.prefix(8)
@@ -89,7 +90,7 @@ struct RelayHarness {
         let application = try RelayApplication(configuration: configuration, worker: "test-worker", published: { outcome in
             seen.update { $0.all.append(outcome) }
             published?(outcome)
-        }, deliveryByCallbacks: deliveryByCallbacks)
+        }, deliveryByCallbacks: deliveryByCallbacks, shards: shards)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         let harness = RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration,
@@ -479,8 +480,11 @@ struct RelayEndToEndTests {
         // A minute per request: no answer is lost on a loaded machine (a request timed out that
         // APNs took is sent again, by its relay or, its partition moved meanwhile, by the other:
         // the second send docs/outcomes.md allows, not the one this test is about).
+        // The first relay's revocation waits for its work at APNs on three shards; the second
+        // has one.
         let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(200) },
-                                                   configureRelay: { $0.limits.maxInFlight = 25; $0.apns.requestTimeoutSeconds = 60 })
+                                                   configureRelay: { $0.limits.maxInFlight = 25; $0.apns.requestTimeoutSeconds = 60 },
+                                                   shards: 3)
         let count = 1500
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
             let token = hexToken(0x2000 + $0 % 150)
@@ -488,7 +492,7 @@ struct RelayEndToEndTests {
         })
         // The first relay is saturated, then a second joins the group.
         try await waitUntil { harness.pipeline.inFlight >= 25 }
-        let second = try RelayApplication(configuration: harness.configuration, worker: "second")
+        let second = try RelayApplication(configuration: harness.configuration, worker: "second", shards: 1)
         let running = Task { await second.run() }
         // Every intent reached APNs (once, or twice when a commit was refused: see below).
         try await waitUntil(timeout: .seconds(90)) {

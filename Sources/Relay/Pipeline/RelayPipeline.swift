@@ -69,8 +69,8 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Taken inside a shard's lock where a step changes both (never the other way round, and
     /// never two shards' locks at once).
     let state: Locked<State>
-    /// The shards, one per work executor: each owns its partitions and their devices' queues
-    /// (``Shard``, ``shard(of:)``).
+    /// The shards, one per work executor unless ``RelayApplication`` was told how many: each owns
+    /// its partitions and their devices' queues (``Shard``, ``shard(of:)``).
     let shards: [ShardBox]
     /// Per team, its credential's fault and cool-down (``CredentialFaultBreaker``): asked before
     /// each send, its own lock.
@@ -145,7 +145,8 @@ public final class RelayPipeline: RelayStatus, Service {
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
     init(configuration: RelayConfiguration, clients: RelayClients, worker: String?, logger: Logger,
-         clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?, drivesByCallbacks: Bool = false) {
+         clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?, drivesByCallbacks: Bool = false,
+         shards: Int? = nil) {
         self.configuration = configuration
         self.drivesByCallbacks = drivesByCallbacks
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
@@ -159,7 +160,7 @@ public final class RelayPipeline: RelayStatus, Service {
         self.state = Locked(State(
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting)))
-        self.shards = (0..<max(clients.workExecutors.count, 1)).map { index in
+        self.shards = (0..<max(shards ?? clients.workExecutors.count, 1)).map { index in
             ShardBox(index: index, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
                                          queues: DeviceQueues(precedence: precedence)))
         }
