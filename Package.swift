@@ -375,7 +375,7 @@ if Context.environment["APNS_RELAY_NO_BENCHMARKS"] != "1" && Context.environment
         .executableTarget(
             name: "RelayBenchmarks",
             dependencies: [
-                "APNs", "Kafka", "Redis", "Relay",
+                "APNs", "Common", "Kafka", "Redis", "Relay",
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),

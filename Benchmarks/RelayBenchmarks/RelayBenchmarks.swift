@@ -1,5 +1,6 @@
 import APNs
 import Benchmark
+import Common
 import Crypto
 import Foundation
 import Kafka
@@ -87,6 +88,72 @@ let benchmarks: @Sendable () -> Void = {
         }
     }
 
+    // One intent through its shard's state, the steps the pipeline takes for an intent driven
+    // by callbacks, in its order, with the I/O left out (Kafka, APNs and the clock are stubs:
+    // fixed bytes, a 200, fixed times): parsed from its record, its offset started in its
+    // partition's ledger, queued behind its device's earlier intents, its delivery state
+    // machine made and told the attempt is due, its send counted at APNs, its request and
+    // headers built, the 200 given to the machine, its send no longer counted, its outcome made
+    // and encoded as `makeOutcome` does, kept in the shard's slot table until its delivery
+    // report and taken back, its device's turn ended and its answer freed, its offset finished.
+    // 64 devices in turn. What it leaves out: the relay's own per-intent objects around these
+    // steps (its work item and delivery, internal to the Relay module), the locks, and the
+    // clients' buffers; `bench e2e` counts the whole intent with its I/O
+    // (`allocations_per_intent`, docs/performance.md).
+    let shardRecords = (0..<64).map { device in
+        Array(String(decoding: intent, as: UTF8.self).replacingOccurrences(of: token, with: String(format: "%064x", device)).utf8)
+    }
+    let noJitter = Backoff(base: .milliseconds(500), maximum: .seconds(30), jitter: false)
+    let answer = APNsResult(status: 200, reason: nil, apnsID: "5e4c7a9f-7e6b-4b3a-9c1d-2f8e6a5b4c3d", timestamp: nil, attempts: 1)
+    struct ShardState {
+        var partitions = PartitionLedger<TopicPartition>()
+        var queues = DeviceQueues<QueuedIntent>()
+        var concluding = SlotTable<QueuedIntent>()
+        var offset: Int64 = 0
+    }
+    let shardPartition = TopicPartition(topic: "apns.intents", partition: 3)
+    func throughShard(_ shard: inout ShardState, _ record: [UInt8], generation: Int) {
+        guard let parsed = try? Intent.parse(record, key: nil, now: 1_700_000_000, defaultTTL: 86_400) else { fatalError("the intent parses") }
+        let offset = shard.offset
+        shard.offset += 1
+        blackHole(shard.partitions.start(shardPartition, offset: offset, generation: generation))
+        let item = QueuedIntent(parsed, partition: shardPartition.partition)
+        blackHole(shard.queues.enqueue(item))
+        var machine = DeliveryStateMachine(expiration: parsed.expiration,
+                                           limits: .init(retryDeadline: 1_700_000_600, canPark: false, parkAfterDeadlineMilliseconds: 0),
+                                           backoff: noJitter)
+        guard machine.attemptDue(now: 1_700_000_000, isOwned: true, hasCredentials: true) == .send else { fatalError("a send is due") }
+        blackHole(shard.partitions.sendBegins(shardPartition, generation: generation, first: true))
+        let notification = parsed.notification
+        blackHole(APNsClient.request(for: notification, apnsID: APNsIdentifiers.format(notification.apnsID), authority: "api.push.apple.com"))
+        guard machine.answered(answer, now: 1_700_000_000, nowMilliseconds: 1_700_000_000_012) == .finish else { fatalError("a 200 ends it") }
+        shard.partitions.sentWorkEnded(shardPartition, generation: generation)
+        var outcome = Outcome(id: parsed.id, token: parsed.token, topic: parsed.topic, status: .delivered, reason: nil, attempts: machine.attempts,
+                              latencyMilliseconds: 12, lane: shardPartition.topic, partition: shardPartition.partition, offset: offset,
+                              worker: "relay-7d9f-1", at: 1_700_000_000_012)
+        outcome.httpStatus = answer.status
+        outcome.apnsID = answer.apnsID
+        outcome.metadata = parsed.metadata
+        outcome.collapseID = parsed.collapseID
+        blackHole(outcome.utf8)
+        let slot = shard.concluding.insert(item)
+        blackHole(shard.concluding.remove(slot))
+        blackHole(shard.queues.nextQueued(after: item, (parsed.token, false), parkedUntil: [:]))
+        shard.queues.answerFreed(by: item)
+        blackHole(shard.partitions.finish(shardPartition, generation: generation, offset: offset))
+    }
+    Benchmark("An intent through its shard's state, I/O stubbed") { benchmark in
+        var shard = ShardState()
+        shard.partitions.assign([shardPartition])
+        let generation = shard.partitions.generation(of: shardPartition) ?? 0
+        // The tables grown, and the devices' queues made and spared, before the measurement.
+        for record in shardRecords { throughShard(&shard, record, generation: generation) }
+        benchmark.startMeasurement()
+        for call in benchmark.scaledIterations {
+            throughShard(&shard, shardRecords[call % shardRecords.count], generation: generation)
+        }
+    }
+
     // An admission batch as the pipeline asks it: per device one MGET of its bucket, backoff,
     // mailbox ids and one dedupe record, each key written straight into the command's bytes
     // as the pipeline's key writers do (no string per key).
@@ -161,6 +228,14 @@ final class QueuedIntent: DeviceQueueItem {
         self.partitionNumber = partition
         self.admission = admission
         self.queueToken = token
+    }
+
+    /// For the intent's own device (its storage not copied, as the relay's work item does not).
+    init(_ intent: Intent, partition: Int32) {
+        self.intent = .success(intent)
+        self.partitionNumber = partition
+        self.admission = .send
+        self.queueToken = intent.token
     }
 
     func withAdmission(_ admission: BatchAdmission.Admission) -> QueuedIntent {
