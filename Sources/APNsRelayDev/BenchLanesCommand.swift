@@ -32,11 +32,15 @@ struct BenchLanesCommand: AsyncParsableCommand {
     @Option(help: "Distinct device tokens (urgent and bulk intents share them).")
     var devices = 20_000
 
+    @Option(name: .customLong("max-in-flight"),
+            help: "The relay's limits.max_in_flight (default: the relay's default). The lanes' weights order admissions only while it binds (docs/lanes.md, Measured).")
+    var maxInFlight: Int?
+
     @OptionGroup var logging: LoggingOptions
 
     func validate() throws {
-        if bulk < 10 || urgent < 1 || urgentRate < 1 || partitions < 1 || devices < 1 {
-            throw ValidationError("--bulk must be at least 10, --urgent, --urgent-rate, --partitions and --devices at least 1")
+        if bulk < 10 || urgent < 1 || urgentRate < 1 || partitions < 1 || devices < 1 || (maxInFlight ?? 1) < 1 {
+            throw ValidationError("--bulk must be at least 10, --urgent, --urgent-rate, --partitions, --devices and --max-in-flight at least 1")
         }
         if bulk / partitions > 20_000 {
             throw ValidationError("--bulk \(bulk) on \(partitions) partitions: the mock cluster keeps about 20,000 intents per partition and trims older ones; use more partitions")
@@ -62,7 +66,8 @@ struct BenchLanesCommand: AsyncParsableCommand {
                                                 "--urgent", "\(urgent)", "--urgent-rate", "\(urgentRate)"])
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
-        let configuration = try stack.relayConfiguration()
+        var configuration = try stack.relayConfiguration()
+        if let maxInFlight { configuration.limits.maxInFlight = maxInFlight }
         let latencies = LatencyRecorder(capacity: urgent)
         let progress = Locked(Progress())
         let urgentCount = urgent
