@@ -72,25 +72,104 @@ enum RESPEncoder {
 
 /// Reads replies with hiredis' reply reader: bytes go in as they arrive, whole replies come out.
 /// Not thread-safe; one per connection, used on its event loop.
+///
+/// hiredis parses; the values are built in Swift as it reads them, through its reply object
+/// functions (`redisReaderCreateWithFunctions`), instead of hiredis allocating a `redisReply`
+/// per element and its text, which were then copied into Swift values and freed: an admission
+/// read's reply (an array of four) took 9 allocations that way and takes 2 now (its array and
+/// its one bulk string; `RESP decode` in Benchmarks/allocation-budgets), a `+OK` took 2 and takes
+/// none.
 package final class RESPDecoder {
     package struct ProtocolError: Error, CustomStringConvertible {
         package var description: String
     }
 
-    /// The most elements an array reply may announce. hiredis (0.14, Debian's) allocates an
-    /// array's element pointers as soon as its header arrives, so `*333333331` alone would take
-    /// gigabytes; no reply the relay asks for comes near this.
+    /// The most elements an array reply may announce: no reply the relay asks for comes near
+    /// it. (With its own reply objects, hiredis 0.14, Debian's, allocated an array's element
+    /// pointers as soon as its header arrived, so `*333333331` alone took gigabytes; the
+    /// decoder's own arrays make room for at most a thousand elements ahead.)
     package static let maxElements = 1 << 20
 
     private let reader: UnsafeMutablePointer<redisReader>
+    private let functions: UnsafeMutablePointer<redisReplyObjectFunctions>
     private var frames = FrameGuard()
+    /// The arrays of the reply being read, outermost first, each with the count its header
+    /// announced; its storage is kept from reply to reply.
+    private var open: [(values: [RESPValue], count: Int)] = []
+    /// The last reply read whole, until ``next()`` takes it.
+    private var finished: RESPValue?
 
     package init() {
-        reader = redisReaderCreate()
+        functions = .allocate(capacity: 1)
+        functions.initialize(to: redisReplyObjectFunctions(
+            createString: { task, text, length in
+                guard let task else { return nil }
+                let bytes = UnsafeRawBufferPointer(start: text, count: length)
+                let value: RESPValue = switch task.pointee.type {
+                case REDIS_REPLY_STATUS: .status(String(decoding: bytes, as: UTF8.self))
+                case REDIS_REPLY_ERROR: .error(String(decoding: bytes, as: UTF8.self))
+                default: .bulk(length == 0 ? [] : Array(bytes))
+                }
+                return RESPDecoder.from(task).read(value)
+            },
+            createArray: { task, count in
+                guard let task else { return nil }
+                return RESPDecoder.from(task).readArray(Int(count))
+            },
+            createInteger: { task, value in
+                guard let task else { return nil }
+                return RESPDecoder.from(task).read(.integer(value))
+            },
+            createNil: { task in
+                guard let task else { return nil }
+                return RESPDecoder.from(task).read(.null)
+            },
+            // What the functions return is a marker, not an object: nothing to free.
+            freeObject: { _ in }))
+        reader = redisReaderCreateWithFunctions(functions)
+        open.reserveCapacity(4)
+        reader.pointee.privdata = Unmanaged.passUnretained(self).toOpaque()
     }
 
     deinit {
         redisReaderFree(reader)
+        functions.deinitialize(count: 1)
+        functions.deallocate()
+    }
+
+    /// The decoder whose reader runs `task` (its reader's private data, which hiredis hands to
+    /// every task of a reply).
+    private static func from(_ task: UnsafePointer<redisReadTask>) -> RESPDecoder {
+        Unmanaged<RESPDecoder>.fromOpaque(task.pointee.privdata).takeUnretainedValue()
+    }
+
+    /// What hiredis keeps as an element's object: any pointer but null (null is its
+    /// out-of-memory error). The values themselves are in ``open`` and ``finished``.
+    private static var marker: UnsafeMutableRawPointer? { UnsafeMutableRawPointer(bitPattern: 1) }
+
+    /// A value hiredis read: into the innermost open array, closing each array it fills, or,
+    /// outside any array, the reply.
+    private func read(_ value: RESPValue) -> UnsafeMutableRawPointer? {
+        var value = value
+        while !open.isEmpty {
+            let last = open.count - 1
+            open[last].values.append(value)
+            guard open[last].values.count == open[last].count else { return Self.marker }
+            value = .array(open.removeLast().values)
+        }
+        finished = value
+        return Self.marker
+    }
+
+    /// An array's header: empty, it is a value at once; otherwise it stays open for its elements.
+    private func readArray(_ count: Int) -> UnsafeMutableRawPointer? {
+        guard count > 0 else { return read(.array([])) }
+        var values: [RESPValue] = []
+        // Room for what a header announces only up to a thousand: beyond, room grows with the
+        // elements that arrive, not with what a header claims.
+        values.reserveCapacity(min(count, 1024))
+        open.append((values, count))
+        return Self.marker
     }
 
     package func feed(_ buffer: ByteBuffer) throws(ProtocolError) {
@@ -177,36 +256,19 @@ package final class RESPDecoder {
     /// The next complete reply, or nil when more bytes are needed.
     package func next() throws(ProtocolError) -> RESPValue? {
         var reply: UnsafeMutableRawPointer?
-        guard redisReaderGetReply(reader, &reply) == REDIS_OK else { throw ProtocolError(description: errorText) }
-        guard let reply else { return nil }
-        defer { freeReplyObject(reply) }
-        return Self.value(reply.assumingMemoryBound(to: redisReply.self).pointee)
+        guard redisReaderGetReply(reader, &reply) == REDIS_OK else {
+            open.removeAll(keepingCapacity: true)
+            finished = nil
+            throw ProtocolError(description: errorText)
+        }
+        guard reply != nil, let value = finished else { return nil }
+        finished = nil
+        return value
     }
 
     private var errorText: String {
         withUnsafeBytes(of: reader.pointee.errstr) { bytes in
             String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
-        }
-    }
-
-    private static func value(_ reply: redisReply) -> RESPValue {
-        func bytes() -> [UInt8] {
-            guard let str = reply.str else { return [] }
-            return Array(UnsafeRawBufferPointer(start: str, count: reply.len))
-        }
-        switch reply.type {
-        case REDIS_REPLY_STRING: return .bulk(bytes())
-        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_INTEGER: return .integer(reply.integer)
-        case REDIS_REPLY_ARRAY:
-            var values: [RESPValue] = []
-            values.reserveCapacity(reply.elements)
-            for index in 0..<reply.elements {
-                if let element = reply.element[index] { values.append(value(element.pointee)) } else { values.append(.null) }
-            }
-            return .array(values)
-        default: return .null
         }
     }
 }

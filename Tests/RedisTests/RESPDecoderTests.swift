@@ -28,4 +28,33 @@ struct RESPDecoderTests {
             == [.bulk(Array("*333333331\r\n".utf8)), .status("*333333331"), .array([.integer(1), .null])])
         #expect(try Self.decode(["*\(RESPDecoder.maxElements)\r\n"]) == [])
     }
+
+    /// Every kind of reply, nested, and each reply however the reads cut it (every byte a read
+    /// of its own too): the values come out whole, in order, and the decoder keeps nothing of
+    /// one reply for the next.
+    @Test func everyKindOfReplyComesOutWholeHoweverTheReadsCutIt() throws {
+        let stream = "+OK\r\n-ERR wrong type\r\n:-42\r\n$5\r\nhello\r\n$0\r\n\r\n$-1\r\n*-1\r\n*0\r\n"
+            + "*4\r\n:1732000000123\r\n$-1\r\n*2\r\n$1\r\na\r\n*0\r\n$4\r\nb\r\nc\r\n"
+            + "*3\r\n*1\r\n*1\r\n:7\r\n+QUEUED\r\n-MOVED 3999 127.0.0.1:6381\r\n:0\r\n"
+        let expected: [RESPValue] = [
+            .status("OK"), .error("ERR wrong type"), .integer(-42), .bulk(Array("hello".utf8)), .bulk([]), .null, .null, .array([]),
+            .array([.integer(1_732_000_000_123), .null, .array([.bulk(Array("a".utf8)), .array([])]), .bulk(Array("b\r\nc".utf8))]),
+            .array([.array([.array([.integer(7)])]), .status("QUEUED"), .error("MOVED 3999 127.0.0.1:6381")]), .integer(0),
+        ]
+        #expect(try Self.decode([stream]) == expected)
+        #expect(try Self.decode(stream.map { String($0) }) == expected, "a byte at a time")
+        let bytes = Array(stream.utf8)
+        for cut in stride(from: 1, to: bytes.count, by: 3) {
+            let pieces = [String(decoding: bytes[..<cut], as: UTF8.self), String(decoding: bytes[cut...], as: UTF8.self)]
+            #expect(try Self.decode(pieces) == expected, "cut at \(cut)")
+        }
+    }
+
+    /// A reply nested deeper than hiredis reads is a protocol error, and so is a type byte no
+    /// RESP2 reply has; the decoder stays refused after it (its connection is closed).
+    @Test func whatHiredisRefusesIsAProtocolError() throws {
+        #expect(throws: RESPDecoder.ProtocolError.self) { try Self.decode([String(repeating: "*1\r\n", count: 9) + ":1\r\n"]) }
+        #expect(throws: RESPDecoder.ProtocolError.self) { try Self.decode(["!5\r\n"]) }
+        #expect(throws: RESPDecoder.ProtocolError.self) { try Self.decode([":1\r\n*2\r\n:1\r\n", "?\r\n", ":2\r\n"]) }
+    }
 }
