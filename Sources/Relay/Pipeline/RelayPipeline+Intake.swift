@@ -168,6 +168,7 @@ extension RelayPipeline {
     /// Admits a lane's batches, in consumption order, until the relay stops: each admitted
     /// intent that can start now runs in a child task of a group of intents.
     private func admitLane(_ lane: Int, from queue: AsyncBoundedQueue<LaneBatch>, gate: AsyncSerialGate) async {
+        var groups = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
                 guard case (var admissions, let forgetsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
@@ -176,29 +177,27 @@ extension RelayPipeline {
                 let admitting = batch.admitting
                 let readMarks = admitting.read?.marks
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
-                // Intents run in task groups of their own, up to `workGroupSize` intents of one
-                // shard each (``workGroups(_:shards:size:)``): a finished child task is unlinked
-                // by walking its group's list of children, and intents end out of order (each
-                // partition's outcomes are acknowledged together), so one group of every intent
-                // in flight made that walk thousands of tasks long. A group runs on its shard's
-                // work executor, where the APNs client prefers a connection of that loop: the
-                // shard's intents are sent, answered and ended on one loop, and its lock is
-                // taken from there (and the poll threads) rather than from every loop. Each
+                // Intents run in task groups of their own, `workGroupSize` consecutive intents
+                // each: a finished child task is unlinked by walking its group's list of
+                // children, and intents end out of order (each partition's outcomes are
+                // acknowledged together), so one group of every intent in flight made that walk
+                // thousands of tasks long. Groups run on the work executors in turn, and each
                 // group admits its own intents, in order, before the next group starts: a group
                 // waits for its turn on a busy event loop, which keeps fewer intents waiting in
                 // flight when the relay is saturated.
                 let messages = batch.messages
                 let consumedAt = batch.consumedAt
-                for (shard, indices) in Self.workGroups(messages.map(\.topicPartition.partition), shards: shards.count, size: Self.workGroupSize) {
+                for chunk in stride(from: 0, to: messages.count, by: Self.workGroupSize) {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
-                    let members = indices.map { index -> Member in
+                    let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map { index -> Member in
                         Member(message: messages[index], parsed: batch.parsed[index], admission: admissions[index],
                                forgetsUnregistered: forgetsUnregistered[index], generation: batch.generations[messages[index].topicPartition],
                                decision: decisions[index])
                     }
                     let admitted = AsyncLatch()
-                    let executor = workExecutors.isEmpty ? nil : workExecutors[shard % workExecutors.count]
+                    let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
+                    groups &+= 1
                     workers.addTask(executorPreference: executor) {
                         await withDiscardingTaskGroup { intents in
                             defer { admitted.open() }
@@ -221,27 +220,6 @@ extension RelayPipeline {
                 // Every intent of the batch admitted: its read no longer keeps answers.
                 admitting.read?.end()
             }
-        }
-    }
-
-    /// A lane batch's records (given by their partition numbers) in the work groups they are
-    /// admitted in: up to `size` records of one shard each, the shards in turn, each shard's
-    /// records in the batch's order (so each partition's records in theirs). With one shard,
-    /// the batch's consecutive records.
-    static func workGroups(_ partitions: [Int32], shards: Int, size: Int) -> [(shard: Int, indices: ArraySlice<Int>)] {
-        var byShard: [[Int]] = Array(repeating: [], count: max(shards, 1))
-        for (index, partition) in partitions.enumerated() { byShard[Int(partition) % byShard.count].append(index) }
-        var groups: [(shard: Int, indices: ArraySlice<Int>)] = []
-        groups.reserveCapacity(byShard.count + partitions.count / max(size, 1))
-        var start = 0
-        while true {
-            var added = false
-            for (shard, indices) in byShard.enumerated() where start < indices.count {
-                groups.append((shard, indices[start..<min(start + size, indices.count)]))
-                added = true
-            }
-            if !added { return groups }
-            start += size
         }
     }
 

@@ -41,9 +41,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let certificates: [APNsCertificateInfo?]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
-    /// Where consumed intents' work runs, each group of intents on its shard's (shard N on loop
-    /// N modulo their count): the event loops the APNs connections live on (NIO's shared loops,
-    /// one per core). On the loop
+    /// Where consumed intents' work runs, a group of consecutive intents on each in turn: the
+    /// event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
     /// of the connection that sends it, an intent's send and answer need no thread hop: against
     /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
     /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
