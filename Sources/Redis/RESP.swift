@@ -163,6 +163,9 @@ package final class RESPDecoder {
 
     /// An array's header: empty, it is a value at once; otherwise it stays open for its elements.
     private func readArray(_ count: Int) -> UnsafeMutableRawPointer? {
+        // hiredis hands a nil array to `createNil`; a negative count here is a header past
+        // `Int32` (the guard refuses more than ``maxElements``): null makes it hiredis' error.
+        guard count >= 0 else { return nil }
         guard count > 0 else { return read(.array([])) }
         var values: [RESPValue] = []
         // Room for what a header announces only up to a thousand: beyond, room grows with the
@@ -180,8 +183,9 @@ package final class RESPDecoder {
         guard status == REDIS_OK else { throw ProtocolError(description: errorText) }
     }
 
-    /// Follows the reply stream's framing ahead of hiredis, only to refuse an array header
-    /// past ``maxElements`` before hiredis allocates for it. Lines and bulk strings are stepped
+    /// Follows the reply stream's framing ahead of hiredis, to refuse an array header past
+    /// ``maxElements`` and a length no Redis writes (no digits, a sign or a CR inside, an
+    /// array of fewer than −1 elements), which hiredis 0.14 would read as some other length. Lines and bulk strings are stepped
     /// over, so no bytes inside them are taken for a header; a type byte it does not know is
     /// left to hiredis to refuse (and the guard stops looking).
     private struct FrameGuard {
@@ -215,7 +219,10 @@ package final class RESPDecoder {
                     index += 1
                     if cr, byte == UInt8(ascii: "\n") {
                         let value = negative ? -number : number
-                        if kind == UInt8(ascii: "*"), value > Int64(RESPDecoder.maxElements) {
+                        if kind == UInt8(ascii: "*") || kind == UInt8(ascii: "$"), digits == 0 {
+                            throw ProtocolError(description: "a reply length without digits")
+                        }
+                        if kind == UInt8(ascii: "*"), value > Int64(RESPDecoder.maxElements) || value < -1 {
                             throw ProtocolError(description: "an array reply of \(value) elements (at most \(RESPDecoder.maxElements))")
                         }
                         state = kind == UInt8(ascii: "$") && value >= 0 ? .bulk(remaining: value + 2) : .type
@@ -223,8 +230,11 @@ package final class RESPDecoder {
                     }
                     let isNumber = kind == UInt8(ascii: "*") || kind == UInt8(ascii: "$")
                     if byte == UInt8(ascii: "\r") {
-                        // hiredis reads a number line up to its CR; a CR inside one is its error.
-                        state = isNumber && cr ? .off : .line(kind: kind, number: number, negative: negative, digits: digits, cr: true)
+                        // hiredis reads a length up to its CR and takes what it makes of the
+                        // rest: a length no Redis writes is refused here, so that what hiredis
+                        // reads and what this guard follows never part.
+                        if isNumber && cr { throw ProtocolError(description: "a CR inside a reply length") }
+                        state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: true)
                         continue
                     }
                     guard isNumber else {
@@ -232,7 +242,7 @@ package final class RESPDecoder {
                         continue
                     }
                     if cr {
-                        state = .off  // a CR inside a number: hiredis refuses the line itself
+                        throw ProtocolError(description: "a CR inside a reply length")
                     } else if byte == UInt8(ascii: "-"), digits == 0, !negative {
                         negative = true
                         state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: false)
@@ -242,7 +252,7 @@ package final class RESPDecoder {
                         digits += 1
                         state = .line(kind: kind, number: number, negative: negative, digits: digits, cr: false)
                     } else {
-                        state = .off  // not a number hiredis reads: it refuses the line itself
+                        throw ProtocolError(description: "a reply length that is not a number")
                     }
                 case .bulk(let remaining):
                     let step = Int(min(remaining, Int64(bytes.count - index)))
@@ -261,7 +271,12 @@ package final class RESPDecoder {
             finished = nil
             throw ProtocolError(description: errorText)
         }
-        guard reply != nil, let value = finished else { return nil }
+        guard reply != nil else { return nil }
+        guard let value = finished else {
+            // hiredis ended a reply that was not built: the functions and the reader disagree.
+            assertionFailure("hiredis returned a reply the decoder did not build")
+            throw ProtocolError(description: "a reply the decoder did not build")
+        }
         finished = nil
         return value
     }

@@ -57,4 +57,14 @@ struct RESPDecoderTests {
         #expect(throws: RESPDecoder.ProtocolError.self) { try Self.decode(["!5\r\n"]) }
         #expect(throws: RESPDecoder.ProtocolError.self) { try Self.decode([":1\r\n*2\r\n:1\r\n", "?\r\n", ":2\r\n"]) }
     }
+
+    /// A length no Redis writes is refused before hiredis reads it as another one (hiredis
+    /// 0.14 reads `*1x` as a nil array, and a count past `Int32` as a negative one); a nil
+    /// array inside an array is an element like a nil bulk string.
+    @Test func aLengthNoRedisWritesIsAProtocolError() throws {
+        for header in ["*1x\r\n", "*-2\r\n", "*\r\n", "$\r\n", "*1\r2\r\n", "$1-\r\n", "*2147483648\r\n", "$3\r\r\nabc\r\n"] {
+            #expect(throws: RESPDecoder.ProtocolError.self, "\(header.debugDescription)") { try Self.decode([header, "*2\r\n:1\r\n:2\r\n"]) }
+        }
+        #expect(try Self.decode(["*2\r\n*-1\r\n$-1\r\n", "*1\r\n*-1\r\n"]) == [.array([.null, .null]), .array([.null])])
+    }
 }
