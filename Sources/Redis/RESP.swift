@@ -185,9 +185,10 @@ package final class RESPDecoder {
 
     /// Follows the reply stream's framing ahead of hiredis, to refuse an array header past
     /// ``maxElements`` and a length no Redis writes (no digits, a sign or a CR inside, an
-    /// array of fewer than −1 elements), which hiredis 0.14 would read as some other length. Lines and bulk strings are stepped
-    /// over, so no bytes inside them are taken for a header; a type byte it does not know is
-    /// left to hiredis to refuse (and the guard stops looking).
+    /// array of fewer than −1 elements), which hiredis 0.14 would read as some other length.
+    /// Lines and bulk strings are stepped over, so no bytes inside them are taken for a
+    /// header; a type byte it does not know is left to hiredis to refuse (and the guard stops
+    /// looking).
     private struct FrameGuard {
         private enum State {
             case type
