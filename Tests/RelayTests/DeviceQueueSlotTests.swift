@@ -138,6 +138,24 @@ struct DeviceQueueSlotTests {
         #expect(Pipeline.acrossShards([0, 1, 0, 2, 3, 1], batch, shards: 1) == 0)
     }
 
+    /// The relay counts them at intake: forty devices, each with two intents under two keys (so
+    /// on two partitions, for many of them of two shards), consumed together by a relay of two
+    /// shards. Without the count at intake nothing counts these pairs (the shards' queues see
+    /// only their own).
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    func theRelayCountsADevicesIntentsFromTwoShardsAtIntake() async throws {
+        let preload = (0..<40).flatMap { device -> [(json: String, key: String)] in
+            let token = hexToken(0x4000 + device)
+            // Keys of one length differing in one byte would land on partitions of one parity
+            // (the partitioner's CRC is linear): the second key is another device's number.
+            return [(json: intent("x\(device)-0", token: token), key: token), (json: intent("x\(device)-1", token: token), key: "device-\(device)")]
+        }
+        let harness = try await RelayHarness.start(preload: preload, shards: 2)
+        _ = try await harness.outcomes(count: 80)
+        #expect(harness.pipeline.intentsAcrossShards.load(ordering: .relaxed) > 0)
+        try await harness.stopExpectingOneOutcomeEach()
+    }
+
     @Test func aDevicesIntentsFromTwoPartitionsAreCounted() throws {
         var state = Self.state(), shard = Self.shard()
         #expect(Pipeline.enqueue(try Self.item(offset: 0, partition: 0), &shard, &state) != nil)
