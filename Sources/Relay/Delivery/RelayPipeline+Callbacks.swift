@@ -121,7 +121,7 @@ extension RelayPipeline {
         for chunk in stride(from: 0, to: reports.count, by: Self.endedPerTurn) {
             var delivered: [Finished] = []
             delivered.reserveCapacity(min(Self.endedPerTurn, reports.count - chunk))
-            for (concluding, result) in concluding(Array(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)])) {
+            for (concluding, result) in concluding(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)]) {
                 switch result {
                 case .success:
                     published(concluding.ending, concluding.item)

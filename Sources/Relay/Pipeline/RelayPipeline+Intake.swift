@@ -144,14 +144,19 @@ extension RelayPipeline {
     /// `apns_relay_intents_across_partitions_total` sees a producer that does not key by device
     /// whatever the shard count.
     static func acrossShards(_ partitions: [Int32], _ parsed: [Result<Intent, InvalidIntent>], shards: Int) -> Int {
-        var first: [String: Int32] = [:]
+        // A batch of one shard's partitions (often all of it) has no such pair.
+        guard let shard = partitions.first.map({ shardIndex(of: $0, shards: shards) }),
+              partitions.contains(where: { shardIndex(of: $0, shards: shards) != shard }) else { return 0 }
+        var first: [String: Int] = [:]
+        first.reserveCapacity(parsed.count)
         var across = 0
         for (partition, intent) in zip(partitions, parsed) {
             guard case .success(let intent) = intent else { continue }
+            let shard = shardIndex(of: partition, shards: shards)
             if let earlier = first[intent.recipient] {
-                if Int(earlier) % shards != Int(partition) % shards { across += 1 }
+                if earlier != shard { across += 1 }
             } else {
-                first[intent.recipient] = partition
+                first[intent.recipient] = shard
             }
         }
         return across

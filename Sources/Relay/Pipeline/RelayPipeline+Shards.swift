@@ -40,7 +40,12 @@ extension RelayPipeline {
 
     /// The shard that owns `partition`: by its number, the same for every lane.
     func shard(of partition: TopicPartition) -> ShardBox {
-        shards[Int(partition.partition) % shards.count]
+        shards[Self.shardIndex(of: partition.partition, shards: shards.count)]
+    }
+
+    /// The index of the shard that owns partition number `partition` among `shards` shards.
+    static func shardIndex(of partition: Int32, shards: Int) -> Int {
+        Int(partition) % shards
     }
 
     /// Whether `item`'s partition is `shard`'s.
@@ -118,7 +123,7 @@ extension RelayPipeline {
 
     /// The items the reports name, each taken from its shard's table (one turn of each shard's
     /// lock), with their reports' results, in the reports' order within each shard.
-    func concluding(_ reports: [DeliveryReportBatcher.Report]) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
+    func concluding(_ reports: ArraySlice<DeliveryReportBatcher.Report>) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
         var parts: [[DeliveryReportBatcher.Report]] = Array(repeating: [], count: shards.count)
         for report in reports { parts[report.slot % shards.count].append(report) }
         var taken: [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] = []
