@@ -171,6 +171,11 @@ public final class APNsSimulator: Sendable {
         state.locked { change(&$0.behaviour) }
     }
 
+    /// Sends every answer `behaviour.holdAnswers` kept, and keeps no more.
+    public func releaseHeldAnswers() {
+        state.releaseHeld()
+    }
+
     /// Sends GOAWAY on every open connection now.
     public func goAwayAll(reason: String? = nil) {
         let reason = reason ?? state.locked { $0.behaviour.goAwayReason }

@@ -73,6 +73,11 @@ public struct SimulatorConfiguration: Sendable {
         public var latency: TimeAmount = .zero
         /// Never answer at all (for deadline tests).
         public var blackHole: Bool = false
+        /// Keep every answer (accepted and counted as usual, `latency` ignored) until
+        /// ``APNsSimulator/releaseHeldAnswers()``: a test then knows which requests are at APNs
+        /// at once, however slowly a loaded machine sends them. Turning it off with
+        /// ``APNsSimulator/update(_:)`` holds no more answers and leaves those kept to the release.
+        public var holdAnswers: Bool = false
         /// Reset the next N requests with RST_STREAM REFUSED_STREAM, unprocessed (outside any
         /// GOAWAY: a client may send them again).
         public var refuseNext: Int = 0

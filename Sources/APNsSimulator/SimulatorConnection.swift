@@ -71,6 +71,8 @@ final class SimulatorConnection: HTTP2ServerDelegate {
         }
         if settled.blackHole { return }
         let response = Self.response(settled.answer, apnsID: apnsID)
+        // Checked again under the lock that releases held answers, which may have run since.
+        if settled.holdAnswers, state.hold({ $0.respond(streamID: streamID, response) }, for: connection, on: eventLoop) { return }
         if settled.latency > .zero {
             eventLoop.assumeIsolated().scheduleTask(in: settled.latency) {
                 connection.respond(streamID: streamID, response)

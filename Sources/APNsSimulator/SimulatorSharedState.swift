@@ -34,6 +34,8 @@ final class SharedState: Sendable {
         /// Broadcasts answered 200, in order (when recording in memory).
         var broadcasts: [AcceptedBroadcast] = []
         var recordFile: FileHandle?
+        /// Answers kept while `behaviour.holdAnswers` is on, each sending itself on its loop.
+        var held: [@Sendable () -> Void] = []
     }
 
     let keys: [String: SimulatorConfiguration.SigningKey]
@@ -88,6 +90,28 @@ final class SharedState: Sendable {
         }
     }
 
+    /// Keeps `respond` for `handler` while `behaviour.holdAnswers` is on, and says whether it
+    /// did. Decided under the lock ``releaseHeld()`` turns the hold off under, so no answer
+    /// is kept after the release.
+    func hold(_ respond: @escaping (HTTP2ServerHandler) -> Void, for handler: HTTP2ServerHandler, on loop: any EventLoop) -> Bool {
+        let bound = NIOLoopBound((handler, respond), eventLoop: loop)
+        return locked {
+            guard $0.behaviour.holdAnswers else { return false }
+            $0.held.append { loop.execute { bound.value.1(bound.value.0) } }
+            return true
+        }
+    }
+
+    /// Turns the hold off and sends every answer it kept.
+    func releaseHeld() {
+        let held = locked { state in
+            state.behaviour.holdAnswers = false
+            defer { state.held = [] }
+            return state.held
+        }
+        for respond in held { respond() }
+    }
+
     func liveHandlers() -> [(NIOLoopBound<HTTP2ServerHandler>, any EventLoop)] {
         locked { Array($0.handlers.values) }
     }
@@ -125,6 +149,7 @@ final class SharedState: Sendable {
         var answer: SimulatorAnswer
         var latency: TimeAmount
         var blackHole: Bool
+        var holdAnswers: Bool
         var goAwayAfterStreams: Int?
         var goAwayReason: String
     }
@@ -160,7 +185,7 @@ final class SharedState: Sendable {
             }
             if answer.status != 200 { state.answers[answer.key, default: 0] += 1 }
             let behaviour = state.behaviour
-            return Settled(answer: answer, latency: behaviour.latency, blackHole: behaviour.blackHole,
+            return Settled(answer: answer, latency: behaviour.latency, blackHole: behaviour.blackHole, holdAnswers: behaviour.holdAnswers,
                            goAwayAfterStreams: behaviour.goAwayAfterStreams, goAwayReason: behaviour.goAwayReason)
         }
     }

@@ -313,6 +313,32 @@ struct ClientSimulatorTests {
         await harness.stop()
     }
 
+    /// Held answers: the requests are accepted and none is answered until the release, which
+    /// answers them all and holds no more.
+    @Test func heldAnswersGoOutAtTheirRelease() async throws {
+        let harness = try await Harness.start(requestTimeout: .seconds(60)) { $0.behaviour.holdAnswers = true }
+        let client = harness.client
+        let sends = (0..<5).map { index in
+            Task { try await client.send(.alert("x", deviceToken: token(100 + index), topic: sampleTopic)) }
+        }
+        try await waitUntil { harness.simulator.accepted.count == 5 }
+        let answered = AsyncWatched(0)
+        let counting = sends.map { send in Task { _ = try await send.value; answered.update { $0 += 1 } } }
+        // Another request's answer, not held, comes back while the five wait: they are still held.
+        harness.simulator.update { $0.holdAnswers = false }
+        let unheld = try await client.send(.alert("y", deviceToken: token(200), topic: sampleTopic))
+        #expect(unheld.classification == .delivered)
+        #expect(answered.value == 0)
+        harness.simulator.update { $0.holdAnswers = true }
+        harness.simulator.releaseHeldAnswers()
+        for send in sends { #expect(try await send.value.classification == .delivered) }
+        for task in counting { try await task.value }
+        // The release turned the hold off.
+        #expect(try await client.send(.alert("z", deviceToken: token(201), topic: sampleTopic)).classification == .delivered)
+        #expect(harness.simulator.accepted.count == 7)
+        await harness.stop()
+    }
+
     @Test func invalidNotificationsAreNotSent() async throws {
         let harness = try await Harness.start()
         await #expect(throws: APNsError.invalidNotification(APNsValidationError(.badDeviceToken, "device token is not hex"))) {

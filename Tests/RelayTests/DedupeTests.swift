@@ -199,9 +199,12 @@ struct DedupeTests {
     /// it resumes, however long ago the relay gave up on them.)
     @Test func aRedisPauseOverlappingARevocationSendsNothingTwice() async throws {
         let redis = try await RedisServerProcess.started()
-        let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .seconds(1) }, configureRelay: {
+        // APNs keeps its answers until every intent is there (a loaded machine may take longer
+        // to send them all than a fixed latency lasts), and the relay waits for them.
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.holdAnswers = true }, configureRelay: {
             $0.redis.url = redis.url
             $0.redis.timeoutMilliseconds = 300 * sanitizerSlowdown
+            $0.apns.requestTimeoutSeconds = 120
             $0.policy.dedupeWindowSeconds = 3600
             $0.shutdownDeadlineSeconds = 2
             // Kafka gives a member its rebalance timeout (`max.poll.interval.ms`, 5 minutes) to
@@ -215,10 +218,12 @@ struct DedupeTests {
             let token = hexToken(0x3000 + $0)
             return (Array(token.utf8), Array(intent("n7-\($0)", token: token).utf8))
         })
-        // Most of them at APNs (every partition's), then Redis refuses writes.
-        try await waitUntil { harness.pipeline.inFlight >= 200 }
+        // All of them at APNs (every partition's), then Redis refuses writes, then APNs answers.
+        try await waitUntil(timeout: .seconds(60)) { harness.simulator.accepted.count >= count }
+        #expect(harness.pipeline.inFlight == count)
         let noRoom = try LoopbackRedisCommand.run(port: redis.port, ["CONFIG", "SET", "maxmemory", "1"])
         #expect(noRoom.hasPrefix("OK"))
+        harness.simulator.releaseHeldAnswers()
         // Answers from APNs now wait for their records.
         try await waitUntil { harness.simulator.accepted.count >= harness.published.value.all.count + 100 }
         let second = try RelayApplication(configuration: harness.configuration, worker: "second")
