@@ -341,6 +341,7 @@ let package = Package(
             dependencies: [
                 "Common", "Relay", "APNs", "APNsSimulator", "Kafka", "KafkaTesting", "Redis", "RedisTesting", "Spawn", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

@@ -129,6 +129,24 @@ struct RelayHarness {
         return committed.values.reduce(0) { $0 + max($1, 0) }
     }
 
+    /// Stops a relay whose shutdown deadline is 1 s while one intent's work goes on, and checks
+    /// that the work was abandoned at the deadline: the run ended after it, far below the work's
+    /// own minute (a generous bound, a third of it: the suite runs many tests at once, and a
+    /// clean clone's run on a slow sitting once took 10.8 s), with no outcome, nothing left in
+    /// flight (waiting to be sent again) and nothing committed, so the intent is consumed again.
+    func stopAbandoningAtTheDeadline(byCallbacks: Bool, sourceLocation: SourceLocation = #_sourceLocation) async throws {
+        let stopped = ContinuousClock.now
+        pipeline.requestStop()
+        await running.value
+        let took = ContinuousClock.now - stopped
+        #expect(took >= .seconds(1), sourceLocation: sourceLocation)
+        #expect(took < slowed(.seconds(20)), sourceLocation: sourceLocation)
+        #expect(pipeline.outcomeCounts.isEmpty, sourceLocation: sourceLocation)
+        #expect(pipeline.inFlight == 0, "abandoned, not waiting to be sent again", sourceLocation: sourceLocation)
+        #expect(pipeline.intentsDrivenByCallbacks == (byCallbacks ? 1 : 0), sourceLocation: sourceLocation)
+        #expect(try await committedTotal() == 0, sourceLocation: sourceLocation)
+    }
+
     /// Stops the relay; then how many outcomes it published in all, each counted once its
     /// delivery report succeeded. Nothing else publishes outcomes: one per intent, no more.
     func stopCountingOutcomes() async -> Int {
@@ -234,7 +252,33 @@ struct RelayEndToEndTests {
         #expect(outcomes.first?["status"] as? String == "delivered")
         #expect(outcomes.first?["attempts"] as? Int == 3)
         #expect(harness.simulator.answers["503 ServiceUnavailable"] == 2)
+        // Driven by callbacks, its backoffs were timers: no turn of it went on in a task.
+        #expect(harness.pipeline.intentsDrivenByCallbacks == 1)
+        #expect(harness.pipeline.callbackTurnsInTasks == 0)
         try await harness.stopExpectingOneOutcomeEach()
+    }
+
+    /// An intent waiting out a minute's backoff after a 503 is abandoned at the shutdown
+    /// deadline (1 s), not waited for: no outcome, no commit, nothing left waiting. Driven by
+    /// callbacks, its backoff is a timer (``BackoffTimers``) the deadline ends; as a task, its
+    /// sleep is cancelled.
+    @Test(arguments: [false, true])
+    func aRetryWaitingOutItsBackoffIsAbandonedAtTheShutdownDeadline(byCallbacks: Bool) async throws {
+        let harness = try await RelayHarness.start(configure: { $0.behaviour.failNext = (1, 503) }, configureRelay: { relay in
+            relay.shutdownDeadlineSeconds = 1
+            relay.retry.initialBackoffMilliseconds = 60_000
+            relay.retry.maxBackoffMilliseconds = 60_000
+        }, deliveryByCallbacks: byCallbacks)
+        try await harness.produce(intent("backoff-1", token: hexToken(2)), key: hexToken(2))
+        if byCallbacks {
+            try await waitUntil { harness.pipeline.retriesWaitingOutBackoff == 1 }
+        } else {
+            try #require(await harness.simulator.waitForAnswers(atLeast: 1, within: .seconds(20)))
+        }
+        try await harness.stopAbandoningAtTheDeadline(byCallbacks: byCallbacks)
+        #expect(harness.pipeline.retriesWaitingOutBackoff == 0)
+        #expect(harness.simulator.answers == ["503 ServiceUnavailable": 1])
+        await harness.stop()
     }
 
     @Test func oneDeviceKeepsItsOrder() async throws {
@@ -278,23 +322,7 @@ struct RelayEndToEndTests {
         }, deliveryByCallbacks: byCallbacks)
         try await harness.produce(intent("stuck-1", token: hexToken(1)), key: hexToken(1))
         try #require(await harness.simulator.waitForAnswers(atLeast: 1, within: .seconds(20)))
-        let stopped = ContinuousClock.now
-        harness.pipeline.requestStop()
-        await harness.running.value
-        let took = ContinuousClock.now - stopped
-        // The 1 s deadline, then the clients close (an open APNs request is cut a second later):
-        // far below the request's 60 s (a generous bound, a third of it: the suite runs many
-        // tests at once, and a clean clone's run on a slow sitting once took 10.8 s).
-        #expect(took >= .seconds(1))
-        #expect(took < slowed(.seconds(20)))
-        #expect(harness.pipeline.outcomeCounts.isEmpty)
-        #expect(harness.pipeline.inFlight == 0, "abandoned, not waiting to be sent again")
-        #expect(harness.pipeline.intentsDrivenByCallbacks == (byCallbacks ? 1 : 0))
-        let reader = try KafkaConsumer(bootstrapServers: harness.cluster.bootstrapServers,
-                                       groupID: harness.pipeline.configuration.kafka.groupID, topics: [])
-        let committed = try await reader.committed((0..<4).map { TopicPartition(topic: harness.intentsTopic, partition: $0) })
-        #expect(committed.values.allSatisfy { $0 <= 0 })
-        await reader.close()
+        try await harness.stopAbandoningAtTheDeadline(byCallbacks: byCallbacks)
         await harness.stop()
     }
 

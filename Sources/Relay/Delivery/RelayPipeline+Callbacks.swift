@@ -1,5 +1,7 @@
 import APNs
 import Kafka
+import NIOCore
+import NIOPosix
 
 /// Intents driven by callbacks instead of a task each (``RelayPipeline/drivesByCallbacks``, on
 /// unless `bench e2e --task-per-intent` measures the task per intent against it:
@@ -10,15 +12,16 @@ import Kafka
 /// Live Activity budget, not taken from a mailbox, no invalidation record, no trace. Its steps
 /// are the ones ``RelayPipeline/handle(_:)`` awaits, each started from the callback of the one
 /// before: the send's answer (``APNsClient/send(_:completion:)``, on the connection's event
-/// loop), the machine's verdict (``DeliveryStateMachine``), the record
+/// loop), the machine's verdict (``DeliveryStateMachine``), a retry's backoff (a timer on the
+/// answer's event loop: ``BackoffTimers``), the record
 /// (``RelayPipeline/record(_:_:orElse:then:)``), the outcome's delivery report (librdkafka's
 /// poll thread, a poll's reports at a time: ``RelayPipeline/outcomesDelivered(_:)``), the offset
-/// and the next intent of its device. The rare turns — a retry's
-/// backoff, a park, a 429 in shadow mode, a record Redis failed, an outcome whose delivery
+/// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record Redis failed, an outcome whose delivery
 /// failed — go on in a task, the way the task per intent goes, in a task the shutdown deadline
 /// cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
 /// abandoned as a task per intent is: one at APNs when its answer comes (or its client closes),
-/// one due to be sent before it goes.
+/// one waiting out a backoff at once (``BackoffTimers/abandonAll()``), one due to be sent
+/// before it goes.
 extension RelayPipeline {
     /// Starts `item` by callbacks; false when it does not qualify (the caller runs it as a task).
     func driveByCallbacks(_ item: WorkItem) -> Bool {
@@ -55,7 +58,14 @@ extension RelayPipeline {
                 }
                 self.step(delivery, action)
             }
-        case .wait, .park:
+        case .wait(let delay):
+            // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
+            leftAPNs(delivery)
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.next()
+            backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
+                self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
+            }
+        case .park:
             driveInTask(delivery, from: action)
         }
     }
@@ -191,6 +201,7 @@ extension RelayPipeline {
     /// deadline cancels (``abandoning``) as it cancels the intents' tasks: what it runs then
     /// ends abandoned instead of outliving the relay.
     private func inTurnTask(_ turn: @escaping @Sendable () async -> Void) {
+        turnsInTasks.add(1, ordering: .relaxed)
         Task {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { await turn() }

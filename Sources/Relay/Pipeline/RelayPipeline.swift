@@ -107,6 +107,13 @@ public final class RelayPipeline: RelayStatus, Service {
     /// (``outcomesDelivered(_:)``).
     let outcomeReports: DeliveryReportBatcher
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
+    /// Turns of intents driven by callbacks that went on in a task (a park, a failed record or
+    /// outcome, the next intent of a device that does not qualify), so far.
+    let turnsInTasks = Atomic<Int>(0)
+    public var callbackTurnsInTasks: Int { turnsInTasks.load(ordering: .relaxed) }
+    /// Retries driven by callbacks waiting out their backoff.
+    let backoffTimers = BackoffTimers()
+    public var retriesWaitingOutBackoff: Int { backoffTimers.count }
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
     public let incidents = AsyncWatched(RelayIncidents())
@@ -364,12 +371,19 @@ public final class RelayPipeline: RelayStatus, Service {
         }
     }
 
+    /// The shutdown deadline: what is still running is cancelled, retries waiting out a backoff
+    /// included.
+    private func abandon() {
+        abandoning.open()
+        backoffTimers.abandonAll()
+    }
+
     private func runUntilStopped() async {
         logger.info("relay started", metadata: ["relay.worker": "\(worker)", "kafka.topics": "\(configuration.kafka.intentTopics)"])
         guard await redisGuaranteesHold() else {
             // Nothing started: the mailbox deliverer stops too.
             requestStop()
-            abandoning.open()
+            abandon()
             return
         }
         await prepareProducedTopics()
@@ -383,7 +397,7 @@ public final class RelayPipeline: RelayStatus, Service {
             await drain()
             // What is still in flight now is abandoned.
             let left = inFlight
-            abandoning.open()
+            abandon()
             // Abandoned work waits for nothing: records still waiting for Kafka (an outcome, an
             // invalidation record) are purged, so their waits end now rather than when
             // librdkafka gives up on them (`message.timeout.ms`, 5 minutes by default). Their
