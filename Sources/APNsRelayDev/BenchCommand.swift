@@ -44,6 +44,9 @@ struct BenchAPNsCommand: AsyncParsableCommand {
     @Option(help: "Distinct device tokens to spread the notifications over.")
     var devices: Int = 10_000
 
+    @Flag(help: "Send from a task per notification in flight (the client's async send) instead of from each answer's callback (the way the relay sends).")
+    var taskPerSend = false
+
     func validate() throws {
         if count < 1 || concurrency < 1 || connections < 1 || devices < 1 {
             throw ValidationError("--count, --concurrency, --connections and --devices must be at least 1")
@@ -112,22 +115,32 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         // benchmark's own bookkeeping stays out of the client's memory figure.
         let latencies = LatencyRecorder(capacity: count)
         let started = ContinuousClock.now
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            let executors = client.taskExecutors
-            for task in 0..<min(concurrency, count) {
-                // Each sender runs on one of the pool's event loops, next to its connection.
-                group.addTask(executorPreference: executors[task % executors.count]) {
-                    while true {
-                        let index = next.value.wrappingAdd(1, ordering: .relaxed).oldValue
-                        if index >= count { break }
-                        let sent = ContinuousClock.now
-                        let result = try await client.send(notification(index))
-                        latencies.record((ContinuousClock.now - sent).totalNanoseconds)
-                        if result.classification != .delivered { failed.value.add(1, ordering: .relaxed) }
+        if taskPerSend {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                let executors = client.taskExecutors
+                for task in 0..<min(concurrency, count) {
+                    // Each sender runs on one of the pool's event loops, next to its connection.
+                    group.addTask(executorPreference: executors[task % executors.count]) {
+                        while true {
+                            let index = next.value.wrappingAdd(1, ordering: .relaxed).oldValue
+                            if index >= count { break }
+                            let sent = ContinuousClock.now
+                            let result = try await client.send(notification(index))
+                            latencies.record((ContinuousClock.now - sent).totalNanoseconds)
+                            if result.classification != .delivered { failed.value.add(1, ordering: .relaxed) }
+                        }
                     }
                 }
+                try await group.waitForAll()
             }
-            try await group.waitForAll()
+        } else {
+            let sender = CallbackSender(client: client, count: count, notification: notification, latencies: latencies, failed: failed)
+            let executors = client.taskExecutors
+            for slot in 0..<min(concurrency, count) {
+                // Each chain of sends starts on one of the pool's event loops, next to its connection.
+                executors[slot % executors.count].eventLoop.execute { sender.sendNext() }
+            }
+            await sender.finished.wait()
         }
         let elapsed = ContinuousClock.now - started
         let rss = peakResidentMiB()
@@ -142,6 +155,51 @@ struct BenchAPNsCommand: AsyncParsableCommand {
         Terminal.line(String(format: "notifications/s: %.0f p50_ms: %.2f p99_ms: %.2f",
                              Double(count) / seconds, milliseconds[0], milliseconds[1]))
         if failures > 0 { throw ExitCode(1) }
+    }
+}
+
+/// `bench apns` sending as the relay sends: no task per notification; each answer's callback
+/// (on the event loop of the connection that answered) records it and sends the next, so as
+/// many chains run as notifications are in flight.
+final class CallbackSender: Sendable {
+    let client: APNsClient
+    let count: Int
+    let notification: @Sendable (Int) -> APNsNotification
+    let latencies: LatencyRecorder
+    let failed: SharedCounter
+    private let next = Atomic<Int>(0)
+    private let answered = Atomic<Int>(0)
+    /// Open once every notification was answered.
+    let finished = AsyncLatch()
+
+    init(client: APNsClient, count: Int, notification: @escaping @Sendable (Int) -> APNsNotification,
+         latencies: LatencyRecorder, failed: SharedCounter) {
+        self.client = client
+        self.count = count
+        self.notification = notification
+        self.latencies = latencies
+        self.failed = failed
+    }
+
+    func sendNext() {
+        let index = next.wrappingAdd(1, ordering: .relaxed).oldValue
+        guard index < count else { return }
+        let sent = ContinuousClock.now
+        client.send(notification(index)) { result in
+            self.latencies.record((ContinuousClock.now - sent).totalNanoseconds)
+            guard case .success(let answer) = result, answer.classification == .delivered else {
+                self.failed.value.add(1, ordering: .relaxed)
+                // A refusal comes on the caller's thread at once: the next send goes from the
+                // loop, not one stack frame deeper per refusal.
+                return self.ended { MultiThreadedEventLoopGroup.singleton.next().execute { self.sendNext() } }
+            }
+            self.ended { self.sendNext() }
+        }
+    }
+
+    private func ended(thenNext sendNext: () -> Void) {
+        if answered.wrappingAdd(1, ordering: .relaxed).newValue == count { finished.open() }
+        sendNext()
     }
 }
 

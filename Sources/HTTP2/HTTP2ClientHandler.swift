@@ -202,7 +202,10 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         guard let session, machine.phase != .closed else { return }
         machine.frameReceived(now: context.eventLoop.now)
         do {
-            try session.receive(unwrapInboundIn(data))
+            try session.receive(unwrapInboundIn(data), inPiecesOf: NGHTTP2Session.receivePiece) {
+                flush(context)
+                return self.session != nil && machine.phase != .closed
+            }
         } catch {
             fail(context, error)
         }

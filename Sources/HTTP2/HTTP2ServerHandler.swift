@@ -167,7 +167,10 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
         inRead = true
         defer { inRead = false }
         do {
-            try session.receive(unwrapInboundIn(data))
+            try session.receive(unwrapInboundIn(data), inPiecesOf: NGHTTP2Session.receivePiece) {
+                flush(context)
+                return !closed
+            }
         } catch {
             fail(context, error.description)
         }
