@@ -58,6 +58,17 @@ final class HTTP2Pair {
         clientHandler.execute(request, deadline: deadline ?? loop.now + .seconds(60)) { [unowned self] in results[index] = $0 }
     }
 
+    /// Sends an APNs notification's request for device `index`; its result lands in ``results``
+    /// under `index`, then `then` runs.
+    func sendNotification(_ index: Int, then: @escaping () -> Void = {}) {
+        let notification = APNsNotification.alert("x", deviceToken: token(index), topic: sampleTopic)
+        let request = APNsClient.request(for: notification, apnsID: UUID().uuidString, authority: "api.example")
+        clientHandler.execute(request, deadline: loop.now + .seconds(60)) { [unowned self] in
+            results[index] = $0
+            then()
+        }
+    }
+
     /// Moves bytes both ways, in pieces of `chunk` bytes when given, until neither side writes.
     func exchange(chunk: Int? = nil) throws {
         var moved = true
@@ -177,11 +188,7 @@ struct HTTP2PairTests {
         try pair.exchange()
         func round(_ indices: Range<Int>) throws {
             for chunk in stride(from: indices.lowerBound, to: indices.upperBound, by: 50) {
-                for index in chunk..<min(chunk + 50, indices.upperBound) {
-                    let notification = APNsNotification.alert("x", deviceToken: token(index), topic: sampleTopic)
-                    let request = APNsClient.request(for: notification, apnsID: UUID().uuidString, authority: "api.example")
-                    pair.clientHandler.execute(request, deadline: pair.loop.now + .seconds(60)) { [unowned pair] in pair.results[index] = $0 }
-                }
+                for index in chunk..<min(chunk + 50, indices.upperBound) { pair.sendNotification(index) }
                 try pair.exchange()
             }
         }
@@ -205,12 +212,7 @@ struct HTTP2PairTests {
         try pair.exchange()
         let count = 600
         for index in 0..<count {
-            let notification = APNsNotification.alert("x", deviceToken: token(index), topic: sampleTopic)
-            let request = APNsClient.request(for: notification, apnsID: UUID().uuidString, authority: "api.example")
-            pair.clientHandler.execute(request, deadline: pair.loop.now + .seconds(60)) { [unowned pair] result in
-                pair.results[index] = result
-                pair.send(count + index)
-            }
+            pair.sendNotification(index) { [unowned pair] in pair.send(count + index) }
         }
         let answerWrites = try pair.moveInOneRead(from: pair.client, to: pair.server)
         #expect(pair.application.requests.count == count)
