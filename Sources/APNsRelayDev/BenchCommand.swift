@@ -189,16 +189,18 @@ final class CallbackSender: Sendable {
             self.latencies.record((ContinuousClock.now - sent).totalNanoseconds)
             guard case .success(let answer) = result, answer.classification == .delivered else {
                 self.failed.value.add(1, ordering: .relaxed)
-                // A refusal comes on the caller's thread at once: the next send goes from the
-                // loop, not one stack frame deeper per refusal.
-                return self.ended { MultiThreadedEventLoopGroup.singleton.next().execute { self.sendNext() } }
+                // A refusal may come on the caller's thread at once: the next send goes from a
+                // connection's loop, not one stack frame deeper per refusal.
+                let loops = self.client.taskExecutors
+                return self.ended { loops[Int.random(in: 0..<loops.count)].eventLoop.execute { self.sendNext() } }
             }
             self.ended { self.sendNext() }
         }
     }
 
     private func ended(thenNext sendNext: () -> Void) {
-        if answered.wrappingAdd(1, ordering: .relaxed).newValue == count { finished.open() }
+        // Acquiring and releasing: the last answer sees every chain's latency slots written.
+        if answered.wrappingAdd(1, ordering: .acquiringAndReleasing).newValue == count { finished.open() }
         sendNext()
     }
 }

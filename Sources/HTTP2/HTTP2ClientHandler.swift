@@ -105,6 +105,16 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     @exclusivity(unchecked) private var pending = PrecedenceQueue<Exchange>()
     @exclusivity(unchecked) private var flushScheduled = false
     @exclusivity(unchecked) private var timer: Scheduled<Void>?
+    /// Inside ``channelRead(context:data:)``, which flushes between the pieces of a read: a
+    /// write that fails there makes NIO read what is left on the socket and close the channel
+    /// before the flush returns. What that reads (bytes after the current read's) waits in
+    /// `readLater`, and the close (`closedDuringRead`, with the error if one was caught) waits
+    /// until the current read and those bytes were taken in: the answers they hold are answers,
+    /// not streams lost with the connection (a lost one is sent again).
+    @exclusivity(unchecked) private var reading = false
+    @exclusivity(unchecked) private var readLater: ByteBuffer?
+    @exclusivity(unchecked) private var closedDuringRead = false
+    @exclusivity(unchecked) private var errorDuringRead: (any Error)?
 
     /// Called on the event loop for every connection-level event.
     public var onEvent: ((Event) -> Void)?
@@ -200,18 +210,47 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard let session, machine.phase != .closed else { return }
+        let bytes = unwrapInboundIn(data)
+        if reading {
+            // Read by NIO from inside one of this read's flushes: after this read's bytes.
+            if readLater == nil { readLater = bytes } else { readLater!.writeImmutableBuffer(bytes) }
+            return
+        }
         machine.frameReceived(now: context.eventLoop.now)
+        reading = true
+        var next: ByteBuffer? = bytes
         do {
-            try session.receive(unwrapInboundIn(data), inPiecesOf: NGHTTP2Session.receivePiece) {
-                flush(context)
-                return self.session != nil && machine.phase != .closed
+            while let input = next {
+                try session.receive(input, inPiecesOf: NGHTTP2Session.receivePiece) {
+                    // Once the channel closed, the rest is taken in without sending.
+                    if !closedDuringRead, errorDuringRead == nil { flush(context) }
+                    return machine.phase != .closed
+                }
+                next = readLater
+                readLater = nil
             }
         } catch {
+            reading = false
+            readLater = nil
+            closedDuringRead = false
+            errorDuringRead = nil
             fail(context, error)
+            return
+        }
+        reading = false
+        if let error = errorDuringRead {
+            errorDuringRead = nil
+            errorCaught(context: context, error: error)
+        }
+        if closedDuringRead {
+            closedDuringRead = false
+            channelInactive(context: context)
         }
     }
 
     public func channelReadComplete(context: ChannelHandlerContext) {
+        // Fired by NIO from inside one of a read's flushes (see `reading`): nothing to do yet.
+        if reading { return context.fireChannelReadComplete() }
         flush(context)
         if let session, !session.isAlive, machine.isAcceptingRequests {
             // nghttp2 ended the session over something the server sent; its GOAWAY went out in
@@ -224,10 +263,12 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     public func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if reading { return errorDuringRead = errorDuringRead ?? error }
         fail(context, .closed(String(describing: error)))
     }
 
     public func channelInactive(context: ChannelHandlerContext) {
+        if reading { return closedDuringRead = true }
         connectionEnded(closeReason ?? (machine.phase == .goingAway ? nil : .closed("peer closed the connection")))
         context.fireChannelInactive()
     }

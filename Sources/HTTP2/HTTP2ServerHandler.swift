@@ -39,6 +39,8 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     private let initialMaxConcurrentStreams: UInt32
     private let delegate: any HTTP2ServerDelegate
     @exclusivity(unchecked) private var inRead = false
+    /// Bytes NIO read from inside a flush of ``channelRead(context:data:)``, taken in after it.
+    @exclusivity(unchecked) private var readLater: ByteBuffer?
     @exclusivity(unchecked) private var closed = false
     @exclusivity(unchecked) private var goingAway = false
     /// The last-stream-id of the GOAWAY we sent: requests above it are refused, never processed.
@@ -164,12 +166,27 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard let session, !closed else { return }
+        let bytes = unwrapInboundIn(data)
+        if inRead {
+            // Read by NIO from inside one of this read's flushes (a write that failed drains the
+            // socket before the channel closes): after this read's bytes, not in their middle.
+            if readLater == nil { readLater = bytes } else { readLater!.writeImmutableBuffer(bytes) }
+            return
+        }
         inRead = true
-        defer { inRead = false }
+        defer {
+            inRead = false
+            readLater = nil
+        }
+        var next: ByteBuffer? = bytes
         do {
-            try session.receive(unwrapInboundIn(data), inPiecesOf: NGHTTP2Session.receivePiece) {
-                flush(context)
-                return !closed
+            while let input = next, !closed {
+                try session.receive(input, inPiecesOf: NGHTTP2Session.receivePiece) {
+                    flush(context)
+                    return !closed
+                }
+                next = readLater
+                readLater = nil
             }
         } catch {
             fail(context, error.description)
@@ -177,6 +194,8 @@ public final class HTTP2ServerHandler: ChannelInboundHandler, NGHTTP2SessionDele
     }
 
     public func channelReadComplete(context: ChannelHandlerContext) {
+        // Fired by NIO from inside one of a read's flushes: the read flushes when it is done.
+        if inRead { return context.fireChannelReadComplete() }
         flush(context)
         closeIfFinished(context)
         context.fireChannelReadComplete()

@@ -36,7 +36,8 @@ final class HTTP2Pair {
     var events: [HTTP2ClientHandler.Event] = []
     var results: [Int: Result<HTTP2Response, HTTP2StreamError>] = [:]
 
-    init(configure: (inout HTTP2ClientHandler.Configuration) -> Void = { _ in }, serverStreams: UInt32 = 100) throws {
+    init(configure: (inout HTTP2ClientHandler.Configuration) -> Void = { _ in }, serverStreams: UInt32 = 100,
+         clientFront: (any ChannelHandler & Sendable)? = nil, serverFront: (any ChannelHandler & Sendable)? = nil) throws {
         var configuration = HTTP2ClientHandler.Configuration()
         configuration.requireALPN = false
         configure(&configuration)
@@ -44,7 +45,9 @@ final class HTTP2Pair {
         serverHandler = HTTP2ServerHandler(maxConcurrentStreams: serverStreams, delegate: application)
         client = EmbeddedChannel(loop: loop)
         server = EmbeddedChannel(loop: loop)
+        if let clientFront { try client.pipeline.syncOperations.addHandler(clientFront) }
         try client.pipeline.syncOperations.addHandler(clientHandler)
+        if let serverFront { try server.pipeline.syncOperations.addHandler(serverFront) }
         try server.pipeline.syncOperations.addHandler(serverHandler)
         clientHandler.onEvent = { [unowned self] in events.append($0) }
         let address = try SocketAddress(ipAddress: "127.0.0.1", port: 443)
@@ -126,6 +129,32 @@ final class HTTP2Pair {
     func finish() {
         _ = try? client.finish(acceptAlreadyClosed: true)
         _ = try? server.finish(acceptAlreadyClosed: true)
+    }
+}
+
+/// Does to the next flush what NIO does to a flush whose write fails: reads what is left on the
+/// socket (`drained`, then a read-complete), then closes the channel, all before the flush
+/// returns; the flush's bytes are lost.
+final class FlushFailsAfterReading: ChannelDuplexHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private var drained: ByteBuffer?
+    private(set) var fired = false
+
+    func arm(drained: ByteBuffer) {
+        self.drained = drained
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        guard let drained else { return context.flush() }
+        self.drained = nil
+        fired = true
+        context.fireChannelRead(wrapInboundOut(drained))
+        context.fireChannelReadComplete()
+        context.close(promise: nil)
     }
 }
 
@@ -222,6 +251,65 @@ struct HTTP2PairTests {
         #expect(requestWrites > 1, "\(count) requests sent in \(requestWrites) write")
         try pair.exchange()
         #expect(pair.results.count == 2 * count && pair.results.values.allSatisfy { (try? $0.get().status) == 200 })
+    }
+
+    /// A write that fails between the pieces of a read of answers (NIO then reads what is left on
+    /// the socket and closes the channel before the flush returns): every answer in the rest of
+    /// the read, and in what NIO read then, reaches its request — none ends as lost with the
+    /// connection, to be sent again — and the connection ends after them, ending the requests
+    /// the answers' callbacks had started.
+    @Test func aWriteThatFailsInTheMiddleOfAReadLosesNoAnswerOfIt() throws {
+        let failing = FlushFailsAfterReading()
+        let pair = try HTTP2Pair(serverStreams: 1000, clientFront: failing)
+        defer { pair.finish() }
+        try pair.exchange()
+        let count = 1000
+        for index in 0..<count {
+            pair.sendNotification(index) { [unowned pair] in pair.send(count + index) }
+        }
+        try pair.move(from: pair.client, to: pair.server)
+        pair.loop.run()
+        var answers = pair.server.allocator.buffer(capacity: 0)
+        while var buffer = try pair.server.readOutbound(as: ByteBuffer.self) { answers.writeBuffer(&buffer) }
+        // The client reads 6,000 bytes of them (two pieces and part of a frame); the rest is
+        // what NIO reads when the flush between the pieces fails.
+        #expect(answers.readableBytes > 8_000)
+        let first = answers.readSlice(length: 6_000)!
+        failing.arm(drained: answers)
+        try pair.client.writeInbound(first)
+        pair.loop.run()
+        #expect(failing.fired)
+        let answered = (0..<count).filter { (try? pair.results[$0]?.get().status) == 200 }.count
+        #expect(answered == count, "\(count - answered) answers lost: \(pair.results[0].map { "\($0)" } ?? "none")")
+        #expect(!pair.client.isActive)
+        #expect(pair.closedEvents.count == 1)
+        #expect((count..<2 * count).allSatisfy { index in pair.results[index].map { (try? $0.get()) == nil } ?? false })
+    }
+
+    /// The server meets the same failed write between the pieces of a read of requests: what
+    /// NIO read then comes after the read's bytes, not in the middle of a frame, so nghttp2
+    /// sees no broken frame (the connection is closed, and what came after the failed write is
+    /// not taken in).
+    @Test func aServerWriteThatFailsInTheMiddleOfAReadBreaksNoFrame() throws {
+        let failing = FlushFailsAfterReading()
+        let pair = try HTTP2Pair(serverStreams: 1000, serverFront: failing)
+        defer { pair.finish() }
+        try pair.exchange()
+        for index in 0..<600 { pair.sendNotification(index) }
+        pair.loop.run()
+        var requests = pair.client.allocator.buffer(capacity: 0)
+        while var buffer = try pair.client.readOutbound(as: ByteBuffer.self) { requests.writeBuffer(&buffer) }
+        // The server reads all but the last 3,000 bytes (the requests' HEADERS come first, then
+        // their bodies); the rest is what NIO reads when a flush of answers fails.
+        #expect(requests.readableBytes > 12_000)
+        let first = requests.readSlice(length: requests.readableBytes - 3_000)!
+        failing.arm(drained: requests)
+        try pair.server.writeInbound(first)
+        pair.loop.run()
+        #expect(failing.fired)
+        #expect(pair.serverHandler.failure == nil)
+        #expect(!pair.server.isActive)
+        #expect(pair.application.requests.count > 0 && pair.application.requests.count < 600)
     }
 
     /// A GOAWAY read a byte at a time: the streams it names as processed are answered, the one

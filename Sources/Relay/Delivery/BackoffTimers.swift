@@ -28,7 +28,8 @@ final class BackoffTimers: Sendable {
     var count: Int { state.withLock { $0.timers.count } }
 
     /// Calls `fire(false)` on `loop` once `delay` has passed, or `fire(true)` at the shutdown
-    /// deadline if that comes first (at once when it has come). Exactly one of them, once.
+    /// deadline if that comes first (at once when it has come). Exactly one of them, once;
+    /// `fire(true)` runs on the thread that calls ``abandonAll()`` (or this), not on `loop`.
     func schedule(in delay: TimeAmount, on loop: any EventLoop, _ fire: @escaping @Sendable (_ abandoned: Bool) -> Void) {
         let waiting = state.withLock { waiting -> Bool in
             guard !waiting.abandoned else { return false }

@@ -16,9 +16,9 @@ import NIOPosix
 /// answer's event loop: ``BackoffTimers``), the record
 /// (``RelayPipeline/record(_:_:orElse:then:)``), the outcome's delivery report (librdkafka's
 /// poll thread, a poll's reports at a time: ``RelayPipeline/outcomesDelivered(_:)``), the offset
-/// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record Redis failed, an outcome whose delivery
-/// failed — go on in a task, the way the task per intent goes, in a task the shutdown deadline
-/// cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
+/// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record
+/// Redis failed, an outcome whose delivery failed — go on in a task, the way the task per intent
+/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
 /// abandoned as a task per intent is: one at APNs when its answer comes (or its client closes),
 /// one waiting out a backoff at once (``BackoffTimers/abandonAll()``), one due to be sent
 /// before it goes.
@@ -196,8 +196,8 @@ extension RelayPipeline {
         inTurnTask { self.next(after: item) }
     }
 
-    /// Runs a turn that leaves the callbacks (a retry's backoff, an outcome whose delivery
-    /// failed, an intent that does not qualify) in a task of its own, which the shutdown
+    /// Runs a turn that leaves the callbacks (a park, a 429 in shadow mode, a record or an
+    /// outcome whose delivery failed, an intent that does not qualify) in a task of its own, which the shutdown
     /// deadline cancels (``abandoning``) as it cancels the intents' tasks: what it runs then
     /// ends abandoned instead of outliving the relay.
     private func inTurnTask(_ turn: @escaping @Sendable () async -> Void) {

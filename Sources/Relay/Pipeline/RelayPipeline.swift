@@ -107,8 +107,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// (``outcomesDelivered(_:)``).
     let outcomeReports: DeliveryReportBatcher
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
-    /// Turns of intents driven by callbacks that went on in a task (a park, a failed record or
-    /// outcome, the next intent of a device that does not qualify), so far.
+    /// Turns of intents driven by callbacks that went on in a task (``inTurnTask(_:)``: a park,
+    /// a 429 in shadow mode, a failed record or outcome, the next intent of a device that does
+    /// not qualify or after an item that ended without waiting), so far.
     let turnsInTasks = Atomic<Int>(0)
     public var callbackTurnsInTasks: Int { turnsInTasks.load(ordering: .relaxed) }
     /// Retries driven by callbacks waiting out their backoff.
