@@ -37,7 +37,7 @@ final class HTTP2Pair {
     var results: [Int: Result<HTTP2Response, HTTP2StreamError>] = [:]
 
     init(configure: (inout HTTP2ClientHandler.Configuration) -> Void = { _ in }, serverStreams: UInt32 = 100,
-         clientFront: (any ChannelHandler & Sendable)? = nil, serverFront: (any ChannelHandler & Sendable)? = nil) throws {
+         clientFront: (any ChannelHandler)? = nil, serverFront: (any ChannelHandler)? = nil) throws {
         var configuration = HTTP2ClientHandler.Configuration()
         configuration.requireALPN = false
         configure(&configuration)
@@ -135,7 +135,7 @@ final class HTTP2Pair {
 /// Does to the next flush what NIO does to a flush whose write fails: reads what is left on the
 /// socket (`drained`, then a read-complete), then closes the channel, all before the flush
 /// returns; the flush's bytes are lost.
-final class FlushFailsAfterReading: ChannelDuplexHandler, @unchecked Sendable {
+final class FlushFailsAfterReading: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
     typealias OutboundIn = ByteBuffer
