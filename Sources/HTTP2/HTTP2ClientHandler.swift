@@ -219,6 +219,7 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
         machine.frameReceived(now: context.eventLoop.now)
         reading = true
         var next: ByteBuffer? = bytes
+        var broken: HTTP2Error?
         do {
             while let input = next {
                 try session.receive(input, inPiecesOf: NGHTTP2Session.receivePiece) {
@@ -230,14 +231,13 @@ public final class HTTP2ClientHandler: ChannelInboundHandler, NGHTTP2SessionDele
                 readLater = nil
             }
         } catch {
-            reading = false
             readLater = nil
-            closedDuringRead = false
-            errorDuringRead = nil
-            fail(context, error)
-            return
+            broken = error
         }
         reading = false
+        // The read's own failure first (it is why the connection ends), then what NIO reported
+        // meanwhile, passed on as it would have been.
+        if let broken { fail(context, broken) }
         if let error = errorDuringRead {
             errorDuringRead = nil
             errorCaught(context: context, error: error)

@@ -18,10 +18,10 @@ import NIOPosix
 /// poll thread, a poll's reports at a time: ``RelayPipeline/outcomesDelivered(_:)``), the offset
 /// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record
 /// Redis failed, an outcome whose delivery failed — go on in a task, the way the task per intent
-/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown deadline (``abandoning``) an intent is
-/// abandoned as a task per intent is: one at APNs when its answer comes (or its client closes),
-/// one waiting out a backoff at once (``BackoffTimers/abandonAll()``), one due to be sent
-/// before it goes.
+/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown
+/// deadline (``abandoning``) an intent is abandoned as a task per intent is: one at APNs when
+/// its answer comes (or its client closes), one waiting out a backoff at once
+/// (``BackoffTimers/abandonAll()``), one due to be sent before it goes.
 extension RelayPipeline {
     /// Starts `item` by callbacks; false when it does not qualify (the caller runs it as a task).
     func driveByCallbacks(_ item: WorkItem) -> Bool {
@@ -197,9 +197,9 @@ extension RelayPipeline {
     }
 
     /// Runs a turn that leaves the callbacks (a park, a 429 in shadow mode, a record or an
-    /// outcome whose delivery failed, an intent that does not qualify) in a task of its own, which the shutdown
-    /// deadline cancels (``abandoning``) as it cancels the intents' tasks: what it runs then
-    /// ends abandoned instead of outliving the relay.
+    /// outcome whose delivery failed, an intent that does not qualify) in a task of its own,
+    /// which the shutdown deadline cancels (``abandoning``) as it cancels the intents' tasks:
+    /// what it runs then ends abandoned instead of outliving the relay.
     private func inTurnTask(_ turn: @escaping @Sendable () async -> Void) {
         turnsInTasks.add(1, ordering: .relaxed)
         Task {
