@@ -1,7 +1,10 @@
 /// The partitions this relay owns and where each one's work stands: per partition an
 /// ``OffsetTracker`` and a generation, bumped at every assignment and revocation, so that work
 /// started under an earlier ownership is known as no longer ours even once the partition came
-/// back. A value type: each pipeline shard keeps one under its lock and stores the committable
+/// back. A ledger among several (one per pipeline shard) hands out generations of its own: the
+/// ledger `shard` of `shards` only those that leave `shard` divided by `shards` (``shard(ofGeneration:shards:)``),
+/// so a generation names its ledger, and work of one never passes as another's when a
+/// partition moves between them. A value type: each pipeline shard keeps one under its lock and stores the committable
 /// offsets it returns. Generic over what names a partition (the relay's is Kafka's
 /// `TopicPartition`), so that this module needs no Kafka; public with inlinable methods, so that
 /// the relay's use is specialized (docs/architecture.md, hot-path rule 4).
@@ -14,6 +17,9 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     @usableFromInline var trackers: [Partition: OffsetTracker] = [:]
     @usableFromInline var generations: [Partition: Int] = [:]
     public let uncommittedLimit: Int
+    /// The generations this ledger hands out: `first`, then every `stride` after it.
+    @usableFromInline let firstGeneration: Int
+    @usableFromInline let generationStride: Int
     /// Partitions paused because they reached the limit.
     @inlinable public var held: Set<Partition> { heldPartitions }
     @usableFromInline var heldPartitions: Set<Partition> = []
@@ -25,8 +31,28 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     /// Per partition, its items whose notification went to APNs and that have not ended.
     @usableFromInline var atAPNs: [Partition: Int] = [:]
 
-    public init(uncommittedLimit: Int = .max) {
+    /// The ledger `shard` of `shards` (one ledger alone: 0 of 1).
+    public init(uncommittedLimit: Int = .max, shard: Int = 0, of shards: Int = 1) {
         self.uncommittedLimit = max(uncommittedLimit, 2)
+        self.generationStride = max(shards, 1)
+        self.firstGeneration = generationStride + shard
+    }
+
+    /// The ledger among `shards` that handed out `generation`.
+    @inlinable
+    public static func shard(ofGeneration generation: Int, shards: Int) -> Int {
+        let remainder = generation % shards
+        return remainder < 0 ? remainder + shards : remainder
+    }
+
+    /// The partition's next generation.
+    @inlinable
+    mutating func bumpGeneration(_ partition: Partition) {
+        if let generation = generations[partition] {
+            generations[partition] = generation + generationStride
+        } else {
+            generations[partition] = firstGeneration
+        }
     }
 
     /// The partitions are ours from now on (a new generation each).
@@ -34,7 +60,7 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     public mutating func assign(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = OffsetTracker()
-            generations[partition, default: 0] += 1
+            bumpGeneration(partition)
         }
     }
 
@@ -44,7 +70,7 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     public mutating func revoke(_ partitions: [Partition]) {
         for partition in partitions {
             trackers[partition] = nil
-            generations[partition, default: 0] += 1
+            bumpGeneration(partition)
             heldPartitions.remove(partition)
             revokingPartitions.remove(partition)
             atAPNs[partition] = nil

@@ -133,25 +133,38 @@ struct DeviceQueueSlotTests {
         let other = String(repeating: "cd", count: 32)
         let batch = [try parsed(Self.token), try parsed(Self.token), try parsed(other), try parsed(Self.token), try parsed(other),
                      .failure(InvalidIntent(reason: "NotJSON", message: "x", token: Self.token))]
-        #expect(Pipeline.acrossShards([0, 1, 0, 2, 3, 1], batch, shards: 2) == 2, "partition 1 beside 0; and 3 beside 0")
-        #expect(Pipeline.acrossShards([0, 2, 0, 4, 2, 1], batch, shards: 2) == 0, "one shard's pairs are the queues' to count")
-        #expect(Pipeline.acrossShards([0, 1, 0, 2, 3, 1], batch, shards: 1) == 0)
+        // Each record's shard: partitions 0, 1, 0, 2, 3, 1 placed on two shards in turn.
+        #expect(Pipeline.acrossShards([0, 1, 0, 0, 1, 1], batch) == 2, "partition 1 beside 0; and 3 beside 0")
+        #expect(Pipeline.acrossShards([0, 0, 0, 0, 0, 1], batch) == 0, "one shard's pairs are the queues' to count")
+        #expect(Pipeline.acrossShards([0, 0, 0, 0, 0, 0], batch) == 0)
+        #expect(Pipeline.acrossShards([0, nil, 0, 0, 1, 1], batch) == 1, "a record of a partition not ours is dropped, not counted")
     }
 
     /// The relay counts them at intake: forty devices, each with two intents under two keys (so
     /// on two partitions, for many of them of two shards), consumed together by a relay of two
     /// shards. Without the count at intake nothing counts these pairs (the shards' queues see
     /// only their own).
-    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    ///
+    /// A pair is counted when both of its records come in one consumed batch, and librdkafka can
+    /// hand a fetch's partitions over in more than one (on a loaded machine it does): up to five
+    /// rounds of forty devices, until one was counted.
+    @Test(.stopsItsRelays, .timeLimit(.minutes(3)))
     func theRelayCountsADevicesIntentsFromTwoShardsAtIntake() async throws {
-        let preload = (0..<40).flatMap { device -> [(json: String, key: String)] in
-            let token = hexToken(0x4000 + device)
-            // Keys of one length differing in one byte would land on partitions of one parity
-            // (the partitioner's CRC is linear): the second key is another device's number.
-            return [(json: intent("x\(device)-0", token: token), key: token), (json: intent("x\(device)-1", token: token), key: "device-\(device)")]
+        func round(_ round: Int) -> [(json: String, key: String)] {
+            (0..<40).flatMap { device -> [(json: String, key: String)] in
+                let token = hexToken(0x4000 + device)
+                // Keys of one length differing in one byte would land on partitions of one parity
+                // (the partitioner's CRC is linear): the second key is another device's number.
+                return [(json: intent("x\(round)-\(device)-0", token: token), key: token),
+                        (json: intent("x\(round)-\(device)-1", token: token), key: "device-\(device)")]
+            }
         }
-        let harness = try await RelayHarness.start(preload: preload, shards: 2)
+        let harness = try await RelayHarness.start(preload: round(0), shards: 2)
         _ = try await harness.outcomes(count: 80)
+        for next in 1..<5 where harness.pipeline.intentsAcrossShards.load(ordering: .relaxed) == 0 {
+            _ = try await harness.producer.send(topic: harness.intentsTopic, records: round(next).map { (Array($0.key.utf8), Array($0.json.utf8)) })
+            _ = try await harness.outcomes(count: 80 * (next + 1))
+        }
         #expect(harness.pipeline.intentsAcrossShards.load(ordering: .relaxed) > 0)
         try await harness.stopExpectingOneOutcomeEach()
     }

@@ -13,7 +13,9 @@ extension RelayPipeline {
         let trace = Self.traceContext(message)
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
         var hold = false, ours = true
-        let shard = shard(of: partition)
+        // The shard that handed out the generation its batch read, or (asked without one) the
+        // partition's now.
+        let shard = expected.map { shards[Self.shardIndex(ofGeneration: $0, shards: shards.count)] } ?? shard(of: partition)
         let readMark = readMarks.map { $0[shard.index] }
         let (start, inFlight) = shard.state.withLock { shard -> (WorkItem?, Int) in
             guard let generation = shard.partitions.start(partition, offset: message.offset, generation: expected) else {
@@ -97,7 +99,7 @@ extension RelayPipeline {
     /// ``DeviceQueues/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs.
     func recordedCoalesced(_ intent: Intent, of item: WorkItem) {
-        shard(of: item.partition).state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
+        shard(of: item).state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
     }
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
@@ -165,7 +167,7 @@ extension RelayPipeline {
     /// (parking behind a parked one of its app: `parkedUntil`, per topic).
     func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
         guard let turn = DeviceQueues.turn(of: item) else { return nil }
-        let (queued, waiters) = shard(of: item.partition).state.withLock { shard -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+        let (queued, waiters) = shard(of: item).state.withLock { shard -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
             // The relay-wide lock only when an item was queued (most devices have one intent at a
             // time): ``nextQueued(after:_:parkedUntil:_:_:)`` in two steps.
             guard let queued = shard.queues.nextQueued(after: item, turn, parkedUntil: parkedUntil) else { return (nil, []) }

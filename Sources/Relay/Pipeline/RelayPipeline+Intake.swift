@@ -77,7 +77,7 @@ extension RelayPipeline {
         events: for await event in consumer.events {
             switch event {
             case .assigned(let partitions):
-                eachShard(partitions) { shard, part in shard.partitions.assign(part) }
+                assign(partitions)
                 let owned = self.owned
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
                 if let apart = Self.lanesApart(owned, laneTopics) {
@@ -86,7 +86,7 @@ extension RelayPipeline {
                 }
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
-                eachShard(partitions) { shard, part in shard.partitions.revoke(part) }
+                revoke(partitions)
                 let uncounted = state.withLock { state in
                     defer { state.revocationCommitFailuresCounted = failures }
                     return failures - state.revocationCommitFailuresCounted
@@ -107,10 +107,6 @@ extension RelayPipeline {
                 let now = clock()
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map { parse($0, now: now) }
-                    if shards.count > 1 {
-                        let across = Self.acrossShards(messages.map(\.topicPartition.partition), parsed, shards: shards.count)
-                        if across > 0 { intentsAcrossShards.add(across, ordering: .relaxed) }
-                    }
                     var generations: [TopicPartition: Int] = [:]
                     var last: TopicPartition?
                     for message in messages where message.topicPartition != last {
@@ -120,6 +116,10 @@ extension RelayPipeline {
                                 $0.partitions.generation(of: message.topicPartition) ?? -1
                             }
                         }
+                    }
+                    if shards.count > 1 {
+                        let across = Self.acrossShards(messages.map { shardIndex(generations[$0.topicPartition]) }, parsed)
+                        if across > 0 { intentsAcrossShards.add(across, ordering: .relaxed) }
                     }
                     state.withLock { $0.lanes.consumed(lane, records: messages.count) }
                     let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations,
@@ -138,21 +138,27 @@ extension RelayPipeline {
         for queue in queues { queue.finish() }
     }
 
+    /// The shard of a record whose partition had `generation` when it was read: the one that
+    /// handed the generation out (nil without one: the partition was not ours, its record is
+    /// dropped).
+    func shardIndex(_ generation: Int?) -> Int? {
+        generation.flatMap { $0 < 0 ? nil : Self.shardIndex(ofGeneration: $0, shards: shards.count) }
+    }
+
     /// Intents of one lane's consumed batch whose device (or channel) has an earlier intent in
-    /// the batch from a partition number of another shard: a pair the shards' queues cannot see
+    /// the batch from a partition number of another shard (`shards`: each record's, nil for a
+    /// partition not ours): a pair the shards' queues cannot see
     /// (``DeviceQueues/acrossPartitions`` counts those of one shard). Counted per batch, so that
     /// `apns_relay_intents_across_partitions_total` sees a producer that does not key by device
     /// whatever the shard count.
-    static func acrossShards(_ partitions: [Int32], _ parsed: [Result<Intent, InvalidIntent>], shards: Int) -> Int {
+    static func acrossShards(_ shards: [Int?], _ parsed: [Result<Intent, InvalidIntent>]) -> Int {
         // A batch of one shard's partitions (often all of it) has no such pair.
-        guard let shard = partitions.first.map({ shardIndex(of: $0, shards: shards) }),
-              partitions.contains(where: { shardIndex(of: $0, shards: shards) != shard }) else { return 0 }
+        guard let shard = shards.first, shards.contains(where: { $0 != shard }) else { return 0 }
         var first: [String: Int] = [:]
         first.reserveCapacity(parsed.count)
         var across = 0
-        for (partition, intent) in zip(partitions, parsed) {
-            guard case .success(let intent) = intent else { continue }
-            let shard = shardIndex(of: partition, shards: shards)
+        for (shard, intent) in zip(shards, parsed) {
+            guard let shard, case .success(let intent) = intent else { continue }
             if let earlier = first[intent.recipient] {
                 if earlier != shard { across += 1 }
             } else {
@@ -173,7 +179,6 @@ extension RelayPipeline {
     /// Admits a lane's batches, in consumption order, until the relay stops: each admitted
     /// intent that can start now runs in a child task of a group of intents.
     private func admitLane(_ lane: Int, from queue: AsyncBoundedQueue<LaneBatch>, gate: AsyncSerialGate) async {
-        var groups = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
                 guard case (var admissions, let forgetsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
@@ -182,27 +187,28 @@ extension RelayPipeline {
                 let admitting = batch.admitting
                 let readMarks = admitting.read?.marks
                 let policy = tracer != nil && admitting.pending != nil ? (start: admitting.startedAt, end: wallNanoseconds()) : nil
-                // Intents run in task groups of their own, `workGroupSize` consecutive intents
-                // each: a finished child task is unlinked by walking its group's list of
-                // children, and intents end out of order (each partition's outcomes are
+                // Intents run in task groups of their own, up to `workGroupSize` consecutive
+                // intents of one shard each, on that shard's event loop (where its APNs client
+                // prefers a connection): a finished child task is unlinked by walking its group's
+                // list of children, and intents end out of order (each partition's outcomes are
                 // acknowledged together), so one group of every intent in flight made that walk
-                // thousands of tasks long. Groups run on the work executors in turn, and each
-                // group admits its own intents, in order, before the next group starts: a group
-                // waits for its turn on a busy event loop, which keeps fewer intents waiting in
-                // flight when the relay is saturated.
+                // thousands of tasks long. The shards' groups take turns, and each group admits
+                // its own intents, in order, before the next group starts: a group waits for its
+                // turn on a busy event loop, which keeps fewer intents waiting in flight when the
+                // relay is saturated.
                 let messages = batch.messages
                 let consumedAt = batch.consumedAt
-                for chunk in stride(from: 0, to: messages.count, by: Self.workGroupSize) {
+                let groups = Self.workGroups(messages.map { shardIndex(batch.generations[$0.topicPartition]) }, shards: shards.count)
+                for (shard, indices) in groups {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
-                    let members = (chunk..<min(chunk + Self.workGroupSize, messages.count)).map { index -> Member in
+                    let members = indices.map { index -> Member in
                         Member(message: messages[index], parsed: batch.parsed[index], admission: admissions[index],
                                forgetsUnregistered: forgetsUnregistered[index], generation: batch.generations[messages[index].topicPartition],
                                decision: decisions[index])
                     }
                     let admitted = AsyncLatch()
-                    let executor = workExecutors.isEmpty ? nil : workExecutors[groups % workExecutors.count]
-                    groups &+= 1
+                    let executor = workExecutors.isEmpty ? nil : workExecutors[shard % workExecutors.count]
                     workers.addTask(executorPreference: executor) {
                         await withDiscardingTaskGroup { intents in
                             defer { admitted.open() }
@@ -225,6 +231,25 @@ extension RelayPipeline {
                 // Every intent of the batch admitted: its read no longer keeps answers.
                 admitting.read?.end()
             }
+        }
+    }
+
+    /// A batch's work groups: each shard's records (`shards`, each record's shard; nil for a
+    /// partition not ours, whose record is dropped at its admission, grouped with shard 0's) in
+    /// their order, `workGroupSize` at most per group, the shards' groups in turn.
+    static func workGroups(_ recordShards: [Int?], shards: Int) -> [(shard: Int, indices: ArraySlice<Int>)] {
+        var byShard: [[Int]] = Array(repeating: [], count: shards)
+        for (index, shard) in recordShards.enumerated() { byShard[shard ?? 0].append(index) }
+        var groups: [(shard: Int, indices: ArraySlice<Int>)] = []
+        var start = 0
+        while true {
+            var any = false
+            for (shard, indices) in byShard.enumerated() where start < indices.count {
+                groups.append((shard, indices[start..<min(start + workGroupSize, indices.count)]))
+                any = true
+            }
+            guard any else { return groups }
+            start += workGroupSize
         }
     }
 

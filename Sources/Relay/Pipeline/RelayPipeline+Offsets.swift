@@ -142,11 +142,10 @@ extension RelayPipeline {
         state.withLock { $0.revocation.begin() }
         // Each shard's unsettled mark is set inside its lock: a shard that settles from then on
         // finds it (``shardSettled(_:_:)``), before or after the waiter is in place.
-        eachShard(partitions) { shard, part in
+        eachShard(partitions) { shard, index, part in
             shard.partitions.markRevoking(part)
             shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
             if shard.revocationAwaits {
-                let index = self.shard(of: part[0]).index
                 state.withLock { $0.revocation.unsettled(index) }
             }
         }

@@ -7,10 +7,12 @@ extension RelayPipeline {
     /// holds, revocations and work at APNs) and the queues of the devices whose intents come on
     /// them, with the recent answers and parks those queues' admissions check.
     ///
-    /// A partition's shard is fixed by its number (``shard(of:)``): partition N of every lane is
-    /// on one shard, so a device's intents — keyed by its token, on one partition number of each
-    /// lane (docs/intents.md) — meet in one shard's queues. Intents of one device that arrive on
-    /// two partition numbers of different shards are not serialized with each other.
+    /// A partition's shard is where its number was placed as it was assigned (``ShardPlacement``):
+    /// partition N of every lane is on one shard, so a device's intents — keyed by its token, on
+    /// one partition number of each lane (docs/intents.md) — meet in one shard's queues. Intents
+    /// of one device that arrive on two partition numbers of different shards are not
+    /// serialized with each other. An item belongs to the shard that admitted it, which its
+    /// generation names (``shard(of:)``, given the item).
     ///
     /// Lock order: a shard's lock, then (inside it, where a step changes both) the relay-wide
     /// ``State``'s; never the other way round, and never two shards' at once. A step that
@@ -38,19 +40,26 @@ extension RelayPipeline {
         }
     }
 
-    /// The shard that owns `partition`: by its number, the same for every lane.
+    /// The shard that owns `partition` now: where its number was placed (``ShardPlacement``),
+    /// the same for every lane.
     func shard(of partition: TopicPartition) -> ShardBox {
-        shards[Self.shardIndex(of: partition.partition, shards: shards.count)]
+        shards.count == 1 ? shards[0] : shards[placement.withLock { $0.shard(of: partition.partition) }]
     }
 
-    /// The index of the shard that owns partition number `partition` among `shards` shards.
-    static func shardIndex(of partition: Int32, shards: Int) -> Int {
-        Int(partition) % shards
+    /// The shard `item` was admitted on, which its generation names: it ends there even when
+    /// its partition has moved since.
+    func shard(of item: WorkItem) -> ShardBox {
+        shards[Self.shardIndex(ofGeneration: item.generation, shards: shards.count)]
     }
 
-    /// Whether `item`'s partition is `shard`'s.
+    /// The index of the shard that handed out `generation` among `shards` shards.
+    static func shardIndex(ofGeneration generation: Int, shards: Int) -> Int {
+        PartitionLedger<TopicPartition>.shard(ofGeneration: generation, shards: shards)
+    }
+
+    /// Whether `item` is `shard`'s.
     func belongs(_ item: WorkItem, to shard: ShardBox) -> Bool {
-        shards.count == 1 || self.shard(of: item.partition) === shard
+        shards.count == 1 || self.shard(of: item) === shard
     }
 
     /// The partitions this relay owns now, of every shard.
@@ -63,13 +72,27 @@ extension RelayPipeline {
         shards.reduce(into: []) { held, shard in held.formUnion(shard.state.withLock { $0.partitions.held }) }
     }
 
-    /// Applies an assignment or a revocation to the shards that own the partitions: `change`
-    /// runs once per shard with its part of them.
-    func eachShard(_ partitions: [TopicPartition], _ change: (inout Shard, [TopicPartition]) -> Void) {
+    /// The partitions are ours: their numbers are placed on shards (``ShardPlacement``), and each
+    /// shard's ledger takes its part.
+    func assign(_ partitions: [TopicPartition]) {
+        placement.withLock { $0.assign(partitions.map { ($0.topic, $0.partition) }) }
+        eachShard(partitions) { shard, _, part in shard.partitions.assign(part) }
+    }
+
+    /// The partitions are no longer ours: their shards' ledgers let them go, and a number with
+    /// no partition left is free to be placed anew.
+    func revoke(_ partitions: [TopicPartition]) {
+        eachShard(partitions) { shard, _, part in shard.partitions.revoke(part) }
+        placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
+    }
+
+    /// Applies a change to the shards that own the partitions: `change` runs once per shard, in
+    /// its lock, with its index and its part of them.
+    func eachShard(_ partitions: [TopicPartition], _ change: (inout Shard, Int, [TopicPartition]) -> Void) {
         var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
         for partition in partitions { parts[shard(of: partition).index].append(partition) }
         for (shard, part) in zip(shards, parts) where !part.isEmpty {
-            shard.state.withLock { change(&$0, part) }
+            shard.state.withLock { change(&$0, shard.index, part) }
         }
     }
 
@@ -78,12 +101,12 @@ extension RelayPipeline {
     /// Whether the item's partition is still ours (being revoked included): work that reached
     /// APNs goes on to its outcome and stored offset.
     func isCurrent(_ item: WorkItem) -> Bool {
-        shard(of: item.partition).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
+        shard(of: item).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
     }
 
     /// Whether new work of the item may start: its partition is ours and not being revoked.
     func isActive(_ item: WorkItem) -> Bool {
-        shard(of: item.partition).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
+        shard(of: item).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
     }
 
     /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
@@ -91,7 +114,7 @@ extension RelayPipeline {
     /// waits for.
     func mayGoToAPNs(_ delivery: Delivery) -> Bool {
         let first = !delivery.ending.countedAtAPNs
-        let allowed = shard(of: delivery.item.partition).state.withLock {
+        let allowed = shard(of: delivery.item).state.withLock {
             $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
         }
         if allowed { delivery.ending.countedAtAPNs = true }
@@ -103,7 +126,7 @@ extension RelayPipeline {
     func leftAPNs(_ delivery: Delivery) {
         guard delivery.ending.countedAtAPNs else { return }
         delivery.ending.countedAtAPNs = false
-        let box = shard(of: delivery.item.partition)
+        let box = shard(of: delivery.item)
         let waiter = box.state.withLock { shard -> DispatchSemaphore? in
             guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
             return state.withLock { Self.shardSettled(box.index, &$0) }
@@ -117,7 +140,7 @@ extension RelayPipeline {
     /// Keeps the item in its shard's table until its outcome's delivery report comes; returns
     /// the slot the report names (the table's slot, times the shard count, plus the shard).
     func outcomeSlot(_ concluding: Concluding) -> Int {
-        let box = shard(of: concluding.item.partition)
+        let box = shard(of: concluding.item)
         return box.state.withLock { $0.concluding.insert(concluding) } * shards.count + box.index
     }
 

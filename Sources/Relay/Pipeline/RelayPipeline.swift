@@ -72,6 +72,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// The shards, one per work executor unless ``RelayApplication`` was told how many: each owns
     /// its partitions and their devices' queues (``Shard``, ``shard(of:)``).
     let shards: [ShardBox]
+    /// Which shard each owned partition number is on: changed by the reader's rebalances, read
+    /// wherever a partition (not an item) names its shard.
+    let placement: Locked<ShardPlacement>
     /// Per team, its credential's fault and cool-down (``CredentialFaultBreaker``): asked before
     /// each send, its own lock.
     let credentialFaults: Locked<CredentialFaultBreaker>
@@ -168,10 +171,13 @@ public final class RelayPipeline: RelayStatus, Service {
         self.state = Locked(State(
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting)))
-        self.shards = (0..<max(shards ?? clients.workExecutors.count, 1)).map { index in
-            ShardBox(index: index, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition),
+        let shardCount = max(shards ?? clients.workExecutors.count, 1)
+        self.shards = (0..<shardCount).map { index in
+            ShardBox(index: index, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
+                                                                     shard: index, of: shardCount),
                                          queues: DeviceQueues(precedence: precedence)))
         }
+        self.placement = Locked(ShardPlacement(shards: shardCount))
         self.credentialFaults = Locked(CredentialFaultBreaker(cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))

@@ -33,7 +33,7 @@ extension RelayPipeline {
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
         // (after a 429, of the device) are decided again (``DeviceQueues/missedPark(_:since:)``).
-        shard(of: item.partition).state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
+        shard(of: item).state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
@@ -244,8 +244,10 @@ extension RelayPipeline {
             let lane = lane(of: partition.topic)
             // Only for partitions still ours (a rebalance may have taken one since the query),
             // and while there is room: the send slot is reserved here.
-            let claimed = shard(of: partition).state.withLock { shard in
-                guard shard.partitions.isActive(partition, generation: generations[partition] ?? -1) else { return false }
+            // On the shard that handed out the generation read (where it is still ours if it is).
+            let generation = generations[partition] ?? -1
+            let claimed = shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].state.withLock { shard in
+                guard shard.partitions.isActive(partition, generation: generation) else { return false }
                 return state.withLock { state in
                     guard state.lanes.mailboxRoom(lane) > 0, state.mailboxJobs.insert(member).inserted else { return false }
                     state.lanes.admitted(lane)
@@ -279,7 +281,6 @@ extension RelayPipeline {
                 continue
             }
             failingTakes = 0
-            let generation = generations[partition] ?? 0
             let item: WorkItem
             switch taken {
             case .stale, .notYet:
@@ -322,7 +323,7 @@ extension RelayPipeline {
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
-            let start = shard(of: partition).state.withLock { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
+            let start = shard(of: item).state.withLock { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
             if let start { workers.addTask { await self.work(start) } }
         }
     }

@@ -1,0 +1,130 @@
+import Foundation
+import Kafka
+@testable import Relay
+import TestSupport
+import Testing
+
+/// Where a partition number's work runs (``ShardPlacement``), the generations that name the
+/// shard of an item (``PartitionLedger/shard(ofGeneration:shards:)``), and a batch's work groups.
+@Suite("Shard placement")
+struct ShardPlacementTests {
+    static func partitions(_ numbers: [Int32], topic: String = "intents") -> [(topic: String, number: Int32)] {
+        numbers.map { (topic, $0) }
+    }
+
+    /// Numbers of one residue (a relay given the even partitions of a group) spread over every
+    /// shard: by their number modulo two they would all be on shard 0.
+    @Test func numbersOfOneResidueSpreadOverEveryShard() {
+        var placement = ShardPlacement(shards: 2)
+        placement.assign(Self.partitions([6, 0, 4, 2]))
+        #expect([0, 2, 4, 6].map { placement.shard(of: $0) } == [0, 1, 0, 1], "in ascending order, each on the least loaded")
+        #expect(placement.load == [2, 2])
+        var three = ShardPlacement(shards: 3)
+        three.assign(Self.partitions([0, 3, 6, 9, 12]))
+        #expect(three.load == [2, 2, 1])
+    }
+
+    /// A number stays on its shard while a partition of it, of any lane, is ours: a device's
+    /// intents of both lanes meet in one shard's queues.
+    @Test func aNumberStaysWhileAnyLaneOwnsIt() {
+        var placement = ShardPlacement(shards: 2)
+        placement.assign(Self.partitions([0, 1], topic: "urgent") + Self.partitions([0, 1], topic: "bulk"))
+        #expect(placement.load == [1, 1])
+        placement.revoke(Self.partitions([1], topic: "urgent"))
+        placement.assign(Self.partitions([2], topic: "urgent"))
+        #expect(placement.shard(of: 1) == 1, "bulk's partition 1 is still ours")
+        #expect(placement.shard(of: 2) == 0)
+        placement.revoke(Self.partitions([1], topic: "bulk"))
+        #expect(!placement.isPlaced(1))
+        #expect(placement.load == [2, 0])
+        // Free again: the next number goes where there is room.
+        placement.assign(Self.partitions([1], topic: "bulk"))
+        #expect(placement.shard(of: 1) == 1)
+        #expect(placement.load == [2, 1])
+    }
+
+    /// A revoked number is placed anew at its next assignment; the same partition assigned twice
+    /// counts once; a number not ours names a shard all the same (nothing of it is owned there).
+    @Test func aFreedNumberIsPlacedAnew() {
+        var placement = ShardPlacement(shards: 2)
+        placement.assign(Self.partitions([0, 1, 2, 3]))
+        placement.revoke(Self.partitions([0, 2]))
+        #expect(placement.load == [0, 2])
+        placement.assign(Self.partitions([2, 2]))
+        #expect(placement.shard(of: 2) == 0)
+        placement.revoke(Self.partitions([2]))
+        #expect(!placement.isPlaced(2), "assigned twice, revoked once: the partition is not ours")
+        #expect(placement.shard(of: 7) == 1)
+        #expect(placement.shard(of: -3) == 1)
+        #expect(ShardPlacement(shards: 0).shard(of: 5) == 0)
+    }
+
+    /// Each shard's ledger hands out generations of its own: a generation names its shard, and
+    /// an item of a partition that moved never passes as the new shard's.
+    @Test func aGenerationNamesItsShard() throws {
+        let partition = TopicPartition(topic: "intents", partition: 3)
+        var first = PartitionLedger<TopicPartition>(shard: 0, of: 2)
+        var second = PartitionLedger<TopicPartition>(shard: 1, of: 2)
+        first.assign([partition])
+        let old = try #require(first.generation(of: partition))
+        first.revoke([partition])
+        second.assign([partition])
+        let new = try #require(second.generation(of: partition))
+        #expect(PartitionLedger<TopicPartition>.shard(ofGeneration: old, shards: 2) == 0)
+        #expect(PartitionLedger<TopicPartition>.shard(ofGeneration: new, shards: 2) == 1)
+        #expect(old != new)
+        #expect(!second.owns(partition, generation: old))
+        first.assign([partition])
+        #expect(first.generation(of: partition) != old, "back on its first shard, a new generation")
+        #expect(PartitionLedger<TopicPartition>.shard(ofGeneration: -1, shards: 2) == 1)
+        var alone = PartitionLedger<TopicPartition>()
+        alone.assign([partition])
+        #expect(alone.generation(of: partition) == 1, "one ledger alone counts from 1")
+    }
+
+    /// A batch's work groups: each shard's records in their order, at most `workGroupSize` a
+    /// group, the shards' groups in turn; a record not ours goes with shard 0's.
+    @Test func aBatchIsGroupedByShardInTurn() {
+        let size = RelayPipeline.workGroupSize
+        let shards: [Int?] = (0..<(size * 2 + 10)).map { $0 < size + 5 ? 1 : ($0 == size + 5 ? nil : 0) }
+        let groups = RelayPipeline.workGroups(shards, shards: 2)
+        #expect(groups.map(\.shard) == [0, 1, 0, 1])
+        #expect(groups.map(\.indices.count) == [size, size, 5, 5])
+        #expect(Array(groups[1].indices) == Array(0..<size))
+        #expect(groups[0].indices.first == size + 5, "the record not ours, first of shard 0's")
+        #expect(RelayPipeline.workGroups([], shards: 2).isEmpty)
+        #expect(RelayPipeline.workGroups([nil, nil], shards: 1).map(\.indices.count) == [2])
+    }
+
+    /// Two relays of a group under librdkafka's `roundrobin` assignor, which hands four
+    /// partitions out in turn: each relay owns numbers of one residue, and each of its two shards
+    /// gets one of them. By number modulo two, every partition of a relay would be on one shard,
+    /// and it would send from one of its two event loops.
+    @Test(.stopsItsRelays, .timeLimit(.minutes(3)))
+    func twoRelaysGivenPartitionsInTurnUseBothOfTheirShards() async throws {
+        let harness = try await RelayHarness.start(configureRelay: { $0.kafka.consumerProperties["partition.assignment.strategy"] = "roundrobin" },
+                                                   shards: 2)
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
+        let second = try RelayApplication(configuration: harness.configuration, worker: "second", shards: 2)
+        let running = Task { await second.run() }
+        let relays = [harness.pipeline, second.pipeline]
+        try await waitUntil(timeout: .seconds(60)) { relays.allSatisfy { $0.owned.count == 2 } }
+        for relay in relays {
+            let numbers = relay.owned.map(\.partition)
+            try #require(Set(numbers.map { $0 % 2 }).count == 1, "roundrobin hands partitions out in turn: \(numbers)")
+            #expect(Set(relay.owned.map { relay.shard(of: $0).index }) == [0, 1], "\(numbers)")
+            #expect(relay.placement.withLock { $0.load } == [1, 1])
+            #expect(relay.shards.allSatisfy { shard in shard.state.withLock { $0.partitions.owned.count } == 1 })
+        }
+        let count = 200
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
+            let token = hexToken(0x3000 + $0)
+            return (Array(token.utf8), Array(intent("p-\($0)", token: token).utf8))
+        })
+        try await waitUntil(timeout: .seconds(60)) { Set(harness.simulator.accepted.map(\.apnsID)).count >= count }
+        #expect(second.pipeline.outcomeCounts.values.reduce(0, +) > 0 && harness.pipeline.outcomeCounts.values.reduce(0, +) > 0)
+        second.requestStop()
+        await running.value
+        await harness.stop()
+    }
+}
