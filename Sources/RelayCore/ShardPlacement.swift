@@ -11,9 +11,12 @@
 /// and one with the odd, would each send from half their event loops.
 ///
 /// Work of a number that moved is not mixed up with the work after it: each shard's ledger hands
-/// out generations of its own (``PartitionLedger/shard(ofGeneration:shards:)``), an item ends on
-/// the shard its generation names, and a revocation waits (within its bound) for the work at APNs
-/// of the partitions it revokes before the consumer assigns anything again.
+/// out generations of its own (``PartitionLedger/shard(ofGeneration:shards:)``), so an item ends
+/// on the shard its generation names and never passes as the new shard's. A device's intent of
+/// the old assignment still at APNs is not serialized with one of the new assignment on another
+/// shard: a revocation waits for its partitions' work at APNs (within its bound) before the
+/// consumer goes on, but a lost assignment (or a wait that ran out) does not, as it never did
+/// for the relay the partition went to.
 ///
 /// Under the cooperative assignor, a revocation of some numbers leaves the others where they
 /// are: the shards can be uneven until later assignments fill the emptier ones.

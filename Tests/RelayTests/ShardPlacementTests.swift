@@ -37,9 +37,9 @@ struct ShardPlacementTests {
         placement.revoke(Self.partitions([1], topic: "bulk"))
         #expect(!placement.isPlaced(1))
         #expect(placement.load == [2, 0])
-        // Free again: the next number goes where there is room.
-        placement.assign(Self.partitions([1], topic: "bulk"))
-        #expect(placement.shard(of: 1) == 1)
+        // The next number goes where there is room (not where its number modulo two would).
+        placement.assign(Self.partitions([4], topic: "bulk"))
+        #expect(placement.shard(of: 4) == 1)
         #expect(placement.load == [2, 1])
     }
 
@@ -48,10 +48,13 @@ struct ShardPlacementTests {
     @Test func aFreedNumberIsPlacedAnew() {
         var placement = ShardPlacement(shards: 2)
         placement.assign(Self.partitions([0, 1, 2, 3]))
-        placement.revoke(Self.partitions([0, 2]))
-        #expect(placement.load == [0, 2])
-        placement.assign(Self.partitions([2, 2]))
         #expect(placement.shard(of: 2) == 0)
+        placement.revoke(Self.partitions([2, 3]))
+        #expect(placement.load == [1, 1])
+        placement.assign(Self.partitions([5]))
+        placement.assign(Self.partitions([2, 2]))
+        #expect(placement.shard(of: 2) == 1, "on the least loaded shard now, not its earlier one")
+        #expect(placement.load == [2, 2])
         placement.revoke(Self.partitions([2]))
         #expect(!placement.isPlaced(2), "assigned twice, revoked once: the partition is not ours")
         #expect(placement.shard(of: 7) == 1)
@@ -94,6 +97,52 @@ struct ShardPlacementTests {
         #expect(groups[0].indices.first == size + 5, "the record not ours, first of shard 0's")
         #expect(RelayPipeline.workGroups([], shards: 2).isEmpty)
         #expect(RelayPipeline.workGroups([nil, nil], shards: 1).map(\.indices.count) == [2])
+    }
+
+    /// librdkafka revokes on its poll thread, where a partition's assignment can still wait
+    /// behind consumed batches for the reader: its number is not placed yet when the revocation
+    /// marks it, and is placed after. The mark reaches the shard the assignment then goes to,
+    /// and the revocation clears it wherever it went: the partition's next assignment, on any
+    /// shard, starts its records. (Marked on its number's shard by modulo alone, the records read
+    /// before the revocation would have started on the other, and a later assignment on the
+    /// marked shard would have started none.)
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    func aRevocationBeforeItsAssignmentReachedTheReaderStopsItsWork() async throws {
+        let harness = try await RelayHarness.start(shards: 2)
+        let pipeline = harness.pipeline
+        try await waitUntil(timeout: .seconds(30)) { pipeline.owned.count == 4 }
+        // Partitions of a topic of the test's own, beside the relay's four.
+        func partition(_ number: Int32) -> TopicPartition { TopicPartition(topic: "placed-\(UUID().uuidString.prefix(4))", partition: number) }
+        let (ten, eleven, twelve) = (partition(10), partition(11), partition(12))
+        pipeline.assign([ten, eleven])
+        pipeline.revoke([eleven])
+        let target = pipeline.placement.withLock { placement in
+            var next = placement
+            next.assign([(twelve.topic, twelve.partition)])
+            return next.shard(of: twelve.partition)
+        }
+        try #require(target != 12 % 2, "the test needs twelve placed off its number's shard")
+        pipeline.partitionsRevoking([twelve], lost: false)
+        pipeline.assign([twelve])
+        #expect(pipeline.shard(of: twelve).index == target)
+        let generation = try #require(pipeline.shard(of: twelve).state.withLock { $0.partitions.generation(of: twelve) })
+        #expect(pipeline.shard(of: twelve).state.withLock { $0.partitions.start(twelve, offset: 0, generation: generation) } == nil,
+                "a record read before the revocation does not start")
+        pipeline.revoke([twelve])
+        #expect(pipeline.shards.allSatisfy { shard in shard.state.withLock { !$0.partitions.revoking.contains(twelve) } })
+        // Assigned again: on the shard it was placed on, then (ten revoked, the shards even) on
+        // the other.
+        var placedOn: Set<Int> = []
+        for _ in 0..<2 {
+            pipeline.assign([twelve])
+            let box = pipeline.shard(of: twelve)
+            placedOn.insert(box.index)
+            let next = try #require(box.state.withLock { $0.partitions.generation(of: twelve) })
+            #expect(box.state.withLock { $0.partitions.start(twelve, offset: 1, generation: next) } == next, "shard \(box.index)")
+            pipeline.revoke([twelve, ten])
+        }
+        #expect(placedOn == [0, 1])
+        await harness.stop()
     }
 
     /// Two relays of a group under librdkafka's `roundrobin` assignor, which hands four

@@ -85,6 +85,6 @@ extension RelayPipeline {
     func invalidationFailed(_ item: WorkItem, _ error: KafkaError) {
         logger.warning("invalidation record not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
         RelayMetrics.publishFailures.increment()
-        incidents.update { $0.publishFailures += 1 }
+        health.publishFailed()
     }
 }

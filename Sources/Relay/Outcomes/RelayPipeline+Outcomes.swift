@@ -175,7 +175,7 @@ extension RelayPipeline {
     func publishFailed(_ item: WorkItem, _ error: KafkaError) {
         logger.warning("outcome not published yet", metadata: metadata(item, ["kafka.error": "\(error)"]))
         RelayMetrics.publishFailures.increment()
-        incidents.update { $0.publishFailures += 1 }
+        health.publishFailed()
     }
 
     /// The outcome as published: key and value (kept out of `publish`'s frame).

@@ -24,7 +24,7 @@ extension RelayPipeline {
         }
         // An item counted in `answering` is marked when its slot is freed (``freeSlot(of:_:_:)``).
         if status == .coalesced, !item.holdsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
-            recordedCoalesced(intent, of: item)
+            recordedCoalesced(intent, in: shard(of: item))
         }
         if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)
@@ -122,7 +122,7 @@ extension RelayPipeline {
                             lastSent: ending.lastSent, unregistered: unregistered,
                             onlyIfAbsent: ending.outcome?.status == .coalesced) { recorded in
             if case .failure(let error) = recorded {
-                self.redisFailed(error)
+                self.health.redisFailed(error)
                 return orElse(.notRecorded)
             }
             RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)

@@ -97,9 +97,10 @@ extension RelayPipeline {
 
     /// A `coalesced` record was written for `intent` by an item that does not answer for it in
     /// ``DeviceQueues/answering``: a copy whose batch read Redis before the record is decided again in
-    /// its turn (``RecentAnswers``), as for an answer from APNs.
-    func recordedCoalesced(_ intent: Intent, of item: WorkItem) {
-        shard(of: item).state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
+    /// its turn (``RecentAnswers``), as for an answer from APNs. Marked in `shard`, where the
+    /// intent's copies queue.
+    func recordedCoalesced(_ intent: Intent, in shard: ShardBox) {
+        shard.state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
     }
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way

@@ -141,12 +141,16 @@ extension RelayPipeline {
         let semaphore = DispatchSemaphore(value: 0)
         state.withLock { $0.revocation.begin() }
         // Each shard's unsettled mark is set inside its lock: a shard that settles from then on
-        // finds it (``shardSettled(_:_:)``), before or after the waiter is in place.
-        eachShard(partitions) { shard, index, part in
-            shard.partitions.markRevoking(part)
-            shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
-            if shard.revocationAwaits {
-                state.withLock { $0.revocation.unsettled(index) }
+        // finds it (``shardSettled(_:_:)``), before or after the waiter is in place. Every shard
+        // is marked: a partition whose assignment still waits for the reader has no shard yet
+        // (``revoke(_:)`` clears every shard's marks).
+        for box in shards {
+            box.state.withLock { shard in
+                shard.partitions.markRevoking(partitions)
+                shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
+                if shard.revocationAwaits {
+                    state.withLock { $0.revocation.unsettled(box.index) }
+                }
             }
         }
         let settled = lost || !state.withLock { $0.revocation.wait(semaphore) }
@@ -191,7 +195,7 @@ extension RelayPipeline {
     /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``):
     /// the calls work waits on (records, admissions) fail, not only the mailbox poll.
     private var awaitsRedis: Bool {
-        !configuration.redis.failOpen && !stopping.isOpen && incidents.value.redisTroubles[.calls] != nil
+        !configuration.redis.failOpen && !stopping.isOpen && health.redisCallsFailing
     }
 
     /// A partition reached `limits.max_uncommitted_per_partition`: paused until half of its

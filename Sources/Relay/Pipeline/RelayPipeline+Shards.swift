@@ -72,28 +72,30 @@ extension RelayPipeline {
         shards.reduce(into: []) { held, shard in held.formUnion(shard.state.withLock { $0.partitions.held }) }
     }
 
-    /// The partitions are ours: their numbers are placed on shards (``ShardPlacement``), and each
-    /// shard's ledger takes its part.
+    /// The partitions are ours (the reader's `.assigned`): their numbers are placed on shards
+    /// (``ShardPlacement``), and each shard's ledger takes its part.
     func assign(_ partitions: [TopicPartition]) {
-        placement.withLock { $0.assign(partitions.map { ($0.topic, $0.partition) }) }
-        eachShard(partitions) { shard, _, part in shard.partitions.assign(part) }
-    }
-
-    /// The partitions are no longer ours: their shards' ledgers let them go, and a number with
-    /// no partition left is free to be placed anew.
-    func revoke(_ partitions: [TopicPartition]) {
-        eachShard(partitions) { shard, _, part in shard.partitions.revoke(part) }
-        placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
-    }
-
-    /// Applies a change to the shards that own the partitions: `change` runs once per shard, in
-    /// its lock, with its index and its part of them.
-    func eachShard(_ partitions: [TopicPartition], _ change: (inout Shard, Int, [TopicPartition]) -> Void) {
-        var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
-        for partition in partitions { parts[shard(of: partition).index].append(partition) }
-        for (shard, part) in zip(shards, parts) where !part.isEmpty {
-            shard.state.withLock { change(&$0, shard.index, part) }
+        let indices = placement.withLock { placement in
+            placement.assign(partitions.map { ($0.topic, $0.partition) })
+            return partitions.map { placement.shard(of: $0.partition) }
         }
+        var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
+        for (partition, index) in zip(partitions, indices) { parts[index].append(partition) }
+        for (shard, part) in zip(shards, parts) where !part.isEmpty {
+            shard.state.withLock { $0.partitions.assign(part) }
+        }
+    }
+
+    /// The partitions are no longer ours (the reader's `.revoked`): every shard's ledger lets
+    /// them go, and a number with no partition left is free to be placed anew.
+    ///
+    /// Every shard's, as every shard was marked revoking (``partitionsRevoking(_:lost:)``):
+    /// librdkafka revokes on its poll thread, where an assignment can still wait behind consumed
+    /// batches for the reader, its number not placed yet, so the shard a partition's mark went
+    /// to need not be the one its assignment then went to.
+    func revoke(_ partitions: [TopicPartition]) {
+        for shard in shards { shard.state.withLock { $0.partitions.revoke(partitions) } }
+        placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
     }
 
     // An item's partition, asked of its shard alone (no relay-wide lock).

@@ -41,8 +41,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let certificates: [APNsCertificateInfo?]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
-    /// Where consumed intents' work runs, a group of consecutive intents on each in turn: the
-    /// event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
+    /// Where consumed intents' work runs, each work group of one shard's intents on its shard's
+    /// (shard N on loop N modulo their count): the event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
     /// of the connection that sends it, an intent's send and answer need no thread hop: against
     /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
     /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
@@ -118,12 +118,11 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Retries driven by callbacks waiting out their backoff.
     let backoffTimers = BackoffTimers()
     public var retriesWaitingOutBackoff: Int { backoffTimers.count }
+    /// The relay's incidents (Redis, outcome deliveries, Kafka's reachability), which it owns.
+    let health: RelayHealth
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
     /// the accessors below, waited on by whoever needs to see one begin or end.
-    public let incidents = AsyncWatched(RelayIncidents())
-    /// Since when the consumer has had no broker connection up (librdkafka's statistics); nil
-    /// while one is.
-    let kafkaUnreachableSince = Locked<ContinuousClock.Instant?>(nil)
+    public var incidents: AsyncWatched<RelayIncidents> { health.incidents }
     /// Nil unless `tracing.otlp_endpoint` is set: then sampled intents record spans.
     let tracer: (any Tracer)?
     /// Nil without Redis (`redis.url` empty); the policy, badges and the fleet's tokens share it.
@@ -162,6 +161,8 @@ public final class RelayPipeline: RelayStatus, Service {
         self.drivesByCallbacks = drivesByCallbacks
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
         self.logger = logger
+        self.health = RelayHealth(logger: logger, failOpen: configuration.redis.failOpen,
+                                  unreadyAfterUnreachableSeconds: configuration.kafka.unreadyAfterUnreachableSeconds)
         self.clock = clock
         self.published = published
         let lanes = configuration.kafka.intentLanes
@@ -261,13 +262,7 @@ public final class RelayPipeline: RelayStatus, Service {
         if stopping.isOpen { return "stopping" }
         if let dead = notAliveReason { return dead }
         if !consuming.isOpen { return "starting" }
-        if let since = kafkaUnreachableSince.withLock({ $0 }) {
-            let unreachable = ContinuousClock.now - since
-            if unreachable >= .seconds(configuration.kafka.unreadyAfterUnreachableSeconds) {
-                return "no Kafka broker reachable for \(unreachable.components.seconds) s"
-            }
-        }
-        return nil
+        return health.kafkaNotReadyReason
     }
 
     /// librdkafka's statistics of the producer or the consumer (`client`): metrics, and for
@@ -279,12 +274,7 @@ public final class RelayPipeline: RelayStatus, Service {
         let owned = Set(consumer.assignment)
         assigned.partitions = statistics.partitions.filter { owned.contains(TopicPartition(topic: $0.topic, partition: $0.partition)) }
         RelayMetrics.kafkaStatistics(assigned, client: client)
-        let reachable = statistics.brokers.contains(where: \.isUp)
-        let started = kafkaUnreachableSince.withLock { since -> Bool in
-            defer { since = reachable ? nil : since ?? .now }
-            return since == nil && !reachable
-        }
-        if started { logger.warning("no Kafka broker reachable", metadata: ["kafka.brokers": "\(statistics.brokers.map { "\($0.name) \($0.state)" })"]) }
+        health.consumerReaches(statistics.brokers.contains(where: \.isUp), brokers: statistics.brokers.map { "\($0.name) \($0.state)" })
     }
 
     /// What the relay's dependencies lack now, one line each, empty when nothing: Redis failing
@@ -292,11 +282,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// `/readyz?verbose`; the metrics (`apns_relay_redis_errors_total`, `apns_relay_apns_connections_ready`) and
     /// their alerts say the same to Prometheus.
     public var dependencyProblems: [String] {
-        var problems: [String] = []
-        if let trouble = incidents.value.redisTrouble {
-            problems.append(configuration.redis.failOpen ? "Redis unreachable (sending without policy): \(trouble)"
-                                                         : "Redis unreachable (not consuming): \(trouble)")
-        }
+        var problems = health.redisProblem.map { [$0] } ?? []
         for (key, client) in clients.all where client.readyConnections == 0 {
             problems.append("no ready APNs connection for \(key.endpoint)")
         }

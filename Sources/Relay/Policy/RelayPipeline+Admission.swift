@@ -63,10 +63,10 @@ extension RelayPipeline {
                case .failure(let error) = answers[0] {
                 throw error
             }
-            redisRecovered()
+            health.redisRecovered()
             return answers
         } failed: { error, _ in
-            redisFailed(error)
+            health.redisFailed(error)
             return configuration.redis.failOpen ? .giveUp : .retry
         }
         // Given up: with `fail_open` everything goes through; else the relay stops or is cancelled.

@@ -58,7 +58,7 @@ extension RelayPipeline {
             do throws(RedisError) {
                 try await policy.acknowledgeDisplaced(entry, token: token, topic: topic)
             } catch {
-                redisFailed(error, by: .mailboxes)
+                health.redisFailed(error, by: .mailboxes)
             }
         }
     }
@@ -73,7 +73,7 @@ extension RelayPipeline {
         do throws(RedisError) {
             found = try await policy.handOver(token: token, topic: topic, now: nowMilliseconds(), owner: DevicePolicy.handOverOwner())
         } catch {
-            redisFailed(error, by: .mailboxes)
+            health.redisFailed(error, by: .mailboxes)
             found = nil
         }
         guard let found, !found.entries.isEmpty || !found.unreadable.isEmpty else { return }
@@ -88,7 +88,7 @@ extension RelayPipeline {
         do throws(RedisError) {
             guard try await policy.quarantine(partition: partition, token: token, topic: topic, id: id) else { return false }
         } catch {
-            redisFailed(error, by: .mailboxes)
+            health.redisFailed(error, by: .mailboxes)
             return false
         }
         RelayMetrics.mailboxEntriesQuarantined.increment()
@@ -131,8 +131,9 @@ extension RelayPipeline {
                 try await deduplicator.record(token: intent.recipient, topic: intent.topic, id: intent.id, status: status,
                                               window: window, lastSent: nil, onlyIfAbsent: true)
             }
-            // Marked in the displaced intent's shard (its entry's partition): where its copies queue.
-            recordedCoalesced(intent, of: displaced)
+            // Marked in the displaced intent's shard (its entry's partition's, not the newer
+            // item's): where its copies queue.
+            recordedCoalesced(intent, in: shard(of: displaced.partition))
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
@@ -178,7 +179,7 @@ extension RelayPipeline {
             try await policy.release(partition: item.partition, token: parts.token, topic: parts.topic, id: parts.id,
                                      now: nowMilliseconds())
         } catch {
-            redisFailed(error, by: .mailboxes)
+            health.redisFailed(error, by: .mailboxes)
         }
     }
 
@@ -218,7 +219,7 @@ extension RelayPipeline {
         // ends the mailboxes' trouble (a release or hand-over that failed): with no intent
         // coming it may be the only call there is.
         var readEvery = false, takeFailed = false
-        defer { if readEvery && !takeFailed { redisRecovered(by: .mailboxes) } }
+        defer { if readEvery && !takeFailed { health.redisRecovered(by: .mailboxes) } }
         do {
             let read = try await policy.due(partitions: withRoom.map(\.partition).sorted { ($0.topic, $0.partition) < ($1.topic, $1.partition) },
                                             now: now, limit: min(rooms.max() ?? 0, 500))
@@ -227,13 +228,13 @@ extension RelayPipeline {
             // read: an earlier poll's trouble is over (the poll may be the only call while no
             // intent comes, and would otherwise leave it the relay's Redis trouble for good).
             if let failed = read.failed {
-                redisFailed(failed, by: .poll)
+                health.redisFailed(failed, by: .poll)
             } else {
-                redisRecovered(by: .poll)
+                health.redisRecovered(by: .poll)
                 readEvery = true
             }
         } catch {
-            redisFailed(error, by: .poll)
+            health.redisFailed(error, by: .poll)
             return
         }
         if !found.isEmpty, let hook = afterDueRead.current { hook(Array(Set(found.map(\.partition)))) }
@@ -267,7 +268,7 @@ extension RelayPipeline {
                                               rules: configuration.policy.rules(for: parts.topic, recipient: parts.token), now: nowMilliseconds())
             } catch {
                 guard error.isRefusal else {
-                    redisFailed(error, by: .mailboxes)
+                    health.redisFailed(error, by: .mailboxes)
                     failingTakes += 1
                     takeFailed = true
                     continue

@@ -2,32 +2,6 @@ import Common
 import Redis
 
 extension RelayPipeline {
-    /// A Redis call failed (``RelayIncidents/redisTroubles``): the first failure while Redis
-    /// answered starts an outage (counted, logged once).
-    func redisFailed(_ error: RedisError, by caller: RedisCaller = .calls) {
-        let isNew = incidents.update { incidents in
-            let wasFine = incidents.redisTrouble == nil
-            incidents.redisTroubles[caller] = "\(error)"
-            if wasFine { incidents.redisOutages += 1 }
-            return wasFine
-        }
-        RelayMetrics.redisError(error)
-        if isNew {
-            logger.error("Redis is failing", metadata: [
-                "redis.error": "\(error)", "redis.fail_open": "\(configuration.redis.failOpen)",
-            ])
-        }
-    }
-
-    /// A kind of Redis call succeeded: its trouble is over, and the outage once none is left.
-    func redisRecovered(by caller: RedisCaller = .calls) {
-        let over = incidents.update { incidents in
-            guard incidents.redisTroubles.removeValue(forKey: caller) != nil else { return false }
-            return incidents.redisTrouble == nil
-        }
-        if over { logger.warning("Redis answers again") }
-    }
-
     /// How often Redis' eviction policy and persistence are checked again while running.
     static let guaranteesCheckInterval = Duration.seconds(60)
 
@@ -47,17 +21,9 @@ extension RelayPipeline {
         // Warnings at the first check and when they change, not every minute.
         let allowed = guarantees.evictionRisk.map { "\($0) (allowed by redis.allow_eviction)" }
         let warnings = [guarantees.persistenceRisk, configuration.redis.allowEviction ? allowed : nil].compactMap { $0 }
-        let changed = incidents.update { incidents in
-            defer { incidents.redisRisks = warnings }
-            return incidents.redisRisks != warnings
-        }
-        if changed { for warning in warnings { logger.warning("\(warning)") } }
+        health.redisRisks(warnings)
         guard let risk = guarantees.evictionRisk, !configuration.redis.allowEviction else { return true }
-        let first = incidents.update { incidents in
-            defer { incidents.refusal = incidents.refusal ?? risk }
-            return incidents.refusal == nil
-        }
-        if first { logger.critical("refusing to run: \(risk)") }
+        health.refuse(risk)
         requestStop()
         return false
     }
@@ -82,7 +48,7 @@ extension RelayPipeline {
             let started = ContinuousClock.now
             let result = try await body()
             RelayMetrics.redisLatency.recordNanoseconds((ContinuousClock.now - started).totalNanoseconds)
-            if failures > 0 { redisRecovered() }
+            if failures > 0 { health.redisRecovered() }
             return result
         } failed: { error, count in
             failures = count
@@ -97,7 +63,7 @@ extension RelayPipeline {
                     return .giveUp
                 }
             } else {
-                redisFailed(error)
+                health.redisFailed(error)
             }
             return configuration.redis.failOpen || !isCurrent(item) ? .giveUp : .retry
         }
