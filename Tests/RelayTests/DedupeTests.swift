@@ -263,10 +263,10 @@ struct DedupeTests {
     /// group would take the partitions away without their commit: 180 s with librdkafka's
     /// default (300 s), 10 s inside a lower setting.
     @Test func theRevocationsRedisWaitStaysInsideThePollInterval() {
-        #expect(RelayPipeline.revocationRedisWaitLimit([:]) == 180)
-        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "120000"]) == 110)
-        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "5000"]) == 0)
-        #expect(RelayPipeline.revocationRedisWaitLimit(["max.poll.interval.ms": "not a number"]) == 180)
+        #expect(RevocationCoordinator.redisWaitLimit([:]) == 180)
+        #expect(RevocationCoordinator.redisWaitLimit(["max.poll.interval.ms": "120000"]) == 110)
+        #expect(RevocationCoordinator.redisWaitLimit(["max.poll.interval.ms": "5000"]) == 0)
+        #expect(RevocationCoordinator.redisWaitLimit(["max.poll.interval.ms": "not a number"]) == 180)
     }
 
     @Test func outcomesWhoseDeliveryFailsAfterTheRecordArePublishedOnceKafkaTakesThem() async throws {

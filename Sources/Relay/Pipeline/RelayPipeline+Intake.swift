@@ -87,10 +87,7 @@ extension RelayPipeline {
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
                 revoke(partitions)
-                let uncounted = state.withLock { state in
-                    defer { state.revocationCommitFailuresCounted = failures }
-                    return failures - state.revocationCommitFailuresCounted
-                }
+                let uncounted = revocation.commitFailuresNotCounted(failures)
                 // The consumer resumed them as it let them go. A pause asked for one of them
                 // after the consumer revoked it (a hold of its old assignment, late) could have
                 // reached the consumer after it was assigned again: that wish ends here.

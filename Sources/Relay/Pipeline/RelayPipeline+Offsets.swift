@@ -72,7 +72,7 @@ extension RelayPipeline {
                         Self.freeSlot(of: items[index].item, &shard, &state)
                         if let member = items[index].item.mailboxMember { state.mailboxJobs.remove(member) }
                     }
-                    if settled, let waiter = Self.shardSettled(box.index, &state) { revokeWaiter = waiter }
+                    if settled, let waiter = revocation.settled(box.index) { revokeWaiter = waiter }
                     if thenNext {
                         for index in items.indices where belongs(items[index].item, to: box) {
                             if let turn = DeviceQueues.turn(of: items[index].item),
@@ -104,26 +104,15 @@ extension RelayPipeline {
     }
 
     /// The item no longer counts among its partition's work at APNs; true when that settled its
-    /// shard's revoking partitions (then, inside the shard's lock, ``shardSettled(_:_:)``
-    /// returns the revocation's waiter to signal when it was the last shard to settle).
+    /// shard's revoking partitions (then, inside the shard's lock,
+    /// ``RevocationCoordinator/settled(_:)`` returns the revocation's waiter to signal when it
+    /// was the last shard to settle).
     static func endAtAPNs(_ item: WorkItem, _ shard: inout Shard) -> Bool {
         shard.partitions.sentWorkEnded(item.partition, generation: item.generation)
         guard shard.revocationAwaits, shard.partitions.revokingSettled else { return false }
         shard.revocationAwaits = false
         return true
     }
-
-    /// A shard's revoking partitions have no work at APNs left: the revocation's waiter, when it
-    /// was the last such shard.
-    static func shardSettled(_ index: Int, _ state: inout State) -> DispatchSemaphore? {
-        state.revocation.settled(index)
-    }
-
-    static let revocationWaitLimitSeconds = 60
-    /// How long a revocation goes on waiting past its usual bound while Redis fails: well inside
-    /// librdkafka's `max.poll.interval.ms` (300 s by default), past which the group would take
-    /// the partitions away without a commit.
-    static let revocationRedisWaitLimitSeconds = 180
 
     /// On the consumer's poll thread, before a revocation's commit: no new work of
     /// `partitions` starts from now on, and, unless the assignment was lost, this waits (up to
@@ -132,64 +121,29 @@ extension RelayPipeline {
     /// first unfinished intent and the next owner does not send them again.
     ///
     /// While Redis fails (without `redis.fail_open`), a relay that is not stopping goes on
-    /// waiting, up to ``revocationRedisWaitLimitSeconds`` in all: the answers APNs gave wait for
+    /// waiting, up to ``RevocationCoordinator/redisWaitLimitSeconds`` in all: the answers APNs gave wait for
     /// their records, and a partition moved before they land has its next owner, finding no
     /// record, send them again. The partitions could not go on elsewhere meanwhile anyway: their
     /// next owner needs Redis to admit anything. A stopping relay keeps the usual bound, which
     /// its pod's grace period counts on.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
-        let semaphore = DispatchSemaphore(value: 0)
-        state.withLock { $0.revocation.begin() }
+        revocation.begin()
         // Each shard's unsettled mark is set inside its lock: a shard that settles from then on
-        // finds it (``shardSettled(_:_:)``), before or after the waiter is in place. Every shard
-        // is marked: a partition whose assignment still waits for the reader has no shard yet
-        // (``revoke(_:)`` clears every shard's marks).
+        // finds it (``RevocationCoordinator/settled(_:)``), before or after the waiter is in
+        // place. Every shard is marked: a partition whose assignment still waits for the reader
+        // has no shard yet (``revoke(_:)`` clears every shard's marks).
         for box in shards {
             box.state.withLock { shard in
                 shard.partitions.markRevoking(partitions)
                 shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
-                if shard.revocationAwaits {
-                    state.withLock { $0.revocation.unsettled(box.index) }
-                }
+                if shard.revocationAwaits { revocation.unsettled(box.index) }
             }
         }
-        let settled = lost || !state.withLock { $0.revocation.wait(semaphore) }
         logger.info("partitions being revoked: their new work stops", metadata: [
             "kafka.partitions": "\(partitions.map(\.partition))", "kafka.assignment_lost": "\(lost)",
         ])
-        guard !settled else { return }
-        // Well inside librdkafka's max.poll.interval.ms (300 s by default): the poll thread waits.
-        let bound = min(configuration.shutdownDeadlineSeconds, Self.revocationWaitLimitSeconds)
-        let started = ContinuousClock.now
-        var waited = semaphore.wait(timeout: .now() + .seconds(bound))
-        if waited == .timedOut, awaitsRedis {
-            logger.warning("revocation waits for Redis: answers from APNs wait for their records", metadata: [
-                "kafka.partitions": "\(partitions.map(\.partition))",
-            ])
-            let limit = started + .seconds(Self.revocationRedisWaitLimit(configuration.kafka.consumerSettings))
-            while waited == .timedOut, awaitsRedis, ContinuousClock.now < limit {
-                waited = semaphore.wait(timeout: .now() + .seconds(1))
-            }
-            // Redis answers again: the records retrying land within a backoff step or two.
-            let rest = min(limit - ContinuousClock.now, backoff.maximum + .seconds(bound))
-            if waited == .timedOut, !stopping.isOpen, rest > .zero {
-                waited = semaphore.wait(timeout: .now() + .milliseconds(Int(rest.totalMilliseconds)))
-            }
-        }
-        if waited == .timedOut {
-            state.withLock { $0.revocation.gaveUp() }
-            logger.warning("revocation goes on with work still at APNs (its next owner may send it again)", metadata: [
-                "kafka.partitions": "\(partitions.map(\.partition))",
-                "relay.waited_seconds": "\((ContinuousClock.now - started).components.seconds)",
-            ])
-        }
-    }
-
-    /// ``revocationRedisWaitLimitSeconds``, or less with a `max.poll.interval.ms` configured
-    /// below 190 s: 10 s inside it (the revocation's commit retries come on top).
-    static func revocationRedisWaitLimit(_ consumerSettings: [String: String]) -> Int {
-        let pollInterval = consumerSettings["max.poll.interval.ms"].flatMap { Int($0) }.map { $0 / 1000 } ?? 300
-        return min(Self.revocationRedisWaitLimitSeconds, max(pollInterval - 10, 0))
+        guard !lost else { return }
+        revocation.waitForWorkAtAPNs(partitions, awaitsRedis: { awaitsRedis }, stopping: { stopping.isOpen })
     }
 
     /// Whether a revocation waits for Redis past its usual bound (``partitionsRevoking(_:lost:)``):

@@ -131,7 +131,7 @@ extension RelayPipeline {
         let box = shard(of: delivery.item)
         let waiter = box.state.withLock { shard -> DispatchSemaphore? in
             guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
-            return state.withLock { Self.shardSettled(box.index, &$0) }
+            return revocation.settled(box.index)
         }
         waiter?.signal()
     }

@@ -65,13 +65,15 @@ public final class RelayPipeline: RelayStatus, Service {
     /// The partitions paused (held by the ledger), as last asked of the consumer; its lock
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
-    /// What is relay-wide: the lanes' budget, the idle and revocation waiters, the mailbox jobs.
+    /// What is relay-wide: the lanes' budget, the idle waiters, the mailbox jobs.
     /// Taken inside a shard's lock where a step changes both (never the other way round, and
     /// never two shards' locks at once).
     let state: Locked<State>
     /// The shards, one per work executor unless ``RelayApplication`` was told how many: each owns
     /// its partitions and their devices' queues (``Shard``, ``shard(of:)``).
     let shards: [ShardBox]
+    /// A revocation's wait for its partitions' work at APNs, on the consumer's poll thread.
+    let revocation: RevocationCoordinator
     /// Which shard each owned partition number is on: changed by the reader's rebalances, read
     /// wherever a partition (not an item) names its shard.
     let placement: Locked<ShardPlacement>
@@ -143,14 +145,9 @@ public final class RelayPipeline: RelayStatus, Service {
         /// Waiting for `inFlight` to reach 0 (``idle(within:)``), by waiter.
         var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
-        /// The consumer's count of failed revocation commits the metric has seen.
-        var revocationCommitFailuresCounted = 0
         var firstConsumedAt: ContinuousClock.Instant?
         /// Due-index members taken from a mailbox and in flight here.
         var mailboxJobs: Set<String> = []
-        /// The consumer's poll thread, waiting in a revocation until the revoking partitions'
-        /// work at APNs ended, on every shard (``shardSettled(_:_:)``).
-        var revocation = RevocationWait<DispatchSemaphore>()
     }
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
@@ -182,6 +179,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.credentialFaults = Locked(CredentialFaultBreaker(cooldownSeconds: configuration.retry.credentialFaultCooldownSeconds))
         self.backoff = Backoff(base: .milliseconds(configuration.retry.initialBackoffMilliseconds),
                                maximum: .milliseconds(configuration.retry.maxBackoffMilliseconds))
+        self.revocation = RevocationCoordinator(shutdownDeadlineSeconds: configuration.shutdownDeadlineSeconds,
+                                                consumerSettings: configuration.kafka.consumerSettings,
+                                                backoffMaximum: .milliseconds(configuration.retry.maxBackoffMilliseconds), logger: logger)
         let topics = RelayConfiguration.effectiveTopics(configuration.apns.credentials, clients.credentials)
         self.credentials = CredentialDirectory(topics: topics, exact: clients.credentials.map(\.isCertificate))
         self.credentialTeams = clients.credentials.map(\.team)
