@@ -593,8 +593,11 @@ struct PolicyTests {
     @Test func anIntentWaitingBehindAMailboxSendGoesOutWhenThatSendIsAnswered() async throws {
         let redis = try await RedisServerProcess.started()
         let token = hexToken(0x28)
-        // APNs takes 3 s to answer; the bucket has a token every 0.5 s.
-        let harness = try await Self.harness(redis, burst: 1, refill: 2, simulator: { $0.behaviour.latency = .seconds(3) })
+        // APNs takes 3 s to answer; the bucket has a token every 0.5 s. A minute per request: on
+        // a loaded machine (under the thread sanitizer) an answer 3 s late can take past the
+        // default 10 s, and "first", timed out, would be sent again before "older".
+        let harness = try await Self.harness(redis, burst: 1, refill: 2, configure: { $0.apns.requestTimeoutSeconds = 60 },
+                                             simulator: { $0.behaviour.latency = .seconds(3) })
         try await harness.produce(intent("first", token: token), key: token)
         try await harness.produce(intent("older", token: token), key: token)
         // "older" is sent from the mailbox; while APNs takes its time to answer, "newer" comes
