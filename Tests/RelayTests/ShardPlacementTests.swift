@@ -86,7 +86,8 @@ struct ShardPlacementTests {
     }
 
     /// A batch's work groups: each shard's records in their order, at most `workGroupSize` a
-    /// group, the shards' groups in turn; a record not ours goes with shard 0's.
+    /// group, the shards' groups in turn from the batch's first shard; a record not ours goes
+    /// with shard 0's.
     @Test func aBatchIsGroupedByShardInTurn() {
         let size = RelayPipeline.workGroupSize
         let shards: [Int?] = (0..<(size * 2 + 10)).map { $0 < size + 5 ? 1 : ($0 == size + 5 ? nil : 0) }
@@ -95,6 +96,9 @@ struct ShardPlacementTests {
         #expect(groups.map(\.indices.count) == [size, size, 5, 5])
         #expect(Array(groups[1].indices) == Array(0..<size))
         #expect(groups[0].indices.first == size + 5, "the record not ours, first of shard 0's")
+        let second = RelayPipeline.workGroups(shards, shards: 2, first: 1)
+        #expect(second.map(\.shard) == [1, 0, 1, 0], "the next batch's shard 1 goes first")
+        #expect(second.map(\.indices) == [groups[1], groups[0], groups[3], groups[2]].map(\.indices))
         #expect(RelayPipeline.workGroups([], shards: 2).isEmpty)
         #expect(RelayPipeline.workGroups([nil, nil], shards: 1).map(\.indices.count) == [2])
     }

@@ -61,7 +61,9 @@ extension RelayPipeline {
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
             leftAPNs(delivery)
-            let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.next()
+            // On the loop it runs on; off a loop (a first attempt due later, stepped from the
+            // poll thread), on its shard's.
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? shardLoop(of: delivery.item)
             backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
                 self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
             }

@@ -176,6 +176,7 @@ extension RelayPipeline {
     /// Admits a lane's batches, in consumption order, until the relay stops: each admitted
     /// intent that can start now runs in a child task of a group of intents.
     private func admitLane(_ lane: Int, from queue: AsyncBoundedQueue<LaneBatch>, gate: AsyncSerialGate) async {
+        var batches = lane
         await withDiscardingTaskGroup { workers in
             while let batch = await queue.pop(), !stopping.isOpen {
                 guard case (var admissions, let forgetsUnregistered)? = await gate.run({ await self.finishAdmission(batch.parsed, batch.admitting) }) ?? nil
@@ -195,7 +196,9 @@ extension RelayPipeline {
                 // relay is saturated.
                 let messages = batch.messages
                 let consumedAt = batch.consumedAt
-                let groups = Self.workGroups(messages.map { shardIndex(batch.generations[$0.topicPartition]) }, shards: shards.count)
+                let groups = Self.workGroups(messages.map { shardIndex(batch.generations[$0.topicPartition]) }, shards: shards.count,
+                                             first: batches % shards.count)
+                batches &+= 1
                 for (shard, indices) in groups {
                     // A group lives until its last intent ends: it holds its own messages only,
                     // not the batch's.
@@ -233,15 +236,19 @@ extension RelayPipeline {
 
     /// A batch's work groups: each shard's records (`shards`, each record's shard; nil for a
     /// partition not ours, whose record is dropped at its admission, grouped with shard 0's) in
-    /// their order, `workGroupSize` at most per group, the shards' groups in turn.
-    static func workGroups(_ recordShards: [Int?], shards: Int) -> [(shard: Int, indices: ArraySlice<Int>)] {
+    /// their order, `workGroupSize` at most per group, the shards' groups in turn from shard
+    /// `first` (batches take turns at going first: no shard's intents wait for the others' to
+    /// be admitted in every batch).
+    static func workGroups(_ recordShards: [Int?], shards: Int, first: Int = 0) -> [(shard: Int, indices: ArraySlice<Int>)] {
         var byShard: [[Int]] = Array(repeating: [], count: shards)
         for (index, shard) in recordShards.enumerated() { byShard[shard ?? 0].append(index) }
+        let order = (0..<shards).map { (first + $0) % shards }
         var groups: [(shard: Int, indices: ArraySlice<Int>)] = []
         var start = 0
         while true {
             var any = false
-            for (shard, indices) in byShard.enumerated() where start < indices.count {
+            for shard in order where start < byShard[shard].count {
+                let indices = byShard[shard]
                 groups.append((shard, indices[start..<min(start + workGroupSize, indices.count)]))
                 any = true
             }

@@ -1,6 +1,8 @@
 import Common
 import Dispatch
 import Kafka
+import NIOCore
+import NIOPosix
 
 extension RelayPipeline {
     /// What one shard owns: the partitions routed to it (their offset trackers, generations,
@@ -50,6 +52,13 @@ extension RelayPipeline {
     /// its partition has moved since.
     func shard(of item: WorkItem) -> ShardBox {
         shards[Self.shardIndex(ofGeneration: item.generation, shards: shards.count)]
+    }
+
+    /// The event loop of `item`'s shard (shard N's is work executor N modulo their count), or
+    /// any of NIO's shared loops, where the APNs connections live, without work executors.
+    func shardLoop(of item: WorkItem) -> any EventLoop {
+        guard !workExecutors.isEmpty else { return MultiThreadedEventLoopGroup.singleton.next() }
+        return workExecutors[shard(of: item).index % workExecutors.count].eventLoop
     }
 
     /// The index of the shard that handed out `generation` among `shards` shards.
