@@ -57,11 +57,11 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let stack = try StackProcess.start(workload)
         defer { stack.stop() }
         let configuration = try stack.relayConfiguration()
-        let redisBefore = await RedisCPU.seconds(configuration.redis)
+        let redisBefore = await RedisCPU.read(configuration.redis)
         var figures = try await process ? measureProcess(configuration, stack: stack) : measure(configuration, stack: stack)
-        if let before = redisBefore, let after = await RedisCPU.seconds(configuration.redis) {
+        if let before = redisBefore, let after = await RedisCPU.read(configuration.redis) {
             // The relay's start and stop included, as in its own CPU figure.
-            Terminal.line(String(format: "redis_cpu_us_per_intent: %.1f", (after - before) * 1_000_000 / Double(workload.count + workload.warmUp)))
+            for line in before.line(until: after, intents: workload.count + workload.warmUp) { Terminal.line(line) }
         }
         figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))
