@@ -61,7 +61,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         var figures = try await process ? measureProcess(configuration, stack: stack) : measure(configuration, stack: stack)
         if let before = redisBefore, let after = await RedisCPU.read(configuration.redis) {
             // The relay's start and stop included, as in its own CPU figure.
-            for line in before.line(until: after, intents: workload.count + workload.warmUp) { Terminal.line(line) }
+            for line in before.lines(until: after, intents: workload.count + workload.warmUp) { Terminal.line(line) }
         }
         figures.counts["delivered", default: 0] -= workload.warmUp
         Terminal.line("outcomes: " + figures.counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " "))

@@ -6,14 +6,10 @@ import Relay
 /// (`INFO cpu`: `used_cpu_sys` + `used_cpu_user`, seconds) and, per command, its calls and the
 /// time spent executing them (`INFO commandstats`). Read before and after a run, the difference
 /// per intent is what the relay's policy costs Redis, and which commands it goes to.
-struct RedisCPU: Equatable {
+struct RedisCPU {
     var seconds: Double
     /// Per command (lower case, `set`, `mget`, `script|load`): calls and microseconds.
     var commands: [String: (calls: Int, microseconds: Int)]
-
-    static func == (lhs: RedisCPU, rhs: RedisCPU) -> Bool {
-        lhs.seconds == rhs.seconds && lhs.commands.mapValues { [$0.calls, $0.microseconds] } == rhs.commands.mapValues { [$0.calls, $0.microseconds] }
-    }
 
     /// Nil without Redis, or when a node does not answer with the CPU fields.
     static func read(_ configuration: RelayConfiguration.RedisSettings) async -> RedisCPU? {
@@ -71,7 +67,7 @@ struct RedisCPU: Equatable {
     /// then the commands called at least once per hundred intents, each with its calls and
     /// execution time per intent, and the share of the CPU time their execution took (the rest
     /// is reading, writing and Redis' own work around the commands).
-    func line(until after: RedisCPU, intents: Int) -> [String] {
+    func lines(until after: RedisCPU, intents: Int) -> [String] {
         let perIntent = Double(max(intents, 1))
         let cpu = (after.seconds - seconds) * 1_000_000
         var lines = [String(format: "redis_cpu_us_per_intent: %.1f", cpu / perIntent)]
