@@ -66,7 +66,8 @@ struct RedisCPU {
     /// What `after` spent since `self`, per intent, as the benchmark prints it: the CPU time,
     /// then the commands called at least once per hundred intents, each with its calls and
     /// execution time per intent, and the share of the CPU time their execution took (the rest
-    /// is reading, writing and Redis' own work around the commands).
+    /// is reading, writing and Redis' own work around the commands; scripts' time left out, as
+    /// the commands they call are counted under their own names).
     func lines(until after: RedisCPU, intents: Int) -> [String] {
         let perIntent = Double(max(intents, 1))
         let cpu = (after.seconds - seconds) * 1_000_000
@@ -77,7 +78,10 @@ struct RedisCPU {
             return calls * 100 >= intents ? (name, calls, stats.microseconds - before.microseconds) : nil
         }.sorted { $0.0 < $1.0 }
         guard !spent.isEmpty else { return lines }
-        let executing = Double(spent.reduce(0) { $0 + $1.2 })
+        // A script's own time includes the commands it calls, which are counted under their
+        // names too: scripts are left out of the sum.
+        let scripts: Set<String> = ["eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"]
+        let executing = Double(spent.filter { !scripts.contains($0.0) }.reduce(0) { $0 + $1.2 })
         lines.append("redis_commands_per_intent: " + spent.map {
             String(format: "%@=%.2f (%.1f us)", $0.0, Double($0.1) / perIntent, Double($0.2) / perIntent)
         }.joined(separator: " ") + String(format: "; executing them: %.0f%% of the CPU time", cpu > 0 ? executing * 100 / cpu : 0))

@@ -26,8 +26,8 @@ extension RelayPipeline {
         /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
         /// records' delivery reports name (``outcomeSlot(_:)``).
         var concluding = SlotTable<Concluding>()
-        /// A revocation waits for this shard's revoking work at APNs (marked unsettled in
-        /// ``RevocationWait``): its end of that work takes the relay-wide lock, once.
+        /// A revocation waits for this shard's revoking work at APNs (marked unsettled in the
+        /// ``RevocationCoordinator``): its end of that work takes the coordinator's lock, once.
         var revocationAwaits = false
     }
 

@@ -8,8 +8,8 @@ import Logging
 /// lock of its own, taken inside a shard's lock where a shard's mark changes), how long the poll
 /// thread waits, and the revocation commits the metric has counted.
 ///
-/// Lock order: a shard's, then this one's inside it (never the other way round); it takes no
-/// other lock.
+/// Lock order: taken last, inside a shard's lock (and, where a shard's items end, inside the
+/// relay-wide one too); while it is held no other lock is taken.
 final class RevocationCoordinator: Sendable {
     static let waitLimitSeconds = 60
     /// How long a revocation goes on waiting past its usual bound while Redis fails: well inside
