@@ -92,7 +92,13 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     /// True once no work of a revoking partition is at APNs (nothing to wait for).
     @inlinable
     public var revokingSettled: Bool {
-        revokingPartitions.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
+        settled(revokingPartitions)
+    }
+
+    /// True when none of `partitions` has work at APNs here.
+    @inlinable
+    public func settled(_ partitions: some Sequence<Partition>) -> Bool {
+        partitions.allSatisfy { (atAPNs[$0] ?? 0) == 0 }
     }
 
     /// Whether work started under `generation` may go on to APNs: its partition is ours and

@@ -103,14 +103,14 @@ extension RelayPipeline {
         return next
     }
 
-    /// The item no longer counts among its partition's work at APNs; true when that settled its
-    /// shard's revoking partitions (then, inside the shard's lock,
+    /// The item no longer counts among its partition's work at APNs; true when that settled the
+    /// partitions a revocation waits for on its shard (then, inside the shard's lock,
     /// ``RevocationCoordinator/settled(_:)`` returns the revocation's waiter to signal when it
     /// was the last shard to settle).
     static func endAtAPNs(_ item: WorkItem, _ shard: inout Shard) -> Bool {
         shard.partitions.sentWorkEnded(item.partition, generation: item.generation)
-        guard shard.revocationAwaits, shard.partitions.revokingSettled else { return false }
-        shard.revocationAwaits = false
+        guard !shard.revocationAwaits.isEmpty, shard.partitions.settled(shard.revocationAwaits) else { return false }
+        shard.revocationAwaits = []
         return true
     }
 
@@ -135,8 +135,8 @@ extension RelayPipeline {
         for box in shards {
             box.state.withLock { shard in
                 shard.partitions.markRevoking(partitions)
-                shard.revocationAwaits = !lost && !shard.partitions.revokingSettled
-                if shard.revocationAwaits { revocation.unsettled(box.index) }
+                shard.revocationAwaits = lost ? [] : partitions.filter { !shard.partitions.settled(CollectionOfOne($0)) }
+                if !shard.revocationAwaits.isEmpty { revocation.unsettled(box.index) }
             }
         }
         logger.info("partitions being revoked: their new work stops", metadata: [

@@ -26,9 +26,12 @@ extension RelayPipeline {
         /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
         /// records' delivery reports name (``outcomeSlot(_:)``).
         var concluding = SlotTable<Concluding>()
-        /// A revocation waits for this shard's revoking work at APNs (marked unsettled in the
-        /// ``RevocationCoordinator``): its end of that work takes the coordinator's lock, once.
-        var revocationAwaits = false
+        /// The partitions a revocation waits for on this shard, those with work at APNs when it
+        /// began (the shard marked unsettled in the ``RevocationCoordinator``): the end of their
+        /// last work takes the coordinator's lock, once. Empty when none. Not the shard's other
+        /// revoking partitions: an earlier revocation that gave up, its partitions still marked
+        /// until the reader has it, is not waited for again.
+        var revocationAwaits: [TopicPartition] = []
     }
 
     /// A shard and its lock (`Locked` is not copyable, so an array holds these).
