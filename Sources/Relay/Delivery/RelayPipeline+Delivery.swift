@@ -289,6 +289,8 @@ extension RelayPipeline {
     /// Waits out a backoff; cancelled (the shutdown deadline passed), the delivery is abandoned.
     @inline(never)
     func backOff(_ delivery: Delivery, _ delay: Duration) async -> DeliveryStateMachine.Action {
+        tasksInBackoff.add(1, ordering: .relaxed)
+        defer { tasksInBackoff.subtract(1, ordering: .relaxed) }
         do {
             try await Task.sleep(for: delay)
             return attemptDue(delivery)

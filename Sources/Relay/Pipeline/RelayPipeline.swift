@@ -119,7 +119,10 @@ public final class RelayPipeline: RelayStatus, Service {
     public var callbackTurnsInTasks: Int { turnsInTasks.load(ordering: .relaxed) }
     /// Retries driven by callbacks waiting out their backoff.
     let backoffTimers = BackoffTimers()
-    public var retriesWaitingOutBackoff: Int { backoffTimers.count }
+    /// Retries in a task waiting out their backoff (``backOff(_:_:)``).
+    let tasksInBackoff = Atomic<Int>(0)
+    /// Retries waiting out their backoff now, by callbacks or in a task.
+    public var retriesWaitingOutBackoff: Int { backoffTimers.count + tasksInBackoff.load(ordering: .relaxed) }
     /// The relay's incidents (Redis, outcome deliveries, Kafka's reachability), which it owns.
     let health: RelayHealth
     /// Redis failing and outcome deliveries failing, as they happen: read by `/readyz` and
