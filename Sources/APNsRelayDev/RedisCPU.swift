@@ -30,17 +30,9 @@ struct RedisCPU {
 
     /// `used_cpu_sys` + `used_cpu_user` from `INFO cpu` text; nil when either is missing.
     static func parse(info: String) -> Double? {
-        var system: Double?, user: Double?
-        for line in info.split(whereSeparator: \.isNewline) {
-            let parts = line.split(separator: ":", maxSplits: 1)
-            guard parts.count == 2 else { continue }
-            switch parts[0] {
-            case "used_cpu_sys": system = Double(parts[1].trimmingCharacters(in: .whitespaces))
-            case "used_cpu_user": user = Double(parts[1].trimmingCharacters(in: .whitespaces))
-            default: continue
-            }
-        }
-        guard let system, let user else { return nil }
+        let fields = RedisInfo.fields(info)
+        guard let system = fields["used_cpu_sys"].flatMap({ Double($0.trimmingCharacters(in: .whitespaces)) }),
+              let user = fields["used_cpu_user"].flatMap({ Double($0.trimmingCharacters(in: .whitespaces)) }) else { return nil }
         return system + user
     }
 
@@ -48,17 +40,15 @@ struct RedisCPU {
     /// fields is left out.
     static func parse(commandstats text: String) -> [String: (calls: Int, microseconds: Int)] {
         var commands: [String: (calls: Int, microseconds: Int)] = [:]
-        for line in text.split(whereSeparator: \.isNewline) where line.hasPrefix("cmdstat_") {
-            let parts = line.dropFirst("cmdstat_".count).split(separator: ":", maxSplits: 1)
-            guard parts.count == 2 else { continue }
+        for (name, value) in RedisInfo.fields(text) where name.hasPrefix("cmdstat_") {
             var calls: Int?, microseconds: Int?
-            for field in parts[1].split(separator: ",") {
+            for field in value.split(separator: ",") {
                 let pair = field.split(separator: "=", maxSplits: 1)
                 guard pair.count == 2 else { continue }
                 if pair[0] == "calls" { calls = Int(pair[1]) }
                 if pair[0] == "usec" { microseconds = Int(pair[1]) }
             }
-            if let calls, let microseconds { commands[String(parts[0])] = (calls, microseconds) }
+            if let calls, let microseconds { commands[String(name.dropFirst("cmdstat_".count))] = (calls, microseconds) }
         }
         return commands
     }

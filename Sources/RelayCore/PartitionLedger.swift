@@ -25,7 +25,7 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     @usableFromInline var heldPartitions: Set<Partition> = []
     /// Partitions librdkafka is taking away: no new work of theirs starts, the work that
     /// reached APNs finishes (its offsets are still stored) before the revocation is
-    /// acknowledged (``markRevoking(_:)``, ``revokingSettled``).
+    /// acknowledged (``markRevoking(_:)``, ``settled(_:)``).
     @inlinable public var revoking: Set<Partition> { revokingPartitions }
     @usableFromInline var revokingPartitions: Set<Partition> = []
     /// Per partition, its items whose notification went to APNs and that have not ended.
@@ -87,12 +87,6 @@ public struct PartitionLedger<Partition: Hashable & Sendable>: Sendable {
     @inlinable
     public mutating func markRevoking(_ partitions: [Partition]) {
         revokingPartitions.formUnion(partitions)
-    }
-
-    /// True once no work of a revoking partition is at APNs (nothing to wait for).
-    @inlinable
-    public var revokingSettled: Bool {
-        settled(revokingPartitions)
     }
 
     /// True when none of `partitions` has work at APNs here.

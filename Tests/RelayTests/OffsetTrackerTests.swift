@@ -134,7 +134,7 @@ struct PartitionLedgerTests {
         ledger.assign([Self.p0])
         #expect(ledger.start(Self.p0, offset: 1) == nil)
         #expect(!ledger.isActive(Self.p0, generation: 1))
-        #expect(ledger.revokingSettled)
+        #expect(ledger.settled(ledger.revoking))
         ledger.revoke([Self.p0])
         ledger.assign([Self.p0])
         #expect(ledger.start(Self.p0, offset: 1) == 3)

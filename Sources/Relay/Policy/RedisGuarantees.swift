@@ -38,11 +38,7 @@ struct RedisGuarantees: Sendable, Equatable {
 
     /// From `INFO` text (`field:value` lines).
     static func parse(info: String) -> RedisGuarantees? {
-        var fields: [Substring: Substring] = [:]
-        for line in info.split(whereSeparator: \.isNewline) {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            fields[line[..<colon]] = line[line.index(after: colon)...]
-        }
+        let fields = RedisInfo.fields(info)
         guard let policy = fields["maxmemory_policy"], let aof = fields["aof_enabled"] else { return nil }
         return RedisGuarantees(evictionPolicy: String(policy), appendOnly: aof == "1")
     }
