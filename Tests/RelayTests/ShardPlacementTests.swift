@@ -1,5 +1,7 @@
+import Common
 import Foundation
 import Kafka
+import NIOPosix
 @testable import Relay
 import TestSupport
 import Testing
@@ -178,6 +180,31 @@ struct ShardPlacementTests {
         #expect(second.pipeline.outcomeCounts.values.reduce(0, +) > 0 && harness.pipeline.outcomeCounts.values.reduce(0, +) > 0)
         second.requestStop()
         await running.value
+        await harness.stop()
+    }
+
+    /// A delivered outcome's report ends on its shard's event loop, not on the producer's poll
+    /// thread: its item's offset is stored there and its device's next intent starts there.
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    func deliveryReportsEndOnTheirShardsLoop() async throws {
+        let ends = Locked<[(partition: Int32, loop: ObjectIdentifier?)]>([])
+        let harness = try await RelayHarness.start(shards: 2, published: { outcome in
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop.map { ObjectIdentifier($0) }
+            ends.withLock { $0.append((outcome.partition, loop)) }
+        })
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
+        // Two intents per device: the second waits behind the first and starts where its report ends.
+        let count = 100
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
+            let token = hexToken(0x4000 + $0 / 2)
+            return (Array(token.utf8), Array(intent("r-\($0)", token: token).utf8))
+        })
+        try await waitUntil(timeout: .seconds(60)) { ends.withLock { $0.count } >= count }
+        #expect(harness.pipeline.intentsDrivenByCallbacks >= count)
+        for (partition, loop) in ends.withLock({ $0 }) {
+            let shard = harness.pipeline.shard(of: TopicPartition(topic: harness.intentsTopic, partition: partition))
+            #expect(loop == ObjectIdentifier(harness.pipeline.shardLoop(shard.index)), "partition \(partition) ended off its shard's loop")
+        }
         await harness.stop()
     }
 }

@@ -15,7 +15,8 @@ import NIOPosix
 /// loop), the machine's verdict (``DeliveryStateMachine``), a retry's backoff (a timer on the
 /// answer's event loop: ``BackoffTimers``), the record
 /// (``RelayPipeline/record(_:_:orElse:then:)``), the outcome's delivery report (librdkafka's
-/// poll thread, a poll's reports at a time: ``RelayPipeline/outcomesDelivered(_:)``), the offset
+/// poll thread, a poll's reports at a time, each shard's handed to its event loop:
+/// ``RelayPipeline/outcomesDelivered(_:)``), the offset
 /// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record
 /// Redis failed, an outcome whose delivery failed — go on in a task, the way the task per intent
 /// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown
@@ -124,28 +125,57 @@ extension RelayPipeline {
     }
 
     /// The delivery reports of outcomes driven by callbacks, as many as one poll of the producer
-    /// served: their items are taken from their shards' tables (``concluding(_:)``), the
-    /// delivered ones end together (one turn of each shard's lock, one offset store each:
-    /// ``finish(_:thenNext:)``), then their devices' next intents start.
+    /// served (on the thread that polled): each shard's reports are handed to its event loop
+    /// (``shardLoop(_:)``), `endedPerTurn` at a time, one `execute` each, and end there
+    /// (``endDelivered(_:)``). There the devices' next intents start, on the loop whose APNs
+    /// connections the client prefers, and the shard's lock is taken by its own loop, not by
+    /// the poll thread beside it. Without work executors they end on the thread that polled.
+    /// What waits on the loops is bounded by the outcomes in flight, which
+    /// `limits.max_in_flight` bounds.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
-        // A poll after a stall may serve tens of thousands: the shards' locks are taken per
-        // chunk, so that admissions and other ends go on between them.
-        for chunk in stride(from: 0, to: reports.count, by: Self.endedPerTurn) {
-            var delivered: [Finished] = []
-            delivered.reserveCapacity(min(Self.endedPerTurn, reports.count - chunk))
-            for (concluding, result) in concluding(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)]) {
-                switch result {
-                case .success:
-                    published(concluding.ending, concluding.item)
-                    delivered.append(Finished(item: concluding.item, stored: true, sent: concluding.ending.countedAtAPNs))
-                case .failure(let error):
-                    concluded(.notPublished(error), concluding.item, concluding.ending)
-                }
+        guard !workExecutors.isEmpty else {
+            for chunk in stride(from: 0, to: reports.count, by: Self.endedPerTurn) {
+                endDelivered(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)])
             }
-            if delivered.isEmpty { continue }
-            for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
-                inTurnTask { await self.work(next) }
+            return
+        }
+        for (shard, part) in Self.byShard(reports, shards: shards.count).enumerated() where !part.isEmpty {
+            let loop = shardLoop(shard)
+            // A poll after a stall may serve tens of thousands: the loop's other work (answers,
+            // admissions) goes on between the chunks.
+            for chunk in stride(from: 0, to: part.count, by: Self.endedPerTurn) {
+                let reports = part[chunk..<min(chunk + Self.endedPerTurn, part.count)]
+                loop.execute { self.endDelivered(reports) }
             }
+        }
+    }
+
+    /// Reports by the shard their slots name (``outcomeSlot(_:)``), each shard's in their order.
+    static func byShard(_ reports: [DeliveryReportBatcher.Report], shards: Int) -> [[DeliveryReportBatcher.Report]] {
+        guard shards > 1 else { return [reports] }
+        var parts: [[DeliveryReportBatcher.Report]] = Array(repeating: [], count: shards)
+        for report in reports { parts[report.slot % shards].append(report) }
+        return parts
+    }
+
+    /// Ends the items the reports name: their items are taken from their shards' tables
+    /// (``concluding(_:)``), the delivered ones end together (one turn of each shard's lock, one
+    /// offset store each: ``finish(_:thenNext:)``), then their devices' next intents start.
+    private func endDelivered(_ reports: ArraySlice<DeliveryReportBatcher.Report>) {
+        var delivered: [Finished] = []
+        delivered.reserveCapacity(reports.count)
+        for (concluding, result) in concluding(reports) {
+            switch result {
+            case .success:
+                published(concluding.ending, concluding.item)
+                delivered.append(Finished(item: concluding.item, stored: true, sent: concluding.ending.countedAtAPNs))
+            case .failure(let error):
+                concluded(.notPublished(error), concluding.item, concluding.ending)
+            }
+        }
+        if delivered.isEmpty { return }
+        for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
+            inTurnTask { await self.work(next) }
         }
     }
 

@@ -60,8 +60,14 @@ extension RelayPipeline {
     /// The event loop of `item`'s shard (shard N's is work executor N modulo their count), or
     /// any of NIO's shared loops, where the APNs connections live, without work executors.
     func shardLoop(of item: WorkItem) -> any EventLoop {
+        shardLoop(shard(of: item).index)
+    }
+
+    /// The event loop of shard `index` (work executor `index` modulo their count), or any of
+    /// NIO's shared loops without work executors.
+    func shardLoop(_ index: Int) -> any EventLoop {
         guard !workExecutors.isEmpty else { return MultiThreadedEventLoopGroup.singleton.next() }
-        return workExecutors[shard(of: item).index % workExecutors.count].eventLoop
+        return workExecutors[index % workExecutors.count].eventLoop
     }
 
     /// The index of the shard that handed out `generation` among `shards` shards.
@@ -161,8 +167,7 @@ extension RelayPipeline {
     /// The items the reports name, each taken from its shard's table (one turn of each shard's
     /// lock), with their reports' results, in the reports' order within each shard.
     func concluding(_ reports: ArraySlice<DeliveryReportBatcher.Report>) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
-        var parts: [[DeliveryReportBatcher.Report]] = Array(repeating: [], count: shards.count)
-        for report in reports { parts[report.slot % shards.count].append(report) }
+        let parts = Self.byShard(Array(reports), shards: shards.count)
         var taken: [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] = []
         taken.reserveCapacity(reports.count)
         var empty: [Int] = []
