@@ -102,23 +102,22 @@ extension RelayPipeline {
             finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return nextInTask(after: item)
         }
-        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic, reports = outcomeReports
         if Self.records(item, status, dedupe: deduplicator != nil) {
             return record(item, ending, orElse: { self.concluded($0, item, ending) }) { key, value, headers in
-                producer.send(topic: outcomesTopic, key: key, value: value, headers: headers,
-                              slot: self.outcomeSlot(Concluding(item: item, ending: ending)), to: reports)
+                self.outcomes.sendBatched(key: key, value: value, headers: headers,
+                                          slot: self.outcomeSlot(Concluding(item: item, ending: ending)))
             }
         }
         guard let (key, value) = Self.encoded(ending) else {
             finish(item, stored: false, sent: ending.countedAtAPNs)
             return nextInTask(after: item)
         }
-        producer.send(topic: outcomesTopic, key: key, value: value, headers: Self.outgoingHeaders(item),
-                      slot: outcomeSlot(Concluding(item: item, ending: ending)), to: reports)
+        outcomes.sendBatched(key: key, value: value, headers: Self.outgoingHeaders(item),
+                             slot: outcomeSlot(Concluding(item: item, ending: ending)))
     }
 
     /// An item driven by callbacks whose outcome is on its way to Kafka, kept in its shard's
-    /// table under the slot its delivery report names (``outcomeSlot(_:)``, ``outcomeReports``).
+    /// table under the slot its delivery report names (``outcomeSlot(_:)``, ``OutcomePublisher/sendBatched(key:value:headers:slot:)``).
     struct Concluding: Sendable {
         let item: WorkItem
         let ending: Ending

@@ -145,7 +145,7 @@ extension RelayPipeline {
         let headers = carriesTrace ? Self.outgoingHeaders(item) : []
         if carriesTrace { item.traced?.publishBegins() }
         let sent: Void? = await Retry(backoff: backoff).run { () async throws(KafkaError) in
-            _ = try await producer.send(topic: configuration.kafka.outcomesTopic, key: key, value: value, headers: headers)
+            try await outcomes.send(key: key, value: value, headers: headers)
         } failed: { error, _ in
             publishFailed(item, error)
             return isCurrent(item) ? .retry : .giveUp
@@ -185,32 +185,16 @@ extension RelayPipeline {
         return ((outcome.token ?? outcome.channelID).map { Array($0.utf8) }, outcome.utf8)
     }
 
-    /// Counts a published outcome; at debug level, logs it (one line per outcome: the
-    /// metadata is built only when debug is on).
+    /// Counts a published outcome, with its lane's latency and its metrics
+    /// (``OutcomePublisher/counted(_:)``); its spans end.
     @inline(never)
     func published(_ ending: Ending, _ item: WorkItem?) {
         guard let outcome = ending.outcome else { return }
         if let item, let traced = item.traced {
             traced.finish(outcome, partition: item.partition.partition, offset: item.offset)
         }
-        outcomeTally.withLock { $0[outcome.status.ordinal] += 1 }
         laneMetrics[item?.lane ?? lane(of: outcome.lane ?? "")].latency.recordMilliseconds(outcome.latencyMilliseconds)
         RelayMetrics.outcome(outcome, topic: outcome.topic.map(metricsTopic) ?? "other")
-        logger.debug("outcome published", metadata: Self.metadata(outcome))
-        published?(outcome)
-    }
-
-    /// Log metadata naming an outcome (never its token: a device's token is an identifier).
-    static func metadata(_ outcome: Outcome) -> Logger.Metadata {
-        var metadata: Logger.Metadata = [
-            "intent.id": "\(outcome.id ?? "none")", "outcome.status": "\(outcome.status.rawValue)",
-            "kafka.partition": "\(outcome.partition)", "kafka.offset": "\(outcome.offset)",
-            "outcome.latency_ms": "\(outcome.latencyMilliseconds)",
-        ]
-        if let topic = outcome.topic { metadata["apns.topic"] = "\(topic)" }
-        if let reason = outcome.reason { metadata["outcome.reason"] = "\(reason)" }
-        if let status = outcome.httpStatus { metadata["apns.status"] = "\(status)" }
-        if let apnsID = outcome.apnsID { metadata["apns.id"] = "\(apnsID)" }
-        return metadata
+        outcomes.counted(outcome)
     }
 }

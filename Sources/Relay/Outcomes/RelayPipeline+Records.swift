@@ -99,9 +99,9 @@ extension RelayPipeline {
     /// on the producer's poll thread once the outcome's delivery report is in, or from the Redis
     /// call when the record failed (reported here).
     func recordThenPublish(_ item: WorkItem, _ ending: Ending, done: @escaping @Sendable (Chained) -> Void) {
-        let producer = self.producer, outcomesTopic = configuration.kafka.outcomesTopic
+        let outcomes = self.outcomes
         record(item, ending, orElse: done) { key, value, headers in
-            producer.send(topic: outcomesTopic, key: key, value: value, headers: headers) { delivered in
+            outcomes.send(key: key, value: value, headers: headers) { delivered in
                 if case .failure(let error) = delivered { return done(.notPublished(error)) }
                 done(.published)
             }

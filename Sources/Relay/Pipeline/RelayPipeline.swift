@@ -32,6 +32,8 @@ public final class RelayPipeline: RelayStatus, Service {
     public let configuration: RelayConfiguration
     public let worker: String
     let consumer: KafkaConsumer
+    /// The relay's producer: outcomes go through ``outcomes``; invalidations, the flush and the
+    /// purge at the end of a run use it here.
     let producer: KafkaProducer
     let credentials: CredentialDirectory
     /// Per credential, whom its faults are counted for (``LoadedCredential/team``), and what
@@ -59,9 +61,6 @@ public final class RelayPipeline: RelayStatus, Service {
     /// the lanes' distinct weights (0 for the lowest), 3 at most. With one weight, all 0.
     let lanePrecedence: [Int]
     let laneMetrics: [RelayMetrics.Lane]
-    /// Outcomes published so far, by ``Outcome/Status/ordinal``: a lock of its own, taken once
-    /// per outcome (not the pipeline's state lock).
-    let outcomeTally = Locked(Array(repeating: 0, count: Outcome.Status.allCases.count))
     /// The partitions paused (held by the ledger), as last asked of the consumer; its lock
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
@@ -98,7 +97,6 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Opened once the relay started consuming (its Redis' guarantees checked): ready from then
     /// until it stops.
     let consuming = AsyncLatch()
-    let published: (@Sendable (Outcome) -> Void)?
     /// Intents that need neither Redis nor an invalidation record nor tracing are driven by
     /// callbacks from consume to outcome (``driveByCallbacks(_:)``) instead of a task each; off
     /// only where `bench e2e --task-per-intent` measures the task per intent (docs/performance.md).
@@ -108,9 +106,9 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Intents consumed beside an intent of their device from another shard's partition
     /// (``acrossShards(_:_:shards:)``), so far.
     let intentsAcrossShards = Atomic<Int>(0)
-    /// Where their outcomes' delivery reports come, a poll of the producer at a time
-    /// (``outcomesDelivered(_:)``).
-    let outcomeReports: DeliveryReportBatcher
+    /// Where outcomes go (the outcomes topic), and what publishing keeps: the batched
+    /// records' reports (handed to ``outcomesDelivered(_:)``), the count by status, the hook.
+    let outcomes: OutcomePublisher
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
     /// Turns of intents driven by callbacks that went on in a task (``inTurnTask(_:)``: a park,
     /// a 429 in shadow mode, a failed record or outcome, the next intent of a device that does
@@ -164,7 +162,6 @@ public final class RelayPipeline: RelayStatus, Service {
         self.health = RelayHealth(logger: logger, failOpen: configuration.redis.failOpen,
                                   unreadyAfterUnreachableSeconds: configuration.kafka.unreadyAfterUnreachableSeconds)
         self.clock = clock
-        self.published = published
         let lanes = configuration.kafka.intentLanes
         let weights = Set(lanes.map(\.weight)).sorted()
         let precedence = lanes.map { min(weights.firstIndex(of: $0.weight) ?? 0, 3) }
@@ -215,20 +212,16 @@ public final class RelayPipeline: RelayStatus, Service {
         self.laneMetrics = lanes.map { RelayMetrics.Lane(topic: $0.topic) }
         self.producer = clients.producer
         self.consumer = clients.consumer
-        self.outcomeReports = clients.producer.reportBatcher()
+        self.outcomes = OutcomePublisher(producer: clients.producer, topic: configuration.kafka.outcomesTopic, logger: logger,
+                                         hook: published)
         clients.consumer.onRevoking { [weak self] partitions, lost in
             self?.partitionsRevoking(partitions, lost: lost)
         }
-        outcomeReports.deliver { [weak self] reports in self?.outcomesDelivered(reports) }
+        outcomes.deliverReports { [weak self] reports in self?.outcomesDelivered(reports) }
     }
 
     /// Outcomes published so far, by status.
-    public var outcomeCounts: [String: Int] {
-        let tally = outcomeTally.withLock { $0 }
-        var counts: [String: Int] = [:]
-        for status in Outcome.Status.allCases where tally[status.ordinal] > 0 { counts[status.rawValue] = tally[status.ordinal] }
-        return counts
-    }
+    public var outcomeCounts: [String: Int] { outcomes.counts }
     /// Outcome deliveries Kafka has failed so far (each is retried until it is delivered).
     public var publishFailures: Int { incidents.value.publishFailures }
     /// Times Redis started failing (each outage counted once, when it begins).
