@@ -70,7 +70,7 @@ extension RelayPipeline {
                 state.withLock { state in
                     for index in items.indices where belongs(items[index].item, to: box) {
                         Self.freeSlot(of: items[index].item, &shard, &state)
-                        if let member = items[index].item.mailboxMember { state.mailboxJobs.remove(member) }
+                        if let member = items[index].item.mailboxMember { mailboxJobs.end(member) }
                     }
                     if settled, let waiter = revocation.settled(box.index) { revokeWaiter = waiter }
                     if thenNext {

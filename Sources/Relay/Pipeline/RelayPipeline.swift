@@ -64,7 +64,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// The partitions paused (held by the ledger), as last asked of the consumer; its lock
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
-    /// What is relay-wide: the lanes' budget, the idle waiters, the mailbox jobs.
+    /// What is relay-wide: the lanes' budget and the idle waiters.
     /// Taken inside a shard's lock where a step changes both (never the other way round, and
     /// never two shards' locks at once).
     let state: Locked<State>
@@ -84,6 +84,8 @@ public final class RelayPipeline: RelayStatus, Service {
     let backoff: Backoff
     /// Opened by ``requestStop()``: consuming stops and in-flight work drains.
     let stopping = AsyncLatch()
+    /// The mailbox members worked on here (parks under way, intents taken from a mailbox).
+    let mailboxJobs = MailboxJobs()
     /// For tests: called between a mailbox poll's due-index read and its takes, with the
     /// partitions that had due entries (where a rebalance can take one away).
     let afterDueRead = LockedFunction<@Sendable ([TopicPartition]) -> Void>()
@@ -147,8 +149,6 @@ public final class RelayPipeline: RelayStatus, Service {
         var idleWaiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var nextIdleWaiter = 0
         var firstConsumedAt: ContinuousClock.Instant?
-        /// Due-index members taken from a mailbox and in flight here.
-        var mailboxJobs: Set<String> = []
     }
 
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).

@@ -21,8 +21,8 @@ extension RelayPipeline {
         // not acknowledge it in time) this relay's deliverer does not take the entry: a take
         // between two tries would be undone by the second.
         let member = RedisKeys.member(token: intent.recipient, topic: intent.topic, id: intent.id)
-        let guarded = state.withLock { $0.mailboxJobs.insert(member).inserted }
-        defer { if guarded { _ = state.withLock { $0.mailboxJobs.remove(member) } } }
+        let guarded = mailboxJobs.claim(member)
+        defer { if guarded { mailboxJobs.end(member) } }
         // One owner over the tries: a try whose reply was lost leased the displaced entries to it.
         let owner = DevicePolicy.handOverOwner()
         guard let parked = await withRedisRetries(item, { () throws(RedisError) in
@@ -250,7 +250,7 @@ extension RelayPipeline {
             let claimed = shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].state.withLock { shard in
                 guard shard.partitions.isActive(partition, generation: generation) else { return false }
                 return state.withLock { state in
-                    guard state.lanes.mailboxRoom(lane) > 0, state.mailboxJobs.insert(member).inserted else { return false }
+                    guard state.lanes.mailboxRoom(lane) > 0, mailboxJobs.claim(member) else { return false }
                     state.lanes.admitted(lane)
                     return true
                 }
@@ -336,7 +336,7 @@ extension RelayPipeline {
     private func unreserve(_ lane: Int, member: String) {
         let (waiters, idleWaiters) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [CheckedContinuation<Bool, Never>]) in
             state.lanes.finished(lane)
-            _ = state.mailboxJobs.remove(member)
+            mailboxJobs.end(member)
             // A drain waiting for the relay to be idle: this reservation may have been the last.
             var idle: [CheckedContinuation<Bool, Never>] = []
             if state.inFlight == 0, !state.idleWaiters.isEmpty {
