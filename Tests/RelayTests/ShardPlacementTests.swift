@@ -184,7 +184,8 @@ struct ShardPlacementTests {
     }
 
     /// A delivered outcome's report ends on its shard's event loop, not on the producer's poll
-    /// thread: its item's offset is stored there and its device's next intent starts there.
+    /// thread: seen where the outcome is counted, in the same turn as its item's offset store
+    /// and its device's next intent's start.
     @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
     func deliveryReportsEndOnTheirShardsLoop() async throws {
         let ends = Locked<[(partition: Int32, loop: ObjectIdentifier?)]>([])

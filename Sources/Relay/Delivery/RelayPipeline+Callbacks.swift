@@ -62,8 +62,8 @@ extension RelayPipeline {
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
             leftAPNs(delivery)
-            // On the loop it runs on; off a loop (a first attempt due later, stepped from the
-            // poll thread), on its shard's.
+            // On the loop it runs on; off a loop (a first attempt due later, stepped from a
+            // task or, without work executors, from the producer's poll thread), on its shard's.
             let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? shardLoop(of: delivery.item)
             backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
                 self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
@@ -124,11 +124,12 @@ extension RelayPipeline {
     }
 
     /// The delivery reports of outcomes driven by callbacks, as many as one poll of the producer
-    /// served (on the thread that polled): each shard's reports are handed to its event loop
-    /// (``shardLoop(_:)``), `endedPerTurn` at a time, one `execute` each, and end there
-    /// (``endDelivered(_:)``). There the devices' next intents start, on the loop whose APNs
-    /// connections the client prefers, and the shard's lock is taken by its own loop, not by
-    /// the poll thread beside it. Without work executors they end on the thread that polled.
+    /// served (on the thread that polled or flushed, or, for a record refused at once, the one
+    /// that sent it): each shard's reports are handed to its event loop (``shardLoop(_:)``),
+    /// `endedPerTurn` at a time, one `execute` each, and end there (``endDelivered(_:)``).
+    /// There the devices' next intents start, on the loop whose APNs connections the client
+    /// prefers, and the shard's lock is taken by its own loop, not by the poll thread beside
+    /// it. Without work executors they end on the thread that polled.
     /// What waits on the loops is bounded by the outcomes in flight, which
     /// `limits.max_in_flight` bounds.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
@@ -140,8 +141,10 @@ extension RelayPipeline {
         }
         for (shard, part) in Self.byShard(reports, shards: shards.count).enumerated() where !part.isEmpty {
             let loop = shardLoop(shard)
-            // A poll after a stall may serve tens of thousands: the loop's other work (answers,
-            // admissions) goes on between the chunks.
+            // A poll after a stall may serve tens of thousands: the shard's lock is let go
+            // between the chunks (for other loops' answers of the shard's items). The loop runs
+            // the chunks back to back, before its next read of its sockets (NIO runs the tasks
+            // queued before it turns to I/O): its connections' answers wait until they ended.
             for chunk in stride(from: 0, to: part.count, by: Self.endedPerTurn) {
                 let reports = part[chunk..<min(chunk + Self.endedPerTurn, part.count)]
                 loop.execute { self.endDelivered(reports) }

@@ -167,13 +167,14 @@ extension RelayPipeline {
     /// The items the reports name, each taken from its shard's table (one turn of each shard's
     /// lock), with their reports' results, in the reports' order within each shard.
     func concluding(_ reports: ArraySlice<DeliveryReportBatcher.Report>) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
-        let parts = Self.byShard(Array(reports), shards: shards.count)
         var taken: [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] = []
         taken.reserveCapacity(reports.count)
         var empty: [Int] = []
-        for (box, part) in zip(shards, parts) where !part.isEmpty {
+        // No copy of the reports split by shard: a pass per shard that has any (handed to its
+        // loop, a chunk is all one shard's).
+        for box in shards where reports.contains(where: { $0.slot % shards.count == box.index }) {
             box.state.withLock { shard in
-                for (slot, result) in part {
+                for (slot, result) in reports where slot % shards.count == box.index {
                     guard let concluding = shard.concluding.remove(slot / shards.count) else {
                         empty.append(slot)
                         continue

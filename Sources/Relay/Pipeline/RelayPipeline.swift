@@ -33,7 +33,7 @@ public final class RelayPipeline: RelayStatus, Service {
     public let worker: String
     let consumer: KafkaConsumer
     /// The relay's producer: outcomes go through ``outcomes``; invalidations, the flush and the
-    /// purge at the end of a run use it here.
+    /// purge at the end of a run, and liveness (its fatal error) use it here.
     let producer: KafkaProducer
     let credentials: CredentialDirectory
     /// Per credential, whom its faults are counted for (``LoadedCredential/team``), and what
@@ -408,6 +408,10 @@ public final class RelayPipeline: RelayStatus, Service {
                            metadata: ["relay.in_flight": "\(left)"])
         }
         _ = await producer.flush(timeout: .seconds(10))
+        // The reports the flush served were handed to the shards' loops
+        // (``outcomesDelivered(_:)``): their items end (their offsets stored) before the run
+        // ends and the consumer's last commit.
+        for executor in workExecutors { try? await executor.eventLoop.submit {}.get() }
         logger.info("stopping: outcomes flushed")
     }
 
