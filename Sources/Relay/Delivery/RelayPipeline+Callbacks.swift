@@ -144,7 +144,8 @@ extension RelayPipeline {
             // A poll after a stall may serve tens of thousands: the shard's lock is let go
             // between the chunks (for other loops' answers of the shard's items). The loop runs
             // the chunks back to back, before its next read of its sockets (NIO runs the tasks
-            // queued before it turns to I/O): its connections' answers wait until they ended.
+            // queued before it turns to I/O): its connections' answers wait until they ended,
+            // at most the shard's part of the outcomes in flight (`limits.max_in_flight`).
             for chunk in stride(from: 0, to: part.count, by: Self.endedPerTurn) {
                 let reports = part[chunk..<min(chunk + Self.endedPerTurn, part.count)]
                 loop.execute { self.endDelivered(reports) }
