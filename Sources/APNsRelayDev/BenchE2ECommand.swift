@@ -78,7 +78,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let allocationsBefore = ProcessAllocations.now()
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             if outcome.id?.hasPrefix(BenchWorkload.warmUpPrefix) != true { latencies.record(outcome.latencyMilliseconds) }
-        }, deliveryByCallbacks: !taskPerIntent)
+        }, deliveryByCallbacks: !taskPerIntent, countsShardLockTurns: true)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         var progress = BenchProgress(workload: workload, stack: stack)
@@ -89,6 +89,7 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let allocations = ProcessAllocations.now().flatMap { after in allocationsBefore.map { after - $0 } }
         let rss = peakResidentMiB()
         let counts = pipeline.outcomeCounts
+        let lockTurns = pipeline.shardLockTurns
         Terminal.line("driven by callbacks: \(pipeline.intentsDrivenByCallbacks) intents (the warm-up's included)")
         let started = progress.offeredAt ?? pipeline.firstConsumedAt ?? progress.finishedAt
         pipeline.requestStop()
@@ -98,6 +99,10 @@ struct BenchE2ECommand: AsyncParsableCommand {
         // This process is the relay: its allocations from its start to its last outcome, as for
         // the CPU figure (the warm-up's intents counted too).
         if let allocations { line += String(format: " allocations_per_intent: %.1f", Double(allocations) / Double(count + workload.warmUp)) }
+        // How far the shards are from confinement to their loops: their lock's turns per intent,
+        // and those taken off the shard's loop.
+        line += String(format: " shard_lock_turns_per_intent: %.2f off_loop: %.2f", Double(lockTurns.all) / Double(count + workload.warmUp),
+                       Double(lockTurns.offLoop) / Double(count + workload.warmUp))
         return (counts, line)
     }
 

@@ -941,6 +941,15 @@ struct BenchE2EProcessTests {
         #expect(cpu > 0, "\(last)")
         let resident = try #require(Self.figure("peak_rss_mb", in: last))
         #expect(resident > 10, "\(last)")
+        if !mode.contains("--process") {
+            let turns = try #require(Self.figure("shard_lock_turns_per_intent", in: last), "\(last)")
+            #expect(turns >= 1, "an intent takes its shard's lock at least once: \(last)")
+            let offLoop = try #require(Self.figure("off_loop", in: last))
+            #expect(offLoop <= turns, "\(last)")
+            // Driven by callbacks, an intent's steps take its shard's lock on the shard's loop
+            // (its record's callback, off the loops with the policy on, takes none).
+            #expect(offLoop < 0.5, "\(last)")
+        }
         let redis = lines.first { $0.hasPrefix("redis_cpu_us_per_intent: ") }
         if mode.contains("--policy") {
             let perIntent = try #require(redis.flatMap { Self.figure("redis_cpu_us_per_intent", in: $0) }, "\(text)")

@@ -33,14 +33,14 @@ struct RevocationCoordinatorTests {
         pipeline.assign([ten, eleven])
         // Work of ten at APNs that does not end.
         let box = pipeline.shard(of: ten)
-        let generation = try #require(box.state.withLock { $0.partitions.generation(of: ten) })
-        #expect(box.state.withLock { $0.partitions.sendBegins(ten, generation: generation, first: true) })
+        let generation = try #require(box.withState { $0.partitions.generation(of: ten) })
+        #expect(box.withState { $0.partitions.sendBegins(ten, generation: generation, first: true) })
         // Its revocation waits for it, and gives up at its bound (the shutdown deadline, 1 s).
         pipeline.partitionsRevoking([ten], lost: false)
-        #expect(box.state.withLock { $0.revocationAwaits } == [ten])
+        #expect(box.withState { $0.revocationAwaits } == [ten])
         // Before the reader has that revocation, another comes, for eleven.
         pipeline.partitionsRevoking([eleven], lost: false)
-        #expect(pipeline.shards.allSatisfy { shard in shard.state.withLock { $0.revocationAwaits.isEmpty } })
+        #expect(pipeline.shards.allSatisfy { shard in shard.withState { $0.revocationAwaits.isEmpty } })
         pipeline.revoke([ten, eleven])
         await harness.stop()
     }

@@ -131,11 +131,11 @@ struct ShardPlacementTests {
         pipeline.partitionsRevoking([twelve], lost: false)
         pipeline.assign([twelve])
         #expect(pipeline.shard(of: twelve).index == target)
-        let generation = try #require(pipeline.shard(of: twelve).state.withLock { $0.partitions.generation(of: twelve) })
-        #expect(pipeline.shard(of: twelve).state.withLock { $0.partitions.start(twelve, offset: 0, generation: generation) } == nil,
+        let generation = try #require(pipeline.shard(of: twelve).withState { $0.partitions.generation(of: twelve) })
+        #expect(pipeline.shard(of: twelve).withState { $0.partitions.start(twelve, offset: 0, generation: generation) } == nil,
                 "a record read before the revocation does not start")
         pipeline.revoke([twelve])
-        #expect(pipeline.shards.allSatisfy { shard in shard.state.withLock { !$0.partitions.revoking.contains(twelve) } })
+        #expect(pipeline.shards.allSatisfy { shard in shard.withState { !$0.partitions.revoking.contains(twelve) } })
         // Assigned again: on the shard it was placed on, then (ten revoked, the shards even) on
         // the other.
         var placedOn: Set<Int> = []
@@ -143,8 +143,8 @@ struct ShardPlacementTests {
             pipeline.assign([twelve])
             let box = pipeline.shard(of: twelve)
             placedOn.insert(box.index)
-            let next = try #require(box.state.withLock { $0.partitions.generation(of: twelve) })
-            #expect(box.state.withLock { $0.partitions.start(twelve, offset: 1, generation: next) } == next, "shard \(box.index)")
+            let next = try #require(box.withState { $0.partitions.generation(of: twelve) })
+            #expect(box.withState { $0.partitions.start(twelve, offset: 1, generation: next) } == next, "shard \(box.index)")
             pipeline.revoke([twelve, ten])
         }
         #expect(placedOn == [0, 1])
@@ -169,7 +169,7 @@ struct ShardPlacementTests {
             try #require(Set(numbers.map { $0 % 2 }).count == 1, "roundrobin hands partitions out in turn: \(numbers)")
             #expect(Set(relay.owned.map { relay.shard(of: $0).index }) == [0, 1], "\(numbers)")
             #expect(relay.placement.withLock { $0.load } == [1, 1])
-            #expect(relay.shards.allSatisfy { shard in shard.state.withLock { $0.partitions.owned.count } == 1 })
+            #expect(relay.shards.allSatisfy { shard in shard.withState { $0.partitions.owned.count } == 1 })
         }
         let count = 200
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
@@ -207,5 +207,22 @@ struct ShardPlacementTests {
             #expect(loop == ObjectIdentifier(harness.pipeline.shardLoop(shard.index)), "partition \(partition) ended off its shard's loop")
         }
         await harness.stop()
+    }
+
+    /// A shard counts its lock's turns, and those taken off its event loop, when asked to (the
+    /// benchmark's `shard_lock_turns_per_intent`), and nothing otherwise.
+    @Test func aShardCountsItsLockTurnsOffItsLoop() async throws {
+        func shard(counts: Bool) -> RelayPipeline.ShardBox {
+            RelayPipeline.ShardBox(index: 0, loop: MultiThreadedEventLoopGroup.singleton.next(), countsTurns: counts,
+                                   RelayPipeline.Shard(partitions: PartitionLedger(uncommittedLimit: 10, shard: 0, of: 1),
+                                                       queues: DeviceQueues(precedence: [0])))
+        }
+        let counting = shard(counts: true), silent = shard(counts: false)
+        for box in [counting, silent] {
+            box.withState { _ in }
+            try await box.loop!.submit { box.withState { _ in }; box.withState { _ in } }.get()
+        }
+        #expect(counting.lockTurns == (3, 1), "three turns, the first off the loop")
+        #expect(silent.lockTurns == (0, 0))
     }
 }

@@ -103,9 +103,14 @@ extension RelayPipeline {
             return nextInTask(after: item)
         }
         if Self.records(item, status, dedupe: deduplicator != nil) {
-            return record(item, ending, orElse: { self.concluded($0, item, ending) }) { key, value, headers in
-                self.outcomes.sendBatched(key: key, value: value, headers: headers,
-                                          slot: self.outcomeSlot(Concluding(item: item, ending: ending)))
+            // Its slot is taken here, where the answer came (its shard's loop, usually), not in
+            // the record's callback, which runs off the loops (the group commit's task).
+            let slot = outcomeSlot(Concluding(item: item, ending: ending))
+            return record(item, ending, orElse: { chained in
+                self.freeOutcomeSlot(slot)
+                self.concluded(chained, item, ending)
+            }) { key, value, headers in
+                self.outcomes.sendBatched(key: key, value: value, headers: headers, slot: slot)
             }
         }
         guard let (key, value) = Self.encoded(ending) else {

@@ -17,7 +17,7 @@ extension RelayPipeline {
         // partition's now.
         let shard = expected.map { shards[Self.shardIndex(ofGeneration: $0, shards: shards.count)] } ?? shard(of: partition)
         let readMark = readMarks.map { $0[shard.index] }
-        let (start, inFlight) = shard.state.withLock { shard -> (WorkItem?, Int) in
+        let (start, inFlight) = shard.withState { shard -> (WorkItem?, Int) in
             guard let generation = shard.partitions.start(partition, offset: message.offset, generation: expected) else {
                 ours = false
                 return (nil, state.withLock { $0.lanes.inFlight[lane] })
@@ -100,7 +100,7 @@ extension RelayPipeline {
     /// its turn (``RecentAnswers``), as for an answer from APNs. Marked in `shard`, where the
     /// intent's copies queue.
     func recordedCoalesced(_ intent: Intent, in shard: ShardBox) {
-        shard.state.withLock { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
+        shard.withState { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
     }
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
@@ -168,7 +168,7 @@ extension RelayPipeline {
     /// (parking behind a parked one of its app: `parkedUntil`, per topic).
     func nextInQueue(after item: WorkItem, parkedUntil: [String: Int64]) -> WorkItem? {
         guard let turn = DeviceQueues.turn(of: item) else { return nil }
-        let (queued, waiters) = shard(of: item).state.withLock { shard -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
+        let (queued, waiters) = shard(of: item).withState { shard -> (WorkItem?, [CheckedContinuation<Void, Never>]) in
             // The relay-wide lock only when an item was queued (most devices have one intent at a
             // time): ``nextQueued(after:_:parkedUntil:_:_:)`` in two steps.
             guard let queued = shard.queues.nextQueued(after: item, turn, parkedUntil: parkedUntil) else { return (nil, []) }

@@ -109,7 +109,7 @@ extension RelayPipeline {
                     for message in messages where message.topicPartition != last {
                         last = message.topicPartition
                         if generations[message.topicPartition] == nil {
-                            generations[message.topicPartition] = shard(of: message.topicPartition).state.withLock {
+                            generations[message.topicPartition] = shard(of: message.topicPartition).withState {
                                 $0.partitions.generation(of: message.topicPartition) ?? -1
                             }
                         }

@@ -43,7 +43,7 @@ extension RelayPipeline {
         for box in shards {
             // The items of this shard's partitions (no array of them: one fewer allocation a call).
             guard items.contains(where: { belongs($0.item, to: box) }) else { continue }
-            box.state.withLock { shard in
+            box.withState { shard in
                 // The newest committable offset of each partition the items moved (a later finish
                 // of a partition only moves it further).
                 var committable: [(partition: TopicPartition, offset: Int64)] = []
@@ -133,7 +133,7 @@ extension RelayPipeline {
         // place. Every shard is marked: a partition whose assignment still waits for the reader
         // has no shard yet (``revoke(_:)`` clears every shard's marks).
         for box in shards {
-            box.state.withLock { shard in
+            box.withState { shard in
                 shard.partitions.markRevoking(partitions)
                 shard.revocationAwaits = lost ? [] : partitions.filter { !shard.partitions.settled(CollectionOfOne($0)) }
                 if !shard.revocationAwaits.isEmpty { revocation.unsettled(box.index) }
@@ -175,7 +175,7 @@ extension RelayPipeline {
     func reconcilePauses(_ partitions: [TopicPartition]) {
         guard !partitions.isEmpty else { return }
         pauses.withLock { paused in
-            let wanted = partitions.filter { partition in shard(of: partition).state.withLock { $0.partitions.held.contains(partition) } }
+            let wanted = partitions.filter { partition in shard(of: partition).withState { $0.partitions.held.contains(partition) } }
             let pause = wanted.filter { !paused.contains($0) }
             let resume = partitions.filter { paused.contains($0) && !wanted.contains($0) }
             if !pause.isEmpty { consumer.pause(pause) }

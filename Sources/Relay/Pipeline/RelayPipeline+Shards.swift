@@ -3,6 +3,7 @@ import Dispatch
 import Kafka
 import NIOCore
 import NIOPosix
+import Synchronization
 
 extension RelayPipeline {
     /// What one shard owns: the partitions routed to it (their offset trackers, generations,
@@ -34,15 +35,47 @@ extension RelayPipeline {
         var revocationAwaits: [TopicPartition] = []
     }
 
-    /// A shard and its lock (`Locked` is not copyable, so an array holds these).
+    /// A shard and its lock (`Locked` is not copyable, so an array holds these), and, when
+    /// asked for (`bench e2e`), the count of its lock's turns and of those taken off its event
+    /// loop: what confinement to the loop has left to move (``shardLockTurns``).
     final class ShardBox: Sendable {
         let index: Int
-        let state: Locked<Shard>
+        /// Its event loop (nil without work executors: nothing is counted off it then).
+        let loop: (any EventLoop)?
+        private let state: Locked<Shard>
+        private let countsTurns: Bool
+        private let turns = Atomic<Int>(0)
+        private let turnsOffLoop = Atomic<Int>(0)
 
-        init(index: Int, _ shard: consuming sending Shard) {
+        init(index: Int, loop: (any EventLoop)?, countsTurns: Bool = false, _ shard: consuming sending Shard) {
             self.index = index
+            self.loop = loop
+            self.countsTurns = countsTurns
             self.state = Locked(shard)
         }
+
+        /// Runs `body` with the shard's state, inside its lock.
+        func withState<Result: ~Copyable, E: Error>(
+            _ body: (inout sending Shard) throws(E) -> sending Result
+        ) throws(E) -> sending Result {
+            if countsTurns {
+                turns.add(1, ordering: .relaxed)
+                if let loop, !loop.inEventLoop { turnsOffLoop.add(1, ordering: .relaxed) }
+            }
+            return try state.withLock(body)
+        }
+
+        /// Its lock's turns so far, and those taken off its event loop.
+        var lockTurns: (all: Int, offLoop: Int) {
+            (turns.load(ordering: .relaxed), turnsOffLoop.load(ordering: .relaxed))
+        }
+    }
+
+    /// The shards' lock turns so far, and those taken off the shard's event loop (from another
+    /// loop, a task on Swift's executor, librdkafka's poll threads): `bench e2e` prints them per
+    /// intent. Zero unless ``RelayApplication`` was asked to count them.
+    public var shardLockTurns: (all: Int, offLoop: Int) {
+        shards.reduce((0, 0)) { sum, shard in (sum.0 + shard.lockTurns.all, sum.1 + shard.lockTurns.offLoop) }
     }
 
     /// The shard that owns `partition` now: where its number was placed (``ShardPlacement``),
@@ -66,8 +99,7 @@ extension RelayPipeline {
     /// The event loop of shard `index` (work executor `index` modulo their count), or any of
     /// NIO's shared loops without work executors.
     func shardLoop(_ index: Int) -> any EventLoop {
-        guard !workExecutors.isEmpty else { return MultiThreadedEventLoopGroup.singleton.next() }
-        return workExecutors[index % workExecutors.count].eventLoop
+        shards[index].loop ?? MultiThreadedEventLoopGroup.singleton.next()
     }
 
     /// The index of the shard that handed out `generation` among `shards` shards.
@@ -82,12 +114,12 @@ extension RelayPipeline {
 
     /// The partitions this relay owns now, of every shard.
     var owned: [TopicPartition] {
-        shards.flatMap { shard in shard.state.withLock { $0.partitions.owned } }
+        shards.flatMap { shard in shard.withState { $0.partitions.owned } }
     }
 
     /// The partitions held now (too many uncommitted offsets), of every shard.
     var heldNow: Set<TopicPartition> {
-        shards.reduce(into: []) { held, shard in held.formUnion(shard.state.withLock { $0.partitions.held }) }
+        shards.reduce(into: []) { held, shard in held.formUnion(shard.withState { $0.partitions.held }) }
     }
 
     /// The partitions are ours (the reader's `.assigned`): their numbers are placed on shards
@@ -100,7 +132,7 @@ extension RelayPipeline {
         var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
         for (partition, index) in zip(partitions, indices) { parts[index].append(partition) }
         for (shard, part) in zip(shards, parts) where !part.isEmpty {
-            shard.state.withLock { $0.partitions.assign(part) }
+            shard.withState { $0.partitions.assign(part) }
         }
     }
 
@@ -112,7 +144,7 @@ extension RelayPipeline {
     /// batches for the reader, its number not placed yet, so the shard a partition's mark went
     /// to need not be the one its assignment then went to.
     func revoke(_ partitions: [TopicPartition]) {
-        for shard in shards { shard.state.withLock { $0.partitions.revoke(partitions) } }
+        for shard in shards { shard.withState { $0.partitions.revoke(partitions) } }
         placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
     }
 
@@ -121,12 +153,12 @@ extension RelayPipeline {
     /// Whether the item's partition is still ours (being revoked included): work that reached
     /// APNs goes on to its outcome and stored offset.
     func isCurrent(_ item: WorkItem) -> Bool {
-        shard(of: item).state.withLock { $0.partitions.owns(item.partition, generation: item.generation) }
+        shard(of: item).withState { $0.partitions.owns(item.partition, generation: item.generation) }
     }
 
     /// Whether new work of the item may start: its partition is ours and not being revoked.
     func isActive(_ item: WorkItem) -> Bool {
-        shard(of: item).state.withLock { $0.partitions.isActive(item.partition, generation: item.generation) }
+        shard(of: item).withState { $0.partitions.isActive(item.partition, generation: item.generation) }
     }
 
     /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);
@@ -134,7 +166,7 @@ extension RelayPipeline {
     /// waits for.
     func mayGoToAPNs(_ delivery: Delivery) -> Bool {
         let first = !delivery.ending.countedAtAPNs
-        let allowed = shard(of: delivery.item).state.withLock {
+        let allowed = shard(of: delivery.item).withState {
             $0.partitions.sendBegins(delivery.item.partition, generation: delivery.item.generation, first: first)
         }
         if allowed { delivery.ending.countedAtAPNs = true }
@@ -147,7 +179,7 @@ extension RelayPipeline {
         guard delivery.ending.countedAtAPNs else { return }
         delivery.ending.countedAtAPNs = false
         let box = shard(of: delivery.item)
-        let waiter = box.state.withLock { shard -> DispatchSemaphore? in
+        let waiter = box.withState { shard -> DispatchSemaphore? in
             guard Self.endAtAPNs(delivery.item, &shard) else { return nil }
             return revocation.settled(box.index)
         }
@@ -161,7 +193,13 @@ extension RelayPipeline {
     /// the slot the report names (the table's slot, times the shard count, plus the shard).
     func outcomeSlot(_ concluding: Concluding) -> Int {
         let box = shard(of: concluding.item)
-        return box.state.withLock { $0.concluding.insert(concluding) } * shards.count + box.index
+        return box.withState { $0.concluding.insert(concluding) } * shards.count + box.index
+    }
+
+    /// Frees a slot whose outcome was never handed to the producer (its record failed, or the
+    /// relay abandoned it), so that no report is awaited for it.
+    func freeOutcomeSlot(_ slot: Int) {
+        _ = shards[slot % shards.count].withState { $0.concluding.remove(slot / shards.count) }
     }
 
     /// The items the reports name, each taken from its shard's table (one turn of each shard's
@@ -173,7 +211,7 @@ extension RelayPipeline {
         // No copy of the reports split by shard: a pass per shard that has any (handed to its
         // loop, a chunk is all one shard's).
         for box in shards where reports.contains(where: { $0.slot % shards.count == box.index }) {
-            box.state.withLock { shard in
+            box.withState { shard in
                 for (slot, result) in reports where slot % shards.count == box.index {
                     guard let concluding = shard.concluding.remove(slot / shards.count) else {
                         empty.append(slot)

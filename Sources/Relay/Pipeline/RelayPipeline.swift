@@ -154,7 +154,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
     init(configuration: RelayConfiguration, clients: RelayClients, worker: String?, logger: Logger,
          clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?, drivesByCallbacks: Bool = false,
-         shards: Int? = nil) {
+         shards: Int? = nil, countsShardLockTurns: Bool = false) {
         self.configuration = configuration
         self.drivesByCallbacks = drivesByCallbacks
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
@@ -171,7 +171,8 @@ public final class RelayPipeline: RelayStatus, Service {
                               maxWaiting: configuration.limits.maxWaiting)))
         let shardCount = max(shards ?? clients.workExecutors.count, 1)
         self.shards = (0..<shardCount).map { index in
-            ShardBox(index: index, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
+            ShardBox(index: index, loop: clients.workExecutors.isEmpty ? nil : clients.workExecutors[index % clients.workExecutors.count].eventLoop,
+                     countsTurns: countsShardLockTurns, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
                                                                      shard: index, of: shardCount),
                                          queues: DeviceQueues(precedence: precedence)))
         }
@@ -424,7 +425,7 @@ public final class RelayPipeline: RelayStatus, Service {
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
             RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
             let across = shards.reduce(intentsAcrossShards.load(ordering: .relaxed)) { sum, shard in
-                sum + shard.state.withLock { $0.queues.acrossPartitions }
+                sum + shard.withState { $0.queues.acrossPartitions }
             }
             if across > acrossReported { RelayMetrics.intentsAcrossPartitions.increment(by: across - acrossReported) }
             acrossReported = across

@@ -36,10 +36,10 @@ extension RelayPipeline {
             // Marked before the read is written: an answer recorded, or a park, after the mark
             // may be missing from what it reads.
             // One mark per shard: each shard counts its own answers and parks.
-            let marks = shards.map { shard in shard.state.withLock { $0.queues.recentAnswers.readBegan() } }
+            let marks = shards.map { shard in shard.withState { $0.queues.recentAnswers.readBegan() } }
             admitting.read = AdmissionRead(marks: marks) { [weak self] marks in
                 guard let self else { return }
-                for (shard, mark) in zip(self.shards, marks) { shard.state.withLock { $0.queues.recentAnswers.readEnded(mark) } }
+                for (shard, mark) in zip(self.shards, marks) { shard.withState { $0.queues.recentAnswers.readEnded(mark) } }
             }
             admitting.pending = policy.admission(groups)
         }

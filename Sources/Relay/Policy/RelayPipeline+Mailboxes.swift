@@ -33,7 +33,7 @@ extension RelayPipeline {
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
         // (after a 429, of the device) are decided again (``DeviceQueues/missedPark(_:since:)``).
-        shard(of: item).state.withLock { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
+        shard(of: item).withState { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
@@ -207,7 +207,7 @@ extension RelayPipeline {
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
         let owned = laneTopics.flatMap { topic in
-            shards.flatMap { shard in shard.state.withLock { $0.partitions.owned { $0.topic == topic } } }
+            shards.flatMap { shard in shard.withState { $0.partitions.owned { $0.topic == topic } } }
         }
         let rooms = state.withLock { state in laneTopics.indices.map { state.lanes.mailboxRoom($0) } }
         let withRoom = owned.filter { rooms[lane(of: $0.partition.topic)] > 0 }
@@ -247,7 +247,7 @@ extension RelayPipeline {
             // and while there is room: the send slot is reserved here.
             // On the shard that handed out the generation read (where it is still ours if it is).
             let generation = generations[partition] ?? -1
-            let claimed = shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].state.withLock { shard in
+            let claimed = shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].withState { shard in
                 guard shard.partitions.isActive(partition, generation: generation) else { return false }
                 return state.withLock { state in
                     guard state.lanes.mailboxRoom(lane) > 0, mailboxJobs.claim(member) else { return false }
@@ -324,7 +324,7 @@ extension RelayPipeline {
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
-            let start = shard(of: item).state.withLock { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
+            let start = shard(of: item).withState { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
             if let start { workers.addTask { await self.work(start) } }
         }
     }
