@@ -82,14 +82,19 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         var progress = BenchProgress(workload: workload, stack: stack)
+        // The shards' lock turns from the first consume on: the group's join, and the turns taken
+        // once a second whatever the load (the lag report's), are not the intents'.
+        var turnsBefore: (all: Int, offLoop: Int)?
         while !progress.finished(done: pipeline.outcomeCounts.values.reduce(0, +), detail: ", \(pipeline.inFlight) in flight") {
+            if turnsBefore == nil, pipeline.firstConsumedAt != nil { turnsBefore = pipeline.shardLockTurns }
             try await Task.sleep(for: .milliseconds(5))
         }
         let cpu = ProcessCPU.now() - cpuBefore
         let allocations = ProcessAllocations.now().flatMap { after in allocationsBefore.map { after - $0 } }
         let rss = peakResidentMiB()
         let counts = pipeline.outcomeCounts
-        let lockTurns = pipeline.shardLockTurns
+        let lockTurnsNow = pipeline.shardLockTurns, lockTurnsBefore = turnsBefore ?? (0, 0)
+        let lockTurns = (all: lockTurnsNow.all - lockTurnsBefore.all, offLoop: lockTurnsNow.offLoop - lockTurnsBefore.offLoop)
         Terminal.line("driven by callbacks: \(pipeline.intentsDrivenByCallbacks) intents (the warm-up's included)")
         let started = progress.offeredAt ?? pipeline.firstConsumedAt ?? progress.finishedAt
         pipeline.requestStop()

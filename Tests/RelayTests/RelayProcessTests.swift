@@ -947,7 +947,8 @@ struct BenchE2EProcessTests {
             let offLoop = try #require(Self.figure("off_loop", in: last))
             #expect(offLoop <= turns, "\(last)")
             // Driven by callbacks, an intent's steps take its shard's lock on the shard's loop
-            // (its record's callback, off the loops with the policy on, takes none).
+            // (its record's callback, off the loops with the policy on, takes none once the
+            // record succeeded).
             #expect(offLoop < 0.5, "\(last)")
         }
         let redis = lines.first { $0.hasPrefix("redis_cpu_us_per_intent: ") }

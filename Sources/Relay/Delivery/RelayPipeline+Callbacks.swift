@@ -104,7 +104,8 @@ extension RelayPipeline {
         }
         if Self.records(item, status, dedupe: deduplicator != nil) {
             // Its slot is taken here, where the answer came (its shard's loop, usually), not in
-            // the record's callback, which runs off the loops (the group commit's task).
+            // the record's callback, which runs off the loops (the group commit's task); only a
+            // record that failed frees it there.
             let slot = outcomeSlot(Concluding(item: item, ending: ending))
             return record(item, ending, orElse: { chained in
                 self.freeOutcomeSlot(slot)
