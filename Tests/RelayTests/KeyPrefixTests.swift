@@ -32,10 +32,12 @@ struct KeyPrefixTests {
             try await relay.produce(intent("same-2", token: token), key: token)
         }
         let client = try redis.client()
-        // Each relay parked its own `same-2` in a mailbox under its own prefix.
+        // Each relay parked its own `same-2` in a mailbox under its own prefix (within 30 s,
+        // stretched under a sanitizer: a full thread-sanitizer run, its Redis Cluster suites
+        // beside it, once took longer).
         for prefix in prefixes {
             let mailbox = RedisKeys(prefix: prefix).mailbox(token: token, topic: "com.example.app")
-            try await waitUntil(timeout: .seconds(30), asking: {
+            try await waitUntil(timeout: slowed(.seconds(30)), asking: {
                 (try? await client.send(RedisCommand("HGET", [mailbox, "pid"])))?.string == "same-2"
             })
         }
