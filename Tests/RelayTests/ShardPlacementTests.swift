@@ -209,6 +209,32 @@ struct ShardPlacementTests {
         await harness.stop()
     }
 
+    /// With one APNs connection, on one of the two loops, the other shard's answers come on a
+    /// loop that is not theirs: each goes on on its shard's loop (the answer handed over there),
+    /// where its shard's lock is taken and its outcome's slot (``RelayPipeline/ShardBox/concluding``,
+    /// confined to that loop) is taken, and every outcome still ends.
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    func answersOnAnotherLoopsConnectionGoOnOnTheirShardsLoop() async throws {
+        let harness = try await RelayHarness.start(configureRelay: { $0.apns.connections = 1 }, shards: 2, countsShardLockTurns: true)
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
+        #expect(Set(harness.pipeline.shards.map { ObjectIdentifier($0.loop) }).count == 2)
+        let before = harness.pipeline.shardLockTurns
+        let count = 200
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
+            let token = hexToken(0x5000 + $0 / 2)
+            return (Array(token.utf8), Array(intent("o-\($0)", token: token).utf8))
+        })
+        _ = try await harness.outcomes(count: count)
+        let after = harness.pipeline.shardLockTurns
+        #expect(harness.pipeline.intentsDrivenByCallbacks >= count)
+        #expect(harness.simulator.connectionsAccepted == 1)
+        // Half of the answers come on the other shard's loop; each took two or three turns of
+        // its shard's lock there before. What is left off the loops: the reader's reads per
+        // batch and partition.
+        #expect(after.offLoop - before.offLoop < count / 8, "\(after.offLoop - before.offLoop) turns off the loops for \(count) intents")
+        await harness.stop()
+    }
+
     /// A shard counts its lock's turns, and those taken off its event loop, when asked to (the
     /// benchmark's `shard_lock_turns_per_intent`), and nothing otherwise.
     @Test func aShardCountsItsLockTurnsOffItsLoop() async throws {
@@ -220,7 +246,7 @@ struct ShardPlacementTests {
         let counting = shard(counts: true), silent = shard(counts: false)
         for box in [counting, silent] {
             box.withState { _ in }
-            try await box.loop!.submit { box.withState { _ in }; box.withState { _ in } }.get()
+            try await box.loop.submit { box.withState { _ in }; box.withState { _ in } }.get()
         }
         #expect(counting.lockTurns == (3, 1), "three turns, the first off the loop")
         #expect(silent.lockTurns == (0, 0))

@@ -48,16 +48,11 @@ extension RelayPipeline {
             guard let client = delivery.client else { return step(delivery, delivery.machine.cancelled()) }
             let sentAt = ContinuousClock.now
             client.send(delivery.notification) { answer in
-                // Past the shutdown deadline the intent is abandoned, whatever APNs answered,
-                // as a task per intent is cancelled at APNs: no outcome, its offset not stored.
-                if self.abandoning.isOpen { return self.step(delivery, delivery.machine.cancelled()) }
-                let action = self.judge(answer, delivery, sentAt: sentAt)
-                if self.policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests,
-                   !self.isEnforced(delivery.intent) {
-                    // In shadow mode the device's backoff moves as enforce mode's park would move it.
-                    return self.driveInTask(delivery, from: action, first: { await self.noteShadowBackoff(delivery) })
-                }
-                self.step(delivery, action)
+                // An answer on another loop's connection (the client found none on the shard's
+                // own) goes on on the item's shard's loop, where its shard's state is.
+                let loop = self.shardLoop(of: delivery.item)
+                guard loop.inEventLoop else { return loop.execute { self.answered(answer, delivery, sentAt: sentAt) } }
+                self.answered(answer, delivery, sentAt: sentAt)
             }
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
@@ -71,6 +66,19 @@ extension RelayPipeline {
         case .park:
             driveInTask(delivery, from: action)
         }
+    }
+
+    /// A send's answer, on the item's shard's loop: judged, and the next step taken.
+    private func answered(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) {
+        // Past the shutdown deadline the intent is abandoned, whatever APNs answered, as a task
+        // per intent is cancelled at APNs: no outcome, its offset not stored.
+        if abandoning.isOpen { return step(delivery, delivery.machine.cancelled()) }
+        let action = judge(answer, delivery, sentAt: sentAt)
+        if policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests, !isEnforced(delivery.intent) {
+            // In shadow mode the device's backoff moves as enforce mode's park would move it.
+            return driveInTask(delivery, from: action, first: { await self.noteShadowBackoff(delivery) })
+        }
+        step(delivery, action)
     }
 
     /// Drives the delivery on from `action` in a task (``inTurnTask(_:)``), `first` done first,
@@ -98,14 +106,18 @@ extension RelayPipeline {
     /// (``outcomesDelivered(_:)``). A record Redis failed, or an outcome whose delivery failed,
     /// goes on in a task as ``conclude(_:_:)`` goes.
     private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
+        // Its outcome's slot is its shard's loop's (``ShardBox/concluding``): an item ended off
+        // it (a first step from a task, due at once) goes on there.
+        let loop = shardLoop(of: item)
+        guard loop.inEventLoop else { return loop.execute { self.concludeByCallbacks(item, ending) } }
         guard let status = ending.outcome?.status else {
             finish(item, stored: ending.parked, sent: ending.countedAtAPNs)
             return nextInTask(after: item)
         }
         if Self.records(item, status, dedupe: deduplicator != nil) {
-            // Its slot is taken here, where the answer came (its shard's loop, usually), not in
-            // the record's callback, which runs off the loops (the group commit's task); only a
-            // record that failed frees it there.
+            // Its slot is taken here, on its shard's loop, not in the record's callback, which
+            // runs off the loops (the group commit's task); a record that failed frees it from
+            // there, in a task on this loop.
             let slot = outcomeSlot(Concluding(item: item, ending: ending))
             return record(item, ending, orElse: { chained in
                 self.freeOutcomeSlot(slot)
@@ -134,17 +146,10 @@ extension RelayPipeline {
     /// that sent it): each shard's reports are handed to its event loop (``shardLoop(_:)``),
     /// `endedPerTurn` at a time, one `execute` each, and end there (``endDelivered(_:)``).
     /// There the devices' next intents start, on the loop whose APNs connections the client
-    /// prefers, and the shard's lock is taken by its own loop, not by the poll thread beside
-    /// it. Without work executors they end on the thread that polled.
-    /// What waits on the loops is bounded by the outcomes in flight, which
+    /// prefers, and the shard's table and lock are taken by its own loop, not by the poll
+    /// thread beside it. What waits on the loops is bounded by the outcomes in flight, which
     /// `limits.max_in_flight` bounds.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
-        guard !workExecutors.isEmpty else {
-            for chunk in stride(from: 0, to: reports.count, by: Self.endedPerTurn) {
-                endDelivered(reports[chunk..<min(chunk + Self.endedPerTurn, reports.count)])
-            }
-            return
-        }
         for (shard, part) in Self.byShard(reports, shards: shards.count).enumerated() where !part.isEmpty {
             let loop = shardLoop(shard)
             // A poll after a stall may serve tens of thousands: the shard's lock is let go
@@ -167,9 +172,9 @@ extension RelayPipeline {
         return parts
     }
 
-    /// Ends the items the reports name: their items are taken from their shards' tables
-    /// (``concluding(_:)``), the delivered ones end together (one turn of each shard's lock, one
-    /// offset store each: ``finish(_:thenNext:)``), then their devices' next intents start.
+    /// Ends the items the reports name, one shard's, on its loop: their items are taken from
+    /// its table (``concluding(_:)``), the delivered ones end together (one turn of its lock,
+    /// one offset store: ``finish(_:thenNext:)``), then their devices' next intents start.
     private func endDelivered(_ reports: ArraySlice<DeliveryReportBatcher.Report>) {
         var delivered: [Finished] = []
         delivered.reserveCapacity(reports.count)

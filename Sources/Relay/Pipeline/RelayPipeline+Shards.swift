@@ -24,9 +24,6 @@ extension RelayPipeline {
     struct Shard {
         var partitions: PartitionLedger<TopicPartition>
         var queues: DeviceQueues<WorkItem>
-        /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
-        /// records' delivery reports name (``outcomeSlot(_:)``).
-        var concluding = SlotTable<Concluding>()
         /// The partitions a revocation waits for on this shard, those with work at APNs when it
         /// began (the shard marked unsettled in the ``RevocationCoordinator``): the end of their
         /// last work takes the coordinator's lock, once. Empty when none. Not the shard's other
@@ -35,23 +32,32 @@ extension RelayPipeline {
         var revocationAwaits: [TopicPartition] = []
     }
 
-    /// A shard and its lock (`Locked` is not copyable, so an array holds these), and, when
-    /// asked for (`bench e2e`), the count of its lock's turns and of those taken off its event
-    /// loop: what confinement to the loop has left to move (``shardLockTurns``).
+    /// A shard: its state under its lock (`Locked` is not copyable, so an array holds these),
+    /// its items whose outcomes are on their way to Kafka by callbacks, confined to its event
+    /// loop, and, when asked for (`bench e2e`), the count of its lock's turns and of those taken
+    /// off its event loop: what confinement to the loop has left to move (``shardLockTurns``).
     final class ShardBox: Sendable {
         let index: Int
-        /// Its event loop (nil without work executors: nothing is counted off it then).
-        let loop: (any EventLoop)?
+        /// Its event loop, where its admissions, its answers, its outcomes' slots and their
+        /// delivery reports are handled.
+        let loop: any EventLoop
         private let state: Locked<Shard>
+        /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
+        /// records' delivery reports name (``RelayPipeline/outcomeSlot(_:)``). Confined to
+        /// ``loop``, with no lock: every access checks that it runs there (a precondition, in
+        /// release builds too), so a path that reaches it from elsewhere stops at once instead
+        /// of racing.
+        let concluding: NIOLoopBoundBox<SlotTable<Concluding>>
         private let countsTurns: Bool
         private let turns = Atomic<Int>(0)
         private let turnsOffLoop = Atomic<Int>(0)
 
-        init(index: Int, loop: (any EventLoop)?, countsTurns: Bool = false, _ shard: consuming sending Shard) {
+        init(index: Int, loop: any EventLoop, countsTurns: Bool = false, _ shard: consuming sending Shard) {
             self.index = index
             self.loop = loop
             self.countsTurns = countsTurns
             self.state = Locked(shard)
+            self.concluding = .makeBoxSendingValue(SlotTable(), eventLoop: loop)
         }
 
         /// Runs `body` with the shard's state, inside its lock.
@@ -60,7 +66,7 @@ extension RelayPipeline {
         ) throws(E) -> sending Result {
             if countsTurns {
                 turns.add(1, ordering: .relaxed)
-                if let loop, !loop.inEventLoop { turnsOffLoop.add(1, ordering: .relaxed) }
+                if !loop.inEventLoop { turnsOffLoop.add(1, ordering: .relaxed) }
             }
             return try state.withLock(body)
         }
@@ -90,16 +96,14 @@ extension RelayPipeline {
         shards[Self.shardIndex(ofGeneration: item.generation, shards: shards.count)]
     }
 
-    /// The event loop of `item`'s shard (shard N's is work executor N modulo their count), or
-    /// any of NIO's shared loops, where the APNs connections live, without work executors.
+    /// The event loop of `item`'s shard (shard N's is work executor N modulo their count).
     func shardLoop(of item: WorkItem) -> any EventLoop {
-        shardLoop(shard(of: item).index)
+        shard(of: item).loop
     }
 
-    /// The event loop of shard `index` (work executor `index` modulo their count), or any of
-    /// NIO's shared loops without work executors.
+    /// The event loop of shard `index` (work executor `index` modulo their count).
     func shardLoop(_ index: Int) -> any EventLoop {
-        shards[index].loop ?? MultiThreadedEventLoopGroup.singleton.next()
+        shards[index].loop
     }
 
     /// The index of the shard that handed out `generation` among `shards` shards.
@@ -191,34 +195,38 @@ extension RelayPipeline {
 
     /// Keeps the item in its shard's table until its outcome's delivery report comes; returns
     /// the slot the report names (the table's slot, times the shard count, plus the shard).
+    /// On the item's shard's loop only (``ShardBox/concluding``).
     func outcomeSlot(_ concluding: Concluding) -> Int {
         let box = shard(of: concluding.item)
-        return box.withState { $0.concluding.insert(concluding) } * shards.count + box.index
+        return box.concluding.value.insert(concluding) * shards.count + box.index
     }
 
     /// Frees a slot whose outcome was never handed to the producer (its record failed, or the
-    /// relay abandoned it), so that no report is awaited for it.
+    /// relay abandoned it), so that no report is awaited for it: on its shard's loop, at once
+    /// when called there, else in a task on it (a record's failure is heard off the loops).
     func freeOutcomeSlot(_ slot: Int) {
-        _ = shards[slot % shards.count].withState { $0.concluding.remove(slot / shards.count) }
+        let box = shards[slot % shards.count], index = slot / shards.count
+        guard box.loop.inEventLoop else { return box.loop.execute { _ = box.concluding.value.remove(index) } }
+        _ = box.concluding.value.remove(index)
     }
 
-    /// The items the reports name, each taken from its shard's table (one turn of each shard's
-    /// lock), with their reports' results, in the reports' order within each shard.
+    /// The items the reports name, each taken from its shard's table, with their reports'
+    /// results, in the reports' order. On the reports' shard's loop: a chunk handed to a loop
+    /// (``outcomesDelivered(_:)``) is all one shard's.
     func concluding(_ reports: ArraySlice<DeliveryReportBatcher.Report>) -> [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] {
         var taken: [(Concluding, Result<KafkaProducer.Delivery, KafkaError>)] = []
         taken.reserveCapacity(reports.count)
         var empty: [Int] = []
-        // No copy of the reports split by shard: a pass per shard that has any (handed to its
-        // loop, a chunk is all one shard's).
-        for box in shards where reports.contains(where: { $0.slot % shards.count == box.index }) {
-            box.withState { shard in
-                for (slot, result) in reports where slot % shards.count == box.index {
-                    guard let concluding = shard.concluding.remove(slot / shards.count) else {
-                        empty.append(slot)
-                        continue
-                    }
-                    taken.append((concluding, result))
+        guard let first = reports.first else { return taken }
+        let box = shards[first.slot % shards.count]
+        box.concluding.withValue { table in
+            for (slot, result) in reports {
+                precondition(slot % shards.count == box.index, "a chunk of delivery reports is one shard's")
+                guard let concluding = table.remove(slot / shards.count) else {
+                    empty.append(slot)
+                    continue
                 }
+                taken.append((concluding, result))
             }
         }
         if !empty.isEmpty {

@@ -4,6 +4,7 @@ import Foundation
 import Kafka
 import Logging
 import NIOCore
+import NIOPosix
 import Redis
 public import ServiceLifecycle
 import Synchronization
@@ -170,8 +171,10 @@ public final class RelayPipeline: RelayStatus, Service {
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting)))
         let shardCount = max(shards ?? clients.workExecutors.count, 1)
+        // Every shard has a loop of its own: without work executors, one of NIO's shared loops.
+        let loops = clients.workExecutors.isEmpty ? [MultiThreadedEventLoopGroup.singleton.next()] : clients.workExecutors.map(\.eventLoop)
         self.shards = (0..<shardCount).map { index in
-            ShardBox(index: index, loop: clients.workExecutors.isEmpty ? nil : clients.workExecutors[index % clients.workExecutors.count].eventLoop,
+            ShardBox(index: index, loop: loops[index % loops.count],
                      countsTurns: countsShardLockTurns, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
                                                                      shard: index, of: shardCount),
                                          queues: DeviceQueues(precedence: precedence)))
