@@ -376,7 +376,7 @@ if Context.environment["APNS_RELAY_NO_BENCHMARKS"] != "1" && Context.environment
         .executableTarget(
             name: "RelayBenchmarks",
             dependencies: [
-                "APNs", "Common", "Kafka", "Redis", "Relay",
+                "APNs", "Common", "Kafka", "Redis", "Relay", "RelayCore",
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),

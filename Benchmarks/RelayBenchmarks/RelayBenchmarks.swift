@@ -7,6 +7,7 @@ import Kafka
 import NIOCore
 import Redis
 import Relay
+import RelayCore
 
 /// The per-intent steps measured alone: time and allocations each (docs/performance.md keeps
 /// the baselines). `swift package benchmark --target RelayBenchmarks` runs them; CI builds them
@@ -178,6 +179,29 @@ let benchmarks: @Sendable () -> Void = {
                 }
             }
             blackHole(reads.encodedByteCount)
+        }
+    }
+
+    // A batch's intents grouped by device and each group decided, as the policy's admission
+    // does between its read and its answer (one intent per device: the common case, where each
+    // group's arrays were allocations of their own).
+    let batch: [Result<Intent, InvalidIntent>] = devices.map { device in
+        Result { () throws(InvalidIntent) -> Intent in
+            try Intent.parse(Array(#"{"id":"order-shipped-123","token":"\#(device)","topic":"com.example.app","payload":{"aps":{}}}"#.utf8),
+                             key: nil, now: 1_700_000_000, defaultTTL: 86_400)
+        }
+    }
+    let rules = RelayConfiguration.Policy.Rules()
+    Benchmark("Policy admission: a batch grouped and decided (128 devices)") { benchmark in
+        for _ in benchmark.scaledIterations {
+            var groups: [DeviceAdmission.Group] = [], members: [[Int]] = []
+            groups.reserveCapacity(devices.count)
+            members.reserveCapacity(devices.count)
+            BatchAdmission.group(batch, rules: { _, _ in rules }, groups: &groups, members: &members)
+            for group in groups {
+                var bucket = DeviceAdmission.Bucket(rules.rateLimit, stored: nil, now: 1_700_000_000_000)
+                blackHole(DeviceAdmission.decide(group, waiting: nil, backoffUntil: 0, bucket: &bucket, now: 1_700_000_000_000) { _ in nil })
+            }
         }
     }
 

@@ -80,7 +80,7 @@ public enum BatchAdmission {
         }
         for (index, into) in collapsing {
             guard let older = placed[index], let newer = placed[into] else { continue }
-            groups[older.group].collapsesInto[older.position] = newer.position
+            groups[older.group].collapse(older.position, into: newer.position)
         }
     }
 
@@ -91,7 +91,9 @@ public enum BatchAdmission {
     package static func apply(_ answer: DeviceAdmission.Decided, to positions: [Int], _ parsed: [Result<Intent, InvalidIntent>],
                               _ admissions: inout [Admission], forgetsUnregistered: inout [Bool]) {
         var parking: Int?
-        for (position, decision) in zip(positions, answer.decisions).reversed() {
+        // Newest first, by index (no reversed copy of the pairs).
+        for member in stride(from: min(positions.count, answer.decisions.count) - 1, through: 0, by: -1) {
+            let position = positions[member], decision = answer.decisions[member]
             guard case .success(let intent) = parsed[position] else { continue }
             forgetsUnregistered[position] = answer.forgetsUnregistered
             switch decision {

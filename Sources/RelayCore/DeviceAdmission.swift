@@ -44,23 +44,47 @@ package enum DeviceAdmission {
         package let token: String
         package let topic: String
         package let rules: PolicyConfiguration.Rules
+        /// One intent of the group: its id, whether it is now-or-never (expiration 0: it cannot
+        /// wait), its `token_registered_at`, its expiration (epoch s) and the position of the
+        /// newest intent of its collapse id when that is another one (nil for the newest and for
+        /// intents that do not collapse). One array of these, not one per field: most groups
+        /// are one intent, and each array was an allocation of its own.
+        package struct Entry: Sendable, Equatable {
+            package let id: String
+            package let nowOrNever: Bool
+            package let registeredAt: Int64?
+            package let expiration: Int64
+            package var collapsesInto: Int?
+        }
+
         /// The intents in batch order.
-        package private(set) var ids: [String] = []
-        /// For each intent, whether it is now-or-never (expiration 0: it cannot wait).
-        package private(set) var nowOrNever: [Bool] = []
-        /// For each intent, its `token_registered_at`.
-        package private(set) var registeredAt: [Int64?] = []
-        /// For each intent, its expiration (epoch s).
-        package private(set) var expirations: [Int64] = []
+        package private(set) var entries: [Entry] = []
         /// The pair's remembered 410 is read (every group of a device's token, not of a channel):
         /// without the option a delivery deletes it only where the read found it (``Decided``).
         package var readsUnregistered = false
         /// The remembered 410 decides (`policy.skip_known_unregistered`): an intent it applies to
         /// is `knownUnregistered`.
         package var skipsKnownUnregistered = false
+
+        /// The intents' ids, in batch order.
+        package var ids: [String] { entries.map(\.id) }
+        /// For each intent, whether it is now-or-never.
+        package var nowOrNever: [Bool] { entries.map(\.nowOrNever) }
+        /// For each intent, its `token_registered_at`.
+        package var registeredAt: [Int64?] { entries.map(\.registeredAt) }
+        /// For each intent, its expiration (epoch s).
+        package var expirations: [Int64] { entries.map(\.expiration) }
         /// For each intent, the position of the newest intent of its collapse id when that is
-        /// another one (nil for the newest and for intents that do not collapse).
-        package var collapsesInto: [Int?] = []
+        /// another one.
+        package var collapsesInto: [Int?] {
+            get { entries.map(\.collapsesInto) }
+            set { for (position, into) in newValue.enumerated() { entries[position].collapsesInto = into } }
+        }
+
+        /// Marks the intent at `position` as collapsing into the one at `newer`.
+        package mutating func collapse(_ position: Int, into newer: Int) {
+            entries[position].collapsesInto = newer
+        }
 
         package init(token: String, topic: String, rules: PolicyConfiguration.Rules) {
             self.token = token
@@ -70,12 +94,8 @@ package enum DeviceAdmission {
 
         /// Adds the next intent; answers its position.
         package mutating func append(_ id: String, nowOrNever: Bool, registeredAt: Int64? = nil, expiration: Int64 = Intent.latestExpiration) -> Int {
-            ids.append(id)
-            self.nowOrNever.append(nowOrNever)
-            self.registeredAt.append(registeredAt)
-            expirations.append(expiration)
-            collapsesInto.append(nil)
-            return ids.count - 1
+            entries.append(Entry(id: id, nowOrNever: nowOrNever, registeredAt: registeredAt, expiration: expiration))
+            return entries.count - 1
         }
     }
 
@@ -96,21 +116,22 @@ package enum DeviceAdmission {
     /// reach the device after it. Only a sent intent spends a token.
     package static func decide(_ group: Group, waiting: [UInt8]?, backoffUntil: Int64, bucket: inout Bucket, now: Int64,
                                unregisteredAt: Int64? = nil, record: (Int) -> AnswerRecord??) -> [Admission] {
-        var decisions = Array(repeating: Admission.wait, count: group.ids.count)
+        let entries = group.entries
+        var decisions = Array(repeating: Admission.wait, count: entries.count)
         // The older intents of each collapse id, newest first, by the position of the newest.
         var older: [Int: [Int]] = [:]
-        for (position, into) in group.collapsesInto.enumerated() {
-            if let into { older[into, default: []].insert(position, at: 0) }
+        for (position, entry) in entries.enumerated() {
+            if let into = entry.collapsesInto { older[into, default: []].insert(position, at: 0) }
         }
         /// Decides one intent; true when it survives its collapse id (it can still be delivered).
         func decideOne(_ position: Int) -> Bool {
-            let holds = mailbox(waiting, holdsFor: group.ids[position])
+            let holds = mailbox(waiting, holdsFor: entries[position].id)
             let decision: Admission
             if let record = record(position) {
                 decision = .duplicate(record)
             } else if holds == .thisIntent {
                 decision = .inMailbox
-            } else if let unregisteredAt, (group.registeredAt[position] ?? .min) <= unregisteredAt {
+            } else if let unregisteredAt, (entries[position].registeredAt ?? .min) <= unregisteredAt {
                 decision = .knownUnregistered(at: unregisteredAt)
             } else if holds == .anotherIntent || now < backoffUntil || !bucket.spend() {
                 // Behind an older intent of its mailbox it waits there too (taking the older
@@ -123,13 +144,13 @@ package enum DeviceAdmission {
             return switch decision {
             case .send, .inMailbox: true
             case .duplicate(let record): record == nil || record?.status == Outcome.Status.delivered.rawValue
-            case .wait: !group.nowOrNever[position]
+            case .wait: !entries[position].nowOrNever
             case .coalesced, .knownUnregistered: false
             }
         }
         /// The newest intent decided so far that goes out now.
         var lastSent: Int?
-        for position in group.ids.indices where group.collapsesInto[position] == nil {
+        for position in entries.indices where entries[position].collapsesInto == nil {
             let olderOnes = older[position] ?? []
             var survivor = decideOne(position) ? position : nil
             for candidate in olderOnes {
@@ -194,8 +215,8 @@ package enum DeviceAdmission {
         package static func noting(_ group: Group, _ decisions: [Admission], held: [UInt8]?, backoffUntil: Int64,
                            bucket: inout Bucket) -> Int64? {
             guard mailbox(held, holdsFor: "") == .nothing,
-                  let parking = decisions.indices.last(where: { decisions[$0] == .wait && !group.nowOrNever[$0] }) else { return nil }
-            let due = max(backoffUntil, bucket.due), expiresAt = group.expirations[parking] * 1000
+                  let parking = decisions.indices.last(where: { decisions[$0] == .wait && !group.entries[$0].nowOrNever }) else { return nil }
+            let due = max(backoffUntil, bucket.due), expiresAt = group.entries[parking].expiration * 1000
             if expiresAt >= due { bucket.reserve(at: due) }
             return min(due, expiresAt + 1000)
         }

@@ -36,12 +36,12 @@ extension DevicePolicy {
             var reads = RedisCommandBuffer(reservingBytes: 256 * groups.count)
             let keys = policy.keys
             for group in groups {
-                let token = group.token, topic = group.topic, ids = group.ids
+                let token = group.token, topic = group.topic, entries = group.entries
                 reads.append("MGET") { command in
                     command.appendArgument { keys.writeRate(&$0, token: token) }
                     command.appendArgument { keys.writeBackoff(&$0, token: token) }
                     command.appendArgument { keys.writeWaiting(&$0, token: token, topic: topic) }
-                    for id in ids { command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: id) } }
+                    for entry in entries { command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: entry.id) } }
                     if group.readsUnregistered { command.appendArgument { keys.writeUnregistered(&$0, token: token, topic: topic) } }
                     if group.rules.mode == .shadow { command.appendArgument { keys.writeShadowWaiting(&$0, token: token, topic: topic) } }
                 }
@@ -63,14 +63,14 @@ extension DevicePolicy {
                 }
                 let shadow = group.rules.mode == .shadow
                 guard let values = stored.array,
-                      values.count == 3 + group.ids.count + (group.readsUnregistered ? 1 : 0) + (shadow ? 1 : 0) else {
+                      values.count == 3 + group.entries.count + (group.readsUnregistered ? 1 : 0) + (shadow ? 1 : 0) else {
                     throw .protocolError("MGET answered \(stored)")
                 }
                 var bucket = DeviceAdmission.Bucket(group.rules.rateLimit, stored: values[0].integer, now: now)
                 let backoffUntil = DeviceAdmission.Bucket.backoff(values[1].string)?.until ?? 0
                 // A value that does not read as a time (Redis holds whatever was written) is
                 // no remembered 410: the intent is sent and APNs answers.
-                let unregistered = group.readsUnregistered ? values[3 + group.ids.count] : nil
+                let unregistered = group.readsUnregistered ? values[3 + group.entries.count] : nil
                 let unregisteredAt = group.skipsKnownUnregistered ? unregistered?.integer : nil
                 // In shadow mode the mailbox enforce mode would have (``DeviceAdmission/ShadowMailbox``), unless
                 // the real one holds an intent (parked before a switch to shadow mode).
