@@ -212,12 +212,12 @@ struct ShardPlacementTests {
     /// With one APNs connection, on one of the two loops, the other shard's answers come on a
     /// loop that is not theirs: each goes on on its shard's loop (the answer handed over there),
     /// where its shard's lock is taken and its outcome's slot (``RelayPipeline/ShardBox/concluding``,
-    /// confined to that loop) is taken, and every outcome still ends.
+    /// confined to that loop) is taken, and every outcome still ends. (On one core both shards
+    /// share its loop and no answer comes on another's.)
     @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
     func answersOnAnotherLoopsConnectionGoOnOnTheirShardsLoop() async throws {
         let harness = try await RelayHarness.start(configureRelay: { $0.apns.connections = 1 }, shards: 2, countsShardLockTurns: true)
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
-        #expect(Set(harness.pipeline.shards.map { ObjectIdentifier($0.loop) }).count == 2)
         let before = harness.pipeline.shardLockTurns
         let count = 200
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
@@ -232,6 +232,35 @@ struct ShardPlacementTests {
         // its shard's lock there before. What is left off the loops: the reader's reads per
         // batch and partition.
         #expect(after.offLoop - before.offLoop < count / 8, "\(after.offLoop - before.offLoop) turns off the loops for \(count) intents")
+        await harness.stop()
+    }
+
+    /// A turn that leaves the callbacks runs in a task on its item's shard's event loop, as the
+    /// task per intent does: here the intent queued behind a device's first, which does not
+    /// qualify for callbacks (a badge), is started by its report's end and worked in such a
+    /// task, down to its outcome (a badge needs Redis: `failed`).
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)))
+    func aTurnInATaskRunsOnItsShardsLoop() async throws {
+        let ends = Locked<[String: (partition: Int32, loop: ObjectIdentifier?)]>([:])
+        let harness = try await RelayHarness.start(shards: 2, published: { outcome in
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop.map { ObjectIdentifier($0) }
+            ends.withLock { $0[outcome.id ?? ""] = (outcome.partition, loop) }
+        })
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
+        let devices = 20
+        _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<devices).flatMap { device in
+            let token = hexToken(0x6000 + device)
+            return [(Array(token.utf8), Array(intent("plain-\(device)", token: token).utf8)),
+                    (Array(token.utf8), Array(intent("badge-\(device)", token: token, extra: #","badge":{"increment":1}"#).utf8))]
+        })
+        try await waitUntil(timeout: .seconds(60)) { ends.withLock { $0.count } >= 2 * devices }
+        let badges = ends.withLock { $0.filter { $0.key.hasPrefix("badge-") } }
+        #expect(badges.count == devices)
+        for (id, end) in badges {
+            let shard = harness.pipeline.shard(of: TopicPartition(topic: harness.intentsTopic, partition: end.partition))
+            #expect(end.loop == ObjectIdentifier(shard.loop), "\(id) was worked off its shard's loop")
+        }
+        #expect(harness.pipeline.callbackTurnsInTasks >= devices)
         await harness.stop()
     }
 

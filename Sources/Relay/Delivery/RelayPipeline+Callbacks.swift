@@ -11,9 +11,10 @@ import NIOPosix
 /// Redis: the dedupe record, written before the outcome goes out) and its outcome: no badge, no
 /// Live Activity budget, not taken from a mailbox, no invalidation record, no trace. Its steps
 /// are the ones ``RelayPipeline/handle(_:)`` awaits, each started from the callback of the one
-/// before: the send's answer (``APNsClient/send(_:completion:)``, on the connection's event
-/// loop), the machine's verdict (``DeliveryStateMachine``), a retry's backoff (a timer on the
-/// answer's event loop: ``BackoffTimers``), the record
+/// before: the send's answer (``APNsClient/send(_:completion:)``, handed from the connection's
+/// event loop to the item's shard's when they differ), the machine's verdict
+/// (``DeliveryStateMachine``), a retry's backoff (a timer on the shard's event loop:
+/// ``BackoffTimers``), the record
 /// (``RelayPipeline/record(_:_:orElse:then:)``), the outcome's delivery report (librdkafka's
 /// poll thread, a poll's reports at a time, each shard's handed to its event loop:
 /// ``RelayPipeline/outcomesDelivered(_:)``), the offset
@@ -49,16 +50,20 @@ extension RelayPipeline {
             let sentAt = ContinuousClock.now
             client.send(delivery.notification) { answer in
                 // An answer on another loop's connection (the client found none on the shard's
-                // own) goes on on the item's shard's loop, where its shard's state is.
+                // own) goes on on the item's shard's loop, where its shard's state is; its
+                // round trip is timed as it came, not as the loop took it.
                 let loop = self.shardLoop(of: delivery.item)
-                guard loop.inEventLoop else { return loop.execute { self.answered(answer, delivery, sentAt: sentAt) } }
+                guard loop.inEventLoop else {
+                    let answeredAt = ContinuousClock.now
+                    return loop.execute { self.answered(answer, delivery, sentAt: sentAt, answeredAt: answeredAt) }
+                }
                 self.answered(answer, delivery, sentAt: sentAt)
             }
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
             leftAPNs(delivery)
-            // On the loop it runs on; off a loop (a first attempt due later, stepped from a
-            // task or, without work executors, from the producer's poll thread), on its shard's.
+            // On the loop it runs on (its shard's, for an answer); off a loop (a first attempt
+            // due later, stepped from a task), on its shard's.
             let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? shardLoop(of: delivery.item)
             backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
                 self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
@@ -69,11 +74,12 @@ extension RelayPipeline {
     }
 
     /// A send's answer, on the item's shard's loop: judged, and the next step taken.
-    private func answered(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) {
+    private func answered(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant,
+                          answeredAt: ContinuousClock.Instant = .now) {
         // Past the shutdown deadline the intent is abandoned, whatever APNs answered, as a task
         // per intent is cancelled at APNs: no outcome, its offset not stored.
         if abandoning.isOpen { return step(delivery, delivery.machine.cancelled()) }
-        let action = judge(answer, delivery, sentAt: sentAt)
+        let action = judge(answer, delivery, sentAt: sentAt, answeredAt: answeredAt)
         if policy != nil, case .success(let result) = answer, result.reason == .tooManyRequests, !isEnforced(delivery.intent) {
             // In shadow mode the device's backoff moves as enforce mode's park would move it.
             return driveInTask(delivery, from: action, first: { await self.noteShadowBackoff(delivery) })
@@ -87,7 +93,7 @@ extension RelayPipeline {
     /// whatever comes between, as when the task per intent parks.
     private func driveInTask(_ delivery: Delivery, from action: DeliveryStateMachine.Action,
                              first: (@Sendable () async -> Void)? = nil) {
-        inTurnTask {
+        inTurnTask(for: delivery.item) {
             await first?()
             await self.drive(delivery, from: action)
             self.settle(delivery)
@@ -153,7 +159,7 @@ extension RelayPipeline {
         for (shard, part) in Self.byShard(reports, shards: shards.count).enumerated() where !part.isEmpty {
             let loop = shardLoop(shard)
             // A poll after a stall may serve tens of thousands: the shard's lock is let go
-            // between the chunks (for other loops' answers of the shard's items). The loop runs
+            // between the chunks (for the turns taken off its loop). The loop runs
             // the chunks back to back, before its next read of its sockets (NIO runs the tasks
             // queued before it turns to I/O): its connections' answers wait until they ended,
             // at most the shard's part of the outcomes in flight (`limits.max_in_flight`).
@@ -189,7 +195,7 @@ extension RelayPipeline {
         }
         if delivered.isEmpty { return }
         for next in finish(delivered, thenNext: true) where !driveByCallbacks(next) {
-            inTurnTask { await self.work(next) }
+            inTurnTask(for: next) { await self.work(next) }
         }
     }
 
@@ -207,7 +213,7 @@ extension RelayPipeline {
             finish(item, stored: true, sent: ending.countedAtAPNs)
             next(after: item)
         case .notRecorded:
-            inTurnTask {
+            inTurnTask(for: item) {
                 await self.record(item, ending)
                 let published = await self.publish(ending, item)
                 self.finish(item, stored: published, sent: ending.countedAtAPNs)
@@ -218,7 +224,7 @@ extension RelayPipeline {
             nextInTask(after: item)
         case .notPublished(let error):
             publishFailed(item, error)
-            inTurnTask {
+            inTurnTask(for: item) {
                 let published = await self.publish(ending, item)
                 self.finish(item, stored: published, sent: ending.countedAtAPNs)
                 self.next(after: item)
@@ -230,7 +236,7 @@ extension RelayPipeline {
     private func next(after item: WorkItem) {
         guard let next = nextInQueue(after: item, parkedUntil: [:]) else { return }
         if !driveByCallbacks(next) {
-            inTurnTask { await self.work(next) }
+            inTurnTask(for: next) { await self.work(next) }
         }
     }
 
@@ -239,16 +245,18 @@ extension RelayPipeline {
     /// that a device's queue of such items is not ended by recursion, one stack frame deeper each
     /// (thousands of them overflowed a thread's stack).
     private func nextInTask(after item: WorkItem) {
-        inTurnTask { self.next(after: item) }
+        inTurnTask(for: item) { self.next(after: item) }
     }
 
     /// Runs a turn that leaves the callbacks (a park, a 429 in shadow mode, a record or an
     /// outcome whose delivery failed, an intent that does not qualify) in a task of its own,
     /// which the shutdown deadline cancels (``abandoning``) as it cancels the intents' tasks:
-    /// what it runs then ends abandoned instead of outliving the relay.
-    private func inTurnTask(_ turn: @escaping @Sendable () async -> Void) {
+    /// what it runs then ends abandoned instead of outliving the relay. The task runs on
+    /// `item`'s shard's event loop (``shardExecutor(of:)``), as the task per intent does: its
+    /// turns of the shard's lock are taken there.
+    private func inTurnTask(for item: WorkItem, _ turn: @escaping @Sendable () async -> Void) {
         turnsInTasks.add(1, ordering: .relaxed)
-        Task {
+        Task(executorPreference: shardExecutor(of: item)) {
             await withTaskGroup(of: Void.self) { group in
                 group.addTask { await turn() }
                 group.addTask { await self.abandoning.wait() }

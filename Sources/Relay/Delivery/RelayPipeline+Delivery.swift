@@ -367,12 +367,13 @@ extension RelayPipeline {
     /// Feeds APNs' answer (or the send's error) to the machine, with its effects: latency, the
     /// team's credential faults, retries counted and logged.
     @inline(never)
-    func judge(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant) -> DeliveryStateMachine.Action {
+    func judge(_ answer: Result<APNsResult, any Error>, _ delivery: Delivery, sentAt: ContinuousClock.Instant,
+               answeredAt: ContinuousClock.Instant = .now) -> DeliveryStateMachine.Action {
         let result: APNsResult
         switch answer {
         case .success(let value):
             result = value
-            RelayMetrics.apnsLatency.recordNanoseconds((ContinuousClock.now - sentAt).totalNanoseconds)
+            RelayMetrics.apnsLatency.recordNanoseconds((answeredAt - sentAt).totalNanoseconds)
         case .failure(APNsError.invalidNotification(let invalid)):
             return delivery.machine.invalid(code: invalid.code.rawValue)
         case .failure(is CancellationError):

@@ -208,8 +208,7 @@ extension RelayPipeline {
                                decision: decisions[index])
                     }
                     let admitted = AsyncLatch()
-                    let executor = workExecutors.isEmpty ? nil : workExecutors[shard % workExecutors.count]
-                    workers.addTask(executorPreference: executor) {
+                    workers.addTask(executorPreference: shardExecutor(shard)) {
                         await withDiscardingTaskGroup { intents in
                             defer { admitted.open() }
                             for member in members {

@@ -1,3 +1,4 @@
+import APNs
 import Common
 import Dispatch
 import Kafka
@@ -99,6 +100,18 @@ extension RelayPipeline {
     /// The event loop of `item`'s shard (shard N's is work executor N modulo their count).
     func shardLoop(of item: WorkItem) -> any EventLoop {
         shard(of: item).loop
+    }
+
+    /// The task executor of `item`'s shard's event loop (nil without work executors): a task
+    /// preferring it runs there, where its turns of the shard's lock are on the shard's loop.
+    func shardExecutor(of item: WorkItem) -> EventLoopTaskExecutor? {
+        shardExecutor(shard(of: item).index)
+    }
+
+    /// The task executor of shard `index`'s event loop (work executor `index` modulo their
+    /// count; nil without work executors).
+    func shardExecutor(_ index: Int) -> EventLoopTaskExecutor? {
+        workExecutors.isEmpty ? nil : workExecutors[index % workExecutors.count]
     }
 
     /// The event loop of shard `index` (work executor `index` modulo their count).

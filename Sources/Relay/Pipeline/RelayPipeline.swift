@@ -171,7 +171,8 @@ public final class RelayPipeline: RelayStatus, Service {
             lanes: LaneLedger(weights: configuration.kafka.intentLanes.map(\.weight), maxInFlight: configuration.limits.maxInFlight,
                               maxWaiting: configuration.limits.maxWaiting)))
         let shardCount = max(shards ?? clients.workExecutors.count, 1)
-        // Every shard has a loop of its own: without work executors, one of NIO's shared loops.
+        // Every shard has a loop: work executor `index` modulo their count, or without work
+        // executors one of NIO's shared loops for them all.
         let loops = clients.workExecutors.isEmpty ? [MultiThreadedEventLoopGroup.singleton.next()] : clients.workExecutors.map(\.eventLoop)
         self.shards = (0..<shardCount).map { index in
             ShardBox(index: index, loop: loops[index % loops.count],
@@ -414,8 +415,9 @@ public final class RelayPipeline: RelayStatus, Service {
         _ = await producer.flush(timeout: .seconds(10))
         // The reports the flush served were handed to the shards' loops
         // (``outcomesDelivered(_:)``): their items end (their offsets stored) before the run
-        // ends and the consumer's last commit.
-        for executor in workExecutors { try? await executor.eventLoop.submit {}.get() }
+        // ends and the consumer's last commit (a loop runs its tasks in order).
+        var drained = Set<ObjectIdentifier>()
+        for shard in shards where drained.insert(ObjectIdentifier(shard.loop)).inserted { try? await shard.loop.submit {}.get() }
         logger.info("stopping: outcomes flushed")
     }
 

@@ -325,7 +325,8 @@ extension RelayPipeline {
             // Its slot was reserved before the take.
             started = true
             let start = shard(of: item).withState { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
-            if let start { workers.addTask { await self.work(start) } }
+            // On its shard's event loop, as an intent admitted from Kafka is worked.
+            if let start { workers.addTask(executorPreference: shardExecutor(of: start)) { await self.work(start) } }
         }
     }
 
