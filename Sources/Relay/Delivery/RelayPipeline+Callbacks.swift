@@ -20,7 +20,7 @@ import NIOPosix
 /// ``RelayPipeline/outcomesDelivered(_:)``), the offset
 /// and the next intent of its device. The rare turns — a park, a 429 in shadow mode, a record
 /// Redis failed, an outcome whose delivery failed — go on in a task, the way the task per intent
-/// goes, in a task the shutdown deadline cancels (``inTurnTask(_:)``). Past the shutdown
+/// goes, in a task the shutdown deadline cancels (``inTurnTask(for:_:)``). Past the shutdown
 /// deadline (``abandoning``) an intent is abandoned as a task per intent is: one at APNs when
 /// its answer comes (or its client closes), one waiting out a backoff at once
 /// (``BackoffTimers/abandonAll()``), one due to be sent before it goes.
@@ -87,7 +87,7 @@ extension RelayPipeline {
         step(delivery, action)
     }
 
-    /// Drives the delivery on from `action` in a task (``inTurnTask(_:)``), `first` done first,
+    /// Drives the delivery on from `action` in a task (``inTurnTask(for:_:)``), `first` done first,
     /// to its outcome and the next intent of its device. Once it parked, its device's queue goes
     /// on in this task (``work(_:parkedUntil:)``): every later send of its app parks behind it,
     /// whatever comes between, as when the task per intent parks.

@@ -113,7 +113,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// records' reports (handed to ``outcomesDelivered(_:)``), the count by status, the hook.
     let outcomes: OutcomePublisher
     public var intentsDrivenByCallbacks: Int { drivenByCallbacks.load(ordering: .relaxed) }
-    /// Turns of intents driven by callbacks that went on in a task (``inTurnTask(_:)``: a park,
+    /// Turns of intents driven by callbacks that went on in a task (``inTurnTask(for:_:)``: a park,
     /// a 429 in shadow mode, a failed record or outcome, the next intent of a device that does
     /// not qualify or after an item that ended without waiting), so far.
     let turnsInTasks = Atomic<Int>(0)
