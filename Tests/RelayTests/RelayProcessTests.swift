@@ -557,7 +557,15 @@ struct SecretsTests {
         // Everything logged, as JSON lines: secrets stay out of the most the relay says.
         let relay = try RelayProcess.start(config: config, extraArguments: ["--log-level", "trace", "--log-format", "json"])
         try await harness.produce(20)
-        let outcomes = try await harness.outcomes(distinct: 20)
+        let outcomes: [String]
+        do {
+            outcomes = try await harness.outcomes(distinct: 20)
+        } catch {
+            let running = relay.process.isRunning
+            relay.kill9()
+            Issue.record("not every outcome came (the relay \(running ? "was running" : "had exited")); it printed:\n\(relay.printed.suffix(12_000))")
+            throw error
+        }
         // Consumer lag is reported every second once partitions are assigned: wait for it.
         var metrics = ""
         let deadline = ContinuousClock.now + .seconds(20)

@@ -62,8 +62,8 @@ extension RelayPipeline {
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
             leftAPNs(delivery)
-            // On the loop it runs on (its shard's, for an answer); off a loop (a first attempt
-            // due later, stepped from a task), on its shard's.
+            // On the loop it runs on (its shard's: an answer, a report's end, a task on its
+            // shard's executor); off a loop (without work executors), on its shard's.
             let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? shardLoop(of: delivery.item)
             backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
                 self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
@@ -251,9 +251,10 @@ extension RelayPipeline {
     /// Runs a turn that leaves the callbacks (a park, a 429 in shadow mode, a record or an
     /// outcome whose delivery failed, an intent that does not qualify) in a task of its own,
     /// which the shutdown deadline cancels (``abandoning``) as it cancels the intents' tasks:
-    /// what it runs then ends abandoned instead of outliving the relay. The task runs on
-    /// `item`'s shard's event loop (``shardExecutor(of:)``), as the task per intent does: its
-    /// turns of the shard's lock are taken there.
+    /// what it runs then ends abandoned instead of outliving the relay. With work executors (as
+    /// the relay always has) the task runs on `item`'s shard's event loop
+    /// (``shardExecutor(of:)``), as the task per intent does: its turns of the shard's lock are
+    /// taken there.
     private func inTurnTask(for item: WorkItem, _ turn: @escaping @Sendable () async -> Void) {
         turnsInTasks.add(1, ordering: .relaxed)
         Task(executorPreference: shardExecutor(of: item)) {

@@ -44,8 +44,9 @@ public final class RelayPipeline: RelayStatus, Service {
     let certificates: [APNsCertificateInfo?]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
-    /// Where consumed intents' work runs, each work group of one shard's intents on its shard's
-    /// (shard N on loop N modulo their count): the event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
+    /// Where intents' work runs, each work group of one shard's intents on its shard's (shard N
+    /// on loop N modulo their count), and the tasks of intents taken from mailboxes and of
+    /// turns that leave the callbacks on their item's shard's (``shardExecutor(of:)``): the event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
     /// of the connection that sends it, an intent's send and answer need no thread hop: against
     /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
     /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
@@ -336,8 +337,8 @@ public final class RelayPipeline: RelayStatus, Service {
     ///
     /// Every intent's work runs in a child task of this one: for consumed intents, in the task
     /// group of its group of intents (a child of the admitting loop's task group; see
-    /// ``workExecutors``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (on
-    /// Swift's global executor), which cancels them when ``abandoning`` opens. So the deadline
+    /// ``workExecutors``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (each
+    /// on its shard's event loop), which cancels them when ``abandoning`` opens. So the deadline
     /// reaches all of it; cancelling this task cancels the consumed intents' work, and the
     /// deliverer's ends with its own service.
     ///
