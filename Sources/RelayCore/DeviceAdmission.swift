@@ -68,12 +68,8 @@ package enum DeviceAdmission {
 
         /// The intents' ids, in batch order.
         package var ids: [String] { entries.map(\.id) }
-        /// For each intent, whether it is now-or-never.
-        package var nowOrNever: [Bool] { entries.map(\.nowOrNever) }
         /// For each intent, its `token_registered_at`.
         package var registeredAt: [Int64?] { entries.map(\.registeredAt) }
-        /// For each intent, its expiration (epoch s).
-        package var expirations: [Int64] { entries.map(\.expiration) }
         /// For each intent, the position of the newest intent of its collapse id when that is
         /// another one.
         package var collapsesInto: [Int?] {

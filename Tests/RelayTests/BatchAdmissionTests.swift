@@ -57,7 +57,7 @@ struct BatchAdmissionTests {
         #expect(groups.map(\.token) == [Self.a, Self.b, Self.a])
         #expect(groups.map(\.topic) == ["com.x", "com.x", "com.y"])
         #expect(groups.map(\.ids) == [["1", "3"], ["2"], ["4"]])
-        #expect(groups.map(\.nowOrNever) == [[false, false], [false], [true]])
+        #expect(groups.map { $0.entries.map(\.nowOrNever) } == [[false, false], [false], [true]])
         #expect(groups.map(\.collapsesInto) == [[nil, nil], [nil], [nil]])
         #expect(members == [[0, 3], [1], [4]])
     }

@@ -113,7 +113,8 @@ extension RelayPipeline {
     /// goes on in a task as ``conclude(_:_:)`` goes.
     private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
         // Its outcome's slot is its shard's loop's (``ShardBox/concluding``): an item ended off
-        // it (a first step from a task, due at once) goes on there.
+        // it (a backoff timer abandoned past the shutdown deadline, on the thread that abandons
+        // them) goes on there.
         let loop = shardLoop(of: item)
         guard loop.inEventLoop else { return loop.execute { self.concludeByCallbacks(item, ending) } }
         guard let status = ending.outcome?.status else {
