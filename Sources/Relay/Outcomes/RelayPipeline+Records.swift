@@ -146,9 +146,9 @@ extension RelayPipeline {
 
     /// The answer to record (``AnswerRecord``) and for how long (kept out of `record`'s frame).
     @inline(never)
-    func recordFields(_ ending: Ending) -> (String, Int64)? {
+    func recordFields(_ ending: Ending) -> (AnswerRecord, Int64)? {
         guard let outcome = ending.outcome else { return nil }
-        return (AnswerRecord(outcome).encoded, configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
+        return (AnswerRecord(outcome), configuration.policy.rules(for: outcome.topic ?? "").dedupeWindowSeconds)
     }
 
     /// What the answer changes in the pair's remembered 410: with `policy.skip_known_unregistered`

@@ -36,13 +36,13 @@ final class Deduplicator: Sendable {
     ///
     /// `onlyIfAbsent`: keeps a record already there (`NX`): a `coalesced` answer never replaces
     /// APNs' own.
-    func record(token: String, topic: String, id: String, status: String, window: Int64,
+    func record(token: String, topic: String, id: String, status: AnswerRecord, window: Int64,
                 lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil, onlyIfAbsent: Bool = false,
                 then done: @escaping @Sendable (Result<Void, RedisError>) -> Void) {
         recorder.submit({ buffer in
             buffer.append("SET") { command in
                 command.appendArgument { keys.writeSeen(&$0, token: token, topic: topic, id: id) }
-                command.append(status)
+                command.appendArgument { status.write(into: &$0) }
                 command.append("EX")
                 command.append(window)
                 if onlyIfAbsent { command.append("NX") }
@@ -73,7 +73,7 @@ final class Deduplicator: Sendable {
     }
 
     /// ``record(token:topic:id:status:window:lastSent:then:)``, waited for.
-    func record(token: String, topic: String, id: String, status: String, window: Int64,
+    func record(token: String, topic: String, id: String, status: AnswerRecord, window: Int64,
                 lastSent: DeviceRecords.LastSent?, unregistered: Unregistered? = nil, onlyIfAbsent: Bool = false) async throws(RedisError) {
         let result = await withCheckedContinuation { continuation in
             record(token: token, topic: topic, id: id, status: status, window: window, lastSent: lastSent,
