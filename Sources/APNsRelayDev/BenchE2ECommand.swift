@@ -78,23 +78,23 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let allocationsBefore = ProcessAllocations.now()
         let application = try RelayApplication(configuration: configuration, worker: "bench", published: { outcome in
             if outcome.id?.hasPrefix(BenchWorkload.warmUpPrefix) != true { latencies.record(outcome.latencyMilliseconds) }
-        }, deliveryByCallbacks: !taskPerIntent, countsShardLockTurns: true)
+        }, deliveryByCallbacks: !taskPerIntent, countsShardTurns: true)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         var progress = BenchProgress(workload: workload, stack: stack)
-        // The shards' lock turns from the first consume on: the group's join, and the turns taken
-        // once a second whatever the load (the lag report's), are not the intents'.
-        var turnsBefore: (all: Int, offLoop: Int)?
+        // The shards' state turns from the first consume on: the group's join, and the turns
+        // taken once a second whatever the load (the lag report's), are not the intents'.
+        var turnsBefore: (all: Int, hops: Int)?
         while !progress.finished(done: pipeline.outcomeCounts.values.reduce(0, +), detail: ", \(pipeline.inFlight) in flight") {
-            if turnsBefore == nil, pipeline.firstConsumedAt != nil { turnsBefore = pipeline.shardLockTurns }
+            if turnsBefore == nil, pipeline.firstConsumedAt != nil { turnsBefore = pipeline.shardTurns }
             try await Task.sleep(for: .milliseconds(5))
         }
         let cpu = ProcessCPU.now() - cpuBefore
         let allocations = ProcessAllocations.now().flatMap { after in allocationsBefore.map { after - $0 } }
         let rss = peakResidentMiB()
         let counts = pipeline.outcomeCounts
-        let lockTurnsNow = pipeline.shardLockTurns, lockTurnsBefore = turnsBefore ?? (0, 0)
-        let lockTurns = (all: lockTurnsNow.all - lockTurnsBefore.all, offLoop: lockTurnsNow.offLoop - lockTurnsBefore.offLoop)
+        let turnsNow = pipeline.shardTurns, turnsThen = turnsBefore ?? (0, 0)
+        let turns = (all: turnsNow.all - turnsThen.all, hops: turnsNow.hops - turnsThen.hops)
         Terminal.line("driven by callbacks: \(pipeline.intentsDrivenByCallbacks) intents (the warm-up's included)")
         let started = progress.offeredAt ?? pipeline.firstConsumedAt ?? progress.finishedAt
         pipeline.requestStop()
@@ -104,10 +104,10 @@ struct BenchE2ECommand: AsyncParsableCommand {
         // This process is the relay: its allocations from its start to its last outcome, as for
         // the CPU figure (the warm-up's intents counted too).
         if let allocations { line += String(format: " allocations_per_intent: %.1f", Double(allocations) / Double(count + workload.warmUp)) }
-        // How far the shards are from confinement to their loops: their lock's turns per intent,
-        // and those taken off the shard's loop.
-        line += String(format: " shard_lock_turns_per_intent: %.2f off_loop: %.2f", Double(lockTurns.all) / Double(count + workload.warmUp),
-                       Double(lockTurns.offLoop) / Double(count + workload.warmUp))
+        // The shards' state, confined to their loops: its turns per intent, and the hops to a
+        // shard's loop they took (the reader's, the mailbox poll's, per batch or poll).
+        line += String(format: " shard_turns_per_intent: %.2f hops: %.3f", Double(turns.all) / Double(count + workload.warmUp),
+                       Double(turns.hops) / Double(count + workload.warmUp))
         return (counts, line)
     }
 

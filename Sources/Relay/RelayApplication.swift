@@ -63,14 +63,14 @@ public final class RelayApplication: Service, Sendable {
     ///     nil: one per event loop of NIO's shared group, which has one per core. Tests fix it,
     ///     so that what runs only with one shard, or only with several, runs whatever the
     ///     machine's core count.
-    ///   - countsShardLockTurns: counts the turns of the shards' locks, and those taken off the
-    ///     shard's event loop (``RelayPipeline/shardLockTurns``), for `bench e2e`; off, a turn
+    ///   - countsShardTurns: counts the turns of the shards' states, and the hops to a shard's
+    ///     event loop they took (``RelayPipeline/shardTurns``), for `bench e2e`; off, a turn
     ///     pays one test of a constant.
     public init(configuration: RelayConfiguration, credentials: [LoadedCredential]? = nil, worker: String? = nil,
                 logger: Logger = Logger(label: "apns-relay"),
                 clock: @escaping @Sendable () -> Int64 = LocalProviderTokenSource.systemClock,
                 published: (@Sendable (Outcome) -> Void)? = nil, deliveryByCallbacks: Bool = true, shards: Int? = nil,
-                countsShardLockTurns: Bool = false) throws {
+                countsShardTurns: Bool = false) throws {
         precondition(shards.map { $0 >= 1 } ?? true, "a pipeline has at least one shard")
         let credentials = try credentials ?? configuration.loadCredentials()
         guard credentials.count == configuration.apns.credentials.count else {
@@ -129,7 +129,7 @@ public final class RelayApplication: Service, Sendable {
                                                       protocol: configuration.tracing.otlpProtocol, logger: logger))
         pipeline = RelayPipeline(configuration: configuration, clients: clients, worker: worker, logger: logger,
                                  clock: clock, published: published, drivesByCallbacks: deliveryByCallbacks, shards: shards,
-                                 countsShardLockTurns: countsShardLockTurns)
+                                 countsShardTurns: countsShardTurns)
         // librdkafka's statistics (``statistics``) become metrics and readiness.
         // Weak: the clients outlive no pipeline through their handlers (a reload frees the old one).
         producer.onStatistics { [weak pipeline] in pipeline?.kafkaStatistics($0, client: "producer") }

@@ -13,7 +13,7 @@ import Synchronization
 /// not ended, so when reads come and go as batches do, only the answers of the last few batches'
 /// time are held; and by `capacity`: past it the oldest answers go, and a read that began before
 /// one of them counts as having missed every key (more intents decided again, never one sent
-/// twice). A pure value: its pipeline shard's lock guards it.
+/// twice). A pure value, confined with its pipeline shard to the shard's event loop.
 public struct RecentAnswers<Key: Hashable> {
     /// Answers held at most (a lane that holds a batch long while others press keeps theirs).
     public let capacity: Int

@@ -1,8 +1,8 @@
 /// A revocation waiting for its partitions' work at APNs, across the shards that own them: the
 /// shards whose revoking partitions still have work there, and who waits for the last of them.
 /// A value type: the relay's `RevocationCoordinator` keeps it under its lock, and a shard is
-/// marked unsettled inside that shard's lock, so that a shard that settles any time later finds
-/// its mark.
+/// marked unsettled in a step on that shard's event loop, so that a shard that settles any time
+/// later (on that loop) finds its mark.
 /// Generic over the waiter (the relay's is the consumer's poll thread's semaphore).
 package struct RevocationWait<Waiter> {
     /// Shards with revoking work at APNs, by index.

@@ -231,7 +231,7 @@ struct DedupeTests {
         let second = try RelayApplication(configuration: harness.configuration, worker: "second")
         let running = Task { await second.run() }
         // The outage goes on well past the revocation's usual wait (the shutdown deadline).
-        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.shards.contains { shard in shard.withState { !$0.partitions.revoking.isEmpty } } }
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.shards.contains { !$0.publishedPartitions.revoking.isEmpty } }
         try await Task.sleep(for: .seconds(4))
         #expect(try LoopbackRedisCommand.run(port: redis.port, ["CONFIG", "SET", "maxmemory", "0"]).hasPrefix("OK"))
         try await waitUntil(timeout: .seconds(90)) { Set(harness.simulator.accepted.map(\.apnsID)).count >= count }

@@ -37,7 +37,7 @@ struct RelayHarness {
     static func start(configure: (inout SimulatorConfiguration) -> Void = { _ in },
                       configureRelay: (inout RelayConfiguration) -> Void = { _ in },
                       preload: [(json: String, key: String)] = [],
-                      brokers: Int32 = 1, deliveryByCallbacks: Bool = true, shards: Int? = nil, countsShardLockTurns: Bool = false,
+                      brokers: Int32 = 1, deliveryByCallbacks: Bool = true, shards: Int? = nil, countsShardTurns: Bool = false,
                       published: (@Sendable (Outcome) -> Void)? = nil) async throws -> RelayHarness {
         let cluster = try KafkaMockCluster(brokers: Int(brokers))
         let suffix = UUID().uuidString.prefix(8)
@@ -90,7 +90,7 @@ struct RelayHarness {
         let application = try RelayApplication(configuration: configuration, worker: "test-worker", published: { outcome in
             seen.update { $0.all.append(outcome) }
             published?(outcome)
-        }, deliveryByCallbacks: deliveryByCallbacks, shards: shards, countsShardLockTurns: countsShardLockTurns)
+        }, deliveryByCallbacks: deliveryByCallbacks, shards: shards, countsShardTurns: countsShardTurns)
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         let harness = RelayHarness(cluster: cluster, simulator: simulator, pipeline: pipeline, configuration: configuration,

@@ -30,18 +30,18 @@ struct RevocationCoordinatorTests {
         // Partitions of a topic of the test's own, beside the relay's four.
         let topic = "revoking-\(UUID().uuidString.prefix(4))"
         let (ten, eleven) = (TopicPartition(topic: topic, partition: 10), TopicPartition(topic: topic, partition: 11))
-        pipeline.assign([ten, eleven])
+        await pipeline.assign([ten, eleven])
         // Work of ten at APNs that does not end.
         let box = pipeline.shard(of: ten)
-        let generation = try #require(box.withState { $0.partitions.generation(of: ten) })
-        #expect(box.withState { $0.partitions.sendBegins(ten, generation: generation, first: true) })
+        let generation = try #require(await box.onLoop { $0.partitions.generation(of: ten) })
+        #expect(await box.onLoop { $0.partitions.sendBegins(ten, generation: generation, first: true) })
         // Its revocation waits for it, and gives up at its bound (the shutdown deadline, 1 s).
         pipeline.partitionsRevoking([ten], lost: false)
-        #expect(box.withState { $0.revocationAwaits } == [ten])
+        #expect(await box.onLoop { $0.revocationAwaits } == [ten])
         // Before the reader has that revocation, another comes, for eleven.
         pipeline.partitionsRevoking([eleven], lost: false)
-        #expect(pipeline.shards.allSatisfy { shard in shard.withState { $0.revocationAwaits.isEmpty } })
-        pipeline.revoke([ten, eleven])
+        for shard in pipeline.shards { #expect(await shard.onLoop { $0.revocationAwaits.isEmpty }, "shard \(shard.index)") }
+        await pipeline.revoke([ten, eleven])
         await harness.stop()
     }
 }

@@ -1,3 +1,4 @@
+import APNs
 import Common
 import Foundation
 import Kafka
@@ -121,8 +122,8 @@ struct ShardPlacementTests {
         // Partitions of a topic of the test's own, beside the relay's four.
         func partition(_ number: Int32) -> TopicPartition { TopicPartition(topic: "placed-\(UUID().uuidString.prefix(4))", partition: number) }
         let (ten, eleven, twelve) = (partition(10), partition(11), partition(12))
-        pipeline.assign([ten, eleven])
-        pipeline.revoke([eleven])
+        await pipeline.assign([ten, eleven])
+        await pipeline.revoke([eleven])
         let target = pipeline.placement.withLock { placement in
             var next = placement
             next.assign([(twelve.topic, twelve.partition)])
@@ -130,23 +131,27 @@ struct ShardPlacementTests {
         }
         try #require(target != 12 % 2, "the test needs twelve placed off its number's shard")
         pipeline.partitionsRevoking([twelve], lost: false)
-        pipeline.assign([twelve])
+        await pipeline.assign([twelve])
         #expect(pipeline.shard(of: twelve).index == target)
-        let generation = try #require(pipeline.shard(of: twelve).withState { $0.partitions.generation(of: twelve) })
-        #expect(pipeline.shard(of: twelve).withState { $0.partitions.start(twelve, offset: 0, generation: generation) } == nil,
+        let generation = try #require(await pipeline.shard(of: twelve).onLoop { $0.partitions.generation(of: twelve) })
+        #expect(await pipeline.shard(of: twelve).onLoop { $0.partitions.start(twelve, offset: 0, generation: generation) } == nil,
                 "a record read before the revocation does not start")
-        pipeline.revoke([twelve])
-        #expect(pipeline.shards.allSatisfy { shard in shard.withState { !$0.partitions.revoking.contains(twelve) } })
+        await pipeline.revoke([twelve])
+        for shard in pipeline.shards {
+            #expect(await shard.onLoop { !$0.partitions.revoking.contains(twelve) }, "shard \(shard.index)")
+            #expect(!shard.publishedPartitions.revoking.contains(twelve), "shard \(shard.index), as published")
+        }
         // Assigned again: on the shard it was placed on, then (ten revoked, the shards even) on
         // the other.
         var placedOn: Set<Int> = []
         for _ in 0..<2 {
-            pipeline.assign([twelve])
+            await pipeline.assign([twelve])
             let box = pipeline.shard(of: twelve)
             placedOn.insert(box.index)
-            let next = try #require(box.withState { $0.partitions.generation(of: twelve) })
-            #expect(box.withState { $0.partitions.start(twelve, offset: 1, generation: next) } == next, "shard \(box.index)")
-            pipeline.revoke([twelve, ten])
+            let next = try #require(await box.onLoop { $0.partitions.generation(of: twelve) })
+            #expect(box.publishedPartitions.generations[twelve] == next, "published as assigned")
+            #expect(await box.onLoop { $0.partitions.start(twelve, offset: 1, generation: next) } == next, "shard \(box.index)")
+            await pipeline.revoke([twelve, ten])
         }
         #expect(placedOn == [0, 1])
         await harness.stop()
@@ -170,7 +175,7 @@ struct ShardPlacementTests {
             try #require(Set(numbers.map { $0 % 2 }).count == 1, "roundrobin hands partitions out in turn: \(numbers)")
             #expect(Set(relay.owned.map { relay.shard(of: $0).index }) == [0, 1], "\(numbers)")
             #expect(relay.placement.withLock { $0.load } == [1, 1])
-            #expect(relay.shards.allSatisfy { shard in shard.withState { $0.partitions.owned.count } == 1 })
+            for shard in relay.shards { #expect(await shard.onLoop { $0.partitions.owned.count } == 1, "shard \(shard.index)") }
         }
         let count = 200
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
@@ -212,28 +217,29 @@ struct ShardPlacementTests {
 
     /// With one APNs connection, on one of the two loops, the other shard's answers come on a
     /// loop that is not theirs: each goes on on its shard's loop (the answer handed over there),
-    /// where its shard's lock is taken and its outcome's slot (``RelayPipeline/ShardBox/concluding``,
-    /// confined to that loop) is taken, and every outcome still ends. (On one core both shards
-    /// share its loop and no answer comes on another's: the test needs two cores.)
+    /// where its shard's state and its outcome's slot (``RelayPipeline/ShardBox/concluding``) are
+    /// confined, and every outcome still ends. (On one core both shards share its loop and no
+    /// answer comes on another's: the test needs two cores.)
     @Test(.stopsItsRelays, .timeLimit(.minutes(2)), .enabled(if: System.coreCount > 1, "two shards on one loop hand nothing over"))
     func answersOnAnotherLoopsConnectionGoOnOnTheirShardsLoop() async throws {
-        let harness = try await RelayHarness.start(configureRelay: { $0.apns.connections = 1 }, shards: 2, countsShardLockTurns: true)
+        let harness = try await RelayHarness.start(configureRelay: { $0.apns.connections = 1 }, shards: 2, countsShardTurns: true)
         try await waitUntil(timeout: .seconds(30)) { harness.pipeline.owned.count == 4 }
         try #require(harness.pipeline.shards[0].loop !== harness.pipeline.shards[1].loop)
-        let before = harness.pipeline.shardLockTurns
+        let before = harness.pipeline.shardTurns
         let count = 200
         _ = try await harness.producer.send(topic: harness.intentsTopic, records: (0..<count).map {
             let token = hexToken(0x5000 + $0 / 2)
             return (Array(token.utf8), Array(intent("o-\($0)", token: token).utf8))
         })
         _ = try await harness.outcomes(count: count)
-        let after = harness.pipeline.shardLockTurns
+        let after = harness.pipeline.shardTurns
         #expect(harness.pipeline.intentsDrivenByCallbacks >= count)
         #expect(harness.simulator.connectionsAccepted == 1)
-        // Half of the answers come on the other shard's loop, each of which took its shard's
-        // lock there before (110 turns off the loops for these 200 intents). What is left off
-        // the loops: the reader's reads per batch and partition, the lag report's once a second.
-        #expect(after.offLoop - before.offLoop < count / 8, "\(after.offLoop - before.offLoop) turns off the loops for \(count) intents")
+        // Half of the answers come on the other shard's loop: judged there, they would stop the
+        // relay at the state's precondition. Each is handed over whole, not its steps one by
+        // one: what hops to a loop is the lag report's, once a second.
+        #expect(after.all - before.all >= count, "every intent's steps use its shard's state")
+        #expect(after.hops - before.hops < count / 8, "\(after.hops - before.hops) hops for \(count) intents")
         await harness.stop()
     }
 
@@ -266,20 +272,34 @@ struct ShardPlacementTests {
         await harness.stop()
     }
 
-    /// A shard counts its lock's turns, and those taken off its event loop, when asked to (the
-    /// benchmark's `shard_lock_turns_per_intent`), and nothing otherwise.
-    @Test func aShardCountsItsLockTurnsOffItsLoop() async throws {
-        func shard(counts: Bool) -> RelayPipeline.ShardBox {
-            RelayPipeline.ShardBox(index: 0, loop: MultiThreadedEventLoopGroup.singleton.next(), countsTurns: counts,
-                                   RelayPipeline.Shard(partitions: PartitionLedger(uncommittedLimit: 10, shard: 0, of: 1),
-                                                       queues: DeviceQueues(precedence: [0])))
-        }
-        let counting = shard(counts: true), silent = shard(counts: false)
+    /// A shard counts its state's turns, and the hops to its loop they took, when asked to (the
+    /// benchmark's `shard_turns_per_intent`), and nothing otherwise; on its loop a turn runs in
+    /// place, off it ``RelayPipeline/ShardBox/onLoop(_:)`` and ``RelayPipeline/ShardBox/onLoopWaiting(_:)``
+    /// run it there.
+    @Test func aShardCountsItsTurnsAndHops() async throws {
+        let counting = Self.shard(counts: true), silent = Self.shard(counts: false)
         for box in [counting, silent] {
-            box.withState { _ in }
-            try await box.loop.submit { box.withState { _ in }; box.withState { _ in } }.get()
+            #expect(await box.onLoop { _ in box.loop.inEventLoop })
+            let waited = await Task.detached { box.onLoopWaiting { _ in box.loop.inEventLoop } }.value
+            #expect(waited)
+            try await box.loop.submit { box.withState { _ in }; box.onLoopWaiting { _ in } }.get()
         }
-        #expect(counting.lockTurns == (3, 1), "three turns, the first off the loop")
-        #expect(silent.lockTurns == (0, 0))
+        #expect(counting.stateTurns == (4, 2), "four turns, two of them hops")
+        #expect(silent.stateTurns == (0, 0))
+    }
+
+    /// A shard's state is confined to its loop: a turn taken anywhere else stops the process,
+    /// in release builds too, instead of racing with the loop.
+    @Test func aTurnOffItsShardsLoopStops() async {
+        await #expect(processExitsWith: .failure) {
+            ShardPlacementTests.shard(counts: false).withState { _ in }
+        }
+    }
+
+    static func shard(counts: Bool) -> RelayPipeline.ShardBox {
+        RelayPipeline.ShardBox(index: 0, executor: EventLoopTaskExecutor(eventLoop: MultiThreadedEventLoopGroup.singleton.next()),
+                               countsTurns: counts,
+                               RelayPipeline.Shard(partitions: PartitionLedger(uncommittedLimit: 10, shard: 0, of: 1),
+                                                   queues: DeviceQueues(precedence: [0])))
     }
 }

@@ -11,6 +11,7 @@ import NIOCore
 final class BackoffTimers: Sendable {
     private struct Timer {
         let scheduled: Scheduled<Void>
+        let loop: any EventLoop
         let fire: @Sendable (_ abandoned: Bool) -> Void
     }
 
@@ -28,8 +29,8 @@ final class BackoffTimers: Sendable {
     var count: Int { state.withLock { $0.timers.count } }
 
     /// Calls `fire(false)` on `loop` once `delay` has passed, or `fire(true)` at the shutdown
-    /// deadline if that comes first (at once when it has come). Exactly one of them, once;
-    /// `fire(true)` runs on the thread that calls ``abandonAll()`` (or this), not on `loop`.
+    /// deadline if that comes first (at once when it has come). Exactly one of them, once, and
+    /// on `loop` either way: what it fires is confined there (its item's shard).
     func schedule(in delay: TimeAmount, on loop: any EventLoop, _ fire: @escaping @Sendable (_ abandoned: Bool) -> Void) {
         let waiting = state.withLock { waiting -> Bool in
             guard !waiting.abandoned else { return false }
@@ -41,10 +42,10 @@ final class BackoffTimers: Sendable {
                 guard let timer = state.withLock({ $0.timers.removeValue(forKey: id) }) else { return }
                 timer.fire(false)
             }
-            waiting.timers[id] = Timer(scheduled: scheduled, fire: fire)
+            waiting.timers[id] = Timer(scheduled: scheduled, loop: loop, fire: fire)
             return true
         }
-        if !waiting { fire(true) }
+        if !waiting { Self.fireAbandoned(fire, on: loop) }
     }
 
     /// The shutdown deadline: every retry waiting, and every one scheduled from now on, is
@@ -57,7 +58,13 @@ final class BackoffTimers: Sendable {
         }
         for timer in timers {
             timer.scheduled.cancel()
-            timer.fire(true)
+            Self.fireAbandoned(timer.fire, on: timer.loop)
         }
+    }
+
+    /// `fire(true)` on `loop`: at once when called there, else in a turn of it.
+    private static func fireAbandoned(_ fire: @escaping @Sendable (_ abandoned: Bool) -> Void, on loop: any EventLoop) {
+        guard loop.inEventLoop else { return loop.execute { fire(true) } }
+        fire(true)
     }
 }

@@ -62,10 +62,9 @@ extension RelayPipeline {
         case .wait(let delay):
             // Waiting to try again, it has nothing at APNs: a revocation need not wait for it.
             leftAPNs(delivery)
-            // On the loop it runs on (its shard's: an answer, a report's end, a task on its
-            // shard's executor); off a loop (without work executors), on its shard's.
-            let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? shardLoop(of: delivery.item)
-            backoffTimers.schedule(in: TimeAmount(delay), on: loop) { abandoned in
+            // On its shard's loop, where it runs (an answer, a report's end, a task on its
+            // shard's executor), abandoned or not.
+            backoffTimers.schedule(in: TimeAmount(delay), on: shardLoop(of: delivery.item)) { abandoned in
                 self.step(delivery, abandoned ? delivery.machine.cancelled() : self.attemptDue(delivery))
             }
         case .park:
@@ -113,8 +112,7 @@ extension RelayPipeline {
     /// goes on in a task as ``conclude(_:_:)`` goes.
     private func concludeByCallbacks(_ item: WorkItem, _ ending: Ending) {
         // Its outcome's slot is its shard's loop's (``ShardBox/concluding``): an item ended off
-        // it (a backoff timer abandoned past the shutdown deadline, on the thread that abandons
-        // them) goes on there.
+        // it (none is, today: every step runs there) would go on there.
         let loop = shardLoop(of: item)
         guard loop.inEventLoop else { return loop.execute { self.concludeByCallbacks(item, ending) } }
         guard let status = ending.outcome?.status else {
@@ -153,15 +151,14 @@ extension RelayPipeline {
     /// that sent it): each shard's reports are handed to its event loop (``shardLoop(_:)``),
     /// `endedPerTurn` at a time, one `execute` each, and end there (``endDelivered(_:)``).
     /// There the devices' next intents start, on the loop whose APNs connections the client
-    /// prefers, and the shard's table and lock are taken by its own loop, not by the poll
-    /// thread beside it. What waits on the loops is bounded by the outcomes in flight, which
+    /// prefers, and the shard's table and state are touched by its own loop, the only thread
+    /// that may (``ShardBox``), not by the poll thread beside it. What waits on the loops is bounded by the outcomes in flight, which
     /// `limits.max_in_flight` bounds.
     func outcomesDelivered(_ reports: [DeliveryReportBatcher.Report]) {
         for (shard, part) in Self.byShard(reports, shards: shards.count).enumerated() where !part.isEmpty {
             let loop = shardLoop(shard)
-            // A poll after a stall may serve tens of thousands: the shard's lock is let go
-            // between the chunks (for the turns taken off its loop). The loop runs
-            // the chunks back to back, before its next read of its sockets (NIO runs the tasks
+            // A poll after a stall may serve tens of thousands: handed over in chunks, each a
+            // task of bounded work. The loop runs the chunks back to back, before its next read of its sockets (NIO runs the tasks
             // queued before it turns to I/O): its connections' answers wait until they ended,
             // at most the shard's part of the outcomes in flight (`limits.max_in_flight`).
             for chunk in stride(from: 0, to: part.count, by: Self.endedPerTurn) {
@@ -252,10 +249,10 @@ extension RelayPipeline {
     /// Runs a turn that leaves the callbacks (a park, a 429 in shadow mode, a record or an
     /// outcome whose delivery failed, an intent that does not qualify) in a task of its own,
     /// which the shutdown deadline cancels (``abandoning``) as it cancels the intents' tasks:
-    /// what it runs then ends abandoned instead of outliving the relay. With work executors (as
-    /// the relay always has) the task runs on `item`'s shard's event loop
-    /// (``shardExecutor(of:)``), as the task per intent does: its turns of the shard's lock are
-    /// taken there.
+    /// what it runs then ends abandoned instead of outliving the relay. The task runs on `item`'s
+    /// shard's event loop
+    /// (``shardExecutor(of:)``), as the task per intent does: there, where its shard's state is
+    /// confined.
     private func inTurnTask(for item: WorkItem, _ turn: @escaping @Sendable () async -> Void) {
         turnsInTasks.add(1, ordering: .relaxed)
         Task(executorPreference: shardExecutor(of: item)) {

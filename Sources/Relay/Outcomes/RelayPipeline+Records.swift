@@ -24,7 +24,7 @@ extension RelayPipeline {
         }
         // An item counted in `answering` is marked when its slot is freed (``freeSlot(of:_:_:)``).
         if status == .coalesced, !item.holdsAnswer, deduplicator != nil, case .success(let intent) = item.intent {
-            recordedCoalesced(intent, in: shard(of: item))
+            await recordedCoalesced(intent, in: shard(of: item))
         }
         if let invalidation = early ?? (deferred ? startInvalidation(ending) : nil), await !invalidationDelivered(invalidation, ending, item) {
             finish(item, stored: false, sent: ending.countedAtAPNs)

@@ -15,14 +15,15 @@ extension RelayPipeline {
         var hold = false, ours = true
         // The shard that handed out the generation its batch read, or (asked without one) the
         // partition's now.
-        let shard = expected.map { shards[Self.shardIndex(ofGeneration: $0, shards: shards.count)] } ?? shard(of: partition)
-        let readMark = readMarks.map { $0[shard.index] }
-        let (start, inFlight) = shard.withState { shard -> (WorkItem?, Int) in
+        let box = expected.map { shards[Self.shardIndex(ofGeneration: $0, shards: shards.count)] } ?? shard(of: partition)
+        let readMark = readMarks.map { $0[box.index] }
+        let (start, inFlight) = box.withState { shard -> (WorkItem?, Int) in
             guard let generation = shard.partitions.start(partition, offset: message.offset, generation: expected) else {
                 ours = false
                 return (nil, state.withLock { $0.lanes.inFlight[lane] })
             }
             hold = shard.partitions.holdIfFull(partition)
+            if hold { box.publish(shard) }
             guard case .success(let intent) = parsed else {
                 let item = WorkItem(partition: partition, lane: lane, offset: message.offset, generation: generation,
                                     consumedAt: consumedAt, intent: parsed, trace: trace, traced: traced)
@@ -89,7 +90,7 @@ extension RelayPipeline {
     /// after it. Both in one step: a copy admitted into the freed slot while the item still
     /// counted as in flight would be answered `duplicate` of it although it is done (had it
     /// ended without an answer, `expired` after a 503, the copy would never be sent).
-    /// (Inside the item's shard's lock: an admission of the copy takes it too.)
+    /// (In a step of the item's shard, on its loop, where an admission of the copy runs too.)
     static func freeSlot(of item: WorkItem, _ shard: inout Shard, _ state: inout State) {
         state.lanes.finished(item.lane)
         shard.queues.answerFreed(by: item)
@@ -99,8 +100,8 @@ extension RelayPipeline {
     /// ``DeviceQueues/answering``: a copy whose batch read Redis before the record is decided again in
     /// its turn (``RecentAnswers``), as for an answer from APNs. Marked in `shard`, where the
     /// intent's copies queue.
-    func recordedCoalesced(_ intent: Intent, in shard: ShardBox) {
-        shard.withState { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
+    func recordedCoalesced(_ intent: Intent, in shard: ShardBox) async {
+        await shard.onLoop { $0.queues.recentAnswers.answered(.answered(AnswerKey(intent))) }
     }
 
     /// Notes a park of `intent` (after a 429: `tooManyRequests`) for the reads under way
@@ -182,7 +183,7 @@ extension RelayPipeline {
         return queued
     }
 
-    /// ``nextInQueue(after:parkedUntil:)`` inside the item's shard's lock and the relay-wide one,
+    /// ``nextInQueue(after:parkedUntil:)`` in a step of the item's shard and inside the relay-wide lock,
     /// for the turn ``DeviceQueues/turn(of:)`` found; the caller resumes the admitting tasks the dequeued item
     /// made room for (``LaneLedger/waitersWithRoom()``).
     static func nextQueued(after item: WorkItem, _ turn: (token: String, turnedNowOrNever: Bool), parkedUntil: [String: Int64],

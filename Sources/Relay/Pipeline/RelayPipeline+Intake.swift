@@ -77,7 +77,7 @@ extension RelayPipeline {
         events: for await event in consumer.events {
             switch event {
             case .assigned(let partitions):
-                assign(partitions)
+                await assign(partitions)
                 let owned = self.owned
                 logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions)"])
                 if let apart = Self.lanesApart(owned, laneTopics) {
@@ -86,7 +86,7 @@ extension RelayPipeline {
                 }
             case .revoked(let partitions):
                 let failures = consumer.revocationCommitFailures
-                revoke(partitions)
+                await revoke(partitions)
                 let uncounted = revocation.commitFailuresNotCounted(failures)
                 // The consumer resumed them as it let them go. A pause asked for one of them
                 // after the consumer revoked it (a hold of its old assignment, late) could have
@@ -104,14 +104,15 @@ extension RelayPipeline {
                 let now = clock()
                 for (lane, messages) in lanes(of: batch) {
                     let parsed = messages.map { parse($0, now: now) }
+                    // As the shards published them: only this task assigns and revokes, so they
+                    // are the ledgers' own.
                     var generations: [TopicPartition: Int] = [:]
                     var last: TopicPartition?
                     for message in messages where message.topicPartition != last {
                         last = message.topicPartition
                         if generations[message.topicPartition] == nil {
-                            generations[message.topicPartition] = shard(of: message.topicPartition).withState {
-                                $0.partitions.generation(of: message.topicPartition) ?? -1
-                            }
+                            generations[message.topicPartition] =
+                                shard(of: message.topicPartition).publishedPartitions.generations[message.topicPartition] ?? -1
                         }
                     }
                     if shards.count > 1 {
@@ -119,7 +120,7 @@ extension RelayPipeline {
                         if across > 0 { intentsAcrossShards.add(across, ordering: .relaxed) }
                     }
                     state.withLock { $0.lanes.consumed(lane, records: messages.count) }
-                    let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: startAdmission(parsed), generations: generations,
+                    let laneBatch = LaneBatch(messages: messages, parsed: parsed, admitting: await startAdmission(parsed), generations: generations,
                                               consumedAt: consumedAt)
                     if queues.count == 1 {
                         guard await queues[lane].push(laneBatch) else { break events }

@@ -16,16 +16,17 @@ extension RelayPipeline {
         finish([Finished(item: item, stored: stored, sent: sent)], thenNext: false)
     }
 
-    /// Ends items, as many as one poll's delivery reports concluded, in one turn of each of their
-    /// shards' locks and one offset store (``KafkaConsumer/storeOffsets(_:)``) per shard;
+    /// Ends items, as many as one poll's delivery reports concluded, in one step per shard (on
+    /// its loop: a chunk of reports is one shard's) and one offset store
+    /// (``KafkaConsumer/storeOffsets(_:)``) per shard;
     /// with `thenNext`, ends their turns in their devices' queues too and returns the items
     /// queued behind them, to start now (as ``nextInQueue(after:parkedUntil:)`` does, with
     /// nothing parked).
     ///
-    /// The offsets are stored inside the shard's lock: two calls finishing at once must store
-    /// their positions in order (a later store of an older position would move the commit back),
-    /// and before the items' slots are freed: the drain that waits for the last item must find
-    /// its offset stored.
+    /// The offsets are stored in the shard's step: its finishes run one after another on its
+    /// loop, so they store their positions in order (a later store of an older position would
+    /// move the commit back); and before the items' slots are freed: the drain that waits for
+    /// the last item must find its offset stored.
     @discardableResult
     func finish(_ items: [Finished], thenNext: Bool) -> [WorkItem] {
         for finished in items {
@@ -61,12 +62,14 @@ extension RelayPipeline {
                     }
                     if finished.sent, Self.endAtAPNs(item, &shard) { settled = true }
                 }
-                // Inside the shard's lock, which every finish of these partitions takes; before
+                // In the shard's step, where every finish of these partitions runs; before
                 // the items' slots are freed, so that a drain that waits for the last of them
                 // finds its offset stored.
                 let failed = consumer.storeOffsets(committable)
                 notStored += failed.compactMap { failure in committable.first { $0.partition == failure.0 } }
+                let releasedBefore = released.count
                 for (partition, _) in committable where shard.partitions.releaseIfDrained(partition) { released.append(partition) }
+                if released.count > releasedBefore { box.publish(shard) }
                 state.withLock { state in
                     for index in items.indices where belongs(items[index].item, to: box) {
                         Self.freeSlot(of: items[index].item, &shard, &state)
@@ -104,7 +107,7 @@ extension RelayPipeline {
     }
 
     /// The item no longer counts among its partition's work at APNs; true when that settled the
-    /// partitions a revocation waits for on its shard (then, inside the shard's lock,
+    /// partitions a revocation waits for on its shard (then, in the shard's step,
     /// ``RevocationCoordinator/settled(_:)`` returns the revocation's waiter to signal when it
     /// was the last shard to settle).
     static func endAtAPNs(_ item: WorkItem, _ shard: inout Shard) -> Bool {
@@ -128,15 +131,16 @@ extension RelayPipeline {
     /// its pod's grace period counts on.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
         revocation.begin()
-        // Each shard's unsettled mark is set inside its lock: a shard that settles from then on
+        // Each shard's unsettled mark is set in a step on its loop: a shard that settles from then on
         // finds it (``RevocationCoordinator/settled(_:)``), before or after the waiter is in
         // place. Every shard is marked: a partition whose assignment still waits for the reader
         // has no shard yet (``revoke(_:)`` clears every shard's marks).
         for box in shards {
-            box.withState { shard in
+            box.onLoopWaiting { shard in
                 shard.partitions.markRevoking(partitions)
                 shard.revocationAwaits = lost ? [] : partitions.filter { !shard.partitions.settled(CollectionOfOne($0)) }
-                if !shard.revocationAwaits.isEmpty { revocation.unsettled(box.index) }
+                if !shard.revocationAwaits.isEmpty { self.revocation.unsettled(box.index) }
+                box.publish(shard)
             }
         }
         logger.info("partitions being revoked: their new work stops", metadata: [
@@ -175,7 +179,8 @@ extension RelayPipeline {
     func reconcilePauses(_ partitions: [TopicPartition]) {
         guard !partitions.isEmpty else { return }
         pauses.withLock { paused in
-            let wanted = partitions.filter { partition in shard(of: partition).withState { $0.partitions.held.contains(partition) } }
+            // As the shards published them, in the step that held or released them.
+            let wanted = partitions.filter { partition in shard(of: partition).publishedPartitions.held.contains(partition) }
             let pause = wanted.filter { !paused.contains($0) }
             let resume = partitions.filter { paused.contains($0) && !wanted.contains($0) }
             if !pause.isEmpty { consumer.pause(pause) }

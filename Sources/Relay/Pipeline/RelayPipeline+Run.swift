@@ -24,8 +24,8 @@ extension RelayPipeline {
     /// clients and Redis close.
     ///
     /// Every intent's work runs in a child task of this one: for consumed intents, in the task
-    /// group of its group of intents (a child of the admitting loop's task group; see
-    /// ``workExecutors``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (each
+    /// group of its group of intents (a child of the admitting loop's task group, on its
+    /// shard's event loop: see ``shards``), for intents taken from mailboxes in the ``MailboxDeliverer``'s (each
     /// on its shard's event loop), which cancels them when ``abandoning`` opens. So the deadline
     /// reaches all of it; cancelling this task cancels the consumed intents' work, and the
     /// deliverer's ends with its own service.
@@ -118,9 +118,8 @@ extension RelayPipeline {
         var acrossReported = 0
         while await !stopping.wait(atMost: .seconds(1)), !Task.isCancelled {
             RelayMetrics.consumerLag(consumer.lag, owned: Set(consumer.assignment))
-            let across = shards.reduce(intentsAcrossShards.load(ordering: .relaxed)) { sum, shard in
-                sum + shard.withState { $0.queues.acrossPartitions }
-            }
+            var across = intentsAcrossShards.load(ordering: .relaxed)
+            for shard in shards { across += await shard.onLoop { $0.queues.acrossPartitions } }
             if across > acrossReported { RelayMetrics.intentsAcrossPartitions.increment(by: across - acrossReported) }
             acrossReported = across
         }

@@ -18,10 +18,10 @@ extension RelayPipeline {
     /// serialized with each other. An item belongs to the shard that admitted it, which its
     /// generation names (``shard(of:)``, given the item).
     ///
-    /// Lock order: a shard's lock, then (inside it, where a step changes both) the relay-wide
-    /// ``State``'s; never the other way round, and never two shards' at once. A step that
-    /// touches only a shard's partitions — whether an item's partition is still ours, a send
-    /// counted at APNs — takes no relay-wide lock.
+    /// Confined to the shard's event loop (``ShardBox``). A step that changes it and the
+    /// relay-wide ``State`` takes the latter's lock inside it; a step that touches only a
+    /// shard's partitions — whether an item's partition is still ours, a send counted at APNs —
+    /// takes no lock at all. No step touches two shards' states.
     struct Shard {
         var partitions: PartitionLedger<TopicPartition>
         var queues: DeviceQueues<WorkItem>
@@ -33,56 +33,119 @@ extension RelayPipeline {
         var revocationAwaits: [TopicPartition] = []
     }
 
-    /// A shard: its state under its lock (`Locked` is not copyable, so an array holds these),
-    /// its items whose outcomes are on their way to Kafka by callbacks, confined to its event
-    /// loop, and, when asked for (`bench e2e`), the count of its lock's turns and of those taken
-    /// off its event loop: what confinement to the loop has left to move (``shardLockTurns``).
+    /// A shard: its state and its items whose outcomes are on their way to Kafka by callbacks,
+    /// both confined to its event loop, with no lock; a copy of what others read of its
+    /// partitions (``published``); and, when asked for (`bench e2e`), the count of its state's
+    /// turns and of the hops to its loop they took (``shardTurns``).
+    ///
+    /// Every access to its state or its slots checks that it runs on its loop (a precondition,
+    /// in release builds too, ``NIOLoopBoundBox``): a path that reaches them from elsewhere stops
+    /// at once instead of racing. Work that starts elsewhere hands itself to the loop: an async
+    /// caller (the reader, the mailbox poll) with ``onLoop(_:)``, the consumer's poll thread
+    /// with ``onLoopWaiting(_:)``.
     final class ShardBox: Sendable {
         let index: Int
-        /// Its event loop, where its admissions, its answers, its outcomes' slots and their
-        /// delivery reports are handled.
+        /// Its event loop, where its admissions, its answers, its items' turns, its outcomes'
+        /// slots and their delivery reports are handled.
         let loop: any EventLoop
-        private let state: Locked<Shard>
+        /// The task executor of ``loop``: a task preferring it runs there.
+        let executor: EventLoopTaskExecutor
+        private let state: NIOLoopBoundBox<Shard>
         /// Its items whose outcomes are on their way to Kafka by callbacks, under the slots their
         /// records' delivery reports name (``RelayPipeline/outcomeSlot(_:)``). Confined to
-        /// ``loop``, with no lock: every access checks that it runs there (a precondition, in
-        /// release builds too), so a path that reaches it from elsewhere stops at once instead
-        /// of racing.
+        /// ``loop``, as the state is.
         let concluding: NIOLoopBoundBox<SlotTable<Concluding>>
+        /// What others read of its partitions (the status pages, the partitions-held gauge, the
+        /// pauses asked of the consumer, the mailbox poll, tests): written on its loop in the
+        /// step that changed them (an assignment, a revocation, a hold or a release, never per
+        /// intent), read anywhere.
+        private let published = Locked(Published())
         private let countsTurns: Bool
         private let turns = Atomic<Int>(0)
-        private let turnsOffLoop = Atomic<Int>(0)
+        private let hops = Atomic<Int>(0)
 
-        init(index: Int, loop: any EventLoop, countsTurns: Bool = false, _ shard: consuming sending Shard) {
-            self.index = index
-            self.loop = loop
-            self.countsTurns = countsTurns
-            self.state = Locked(shard)
-            self.concluding = .makeBoxSendingValue(SlotTable(), eventLoop: loop)
-        }
+        /// What others read of a shard's partitions: a copy of its ledger's owned partitions
+        /// with their generations, those being revoked and those held.
+        struct Published: Sendable {
+            var generations: [TopicPartition: Int] = [:]
+            var revoking: Set<TopicPartition> = []
+            var held: Set<TopicPartition> = []
 
-        /// Runs `body` with the shard's state, inside its lock.
-        func withState<Result: ~Copyable, E: Error>(
-            _ body: (inout sending Shard) throws(E) -> sending Result
-        ) throws(E) -> sending Result {
-            if countsTurns {
-                turns.add(1, ordering: .relaxed)
-                if !loop.inEventLoop { turnsOffLoop.add(1, ordering: .relaxed) }
+            /// ``PartitionLedger/owns(_:generation:)``, as published.
+            func owns(_ partition: TopicPartition, generation: Int) -> Bool {
+                generations[partition] == generation
             }
-            return try state.withLock(body)
+
+            /// ``PartitionLedger/isActive(_:generation:)``, as published.
+            func isActive(_ partition: TopicPartition, generation: Int) -> Bool {
+                owns(partition, generation: generation) && !revoking.contains(partition)
+            }
         }
 
-        /// Its lock's turns so far, and those taken off its event loop.
-        var lockTurns: (all: Int, offLoop: Int) {
-            (turns.load(ordering: .relaxed), turnsOffLoop.load(ordering: .relaxed))
+        init(index: Int, executor: EventLoopTaskExecutor, countsTurns: Bool = false, _ shard: consuming sending Shard) {
+            self.index = index
+            self.loop = executor.eventLoop
+            self.executor = executor
+            self.countsTurns = countsTurns
+            self.state = .makeBoxSendingValue(shard, eventLoop: executor.eventLoop)
+            self.concluding = .makeBoxSendingValue(SlotTable(), eventLoop: executor.eventLoop)
+        }
+
+        /// Runs `body` with the shard's state: on its loop only.
+        func withState<Result, E: Error>(_ body: (inout Shard) throws(E) -> Result) throws(E) -> Result {
+            if countsTurns { turns.add(1, ordering: .relaxed) }
+            return try state.withValue(body)
+        }
+
+        /// Runs `body` with the shard's state on its loop: at once when called there, else handed
+        /// to the loop (a hop), which this waits for.
+        func onLoop<Result: Sendable>(_ body: @escaping @Sendable (inout Shard) -> Result) async -> Result {
+            if loop.inEventLoop { return withState(body) }
+            if countsTurns { hops.add(1, ordering: .relaxed) }
+            do {
+                return try await loop.submit { self.withState(body) }.get()
+            } catch {
+                // NIO's shared loops, which the shards run on, are never shut down.
+                preconditionFailure("shard \(index)'s event loop refused work: \(error)")
+            }
+        }
+
+        /// ``onLoop(_:)`` from a thread that is not an event loop (the consumer's poll thread,
+        /// which librdkafka blocks in its rebalance callback anyway), blocking it meanwhile.
+        func onLoopWaiting<Result: Sendable>(_ body: @escaping @Sendable (inout Shard) -> Result) -> Result {
+            if loop.inEventLoop { return withState(body) }
+            if countsTurns { hops.add(1, ordering: .relaxed) }
+            do {
+                return try loop.submit { self.withState(body) }.wait()
+            } catch {
+                preconditionFailure("shard \(index)'s event loop refused work: \(error)")
+            }
+        }
+
+        /// Publishes `shard`'s partitions for readers off its loop: in the step that changed
+        /// which are owned, revoking or held, before it ends.
+        func publish(_ shard: Shard) {
+            let ledger = shard.partitions
+            var generations: [TopicPartition: Int] = [:]
+            for (partition, generation) in ledger.owned(where: { _ in true }) { generations[partition] = generation }
+            let next = Published(generations: generations, revoking: ledger.revoking, held: ledger.held)
+            published.withLock { $0 = next }
+        }
+
+        /// Its partitions as last published.
+        var publishedPartitions: Published { published.withLock { $0 } }
+
+        /// Its state's turns so far, and the hops to its loop they took.
+        var stateTurns: (all: Int, hops: Int) {
+            (turns.load(ordering: .relaxed), hops.load(ordering: .relaxed))
         }
     }
 
-    /// The shards' lock turns so far, and those taken off the shard's event loop (from another
-    /// loop, a task on Swift's executor, librdkafka's poll threads): `bench e2e` prints them per
+    /// The shards' state turns so far, and the hops to a shard's loop they took (from the
+    /// reader, the mailbox poll, the consumer's poll thread): `bench e2e` prints them per
     /// intent. Zero unless ``RelayApplication`` was asked to count them.
-    public var shardLockTurns: (all: Int, offLoop: Int) {
-        shards.reduce((0, 0)) { sum, shard in (sum.0 + shard.lockTurns.all, sum.1 + shard.lockTurns.offLoop) }
+    public var shardTurns: (all: Int, hops: Int) {
+        shards.reduce((0, 0)) { sum, shard in (sum.0 + shard.stateTurns.all, sum.1 + shard.stateTurns.hops) }
     }
 
     /// The shard that owns `partition` now: where its number was placed (``ShardPlacement``),
@@ -102,16 +165,15 @@ extension RelayPipeline {
         shard(of: item).loop
     }
 
-    /// The task executor of `item`'s shard's event loop (nil without work executors): a task
-    /// preferring it runs there, where its turns of the shard's lock are on the shard's loop.
-    func shardExecutor(of item: WorkItem) -> EventLoopTaskExecutor? {
-        shardExecutor(shard(of: item).index)
+    /// The task executor of `item`'s shard's event loop: a task preferring it runs there, where
+    /// its shard's state is.
+    func shardExecutor(of item: WorkItem) -> EventLoopTaskExecutor {
+        shard(of: item).executor
     }
 
-    /// The task executor of shard `index`'s event loop (work executor `index` modulo their
-    /// count; nil without work executors).
-    func shardExecutor(_ index: Int) -> EventLoopTaskExecutor? {
-        workExecutors.isEmpty ? nil : workExecutors[index % workExecutors.count]
+    /// The task executor of shard `index`'s event loop (work executor `index` modulo their count).
+    func shardExecutor(_ index: Int) -> EventLoopTaskExecutor {
+        shards[index].executor
     }
 
     /// The event loop of shard `index` (work executor `index` modulo their count).
@@ -129,27 +191,31 @@ extension RelayPipeline {
         shards.count == 1 || self.shard(of: item) === shard
     }
 
-    /// The partitions this relay owns now, of every shard.
+    /// The partitions this relay owns now, of every shard (as each last published them).
     var owned: [TopicPartition] {
-        shards.flatMap { shard in shard.withState { $0.partitions.owned } }
+        shards.flatMap { $0.publishedPartitions.generations.keys }
     }
 
-    /// The partitions held now (too many uncommitted offsets), of every shard.
+    /// The partitions held now (too many uncommitted offsets), of every shard (as each last
+    /// published them).
     var heldNow: Set<TopicPartition> {
-        shards.reduce(into: []) { held, shard in held.formUnion(shard.withState { $0.partitions.held }) }
+        shards.reduce(into: []) { held, shard in held.formUnion(shard.publishedPartitions.held) }
     }
 
     /// The partitions are ours (the reader's `.assigned`): their numbers are placed on shards
-    /// (``ShardPlacement``), and each shard's ledger takes its part.
-    func assign(_ partitions: [TopicPartition]) {
+    /// (``ShardPlacement``), and each shard's ledger takes its part, on the shard's loop.
+    func assign(_ partitions: [TopicPartition]) async {
         let indices = placement.withLock { placement in
             placement.assign(partitions.map { ($0.topic, $0.partition) })
             return partitions.map { placement.shard(of: $0.partition) }
         }
         var parts: [[TopicPartition]] = Array(repeating: [], count: shards.count)
         for (partition, index) in zip(partitions, indices) { parts[index].append(partition) }
-        for (shard, part) in zip(shards, parts) where !part.isEmpty {
-            shard.withState { $0.partitions.assign(part) }
+        for (box, part) in zip(shards, parts) where !part.isEmpty {
+            await box.onLoop { shard in
+                shard.partitions.assign(part)
+                box.publish(shard)
+            }
         }
     }
 
@@ -160,22 +226,33 @@ extension RelayPipeline {
     /// librdkafka revokes on its poll thread, where an assignment can still wait behind consumed
     /// batches for the reader, its number not placed yet, so the shard a partition's mark went
     /// to need not be the one its assignment then went to.
-    func revoke(_ partitions: [TopicPartition]) {
-        for shard in shards { shard.withState { $0.partitions.revoke(partitions) } }
+    func revoke(_ partitions: [TopicPartition]) async {
+        for box in shards {
+            await box.onLoop { shard in
+                shard.partitions.revoke(partitions)
+                box.publish(shard)
+            }
+        }
         placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
     }
 
-    // An item's partition, asked of its shard alone (no relay-wide lock).
+    // An item's partition, asked of its shard alone, on its loop (no lock).
 
     /// Whether the item's partition is still ours (being revoked included): work that reached
     /// APNs goes on to its outcome and stored offset.
+    /// Off its shard's loop (the mailbox poll's hand-overs, say), as its shard last published it.
     func isCurrent(_ item: WorkItem) -> Bool {
-        shard(of: item).withState { $0.partitions.owns(item.partition, generation: item.generation) }
+        let box = shard(of: item)
+        guard box.loop.inEventLoop else { return box.publishedPartitions.owns(item.partition, generation: item.generation) }
+        return box.withState { $0.partitions.owns(item.partition, generation: item.generation) }
     }
 
     /// Whether new work of the item may start: its partition is ours and not being revoked.
+    /// Off its shard's loop, as its shard last published it.
     func isActive(_ item: WorkItem) -> Bool {
-        shard(of: item).withState { $0.partitions.isActive(item.partition, generation: item.generation) }
+        let box = shard(of: item)
+        guard box.loop.inEventLoop else { return box.publishedPartitions.isActive(item.partition, generation: item.generation) }
+        return box.withState { $0.partitions.isActive(item.partition, generation: item.generation) }
     }
 
     /// Whether the delivery may go to APNs now (its partition is ours and not being revoked);

@@ -44,17 +44,6 @@ public final class RelayPipeline: RelayStatus, Service {
     let certificates: [APNsCertificateInfo?]
     /// APNs clients by credential and endpoint, opened on first use.
     let clients: APNsClientRegistry
-    /// Where intents' work runs, each work group of one shard's intents on its shard's (shard N
-    /// on loop N modulo their count), and the tasks of intents taken from mailboxes and of
-    /// turns that leave the callbacks on their item's shard's (``shardExecutor(of:)``): the event loops the APNs connections live on (NIO's shared loops, one per core). On the loop
-    /// of the connection that sends it, an intent's send and answer need no thread hop: against
-    /// Swift's global executor, the relay's CPU per intent in `bench e2e` went from 53.5 to
-    /// 48.1 µs (docs/performance.md). Every loop holds a connection when `apns.connections` is
-    /// at least the number of cores; on a loop without one, a send hops to its connection's
-    /// loop as it did from the global executor. Making an APNs client (its TLS context)
-    /// happens on these loops too, rarely; a partition's pause or resume is only asked here
-    /// (the consumer's poll thread calls librdkafka, ``KafkaConsumer/pause(_:)``).
-    let workExecutors: [EventLoopTaskExecutor]
     let endpoints: [APNsEnvironment: Result<APNsEndpoint, APNsError>]
     /// Each lane's intents topic (`kafka.lanes`, or `kafka.intents_topic` alone): a work item's
     /// ``WorkItem/lane`` indexes these.
@@ -67,11 +56,22 @@ public final class RelayPipeline: RelayStatus, Service {
     /// serializes ``reconcilePauses(_:)``.
     let pauses = Locked(Set<TopicPartition>())
     /// What is relay-wide: the lanes' budget and the idle waiters.
-    /// Taken inside a shard's lock where a step changes both (never the other way round, and
-    /// never two shards' locks at once).
+    /// Taken inside a shard's step on its loop where the step changes both.
     let state: Locked<State>
     /// The shards, one per work executor unless ``RelayApplication`` was told how many: each owns
-    /// its partitions and their devices' queues (``Shard``, ``shard(of:)``).
+    /// its partitions and their devices' queues (``Shard``, ``shard(of:)``), confined to its
+    /// event loop (shard N on work executor N modulo their count).
+    ///
+    /// The work executors are the event loops the APNs connections live on (NIO's shared loops,
+    /// one per core): each work group of one shard's intents runs on its shard's, as do the
+    /// tasks of intents taken from mailboxes and of turns that leave the callbacks
+    /// (``shardExecutor(of:)``). On the loop of the connection that sends it, an intent's send
+    /// and answer need no thread hop: against Swift's global executor, the relay's CPU per
+    /// intent in `bench e2e` went from 53.5 to 48.1 µs (docs/performance.md). Every loop holds a
+    /// connection when `apns.connections` is at least the number of cores; on a loop without
+    /// one, a send hops to its connection's loop. Making an APNs client (its TLS context)
+    /// happens on these loops too, rarely; a partition's pause or resume is only asked here
+    /// (the consumer's poll thread calls librdkafka, ``KafkaConsumer/pause(_:)``).
     let shards: [ShardBox]
     /// A revocation's wait for its partitions' work at APNs, on the consumer's poll thread.
     let revocation: RevocationCoordinator
@@ -156,7 +156,7 @@ public final class RelayPipeline: RelayStatus, Service {
     /// Made by ``RelayApplication``, which builds the clients (none of them connects yet).
     init(configuration: RelayConfiguration, clients: RelayClients, worker: String?, logger: Logger,
          clock: @escaping @Sendable () -> Int64, published: (@Sendable (Outcome) -> Void)?, drivesByCallbacks: Bool = false,
-         shards: Int? = nil, countsShardLockTurns: Bool = false) {
+         shards: Int? = nil, countsShardTurns: Bool = false) {
         self.configuration = configuration
         self.drivesByCallbacks = drivesByCallbacks
         self.worker = worker ?? "\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
@@ -174,10 +174,11 @@ public final class RelayPipeline: RelayStatus, Service {
         let shardCount = max(shards ?? clients.workExecutors.count, 1)
         // Every shard has a loop: work executor `index` modulo their count, or without work
         // executors one of NIO's shared loops for them all.
-        let loops = clients.workExecutors.isEmpty ? [MultiThreadedEventLoopGroup.singleton.next()] : clients.workExecutors.map(\.eventLoop)
+        let executors = clients.workExecutors.isEmpty ? [EventLoopTaskExecutor(eventLoop: MultiThreadedEventLoopGroup.singleton.next())]
+            : clients.workExecutors
         self.shards = (0..<shardCount).map { index in
-            ShardBox(index: index, loop: loops[index % loops.count],
-                     countsTurns: countsShardLockTurns, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
+            ShardBox(index: index, executor: executors[index % executors.count],
+                     countsTurns: countsShardTurns, Shard(partitions: PartitionLedger(uncommittedLimit: configuration.limits.maxUncommittedPerPartition,
                                                                      shard: index, of: shardCount),
                                          queues: DeviceQueues(precedence: precedence)))
         }
@@ -211,7 +212,6 @@ public final class RelayPipeline: RelayStatus, Service {
         if policy == nil { mailboxesEnded.open() }
         RelayMetrics.register(teamIDs: credentialTeams, topics: topics.flatMap { $0 })
         self.clients = clients.apns
-        self.workExecutors = clients.workExecutors
         self.tracer = clients.tracing?.tracer
         self.endpoints = Self.endpoints(configuration.apns.endpoint)
         self.laneTopics = lanes.map(\.topic)

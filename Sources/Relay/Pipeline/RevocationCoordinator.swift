@@ -5,11 +5,11 @@ import Logging
 
 /// The consumer's poll thread waiting in a revocation for the revoking partitions' work at APNs,
 /// and the one owner of that wait: which shards still have such work (``RevocationWait``, under a
-/// lock of its own, taken inside a shard's lock where a shard's mark changes), how long the poll
-/// thread waits, and the revocation commits the metric has counted.
+/// lock of its own, taken in a shard's step on its loop where a shard's mark changes), how long
+/// the poll thread waits, and the revocation commits the metric has counted.
 ///
-/// Lock order: taken last, inside a shard's lock (and, where a shard's items end, inside the
-/// relay-wide one too); while it is held no other lock is taken.
+/// Lock order: taken last (where a shard's items end, inside the relay-wide lock); while it is
+/// held no other lock is taken.
 final class RevocationCoordinator: Sendable {
     static let waitLimitSeconds = 60
     /// How long a revocation goes on waiting past its usual bound while Redis fails: well inside

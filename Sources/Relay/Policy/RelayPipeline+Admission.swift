@@ -23,7 +23,7 @@ extension RelayPipeline {
     /// they never get that far): groups the intents by device and topic for the question to
     /// Redis, marking those with the same collapse id where the topic coalesces (asked by
     /// ``finishAdmission(_:_:)``, one batch after another).
-    func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) -> Admitting {
+    func startAdmission(_ parsed: [Result<Intent, InvalidIntent>]) async -> Admitting {
         var admitting = Admitting(admissions: Array(repeating: .send, count: parsed.count),
                                   forgetsUnregistered: Array(repeating: true, count: parsed.count), members: [])
         guard let policy else { return admitting }
@@ -35,11 +35,16 @@ extension RelayPipeline {
             if tracer != nil { admitting.startedAt = wallNanoseconds() }
             // Marked before the read is written: an answer recorded, or a park, after the mark
             // may be missing from what it reads.
-            // One mark per shard: each shard counts its own answers and parks.
-            let marks = shards.map { shard in shard.withState { $0.queues.recentAnswers.readBegan() } }
+            // One mark per shard: each shard counts its own answers and parks, on its loop.
+            var marks: [UInt64] = []
+            marks.reserveCapacity(shards.count)
+            for shard in shards { marks.append(await shard.onLoop { $0.queues.recentAnswers.readBegan() }) }
             admitting.read = AdmissionRead(marks: marks) { [weak self] marks in
                 guard let self else { return }
-                for (shard, mark) in zip(self.shards, marks) { shard.withState { $0.queues.recentAnswers.readEnded(mark) } }
+                // Its end waits for nothing: each shard's mark ends in a turn of its loop.
+                for (box, mark) in zip(self.shards, marks) {
+                    box.loop.execute { box.withState { $0.queues.recentAnswers.readEnded(mark) } }
+                }
             }
             admitting.pending = policy.admission(groups)
         }

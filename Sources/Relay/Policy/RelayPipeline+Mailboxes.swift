@@ -33,7 +33,7 @@ extension RelayPipeline {
         }) else { return false }
         // A batch whose read began before this park cannot see it: its intents of the mailbox
         // (after a 429, of the device) are decided again (``DeviceQueues/missedPark(_:since:)``).
-        shard(of: item).withState { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
+        await shard(of: item).onLoop { Self.noteParked(intent, tooManyRequests: tooManyRequests, &$0) }
         if parked.keeper == intent.id {
             RelayMetrics.parked.increment()
             logger.debug("parked", metadata: metadata(item, ["relay.due_ms": "\(parked.due - nowMilliseconds())"]))
@@ -133,7 +133,7 @@ extension RelayPipeline {
             }
             // Marked in the displaced intent's shard (its entry's partition's, not the newer
             // item's): where its copies queue.
-            recordedCoalesced(intent, in: shard(of: displaced.partition))
+            await recordedCoalesced(intent, in: shard(of: displaced.partition))
         }
         // Published while `item` (the newer intent) is handled: none of its trace goes with it.
         return await publish(Ending(outcome: outcome), item, carriesTrace: false)
@@ -206,8 +206,12 @@ extension RelayPipeline {
     /// nothing to send).
     @inline(never)
     func takeDueMailboxes(_ policy: DevicePolicy, workers: inout DiscardingTaskGroup) async {
+        // As the shards last published them (an assignment or revocation since is found at the
+        // claim, on the shard's loop).
         let owned = laneTopics.flatMap { topic in
-            shards.flatMap { shard in shard.withState { $0.partitions.owned { $0.topic == topic } } }
+            shards.flatMap { shard in
+                shard.publishedPartitions.generations.filter { $0.key.topic == topic }.map { (partition: $0.key, generation: $0.value) }
+            }
         }
         let rooms = state.withLock { state in laneTopics.indices.map { state.lanes.mailboxRoom($0) } }
         let withRoom = owned.filter { rooms[lane(of: $0.partition.topic)] > 0 }
@@ -247,10 +251,10 @@ extension RelayPipeline {
             // and while there is room: the send slot is reserved here.
             // On the shard that handed out the generation read (where it is still ours if it is).
             let generation = generations[partition] ?? -1
-            let claimed = shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].withState { shard in
+            let claimed = await shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)].onLoop { shard in
                 guard shard.partitions.isActive(partition, generation: generation) else { return false }
-                return state.withLock { state in
-                    guard state.lanes.mailboxRoom(lane) > 0, mailboxJobs.claim(member) else { return false }
+                return self.state.withLock { state in
+                    guard state.lanes.mailboxRoom(lane) > 0, self.mailboxJobs.claim(member) else { return false }
                     state.lanes.admitted(lane)
                     return true
                 }
@@ -324,7 +328,7 @@ extension RelayPipeline {
             await handOverDisplaced(token: parts.token, topic: parts.topic, keeper: parts.id, item, policy)
             // Its slot was reserved before the take.
             started = true
-            let start = shard(of: item).withState { shard in state.withLock { state in Self.enqueue(item, &shard, &state) } }
+            let start = await shard(of: item).onLoop { shard in self.state.withLock { state in Self.enqueue(item, &shard, &state) } }
             // On its shard's event loop, as an intent admitted from Kafka is worked.
             if let start { workers.addTask(executorPreference: shardExecutor(of: start)) { await self.work(start) } }
         }
