@@ -4,7 +4,7 @@
 /// back. A ledger among several (one per pipeline shard) hands out generations of its own: the
 /// ledger `shard` of `shards` only those that leave `shard` divided by `shards` (``shard(ofGeneration:shards:)``),
 /// so a generation names its ledger, and work of one never passes as another's when a
-/// partition moves between them. A value type: each pipeline shard keeps one under its lock and stores the committable
+/// partition moves between them. A value type: each pipeline shard keeps one, confined to its event loop, and stores the committable
 /// offsets it returns. Generic over what names a partition (the relay's is Kafka's
 /// `TopicPartition`), so that this module needs no Kafka; public with inlinable methods, so that
 /// the relay's use is specialized (docs/architecture.md, hot-path rule 4).

@@ -164,6 +164,35 @@ struct CallbackDeliveryTests {
         try await harness.stopExpectingOneOutcomeEach()
     }
 
+    /// A record Redis answers only past the shutdown deadline (the server stopped meanwhile):
+    /// its item ends abandoned — no outcome, its offset not stored, nothing left in flight — on
+    /// its shard's loop. The answer comes on the Redis client's side, off the loops, where the
+    /// item's shard's state may not be touched: ended there, it stopped the relay at the state's
+    /// precondition.
+    @Test func aRecordAnsweredPastTheShutdownDeadlineEndsItsItemAbandoned() async throws {
+        let redis = try await RedisServerProcess.started()
+        let harness = try await PolicyTests.harness(redis, burst: 100, refill: 100, configure: {
+            $0.shutdownDeadlineSeconds = 1
+            $0.redis.timeoutMilliseconds = 60_000
+        }, simulator: { $0.behaviour.holdAnswers = true })
+        let device = hexToken(0xAB)
+        try await harness.produce(intent("late-record", token: device), key: device)
+        // At APNs (admitted: Redis read), then Redis stops, then APNs answers: the record waits.
+        try await waitUntil(timeout: .seconds(60)) { harness.simulator.accepted.count >= 1 }
+        redis.signal(SIGSTOP)
+        defer { redis.signal(SIGCONT) }
+        harness.simulator.releaseHeldAnswers()
+        harness.pipeline.requestStop()
+        await harness.pipeline.abandoning.wait()
+        redis.signal(SIGCONT)
+        // The record lands now, past the deadline: its item ends, abandoned.
+        try await waitUntil(timeout: .seconds(30)) { harness.pipeline.inFlight == 0 }
+        await harness.running.value
+        #expect(harness.pipeline.outcomeCounts.isEmpty)
+        #expect(try await harness.committedTotal() == 0, "abandoned: consumed again by the next owner")
+        await harness.stop()
+    }
+
     /// A relay on `redis` whose rate limit never bites, with an 8 s backoff after a 429 (the
     /// intents produced behind the first are consumed before it ends, even where a loaded
     /// machine takes seconds to consume them), and APNs answering in `latency` ms;

@@ -243,6 +243,29 @@ struct ShardPlacementTests {
         await harness.stop()
     }
 
+    /// A record read while its partition was not ours (its generation -1: revoked between the
+    /// poll and the read) is no shard's: its work group runs on shard 0's loop, and its
+    /// admission touches no shard's state there. (Sent to the shard that generation -1 names by
+    /// modulo, the last, it stopped the relay at that shard's precondition.) The test needs two
+    /// loops: on one core every shard shares it.
+    @Test(.stopsItsRelays, .timeLimit(.minutes(2)), .enabled(if: System.coreCount > 1, "two shards on one loop share it"))
+    func aRecordReadWhileItsPartitionWasNotOursIsNoShards() async throws {
+        let harness = try await RelayHarness.start(shards: 2)
+        let pipeline = harness.pipeline
+        try await waitUntil(timeout: .seconds(30)) { pipeline.owned.count == 4 }
+        try #require(pipeline.shards[0].loop !== pipeline.shards[1].loop)
+        let token = hexToken(0x7000)
+        let message = KafkaMessage(topic: harness.intentsTopic, partition: 0, offset: 1_000_000, key: Array(token.utf8),
+                                   value: Array(intent("not-ours", token: token).utf8), timestamp: nil)
+        let parsed = pipeline.parse(message, now: 0)
+        let started = await Task(executorPreference: pipeline.shardExecutor(0)) {
+            pipeline.admit(message, parsed, .send, generation: -1) != nil
+        }.value
+        #expect(!started, "not ours: nothing starts")
+        #expect(pipeline.inFlight == 0)
+        await harness.stop()
+    }
+
     /// A turn that leaves the callbacks runs in a task on its item's shard's event loop, as the
     /// task per intent does: here the intent queued behind a device's first, which does not
     /// qualify for callbacks (a badge), is started by its report's end and worked in such a

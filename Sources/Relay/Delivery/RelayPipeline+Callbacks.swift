@@ -121,12 +121,14 @@ extension RelayPipeline {
         }
         if Self.records(item, status, dedupe: deduplicator != nil) {
             // Its slot is taken here, on its shard's loop, not in the record's callback, which
-            // runs off the loops (the group commit's task); a record that failed frees it from
-            // there, in a task on this loop.
+            // runs off the loops (the group commit's task); a record that failed, or that Redis
+            // answered past the shutdown deadline, frees it and goes on back on this loop.
             let slot = outcomeSlot(Concluding(item: item, ending: ending))
             return record(item, ending, orElse: { chained in
-                self.freeOutcomeSlot(slot)
-                self.concluded(chained, item, ending)
+                loop.execute {
+                    self.freeOutcomeSlot(slot)
+                    self.concluded(chained, item, ending)
+                }
             }) { key, value, headers in
                 self.outcomes.sendBatched(key: key, value: value, headers: headers, slot: slot)
             }
@@ -177,7 +179,7 @@ extension RelayPipeline {
     }
 
     /// Ends the items the reports name, one shard's, on its loop: their items are taken from
-    /// its table (``concluding(_:)``), the delivered ones end together (one turn of its lock,
+    /// its table (``concluding(_:)``), the delivered ones end together (one step of its shard,
     /// one offset store: ``finish(_:thenNext:)``), then their devices' next intents start.
     private func endDelivered(_ reports: ArraySlice<DeliveryReportBatcher.Report>) {
         var delivered: [Finished] = []
@@ -204,6 +206,7 @@ extension RelayPipeline {
     /// (recorded with retries, then published, as ``recordAndPublish(_:_:records:)`` goes on), an
     /// outcome whose delivery failed (published with retries), or abandoned. (`published` comes
     /// through ``outcomesDelivered(_:)`` on this path; it ends the item all the same.)
+    /// On the item's shard's loop: its ends touch the shard's state.
     private func concluded(_ chained: Chained, _ item: WorkItem, _ ending: Ending) {
         switch chained {
         case .published:

@@ -14,10 +14,15 @@ extension RelayPipeline {
         let traced = Self.intentTrace(trace, tracer: tracer, policy: policy, id: try? parsed.get().id)
         var hold = false, ours = true
         // The shard that handed out the generation its batch read, or (asked without one) the
-        // partition's now.
-        let box = expected.map { shards[Self.shardIndex(ofGeneration: $0, shards: shards.count)] } ?? shard(of: partition)
-        let readMark = readMarks.map { $0[box.index] }
-        let (start, inFlight) = box.withState { shard -> (WorkItem?, Int) in
+        // partition's now. None for a record read while its partition was not ours (generation
+        // -1): it is no shard's, and its work group may run on any shard's loop.
+        let box: ShardBox? = switch expected {
+        case .none: shard(of: partition)
+        case .some(let generation) where generation < 0: nil
+        case .some(let generation): shards[Self.shardIndex(ofGeneration: generation, shards: shards.count)]
+        }
+        let readMark = box.flatMap { box in readMarks.map { $0[box.index] } }
+        let admitted = box.map { box in box.withState { shard -> (WorkItem?, Int) in
             guard let generation = shard.partitions.start(partition, offset: message.offset, generation: expected) else {
                 ours = false
                 return (nil, state.withLock { $0.lanes.inFlight[lane] })
@@ -70,7 +75,9 @@ extension RelayPipeline {
                 Self.admitted(lane, consumedAt: consumedAt, &state)
                 return (Self.enqueue(item, &shard, &state), state.lanes.inFlight[lane])
             }
-        }
+        } }
+        if admitted == nil { ours = false }
+        let (start, inFlight) = admitted ?? (nil, state.withLock { $0.lanes.inFlight[lane] })
         // Not ours (revoked meanwhile): no work, so its span ends now.
         if !ours { traced?.end(without: "unfinished") }
         laneMetrics[lane].consumed.increment()

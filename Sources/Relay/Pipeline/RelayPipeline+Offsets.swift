@@ -40,7 +40,8 @@ extension RelayPipeline {
         var waiters: [CheckedContinuation<Void, Never>] = []
         var idleWaiters: [CheckedContinuation<Bool, Never>] = []
         var inFlight = Array(repeating: 0, count: items.count)
-        // A shard's items in one turn of its lock (most polls' reports are of one shard or two).
+        // A shard's items in one step (a chunk of reports is one shard's; an item ended in a task
+        // is alone).
         for box in shards {
             // The items of this shard's partitions (no array of them: one fewer allocation a call).
             guard items.contains(where: { belongs($0.item, to: box) }) else { continue }

@@ -41,8 +41,9 @@ extension RelayPipeline {
     /// Every access to its state or its slots checks that it runs on its loop (a precondition,
     /// in release builds too, ``NIOLoopBoundBox``): a path that reaches them from elsewhere stops
     /// at once instead of racing. Work that starts elsewhere hands itself to the loop: an async
-    /// caller (the reader, the mailbox poll) with ``onLoop(_:)``, the consumer's poll thread
-    /// with ``onLoopWaiting(_:)``.
+    /// caller (the reader, the mailbox poll, the lag report) with ``onLoop(_:)``, the
+    /// consumer's poll thread with ``onLoopWaiting(_:)``, a callback (an APNs answer on another
+    /// loop's connection, a Redis reply, a delivery report) with the loop's `execute`.
     final class ShardBox: Sendable {
         let index: Int
         /// Its event loop, where its admissions, its answers, its items' turns, its outcomes'
@@ -292,12 +293,10 @@ extension RelayPipeline {
     }
 
     /// Frees a slot whose outcome was never handed to the producer (its record failed, or the
-    /// relay abandoned it), so that no report is awaited for it: on its shard's loop, at once
-    /// when called there, else in a task on it (a record's failure is heard off the loops).
+    /// relay abandoned it), so that no report is awaited for it. On its shard's loop only (a
+    /// record's failure, heard off the loops, is handed there first).
     func freeOutcomeSlot(_ slot: Int) {
-        let box = shards[slot % shards.count], index = slot / shards.count
-        guard box.loop.inEventLoop else { return box.loop.execute { _ = box.concluding.value.remove(index) } }
-        _ = box.concluding.value.remove(index)
+        _ = shards[slot % shards.count].concluding.value.remove(slot / shards.count)
     }
 
     /// The items the reports name, each taken from its shard's table, with their reports'

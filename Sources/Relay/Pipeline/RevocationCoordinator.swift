@@ -47,12 +47,12 @@ final class RevocationCoordinator: Sendable {
         waiting.withLock { $0.begin() }
     }
 
-    /// Shard `index` has revoking work at APNs (inside its lock).
+    /// Shard `index` has revoking work at APNs (in a step on its loop).
     func unsettled(_ index: Int) {
         waiting.withLock { $0.unsettled(index) }
     }
 
-    /// Shard `index` has no revoking work at APNs left (inside its lock): the revocation's
+    /// Shard `index` has no revoking work at APNs left (in a step on its loop): the revocation's
     /// waiter to signal when it was the last such shard.
     func settled(_ index: Int) -> DispatchSemaphore? {
         waiting.withLock { $0.settled(index) }
