@@ -297,18 +297,48 @@ struct ShardPlacementTests {
 
     /// A shard counts its state's turns, and the hops to its loop they took, when asked to (the
     /// benchmark's `shard_turns_per_intent`), and nothing otherwise; on its loop a turn runs in
-    /// place, off it ``RelayPipeline/ShardBox/onLoop(_:)`` and ``RelayPipeline/ShardBox/onLoopWaiting(_:)``
-    /// run it there.
+    /// place, off it ``RelayPipeline/ShardBox/onLoop(_:)`` and
+    /// ``RelayPipeline/ShardBox/onLoopWaiting(atMost:_:)`` run it there.
     @Test func aShardCountsItsTurnsAndHops() async throws {
         let counting = Self.shard(counts: true), silent = Self.shard(counts: false)
         for box in [counting, silent] {
             #expect(await box.onLoop { _ in box.loop.inEventLoop })
-            let waited = await Task.detached { box.onLoopWaiting { _ in box.loop.inEventLoop } }.value
-            #expect(waited)
-            try await box.loop.submit { box.withState { _ in }; box.onLoopWaiting { _ in } }.get()
+            let ranThere = Locked(false)
+            let waited = await Task.detached {
+                box.onLoopWaiting(atMost: .seconds(30)) { _ in ranThere.withLock { $0 = box.loop.inEventLoop } }
+            }.value
+            #expect(waited && ranThere.withLock { $0 })
+            try await box.loop.submit { box.withState { _ in }; _ = box.onLoopWaiting(atMost: .seconds(1)) { _ in } }.get()
         }
         #expect(counting.stateTurns == (4, 2), "four turns, two of them hops")
         #expect(silent.stateTurns == (0, 0))
+    }
+
+    /// The consumer's poll thread waits for a shard's step (a revocation's marks) for a bounded
+    /// time: a loop that stopped turning does not hold it (and librdkafka's rebalance) for good.
+    /// The step runs once the loop turns again.
+    @Test func aWaitForAStuckLoopEndsAtItsLimit() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let loop = group.next()
+        let box = RelayPipeline.ShardBox(index: 0, executor: EventLoopTaskExecutor(eventLoop: loop),
+                                         RelayPipeline.Shard(partitions: PartitionLedger(uncommittedLimit: 10, shard: 0, of: 1),
+                                                             queues: DeviceQueues(precedence: [0])))
+        let release = DispatchSemaphore(value: 0), stuck = DispatchSemaphore(value: 0)
+        loop.execute {
+            stuck.signal()
+            release.wait()
+        }
+        stuck.wait()
+        let ran = Locked(false)
+        let waited = await Task.detached {
+            box.onLoopWaiting(atMost: .milliseconds(200)) { _ in ran.withLock { $0 = true } }
+        }.value
+        #expect(!waited, "the loop is stuck: the wait ends at its limit")
+        #expect(!ran.withLock { $0 })
+        release.signal()
+        try await loop.submit {}.get()
+        #expect(ran.withLock { $0 }, "the step ran once the loop turned again")
+        try await group.shutdownGracefully()
     }
 
     /// A shard's state is confined to its loop: a turn taken anywhere else stops the process,

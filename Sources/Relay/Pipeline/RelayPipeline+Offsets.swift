@@ -137,11 +137,18 @@ extension RelayPipeline {
         // place. Every shard is marked: a partition whose assignment still waits for the reader
         // has no shard yet (``revoke(_:)`` clears every shard's marks).
         for box in shards {
-            box.onLoopWaiting { shard in
+            let marked = box.onLoopWaiting(atMost: .seconds(RevocationCoordinator.waitLimitSeconds)) { shard in
                 shard.partitions.markRevoking(partitions)
                 shard.revocationAwaits = lost ? [] : partitions.filter { !shard.partitions.settled(CollectionOfOne($0)) }
                 if !shard.revocationAwaits.isEmpty { self.revocation.unsettled(box.index) }
                 box.publish(shard)
+            }
+            if !marked {
+                // Its loop stopped turning: the marks land when it turns again, and work of these
+                // partitions it starts before then may be sent again by their next owner.
+                logger.error("a shard's event loop did not take a revocation's marks in time: the revocation goes on without them",
+                             metadata: ["relay.shard": "\(box.index)", "relay.wait_seconds": "\(RevocationCoordinator.waitLimitSeconds)",
+                                        "kafka.partitions": "\(partitions.map(\.partition))"])
             }
         }
         logger.info("partitions being revoked: their new work stops", metadata: [

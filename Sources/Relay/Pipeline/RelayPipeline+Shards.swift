@@ -112,15 +112,21 @@ extension RelayPipeline {
         }
 
         /// ``onLoop(_:)`` from a thread that is not an event loop (the consumer's poll thread,
-        /// which librdkafka blocks in its rebalance callback anyway), blocking it meanwhile.
-        func onLoopWaiting<Result: Sendable>(_ body: @escaping @Sendable (inout Shard) -> Result) -> Result {
-            if loop.inEventLoop { return withState(body) }
-            if countsTurns { hops.add(1, ordering: .relaxed) }
-            do {
-                return try loop.submit { self.withState(body) }.wait()
-            } catch {
-                preconditionFailure("shard \(index)'s event loop refused work: \(error)")
+        /// which librdkafka blocks in its rebalance callback anyway), blocking it meanwhile, for
+        /// `limit` at most: false when the loop had not run the step by then (it runs it once it
+        /// gets there). Only a loop that stopped turning makes it wait that long.
+        func onLoopWaiting(atMost limit: Duration, _ body: @escaping @Sendable (inout Shard) -> Void) -> Bool {
+            if loop.inEventLoop {
+                withState(body)
+                return true
             }
+            if countsTurns { hops.add(1, ordering: .relaxed) }
+            let done = DispatchSemaphore(value: 0)
+            loop.execute {
+                self.withState(body)
+                done.signal()
+            }
+            return done.wait(timeout: .now() + .nanoseconds(Int(limit.totalNanoseconds))) == .success
         }
 
         /// Publishes `shard`'s partitions for readers off its loop: in the step that changed
