@@ -82,8 +82,8 @@ struct BenchE2ECommand: AsyncParsableCommand {
         let pipeline = application.pipeline
         let running = Task { await application.run() }
         var progress = BenchProgress(workload: workload, stack: stack)
-        // The shards' state turns from the first consume on: the group's join, and the turns
-        // taken once a second whatever the load (the lag report's), are not the intents'.
+        // The shards' state turns from the first consume on: the group's join is not the
+        // intents' (the lag report's once a second, counted, are a few per run).
         var turnsBefore: (all: Int, hops: Int)?
         while !progress.finished(done: pipeline.outcomeCounts.values.reduce(0, +), detail: ", \(pipeline.inFlight) in flight") {
             if turnsBefore == nil, pipeline.firstConsumedAt != nil { turnsBefore = pipeline.shardTurns }

@@ -21,7 +21,8 @@ extension RelayPipeline {
     /// Confined to the shard's event loop (``ShardBox``). A step that changes it and the
     /// relay-wide ``State`` takes the latter's lock inside it; a step that touches only a
     /// shard's partitions — whether an item's partition is still ours, a send counted at APNs —
-    /// takes no lock at all. No step touches two shards' states.
+    /// takes no lock (but the revocation coordinator's, when the end of a send settles a
+    /// revocation that waits). No step touches two shards' states.
     struct Shard {
         var partitions: PartitionLedger<TopicPartition>
         var queues: DeviceQueues<WorkItem>
@@ -243,7 +244,8 @@ extension RelayPipeline {
         placement.withLock { $0.revoke(partitions.map { ($0.topic, $0.partition) }) }
     }
 
-    // An item's partition, asked of its shard alone, on its loop (no lock).
+    // An item's partition, asked of its shard alone: on its loop, with no lock; off it, from
+    // what the shard published (under that copy's lock).
 
     /// Whether the item's partition is still ours (being revoked included): work that reached
     /// APNs goes on to its outcome and stored offset.
