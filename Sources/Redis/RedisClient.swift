@@ -157,6 +157,13 @@ public final class RedisClient: Service, Sendable {
         try await execute(commands, ordered: false).get()
     }
 
+    /// Writes the commands now, as one pipeline on the next of the client's connections (to each
+    /// node in cluster mode, as ``pipeline(_:)-(RedisCommandBuffer)`` does), and returns their
+    /// pending replies, to be heard on an event loop of the caller's (no task).
+    public func send(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
+        execute(commands, ordered: false)
+    }
+
     /// Writes the commands now, as one pipeline on the client's first connection (to each node
     /// in cluster mode), and returns their pending replies. Calls made one after another run in
     /// Redis in that order (one connection answers in order), so a caller can have several round
@@ -301,6 +308,13 @@ public final class RedisClient: Service, Sendable {
 /// The replies of a ``RedisClient/submit(_:)``, to be awaited.
 public struct RedisPendingReplies: Sendable {
     let future: EventLoopFuture<[RESPValue]>
+
+    /// Calls `body` with the replies on `loop` (handed there from the connection's loop).
+    public func whenComplete(on loop: any EventLoop, _ body: @escaping @Sendable (Result<[RESPValue], RedisError>) -> Void) {
+        future.hop(to: loop).whenComplete { result in
+            body(result.mapError { $0 as? RedisError ?? .connectionLost("\($0)") })
+        }
+    }
 
     public func get() async throws(RedisError) -> [RESPValue] {
         do {

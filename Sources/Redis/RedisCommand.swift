@@ -112,6 +112,13 @@ public struct RedisCommandBuffer: Sendable {
         count += 1
     }
 
+    /// Appends the commands another buffer encoded, after these.
+    public mutating func append(contentsOf other: RedisCommandBuffer) {
+        var encoded = other.bytes
+        bytes.writeBuffer(&encoded)
+        count += other.count
+    }
+
     /// Builds a command named `name` with `build` and encodes it.
     public mutating func append(_ name: String, _ build: (inout RedisCommand) -> Void) {
         scratch.reset(name)

@@ -120,9 +120,10 @@ extension RelayPipeline {
             return nextInTask(after: item)
         }
         if Self.records(item, status, dedupe: deduplicator != nil) {
-            // Its slot is taken here, on its shard's loop, not in the record's callback, which
-            // runs off the loops (the group commit's task); a record that failed, or that Redis
-            // answered past the shutdown deadline, frees it and goes on back on this loop.
+            // Its slot is taken here, on its shard's loop, before the record goes to Redis (its
+            // callback comes back to this loop, from the group commit's round); a record that
+            // failed, or that Redis answered past the shutdown deadline, frees it and goes on in
+            // a turn of this loop of its own.
             let slot = outcomeSlot(Concluding(item: item, ending: ending))
             return record(item, ending, orElse: { chained in
                 loop.execute {

@@ -109,7 +109,8 @@ extension RelayPipeline {
     }
 
     /// Records the answered intent and, once Redis has it, calls `publish` with the outcome's
-    /// record (key, value, headers) from the Redis call's callback; `orElse` hears when it did not
+    /// record (key, value, headers) from the Redis call's callback (on the loop the record was
+    /// made on, ``GroupCommit``; off the loops, the first shard's); `orElse` hears when it did not
     /// get that far: `notRecorded` (Redis failed the record, reported here) or `abandoned` (past
     /// the shutdown deadline).
     func record(_ item: WorkItem, _ ending: Ending, orElse: @escaping @Sendable (Chained) -> Void,

@@ -195,7 +195,9 @@ public final class RelayPipeline: RelayStatus, Service {
         self.certificates = clients.credentials.map(\.certificate)
         self.redis = clients.redis
         let keys = RedisKeys(prefix: configuration.redis.keyPrefix)
-        self.deduplicator = clients.redis.map { Deduplicator(client: $0, keys: keys) }
+        var shardLoops: [any EventLoop] = []
+        for shard in self.shards where !shardLoops.contains(where: { $0 === shard.loop }) { shardLoops.append(shard.loop) }
+        self.deduplicator = clients.redis.map { Deduplicator(client: $0, keys: keys, loops: shardLoops) }
         self.policy = clients.redis.map {
             var policy = DevicePolicy(client: $0, keys: keys, intentsTopic: configuration.kafka.intentsTopic,
                                       backoffBaseMilliseconds: configuration.policy.backoffInitialSeconds * 1000,

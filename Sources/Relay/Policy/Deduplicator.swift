@@ -1,6 +1,8 @@
 import Common
 import Foundation
+import NIOCore
 import Redis
+import Synchronization
 
 /// Records which intents APNs already answered (see ``RedisKeys`` for the key and ``DevicePolicy``
 /// for the check, which is part of every batch's admission).
@@ -16,8 +18,9 @@ final class Deduplicator: Sendable {
     private let recorder: GroupCommit
     private let keys: RedisKeys
 
-    init(client: RedisClient, keys: RedisKeys) {
-        self.recorder = GroupCommit(client: client)
+    /// `loops`: the event loops records are made on (the shards').
+    init(client: RedisClient, keys: RedisKeys, loops: [any EventLoop]) {
+        self.recorder = GroupCommit(client: client, loops: loops)
         self.keys = keys
     }
 
@@ -90,43 +93,62 @@ final class Deduplicator: Sendable {
 /// submitted, into the buffer of the next round trip. The queue is bounded by its callers: each
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
 ///
-/// A sender is a task that sends rounds one at a time until none is left; the bookkeeping is
-/// ``GroupCommitRounds``. The submitters hear their answers from that task, not from the Redis
-/// client's event loop: each hands an outcome to the producer, up to a thousand per round, which
-/// on the event loop would hold up reading the next replies (docs/performance.md, "Redis calls
-/// without a task each").
+/// One set of rounds per event loop the relay's shards run on (``GroupCommitRounds``), confined
+/// to it (no lock): a record is submitted on its item's shard's loop, and a round goes out at
+/// the end of the loop's turn that started it (`execute`: the submissions the turn's other
+/// tasks make join it), with no task. Its replies are handed back to that loop, where the
+/// submitters hear their answers (each hands an outcome to the producer, or ends its item)
+/// next to the rest of their items' steps; not on the Redis client's loop, whose next replies
+/// they would hold up (docs/performance.md, "Redis calls without a task each"). A submission
+/// made off the loops (the mailbox poll's) is encoded where it is made and joins the first
+/// loop's rounds.
 final class GroupCommit: Sendable {
     typealias Done = @Sendable (Result<Void, RedisError>) -> Void
 
     private let client: RedisClient
-    /// Up to 1,000 commands per round trip (one submission is never split). Two round trips
-    /// under way at once keep Redis busy while the relay hands one round's answers on (one made
-    /// them take turns; four measured no better than two); commands queue into the round being
-    /// filled while both are under way.
-    private let rounds = Locked(GroupCommitRounds<Done>(maxBatch: 1000, maxFlushers: 2))
+    /// Per loop, its rounds: up to 1,000 commands per round trip (one submission is never
+    /// split). Two round trips under way at once keep Redis busy while the loop hands one
+    /// round's answers on (one made them take turns; four measured no better than two);
+    /// commands queue into the round being filled while both are under way.
+    private let loops: [(loop: any EventLoop, rounds: NIOLoopBoundBox<GroupCommitRounds<Done>>)]
+    /// Round trips sent so far (tests).
+    private let sent = Atomic<Int>(0)
 
-    init(client: RedisClient) {
+    /// `loops`: the shards' event loops (each once).
+    init(client: RedisClient, loops: [any EventLoop]) {
         self.client = client
+        self.loops = loops.map { ($0, .makeBoxSendingValue(GroupCommitRounds(maxBatch: 1000, maxFlushers: 2), eventLoop: $0)) }
     }
 
-    /// Sends the commands `encode` adds in the next round trip (together); `done` hears (from
-    /// the task that sent them) whether all of them succeeded.
+    /// Round trips sent so far.
+    var roundTrips: Int { sent.load(ordering: .relaxed) }
+
+    /// Sends the commands `encode` adds in the next round trip of the calling loop (together);
+    /// `done` hears, on that loop, whether all of them succeeded. Off the loops, the next of the
+    /// first loop's.
     func submit(_ encode: (inout RedisCommandBuffer) -> Void, then done: @escaping Done) {
-        if rounds.withLock({ $0.submit(encode, for: done) }) {
-            Task { await self.flush() }
-        }
+        if let index = loops.firstIndex(where: { $0.loop.inEventLoop }) { return submit(on: index, encode, done) }
+        var commands = RedisCommandBuffer(reservingBytes: 512)
+        encode(&commands)
+        let encoded = commands
+        loops[0].loop.execute { self.submit(on: 0, { $0.append(contentsOf: encoded) }, done) }
     }
 
-    /// Sends rounds until none is left.
-    private func flush() async {
-        while let round = rounds.withLock({ $0.next() }) {
-            let replies: Result<[RESPValue], RedisError>
-            do throws(RedisError) {
-                replies = .success(try await client.pipeline(round.commands))
-            } catch {
-                replies = .failure(error)
-            }
+    /// ``submit(_:then:)`` on loop `index`.
+    private func submit(on index: Int, _ encode: (inout RedisCommandBuffer) -> Void, _ done: @escaping Done) {
+        let (loop, rounds) = loops[index]
+        if rounds.withValue({ $0.submit(encode, for: done) }) { loop.execute { self.flush(index) } }
+    }
+
+    /// Sends loop `index`'s next round, and once its replies are in, the one after (until none
+    /// is left: then this sender stops).
+    private func flush(_ index: Int) {
+        let (loop, rounds) = loops[index]
+        guard let round = rounds.withValue({ $0.next() }) else { return }
+        sent.add(1, ordering: .relaxed)
+        client.send(round.commands).whenComplete(on: loop) { replies in
             for (done, answer) in GroupCommitRounds.answers(round, replies) { done(answer) }
+            self.flush(index)
         }
     }
 }
