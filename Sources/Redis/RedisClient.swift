@@ -177,7 +177,10 @@ public final class RedisClient: Service, Sendable {
     private func execute(_ commands: RedisCommandBuffer, ordered: Bool) -> RedisPendingReplies {
         let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
         guard !isShutDown.load(ordering: .relaxed) else {
-            return RedisPendingReplies(future: group.any().makeFailedFuture(RedisError.shutdown))
+            // Not on the client's own group, which may be shut down by now (its loops would drop
+            // the callbacks): on the caller's loop, or NIO's shared group, never shut down.
+            let loop = MultiThreadedEventLoopGroup.currentEventLoop ?? MultiThreadedEventLoopGroup.singleton.any()
+            return RedisPendingReplies(future: loop.makeFailedFuture(RedisError.shutdown))
         }
         if let cluster {
             return RedisPendingReplies(future: cluster.execute(commands, deadline: deadline, ordered: ordered))

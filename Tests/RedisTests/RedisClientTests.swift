@@ -1,5 +1,7 @@
 import Common
 import Foundation
+import NIOCore
+import NIOPosix
 import Redis
 import Testing
 import Spawn
@@ -50,6 +52,26 @@ struct RedisClientTests {
         #expect(try await client.send(RedisCommand("LRANGE", ["list", 0, -1])) == .array([.bulk(Array("a".utf8)), .bulk(Array("b".utf8))]))
         await #expect(throws: RedisError.self) { try await client.send(RedisCommand("INCR", ["list"])) }
         await client.shutdown()
+    }
+
+    /// A call made after the client shut down (its own event loop group with it) fails at once
+    /// with `shutdown`, awaited or heard on a loop of the caller's: its failure is not left on a
+    /// loop that no longer runs anything, where it would never be heard.
+    @Test(.timeLimit(.minutes(1))) func aCallAfterShutdownFailsAtOnce() async throws {
+        let server = try await RedisServerProcess.started()
+        let client = try Self.client(server.url)
+        #expect(try await client.send(RedisCommand("PING", [])) == .status("PONG"))
+        await client.shutdown()
+        await #expect(throws: RedisError.shutdown) { try await client.send(RedisCommand("PING", [])) }
+        let loop = MultiThreadedEventLoopGroup.singleton.next()
+        let heard = try await loop.submit {
+            let promise = loop.makePromise(of: Result<[RESPValue], RedisError>.self)
+            var commands = RedisCommandBuffer()
+            commands.append(RedisCommand("PING", []))
+            client.send(commands).whenComplete(on: loop) { promise.succeed($0) }
+            return promise.futureResult
+        }.get().get()
+        #expect(throws: RedisError.shutdown) { try heard.get() }
     }
 
     /// A replica's full sync writes its master's snapshot (`dump.rdb`) into its directory, and

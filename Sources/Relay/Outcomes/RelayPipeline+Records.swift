@@ -87,7 +87,7 @@ extension RelayPipeline {
     }
 
     /// Records the answered intent and, once Redis has it, hands its outcome to the producer
-    /// from the recording task, so the item waits once for both.
+    /// from the record's callback (``GroupCommit``), so the item waits once for both.
     @inline(never)
     func recordThenPublish(_ item: WorkItem, _ ending: Ending) async -> Chained {
         await withCheckedContinuation { continuation in

@@ -302,7 +302,7 @@ extension RelayPipeline {
 
     /// Frees a slot whose outcome was never handed to the producer (its record failed, or the
     /// relay abandoned it), so that no report is awaited for it. On its shard's loop only (a
-    /// record's failure, heard off the loops, is handed there first).
+    /// record's failure goes on in a turn of that loop of its own).
     func freeOutcomeSlot(_ slot: Int) {
         _ = shards[slot % shards.count].concluding.value.remove(slot / shards.count)
     }

@@ -94,9 +94,9 @@ final class Deduplicator: Sendable {
 /// waits for its own submission (the pipeline has at most `limits.max_in_flight` intents).
 ///
 /// One set of rounds per event loop the relay's shards run on (``GroupCommitRounds``), confined
-/// to it (no lock): a record is submitted on its item's shard's loop, and a round goes out at
-/// the end of the loop's turn that started it (`execute`: the submissions the turn's other
-/// tasks make join it), with no task. Its replies are handed back to that loop, where the
+/// to it (no lock): a record is submitted on its item's shard's loop, and a round goes out once
+/// the tasks queued on the loop when it began have run (`execute`: what they submit joins it),
+/// or as soon as an earlier round's replies are in while two are under way; no task sends it. Its replies are handed back to that loop, where the
 /// submitters hear their answers (each hands an outcome to the producer, or ends its item)
 /// next to the rest of their items' steps; not on the Redis client's loop, whose next replies
 /// they would hold up (docs/performance.md, "Redis calls without a task each"). A submission
