@@ -132,8 +132,8 @@ extension RelayPipeline {
     /// its pod's grace period counts on.
     func partitionsRevoking(_ partitions: [TopicPartition], lost: Bool) {
         revocation.begin()
-        // Each shard's unsettled mark is set in a step on its loop: a shard that settles from then on
-        // finds it (``RevocationCoordinator/settled(_:)``), before or after the waiter is in
+        // Each shard's unsettled mark is set in a step on its loop: a shard that settles from then
+        // on finds it (``RevocationCoordinator/settled(_:)``), before or after the waiter is in
         // place. Every shard is marked: a partition whose assignment still waits for the reader
         // has no shard yet (``revoke(_:)`` clears every shard's marks).
         for box in shards {

@@ -96,12 +96,12 @@ final class Deduplicator: Sendable {
 /// One set of rounds per event loop the relay's shards run on (``GroupCommitRounds``), confined
 /// to it (no lock): a record is submitted on its item's shard's loop, and a round goes out once
 /// the tasks queued on the loop when it began have run (`execute`: what they submit joins it),
-/// or as soon as an earlier round's replies are in while two are under way; no task sends it. Its replies are handed back to that loop, where the
-/// submitters hear their answers (each hands an outcome to the producer, or ends its item)
-/// next to the rest of their items' steps; not on the Redis client's loop, whose next replies
-/// they would hold up (docs/performance.md, "Redis calls without a task each"). A submission
-/// made off the loops (the mailbox poll's) is encoded where it is made and joins the first
-/// loop's rounds.
+/// or as soon as an earlier round's replies are in while two are under way; no task sends it.
+/// Its replies are handed back to that loop, where the submitters hear their answers (each
+/// hands an outcome to the producer, or ends its item) next to the rest of their items' steps;
+/// not on the Redis client's loop, whose next replies they would hold up (docs/performance.md,
+/// "Redis calls without a task each"). A submission made off the loops (the mailbox poll's) is
+/// encoded where it is made and joins the first loop's rounds.
 final class GroupCommit: Sendable {
     typealias Done = @Sendable (Result<Void, RedisError>) -> Void
 
