@@ -2,6 +2,7 @@ import APNs
 import HTTP2
 import NIOCore
 import NIOPosix
+import TestSupport
 import Testing
 
 /// Bad endpoints give one clear failure naming the cause, within the deadline, and no crash.
@@ -18,8 +19,14 @@ struct BadPeerTests {
         return try APNsClient(configuration: configuration)
     }
 
-    static func send(to port: Int, timeout: TimeAmount = .seconds(2)) async throws -> (APNsResult, Duration) {
+    /// `connectedFirst`: the send waits until the connection is up (the peer's SETTINGS read),
+    /// so that `timeout` times the request alone, not a handshake a loaded machine makes slow.
+    static func send(to port: Int, timeout: TimeAmount = .seconds(2), connectedFirst: Bool = false) async throws -> (APNsResult, Duration) {
         let client = try client(of: port, timeout: timeout)
+        if connectedFirst {
+            client.start()
+            try await waitUntil(timeout: .seconds(60)) { client.readyConnections == 1 }
+        }
         let started = ContinuousClock.now
         let result = try await client.send(.alert("x", deviceToken: sampleToken, topic: sampleTopic))
         let elapsed = ContinuousClock.now - started
@@ -62,14 +69,17 @@ struct BadPeerTests {
 
     @Test func serverThatSpeaksGarbageAfterALPN() async throws {
         let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: Array("HTTP/1.1 200 OK\r\n\r\n".utf8))
-        let (result, _) = try await Self.send(to: server.port)
+        // The send waits for a connection until its deadline, and its failure names the last
+        // connection's error: a deadline long enough for a loaded machine's handshake to reach
+        // the garbage (at 2 s the handshake alone could use it up).
+        let (result, _) = try await Self.send(to: server.port, timeout: .seconds(8))
         #expect(Self.failureText(result).contains("HTTP/2 protocol error"), "\(Self.failureText(result))")
         await server.stop()
     }
 
     @Test func peerThatStopsAnsweringHitsTheDeadline() async throws {
         let server = try await ScriptedServer.start(tlsProtocols: ["h2"], greeting: ScriptedServer.settingsFrame)
-        let (result, elapsed) = try await Self.send(to: server.port, timeout: .milliseconds(700))
+        let (result, elapsed) = try await Self.send(to: server.port, timeout: .milliseconds(700), connectedFirst: true)
         #expect(result.failure == .timedOut(""))
         // The peer would never answer; the 700 ms deadline ends the send (a generous bound: the
         // suite runs many tests at once on two cores).
