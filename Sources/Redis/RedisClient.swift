@@ -154,7 +154,7 @@ public final class RedisClient: Service, Sendable {
 
     /// Runs encoded commands in one round trip, like ``pipeline(_:)-([RedisCommand])``.
     public func pipeline(_ commands: RedisCommandBuffer) async throws(RedisError) -> [RESPValue] {
-        try await execute(commands, ordered: false).get()
+        try await send(commands).get()
     }
 
     /// Writes the commands now, as one pipeline on the next of the client's connections (to each

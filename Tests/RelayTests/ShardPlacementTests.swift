@@ -236,8 +236,9 @@ struct ShardPlacementTests {
         #expect(harness.pipeline.intentsDrivenByCallbacks >= count)
         #expect(harness.simulator.connectionsAccepted == 1)
         // Half of the answers come on the other shard's loop: judged there, they would stop the
-        // relay at the state's precondition. Each is handed over whole, not its steps one by
-        // one: what hops to a loop is the lag report's, once a second.
+        // relay at the state's precondition (every outcome came: none was). The hops counted
+        // are the awaited hand-overs (`onLoop`), here the lag report's once a second; an
+        // answer's `execute` to its loop is not among them.
         #expect(after.all - before.all >= count, "every intent's steps use its shard's state")
         #expect(after.hops - before.hops < count / 8, "\(after.hops - before.hops) hops for \(count) intents")
         await harness.stop()

@@ -43,7 +43,7 @@ extension RelayPipeline {
     /// in release builds too, ``NIOLoopBoundBox``): a path that reaches them from elsewhere stops
     /// at once instead of racing. Work that starts elsewhere hands itself to the loop: an async
     /// caller (the reader, the mailbox poll, the lag report) with ``onLoop(_:)``, the
-    /// consumer's poll thread with ``onLoopWaiting(_:)``, a callback (an APNs answer on another
+    /// consumer's poll thread with ``onLoopWaiting(atMost:_:)``, a callback (an APNs answer on another
     /// loop's connection, a Redis reply, a delivery report) with the loop's `execute`.
     final class ShardBox: Sendable {
         let index: Int
@@ -168,7 +168,7 @@ extension RelayPipeline {
         shards[Self.shardIndex(ofGeneration: item.generation, shards: shards.count)]
     }
 
-    /// The event loop of `item`'s shard (shard N's is work executor N modulo their count).
+    /// The event loop of `item`'s shard.
     func shardLoop(of item: WorkItem) -> any EventLoop {
         shard(of: item).loop
     }
@@ -179,12 +179,12 @@ extension RelayPipeline {
         shard(of: item).executor
     }
 
-    /// The task executor of shard `index`'s event loop (work executor `index` modulo their count).
+    /// The task executor of shard `index`'s event loop.
     func shardExecutor(_ index: Int) -> EventLoopTaskExecutor {
         shards[index].executor
     }
 
-    /// The event loop of shard `index` (work executor `index` modulo their count).
+    /// The event loop of shard `index`.
     func shardLoop(_ index: Int) -> any EventLoop {
         shards[index].loop
     }
