@@ -323,7 +323,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "RedisTests",
-            dependencies: ["Redis", "RedisTesting", "Spawn", "Common", "TestSupport",
+            dependencies: ["Redis", "CHiredis", "RedisTesting", "Spawn", "Common", "TestSupport",
                            .product(name: "MetricsTestKit", package: "swift-metrics"),
                            .product(name: "NIOCore", package: "swift-nio"), .product(name: "NIOEmbedded", package: "swift-nio"),
                            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"), .product(name: "NIOPosix", package: "swift-nio")],

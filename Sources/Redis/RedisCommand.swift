@@ -84,7 +84,7 @@ public struct RedisCommand: Sendable, Equatable {
     }
 }
 
-/// Commands encoded in RESP (hiredis' formatter) into one buffer as they are added, to be sent
+/// Commands encoded in RESP (``RESPEncoder``) into one buffer as they are added, to be sent
 /// in one round trip. Hot paths build each command in the buffer's reused scratch command
 /// (``append(_:_:)``), so building allocates nothing once the room has grown.
 public struct RedisCommandBuffer: Sendable {
