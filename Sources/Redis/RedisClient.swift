@@ -71,11 +71,8 @@ public struct RedisConfiguration: Sendable {
 /// that cannot be made fails calls at once until its backoff (with jitter) passed, so callers
 /// learn quickly that Redis is down and decide themselves how to wait.
 ///
-/// Connections are made on first use, never in the initialiser, on the loops of the group
-/// given (in turn), or of a one-thread group of the client's own. A call made on one of those
-/// loops goes out on a connection of that loop where there is one (``RedisSlot/pick(from:ordered:turn:)``),
-/// so its caller's thread reads the replies too. As a `Service`, the client closes its
-/// connections when its service group shuts down gracefully (a group given stays up).
+/// Connections are made on first use, never in the initialiser. As a `Service`, the client
+/// closes its connections when its service group shuts down gracefully.
 public final class RedisClient: Service, Sendable {
     public let configuration: RedisConfiguration
     private let slots: [RedisSlot]
@@ -188,7 +185,7 @@ public final class RedisClient: Service, Sendable {
         if let cluster {
             return RedisPendingReplies(future: cluster.execute(commands, deadline: deadline, ordered: ordered))
         }
-        let slot = RedisSlot.pick(from: slots, ordered: ordered, turn: ordered ? 0 : next.wrappingAdd(1, ordering: .relaxed).oldValue)
+        let slot = ordered ? slots[0] : slots[next.wrappingAdd(1, ordering: .relaxed).oldValue % slots.count]
         return RedisPendingReplies(future: slot.execute(commands, deadline: deadline))
     }
 

@@ -43,20 +43,6 @@ final class RedisSlot: @unchecked Sendable {
         self.masterAddress = masterAddress
     }
 
-    /// Of a client's connections (or a cluster node's), the one a call goes out on: the first
-    /// for a call whose order matters (``RedisClient/submit(_:)``); else one on the caller's
-    /// event loop, where there is one (the call is written in a later task of the same loop, no
-    /// other thread woken, and its replies come back there), round robin among them; else the
-    /// next one round robin. `turn`: the pool's counter, advanced once per call.
-    static func pick(from slots: [RedisSlot], ordered: Bool, turn: Int) -> RedisSlot {
-        guard !ordered, slots.count > 1 else { return slots[0] }
-        for step in 0..<slots.count {
-            let slot = slots[(turn &+ step) % slots.count]
-            if slot.eventLoop.inEventLoop { return slot }
-        }
-        return slots[turn % slots.count]
-    }
-
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline) -> EventLoopFuture<[RESPValue]> {
         eventLoop.flatSubmit {
             self.connection(deadline: deadline).flatMap { channel, handler in

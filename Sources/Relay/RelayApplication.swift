@@ -79,15 +79,9 @@ public final class RelayApplication: Service, Sendable {
         self.configuration = configuration
         self.credentials = credentials
         self.logger = logger
-        // Every APNs client's connections live on NIO's shared event loops (one per core), and
-        // intents' work runs on the same loops: a send reaches its connection, and its answer
-        // resumes the intent, without waking another thread. The Redis client's connections
-        // too (`redis.connections` of them, the loops in turn): a shard's dedupe records go out
-        // on a connection of its own loop, and their replies come back there.
-        let loops = MultiThreadedEventLoopGroup.singleton
         var redis: RedisClient?
         if !configuration.redis.url.isEmpty {
-            redis = try RedisClient(configuration: configuration.redis.clientConfiguration(), eventLoopGroup: loops, logger: logger)
+            redis = try RedisClient(configuration: configuration.redis.clientConfiguration(), logger: logger)
         }
         let tokenSources = try credentials.map { [redis] credential -> (any ProviderTokenSource)? in
             guard case .token(let signer) = credential else { return nil }
@@ -100,6 +94,10 @@ public final class RelayApplication: Service, Sendable {
         let apns = configuration.apns
         let proxy = try apns.parsedProxy()
         let queued = max(configuration.limits.maxInFlight, 1000)
+        // Every APNs client's connections live on NIO's shared event loops (one per core), and
+        // intents' work runs on the same loops: a send reaches its connection, and its answer
+        // resumes the intent, without waking another thread.
+        let loops = MultiThreadedEventLoopGroup.singleton
         let registry = APNsClientRegistry { key in
             let credential: APNsCredential = switch credentials[key.credential] {
             case .token: .token(tokenSources[key.credential]!)

@@ -54,46 +54,6 @@ struct RedisClientTests {
         await client.shutdown()
     }
 
-    /// A client whose connections live on the caller's event loops: each loop's calls go out on
-    /// the connection of that loop (the same `CLIENT ID` for all four), and the two loops'
-    /// connections differ. Round robin over the connections, a loop's calls went out on both,
-    /// and their replies came back on the other loop's thread.
-    @Test func aLoopsCallsGoOutOnItsOwnConnection() async throws {
-        let server = try await RedisServerProcess.started()
-        var configuration = RedisConfiguration(url: try RedisURL(parsing: server.url))
-        configuration.connections = 2
-        try await Self.callsStayOnTheirLoops(configuration)
-    }
-
-    /// ``aLoopsCallsGoOutOnItsOwnConnection()`` for `configuration` (a cluster's too): per loop
-    /// of a group of two, the `CLIENT ID`s of four calls made on it.
-    static func callsStayOnTheirLoops(_ configuration: RedisConfiguration) async throws {
-        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-        let client = try RedisClient(configuration: configuration, eventLoopGroup: group)
-        // A cluster client's first call reads the slot map, and is written from a task of its
-        // own (off the loops) once it is in: made before the calls counted.
-        _ = try await client.send(RedisCommand("CLIENT", ["ID"]))
-        var ids: [[Int64]] = []
-        for loop in group.makeIterator() {
-            var seen: [Int64] = []
-            for _ in 0..<4 {
-                let reply = try await loop.flatSubmit {
-                    let promise = loop.makePromise(of: Result<[RESPValue], RedisError>.self)
-                    var commands = RedisCommandBuffer()
-                    commands.append(RedisCommand("CLIENT", ["ID"]))
-                    client.send(commands).whenComplete(on: loop) { promise.succeed($0) }
-                    return promise.futureResult
-                }.get().get()
-                seen.append(reply.first?.integer ?? -1)
-            }
-            ids.append(seen)
-        }
-        await client.shutdown()
-        try await group.shutdownGracefully()
-        #expect(ids.count == 2 && ids.allSatisfy { Set($0).count == 1 && $0[0] >= 0 }, "\(ids)")
-        #expect(ids.count == 2 && ids[0][0] != ids[1][0], "\(ids)")
-    }
-
     /// A call made after the client shut down (its own event loop group with it) fails at once
     /// with `shutdown`, awaited or heard on a loop of the caller's: its failure is not left on a
     /// loop that no longer runs anything, where it would never be heard.

@@ -196,16 +196,6 @@ struct RedisClusterClientTests {
         #expect(replies[0].replies.map(\.integer) == keys.map { Int64(RedisHashSlot.of($0)) })
     }
 
-    /// ``RedisClientTests/aLoopsCallsGoOutOnItsOwnConnection()`` on a cluster: a node's
-    /// connections are spread over the loops too, and a call takes the one of its loop.
-    @Test func aLoopsCallsGoOutOnItsOwnConnectionToANode() async throws {
-        let cluster = try await startCluster()
-        var configuration = RedisConfiguration(url: try RedisURL(parsing: cluster.url))
-        configuration.mode = .cluster
-        configuration.connections = 2
-        try await RedisClientTests.callsStayOnTheirLoops(configuration)
-    }
-
     @Test func aCallsCommandsGoToTheirKeysMastersInOneRoundTripEach() async throws {
         let cluster = try await startCluster()
         let prefix = UUID().uuidString

@@ -32,9 +32,9 @@ final class RedisNode: Sendable {
     }
 
     /// The first connection for calls whose order matters (``RedisClient/submit(_:)``), else
-    /// one on the caller's event loop, else the next one round robin (``RedisSlot/pick(from:ordered:turn:)``).
+    /// the next one round robin.
     func connection(ordered: Bool) -> RedisSlot {
-        RedisSlot.pick(from: connections, ordered: ordered, turn: ordered ? 0 : next.wrappingAdd(1, ordering: .relaxed).oldValue)
+        ordered ? connections[0] : connections[next.wrappingAdd(1, ordering: .relaxed).oldValue % connections.count]
     }
 
     var connectedCount: Int {
@@ -134,8 +134,7 @@ final class RedisClusterRouter: Sendable {
     /// are written in the order they are made, on each node's first connection: one that must
     /// wait for the map holds back the ordered calls after it until it was written.
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline, ordered: Bool) -> EventLoopFuture<[RESPValue]> {
-        // The caller's loop where it is one of the client's (its replies are handed on there).
-        let loop = loops.first(where: \.inEventLoop) ?? loops[0]
+        let loop = loops[0]
         let routed: [RedisCommandBuffer.Routed]
         do {
             routed = try commands.routed()

@@ -97,13 +97,11 @@ final class Deduplicator: Sendable {
 /// to it (no lock): a record is submitted on its item's shard's loop, and a round goes out once
 /// the tasks queued on the loop when it began have run (`execute`: what they submit joins it),
 /// or as soon as an earlier round's replies are in while two are under way; no task sends it.
-/// It goes out on a Redis connection of that loop where there is one (the relay's Redis client
-/// lives on the shards' loops), and its replies are heard on that loop either way, where the
-/// submitters hear their answers (each hands an outcome to the producer, or ends its item) next
-/// to the rest of their items' steps: not all shards' on one Redis thread, whose next replies
-/// they would hold up (docs/performance.md, "Redis calls without a task each"). A submission
-/// made off the loops (the mailbox poll's) is encoded where it is made and joins the first
-/// loop's rounds.
+/// Its replies are handed back to that loop, where the submitters hear their answers (each
+/// hands an outcome to the producer, or ends its item) next to the rest of their items' steps;
+/// not on the Redis client's loop, whose next replies they would hold up (docs/performance.md,
+/// "Redis calls without a task each"). A submission made off the loops (the mailbox poll's) is
+/// encoded where it is made and joins the first loop's rounds.
 final class GroupCommit: Sendable {
     typealias Done = @Sendable (Result<Void, RedisError>) -> Void
 
