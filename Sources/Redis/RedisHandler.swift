@@ -6,7 +6,7 @@ struct RedisBatch {
     var promise: EventLoopPromise<[RESPValue]>
 }
 
-/// Drives one Redis connection: batches of commands go out RESP-encoded (hiredis' formatter),
+/// Drives one Redis connection: batches of commands go out RESP-encoded (``RESPEncoder``),
 /// replies come back through hiredis' reader and complete the batches in order (Redis answers
 /// in order, which is what makes pipelining work). `@unchecked Sendable`: used only on its
 /// channel's event loop; its handler methods assert it (debug builds, which the tests use), and
