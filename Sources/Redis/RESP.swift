@@ -48,12 +48,11 @@ public enum RESPValue: Sendable, Equatable {
 
 /// Writes commands in RESP's request form, straight into the round trip's buffer.
 ///
-/// Written here, not with hiredis' formatter (`redisFormatSdsCommandArgv`), which this used
-/// until the policy's allocations were counted: it built each command in an sds string of its
-/// own (two allocations, a reallocation and a free per command, then a copy into the buffer):
-/// 8 of the 43 allocations per intent with the policy on (heaptrack of `bench e2e --policy`: four
-/// commands per intent), and 262 per batch of 128 admission reads (`RESP encode` in
-/// Benchmarks/allocation-budgets). The form is three lines of the protocol's specification;
+/// Not hiredis' formatter (`redisFormatSdsCommandArgv`), which builds each command in an sds
+/// string of its own (two allocations, a reallocation and a free per command, then a copy into
+/// the buffer): with it, 8 of the 43 allocations per intent with the policy on (heaptrack of
+/// `bench e2e --policy`: four commands per intent), and 262 per batch of 128 admission reads
+/// (`RESP encode` in Benchmarks/allocation-budgets, 6 now). The form is three lines of the protocol's specification;
 /// `RESPEncoderTests` checks every byte against hiredis' formatter, which stays the reference.
 enum RESPEncoder {
     /// Appends `command` (`*N\r\n$len\r\narg\r\n...`).

@@ -3,8 +3,8 @@ import NIOCore
 @testable import Redis
 import Testing
 
-/// The command encoder against hiredis' formatter (`redisFormatSdsCommandArgv`), which wrote
-/// the relay's commands before it and stays the reference: the same bytes for every command.
+/// The command encoder against hiredis' formatter (`redisFormatSdsCommandArgv`), the
+/// reference: the same bytes for every command.
 @Suite("RESP encoder", .timeLimit(.minutes(1)))
 struct RESPEncoderTests {
     /// `command` as hiredis formats it.

@@ -432,7 +432,7 @@ struct RedisClusterChangeTests {
             try await offPool { for server in cluster.servers.prefix(2) { server.stop() } }
             // A connection to a stopped server can still look open for a moment: a call written
             // on it fails at once with `connectionLost` (its commands may have run, so it is not
-            // sent again). The call timed is the first one made after the client saw the close.
+            // sent again). The call timed is the first of up to three that did not fail so.
             var elapsed = Duration.zero
             var error: RedisError?
             for _ in 0..<3 {

@@ -26,10 +26,10 @@ struct DedupeTests {
             $0.redis.timeoutMilliseconds = 300 * sanitizerSlowdown
             $0.redis.failOpen = failOpen
             $0.policy.dedupeWindowSeconds = 3600
-            // A minute per APNs request: these tests count what reached APNs, and a request
-            // that a starved sanitizer run timed out after the simulator took it is sent again
-            // (the second send docs/outcomes.md allows after a lost answer, not a dedupe miss).
-            // Two of them saw 5 and 4 such sends in one thread-sanitizer run.
+            // A minute per APNs request (here and in the tests below that start their own
+            // relay): these tests count what reached APNs, and a request that a starved
+            // sanitizer run timed out after the simulator took it is sent again (the second
+            // send docs/outcomes.md allows after a lost answer, not a dedupe miss).
             $0.apns.requestTimeoutSeconds = 60
         }, preload: preload)
     }
@@ -283,6 +283,7 @@ struct DedupeTests {
         let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(500) }, configureRelay: {
             $0.redis.url = redis.url
             $0.kafka.properties["message.timeout.ms"] = "1000"
+            $0.apns.requestTimeoutSeconds = 60
         }, preload: (0..<20).map { (intent("late-\($0)", token: hexToken(700 + $0)), hexToken(700 + $0)) })
         harness.cluster.failRequests(apiKey: KafkaMockCluster.APIKey.produce, errorCode: KafkaErrorCode.notEnoughReplicas)
         try await harness.pipeline.incidents.waitUntil { $0.publishFailures >= 20 }  // every outcome failed at least once
@@ -342,6 +343,7 @@ struct DedupeTests {
             TestRedis(redis).apply(to: &$0)
             $0.policy.dedupeWindowSeconds = 3600
             $0.limits.maxInFlight = 1
+            $0.apns.requestTimeoutSeconds = 60
         })
         let token = hexToken(0x5A1)
         try await harness.produce(intent("first", token: token), key: token)
@@ -374,6 +376,7 @@ struct DedupeTests {
         }, configureRelay: {
             TestRedis(redis).apply(to: &$0)
             $0.policy.dedupeWindowSeconds = 3600
+            $0.apns.requestTimeoutSeconds = 60
             $0.limits.maxInFlight = 1
         })
         let token = hexToken(0x5B1)

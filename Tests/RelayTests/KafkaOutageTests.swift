@@ -14,9 +14,9 @@ struct KafkaOutageTests {
     @Test func kafkaOutageLosesNothing() async throws {
         // APNs takes 3 s: all 100 of the second round are in flight at once even when consuming
         // and sending them takes a loaded machine a second or two. A minute per request: with
-        // the default 10 s a starved sanitizer run timed requests out that the simulator had
-        // taken, and sent them again (48 of them: the second send docs/outcomes.md allows after
-        // a lost answer, not the one this test is about).
+        // the default 10 s a starved sanitizer run can time out requests the simulator took, and
+        // send them again (the second send docs/outcomes.md allows after a lost answer, not the
+        // one this test is about).
         let harness = try await RelayHarness.start(configure: { $0.behaviour.latency = .milliseconds(3000) }, configureRelay: {
             $0.kafka.properties["message.timeout.ms"] = "1000"
             $0.apns.requestTimeoutSeconds = 60
@@ -43,7 +43,7 @@ struct KafkaOutageTests {
         #expect(Set(outcomes.compactMap { $0["id"] as? String }).count == 200)
         #expect(outcomes.allSatisfy { $0["status"] as? String == "delivered" })
         // Nothing went to APNs twice: the answers waited for Kafka, they were not asked again
-        // (one attempt each: a second would be a retry after a lost answer).
+        // (one attempt each: a second would be a resend, after a refusal or a lost answer).
         #expect(harness.simulator.accepted.count == 200)
         #expect(outcomes.allSatisfy { $0["attempts"] as? Int == 1 }, "\(outcomes.filter { $0["attempts"] as? Int != 1 }.prefix(3))")
         #expect(try await harness.stopExpectingOneOutcomeEach().count == 200)

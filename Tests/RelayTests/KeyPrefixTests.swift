@@ -26,7 +26,7 @@ struct KeyPrefixTests {
             // the relay's own prefix, until about 10 s after the first went out. Each relay gets
             // both of its intents at once and its mailbox is read before the next relay starts:
             // a relay that waited on the other one's first delivery could see its token refill
-            // before its second intent came, and send it at once (a loaded CI run did).
+            // before its second intent came, and send it at once.
             let relay = try await PolicyTests.harness(redis, burst: 1, refill: 0.1, configure: { $0.redis.keyPrefix = prefix })
             relays.append(relay)
             try await relay.produce(intent("same-1", token: token), key: token)
