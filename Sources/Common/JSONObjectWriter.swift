@@ -150,23 +150,7 @@ public struct JSONObjectWriter: Sendable {
     }
 
     private static func appendDecimal(_ value: Int64, to out: inout [UInt8]) {
-        if value == 0 {
-            out.append(UInt8(ascii: "0"))
-            return
-        }
-        var magnitude = value.magnitude
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            while magnitude > 0 {
-                buffer[19 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-                magnitude /= 10
-                count += 1
-            }
-            if value < 0 { out.append(UInt8(ascii: "-")) }
-            out.append(contentsOf: buffer[(20 - count)...])
-        }
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        DecimalDigits.with(value.magnitude) { out.append(contentsOf: $0) }
     }
 }

@@ -1,4 +1,5 @@
 import CHiredis
+import Common
 package import NIOCore
 
 /// One Redis reply.
@@ -49,10 +50,8 @@ public enum RESPValue: Sendable, Equatable {
 /// Writes commands in RESP's request form, straight into the round trip's buffer.
 ///
 /// Not hiredis' formatter (`redisFormatSdsCommandArgv`), which builds each command in an sds
-/// string of its own (two allocations, a reallocation and a free per command, then a copy into
-/// the buffer): with it, 8 of the 43 allocations per intent with the policy on (heaptrack of
-/// `bench e2e --policy`: four commands per intent), and 262 per batch of 128 admission reads
-/// (`RESP encode` in Benchmarks/allocation-budgets, 6 now). The form is three lines of the protocol's specification;
+/// string of its own (allocations, a reallocation and a free per command, then a copy into the
+/// buffer; docs/performance.md, "Redis commands written without hiredis' formatter"). The form is three lines of the protocol's specification;
 /// `RESPEncoderTests` checks every byte against hiredis' formatter, which stays the reference.
 enum RESPEncoder {
     /// Appends `command` (`*N\r\n$len\r\narg\r\n...`).
@@ -76,17 +75,10 @@ enum RESPEncoder {
     /// `\r\n` as one big-endian integer.
     private static let crlf: UInt16 = 0x0D0A
 
-    /// `marker`, `value` in decimal (not negative), CR LF.
-    private static func writeLine(_ marker: UInt8, _ value: Int, into buffer: inout ByteBuffer) {
+    /// `marker`, `count` in decimal, CR LF.
+    private static func writeLine(_ marker: UInt8, _ count: Int, into buffer: inout ByteBuffer) {
         buffer.writeInteger(marker)
-        var divisor = 1
-        while divisor <= value / 10 { divisor *= 10 }
-        var rest = value
-        while divisor > 0 {
-            buffer.writeInteger(UInt8(ascii: "0") + UInt8(rest / divisor))
-            rest %= divisor
-            divisor /= 10
-        }
+        DecimalDigits.with(UInt64(count)) { _ = buffer.writeBytes($0) }
         buffer.writeInteger(crlf)
     }
 }

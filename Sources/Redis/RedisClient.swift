@@ -154,27 +154,18 @@ public final class RedisClient: Service, Sendable {
 
     /// Runs encoded commands in one round trip, like ``pipeline(_:)-([RedisCommand])``.
     public func pipeline(_ commands: RedisCommandBuffer) async throws(RedisError) -> [RESPValue] {
-        try await send(commands).get()
+        try await submit(commands, ordered: false).get()
     }
 
-    /// Writes the commands now, as one pipeline on the next of the client's connections (to each
-    /// node in cluster mode, as ``pipeline(_:)-(RedisCommandBuffer)`` does), and returns their
-    /// pending replies, to be heard on an event loop of the caller's (no task).
-    public func send(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
-        execute(commands, ordered: false)
-    }
-
-    /// Writes the commands now, as one pipeline on the client's first connection (to each node
-    /// in cluster mode), and returns their pending replies. Calls made one after another run in
-    /// Redis in that order (one connection answers in order), so a caller can have several round
-    /// trips under way whose effects must not be reordered. In cluster mode that holds per
-    /// node, while the slot map stands: a redirected command is sent again after the calls
-    /// behind it.
-    public func submit(_ commands: RedisCommandBuffer) -> RedisPendingReplies {
-        execute(commands, ordered: true)
-    }
-
-    private func execute(_ commands: RedisCommandBuffer, ordered: Bool) -> RedisPendingReplies {
+    /// Writes the commands now, as one pipeline, and returns their pending replies: to be
+    /// awaited, or heard on an event loop of the caller's (no task).
+    ///
+    /// `ordered`: on the client's first connection (to each node in cluster mode). Calls made
+    /// one after another run in Redis in that order (one connection answers in order), so a
+    /// caller can have several round trips under way whose effects must not be reordered. In
+    /// cluster mode that holds per node, while the slot map stands: a redirected command is sent
+    /// again after the calls behind it. Not `ordered`: on the next of the client's connections.
+    public func submit(_ commands: RedisCommandBuffer, ordered: Bool = true) -> RedisPendingReplies {
         let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
         guard !isShutDown.load(ordering: .relaxed) else {
             // Not on the client's own group, which may be shut down by now (its loops would drop
@@ -308,24 +299,25 @@ public final class RedisClient: Service, Sendable {
     }
 }
 
-/// The replies of a ``RedisClient/submit(_:)``, to be awaited.
+/// The replies of a ``RedisClient/submit(_:ordered:)``, to be awaited or heard on a loop.
 public struct RedisPendingReplies: Sendable {
     let future: EventLoopFuture<[RESPValue]>
 
     /// Calls `body` with the replies on `loop` (handed there from the connection's loop).
     public func whenComplete(on loop: any EventLoop, _ body: @escaping @Sendable (Result<[RESPValue], RedisError>) -> Void) {
-        future.hop(to: loop).whenComplete { result in
-            body(result.mapError { $0 as? RedisError ?? .connectionLost("\($0)") })
-        }
+        future.hop(to: loop).whenComplete { body($0.mapError(Self.redisError)) }
     }
 
     public func get() async throws(RedisError) -> [RESPValue] {
         do {
             return try await future.get()
-        } catch let error as RedisError {
-            throw error
         } catch {
-            throw .connectionLost("\(error)")
+            throw Self.redisError(error)
         }
+    }
+
+    /// A failure as the client names it: a connection's own error is a lost connection.
+    private static func redisError(_ error: any Error) -> RedisError {
+        error as? RedisError ?? .connectionLost("\(error)")
     }
 }

@@ -1,3 +1,4 @@
+import Common
 import Crypto
 import Foundation
 import NIOCore
@@ -15,17 +16,7 @@ extension Int64: RESPArgument {
     /// Decimal digits, written in place (no string made).
     public func appendRESP(to bytes: inout [UInt8]) {
         if self < 0 { bytes.append(UInt8(ascii: "-")) }
-        var magnitude = self.magnitude
-        var digits: (UInt64, UInt64, UInt64) = (0, 0, 0)
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            var start = buffer.count
-            repeat {
-                start -= 1
-                buffer[start] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-                magnitude /= 10
-            } while magnitude > 0
-            bytes.append(contentsOf: buffer[start...])
-        }
+        DecimalDigits.with(magnitude) { bytes.append(contentsOf: $0) }
     }
 }
 extension Array: RESPArgument where Element == UInt8 { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: self) } }

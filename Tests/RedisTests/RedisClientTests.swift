@@ -68,7 +68,7 @@ struct RedisClientTests {
             let promise = loop.makePromise(of: Result<[RESPValue], RedisError>.self)
             var commands = RedisCommandBuffer()
             commands.append(RedisCommand("PING", []))
-            client.send(commands).whenComplete(on: loop) { promise.succeed($0) }
+            client.submit(commands, ordered: false).whenComplete(on: loop) { promise.succeed($0) }
             return promise.futureResult
         }.get().get()
         #expect(throws: RedisError.shutdown) { try heard.get() }

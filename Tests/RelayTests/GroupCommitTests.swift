@@ -47,6 +47,33 @@ struct GroupCommitTests {
     }
 }
 
+extension GroupCommitTests {
+    /// With two loops, each loop's records go out in that loop's rounds and are heard on it:
+    /// a record is never handed to another shard's loop.
+    @Test func eachLoopsRecordsAreHeardOnThatLoop() async throws {
+        let redis = try await RedisServerProcess.started()
+        let client = try TestRedis(redis).client()
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let loops = Array(group.makeIterator())
+        let commit = GroupCommit(client: client, loops: loops)
+        let heard = Locked<[(loop: Int, ok: Bool, onLoop: Bool)]>([])
+        for (index, loop) in loops.enumerated() {
+            try await loop.submit {
+                for record in 0..<10 {
+                    commit.submit({ $0.append(RedisCommand("SET", ["group-commit-\(index)-\(record)", "v"])) }) { result in
+                        heard.withLock { $0.append((index, result.isSuccess, loop.inEventLoop)) }
+                    }
+                }
+            }.get()
+        }
+        try await waitUntil(timeout: .seconds(30)) { heard.withLock { $0.count } == 20 }
+        #expect(heard.withLock { $0.allSatisfy { $0.ok && $0.onLoop } }, "\(heard.withLock { $0 })")
+        #expect(commit.roundTrips == 2, "one round per loop's turn")
+        await client.shutdown()
+        try await group.shutdownGracefully()
+    }
+}
+
 private extension Result {
     var isSuccess: Bool {
         if case .success = self { true } else { false }

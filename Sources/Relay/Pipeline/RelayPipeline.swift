@@ -195,8 +195,8 @@ public final class RelayPipeline: RelayStatus, Service {
         self.certificates = clients.credentials.map(\.certificate)
         self.redis = clients.redis
         let keys = RedisKeys(prefix: configuration.redis.keyPrefix)
-        var shardLoops: [any EventLoop] = []
-        for shard in self.shards where !shardLoops.contains(where: { $0 === shard.loop }) { shardLoops.append(shard.loop) }
+        // The shards' loops, each once: shard `index` runs on executor `index` modulo their count.
+        let shardLoops = executors.prefix(shardCount).map(\.eventLoop)
         self.deduplicator = clients.redis.map { Deduplicator(client: $0, keys: keys, loops: shardLoops) }
         self.policy = clients.redis.map {
             var policy = DevicePolicy(client: $0, keys: keys, intentsTopic: configuration.kafka.intentsTopic,

@@ -146,7 +146,7 @@ final class GroupCommit: Sendable {
         let (loop, rounds) = loops[index]
         guard let round = rounds.withValue({ $0.next() }) else { return }
         sent.add(1, ordering: .relaxed)
-        client.send(round.commands).whenComplete(on: loop) { replies in
+        client.submit(round.commands, ordered: false).whenComplete(on: loop) { replies in
             for (done, answer) in GroupCommitRounds.answers(round, replies) { done(answer) }
             self.flush(index)
         }

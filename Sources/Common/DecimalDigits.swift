@@ -1,0 +1,19 @@
+/// The decimal digits of a number, written into room on the stack (no string made): the one
+/// routine the JSON writer, Redis command arguments and RESP's request lines share.
+public enum DecimalDigits {
+    /// Calls `body` with the ASCII digits of `magnitude`, most significant first.
+    @inlinable
+    public static func with<Result>(_ magnitude: UInt64, _ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+        // 24 bytes: room for UInt64.max's 20 digits.
+        var room: (UInt64, UInt64, UInt64) = (0, 0, 0)
+        return try withUnsafeMutableBytes(of: &room) { buffer in
+            var value = magnitude, start = buffer.count
+            repeat {
+                start -= 1
+                buffer[start] = UInt8(ascii: "0") + UInt8(value % 10)
+                value /= 10
+            } while value > 0
+            return try body(UnsafeRawBufferPointer(rebasing: buffer[start...]))
+        }
+    }
+}
