@@ -51,8 +51,9 @@ public enum RESPValue: Sendable, Equatable {
 ///
 /// Not hiredis' formatter (`redisFormatSdsCommandArgv`), which builds each command in an sds
 /// string of its own (allocations, a reallocation and a free per command, then a copy into the
-/// buffer; docs/performance.md, "Redis commands written without hiredis' formatter"). The form is three lines of the protocol's specification;
-/// `RESPEncoderTests` checks every byte against hiredis' formatter, which stays the reference.
+/// buffer; docs/performance.md, "Redis commands written without hiredis' formatter"). The form
+/// is three lines of the protocol's specification; `RESPEncoderTests` checks every byte against
+/// hiredis' formatter, which stays the reference.
 enum RESPEncoder {
     /// Appends `command` (`*N\r\n$len\r\narg\r\n...`).
     static func encode(_ command: RedisCommand, into buffer: inout ByteBuffer) {
