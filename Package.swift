@@ -14,6 +14,8 @@ let strict: [SwiftSetting] = [
 // before the C library's): intents free on other threads than they allocate on, which glibc's
 // malloc serves slowly. Measured with `apns-relay-dev bench e2e` (docs/performance.md): 17% less
 // relay CPU per intent with the policy off, 16% with it on. The test binaries keep glibc's.
+// Its options (`narenas:2`, for a peak RSS that does not grow with the node's cores) are
+// compiled in by CAllocatorSettings, which both executables depend on.
 let jemalloc: [LinkerSetting] = [.linkedLibrary("jemalloc", .when(platforms: [.linux]))]
 
 let package = Package(
@@ -217,10 +219,13 @@ let package = Package(
             swiftSettings: strict),
         // apns-relay: what production runs (run, check-config, send, jwt, inspect). It links no
         // development tooling.
+        // jemalloc's options for the executables (`malloc_conf`).
+        .target(name: "CAllocatorSettings"),
         .executableTarget(
             name: "APNsRelayCLI",
             dependencies: [
                 "APNs",
+                "CAllocatorSettings",
                 "BuildInfo",
                 "Common",
                 "Redis",
@@ -253,6 +258,7 @@ let package = Package(
             name: "APNsRelayDev",
             dependencies: [
                 "BuildInfo",
+                "CAllocatorSettings",
                 "Common",
                 "APNs",
                 "APNsSimulator",

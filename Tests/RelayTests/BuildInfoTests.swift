@@ -37,13 +37,20 @@ struct BuildInfoTests {
     }
 
     /// `apns-relay` allocates with jemalloc (linked, Package.swift; docs/performance.md has the
-    /// figures): asked to (`MALLOC_CONF`), jemalloc prints its statistics as the process ends.
-    /// Under a sanitizer the sanitizer's allocator comes first, so not there.
+    /// figures): asked to (`MALLOC_CONF`), jemalloc prints its statistics as the process ends,
+    /// options first. Its arenas are the two CAllocatorSettings compiles in, whatever the
+    /// machine's core count (jemalloc's own default is four per core), and `MALLOC_CONF` still
+    /// sets them. Under a sanitizer the sanitizer's allocator comes first, so not there.
     @Test(.disabled(if: sanitizerSlowdown > 1, "a sanitizer's allocator replaces jemalloc"))
-    func theRelayAllocatesWithJemalloc() async throws {
+    func theRelayAllocatesWithJemallocInTwoArenas() async throws {
         let relay = try await RelayBinary.run(["--version"], environment: ["MALLOC_CONF": "stats_print:true"])
         #expect(relay.status == 0)
         #expect(relay.stderr.contains("Begin jemalloc statistics"), "\(relay.stderr.prefix(300))")
+        #expect(relay.stderr.contains("opt.narenas: 2\n"), "\(relay.stderr.prefix(2_000))")
+        let three = try await RelayBinary.run(["--version"], environment: ["MALLOC_CONF": "stats_print:true,narenas:3"])
+        #expect(three.stderr.contains("opt.narenas: 3\n"), "\(three.stderr.prefix(2_000))")
+        let dev = try await RelayBinary.runDev(["--version"], environment: ["MALLOC_CONF": "stats_print:true"])
+        #expect(dev.stderr.contains("opt.narenas: 2\n"), "\(dev.stderr.prefix(2_000))")
     }
 
     /// The chart installs the image of its `appVersion`: the same version the binary reports.

@@ -31,8 +31,8 @@ public enum RelayBinary {
     }
 
     /// ``run(_:)`` for `apns-relay-dev`.
-    public static func runDev(_ arguments: [String]) async throws -> Output {
-        try await onOwnThread { Result { try runProgram(devURL.path, arguments) } }.get()
+    public static func runDev(_ arguments: [String], environment: [String: String] = [:]) async throws -> Output {
+        try await onOwnThread { Result { try runProgram(devURL.path, arguments, environment: environment) } }.get()
     }
 }
 
