@@ -92,9 +92,12 @@ EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/apns-relay"]
 CMD ["run", "--config", "/etc/apns-relay/apns-relay.yaml"]
 
-# Smoke test: the binary starts and its libraries resolve in the runtime image.
+# Smoke test: the binary starts, its libraries resolve in the runtime image, and jemalloc starts
+# with the arenas the binary compiles in (CAllocatorSettings; its statistics go to stderr).
 FROM runtime AS smoke
-RUN /usr/local/bin/apns-relay --help > /dev/null && /usr/local/bin/apns-relay --version
+RUN /usr/local/bin/apns-relay --help > /dev/null && /usr/local/bin/apns-relay --version \
+    && MALLOC_CONF=stats_print:true /usr/local/bin/apns-relay --version 2> /tmp/jemalloc-stats > /dev/null \
+    && grep -q "opt.narenas: 2" /tmp/jemalloc-stats
 
 # The default target: the runtime image, built only after the smoke test passed.
 FROM runtime

@@ -217,16 +217,16 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
-        // apns-relay: what production runs (run, check-config, send, jwt, inspect). It links no
-        // development tooling.
         // jemalloc's options for the executables (`malloc_conf`).
         .target(name: "CAllocatorSettings"),
+        // apns-relay: what production runs (run, check-config, send, jwt, inspect). It links no
+        // development tooling.
         .executableTarget(
             name: "APNsRelayCLI",
             dependencies: [
                 "APNs",
-                "CAllocatorSettings",
                 "BuildInfo",
+                "CAllocatorSettings",
                 "Common",
                 "Redis",
                 "Relay",
