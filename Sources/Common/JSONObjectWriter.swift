@@ -58,7 +58,7 @@ public struct JSONObjectWriter: Sendable {
     @usableFromInline
     mutating func addInteger(_ name: StaticString, _ value: Int64) {
         key(name)
-        Self.appendDecimal(value, to: &bytes)
+        DecimalDigits.append(value, to: &bytes)
     }
 
     /// Adds the value, or `null` when it is nil.
@@ -147,10 +147,5 @@ public struct JSONObjectWriter: Sendable {
             out.append(UInt8(ascii: "0") + (byte >> 4))
             out.append(low < 10 ? UInt8(ascii: "0") + low : UInt8(ascii: "a") + low - 10)
         }
-    }
-
-    private static func appendDecimal(_ value: Int64, to out: inout [UInt8]) {
-        if value < 0 { out.append(UInt8(ascii: "-")) }
-        DecimalDigits.with(value.magnitude) { out.append(contentsOf: $0) }
     }
 }

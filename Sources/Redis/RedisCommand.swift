@@ -14,10 +14,7 @@ extension Substring: RESPArgument { public func appendRESP(to bytes: inout [UInt
 extension Int: RESPArgument { public func appendRESP(to bytes: inout [UInt8]) { Int64(self).appendRESP(to: &bytes) } }
 extension Int64: RESPArgument {
     /// Decimal digits, written in place (no string made).
-    public func appendRESP(to bytes: inout [UInt8]) {
-        if self < 0 { bytes.append(UInt8(ascii: "-")) }
-        DecimalDigits.with(magnitude) { bytes.append(contentsOf: $0) }
-    }
+    public func appendRESP(to bytes: inout [UInt8]) { DecimalDigits.append(self, to: &bytes) }
 }
 extension Array: RESPArgument where Element == UInt8 { public func appendRESP(to bytes: inout [UInt8]) { bytes.append(contentsOf: self) } }
 

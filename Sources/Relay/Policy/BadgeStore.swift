@@ -1,4 +1,5 @@
 import APNs
+import Common
 import NIOCore
 import Redis
 
@@ -54,7 +55,8 @@ struct BadgeStore: Sendable {
                 }
             }
         }
-        let number = Array(String(count).utf8)
+        var number: [UInt8] = []
+        DecimalDigits.append(Int64(count), to: &number)
         if let badgeRange {
             bytes.replaceSubrange(badgeRange, with: number)
         } else if let apsOpen {
