@@ -63,8 +63,9 @@ public struct RedisConfiguration: Sendable {
     }
 }
 
-/// A small pool of Redis connections driven by SwiftNIO, with hiredis as the RESP engine; in
-/// cluster mode a pool per master, calls routed by hash slot (``RedisClusterRouter``).
+/// A small pool of Redis connections driven by SwiftNIO (commands written by ``RESPEncoder``,
+/// replies read by hiredis' reader); in cluster mode a pool per master, calls routed by hash
+/// slot (``RedisClusterRouter``).
 ///
 /// Every call has a deadline (``RedisConfiguration/commandTimeout``); a connection whose answer
 /// is late is closed (the replies behind it would be out of step) and made again. A connection
@@ -165,7 +166,7 @@ public final class RedisClient: Service, Sendable {
     /// caller can have several round trips under way whose effects must not be reordered. In
     /// cluster mode that holds per node, while the slot map stands: a redirected command is sent
     /// again after the calls behind it. Not `ordered`: on the next of the client's connections.
-    public func submit(_ commands: RedisCommandBuffer, ordered: Bool = true) -> RedisPendingReplies {
+    public func submit(_ commands: RedisCommandBuffer, ordered: Bool) -> RedisPendingReplies {
         let deadline = NIODeadline.now() + .nanoseconds(configuration.commandTimeout.totalNanoseconds)
         guard !isShutDown.load(ordering: .relaxed) else {
             // Not on the client's own group, which may be shut down by now (its loops would drop

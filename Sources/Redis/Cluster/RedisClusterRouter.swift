@@ -31,7 +31,7 @@ final class RedisNode: Sendable {
         }
     }
 
-    /// The first connection for calls whose order matters (``RedisClient/submit(_:)``), else
+    /// The first connection for calls whose order matters (``RedisClient/submit(_:ordered:)``), else
     /// the next one round robin.
     func connection(ordered: Bool) -> RedisSlot {
         ordered ? connections[0] : connections[next.wrappingAdd(1, ordering: .relaxed).oldValue % connections.count]
@@ -130,7 +130,7 @@ final class RedisClusterRouter: Sendable {
     }
 
     /// Runs the commands; their replies in order. When the slot map knows every slot they need,
-    /// their groups are written before this returns. Ordered calls (``RedisClient/submit(_:)``)
+    /// their groups are written before this returns. Ordered calls (``RedisClient/submit(_:ordered:)``)
     /// are written in the order they are made, on each node's first connection: one that must
     /// wait for the map holds back the ordered calls after it until it was written.
     func execute(_ commands: RedisCommandBuffer, deadline: NIODeadline, ordered: Bool) -> EventLoopFuture<[RESPValue]> {

@@ -46,7 +46,7 @@ extension DevicePolicy {
                     if group.rules.mode == .shadow { command.appendArgument { keys.writeShadowWaiting(&$0, token: token, topic: topic) } }
                 }
             }
-            let replies = try await policy.client.submit(reads).get()
+            let replies = try await policy.client.submit(reads, ordered: true).get()
             guard replies.count == groups.count else {
                 throw .protocolError("\(replies.count) replies to \(groups.count) admission reads")
             }
@@ -114,7 +114,7 @@ extension DevicePolicy {
             // count. (Not waiting for them, a Redis that reads but cannot write let every intent
             // through with the rate limit silently off.)
             if !writes.isEmpty {
-                let replies = try await policy.client.submit(writes).get()
+                let replies = try await policy.client.submit(writes, ordered: true).get()
                 guard replies.count == written.count else {
                     throw .protocolError("\(replies.count) replies to \(written.count) bucket writes")
                 }
