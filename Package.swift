@@ -14,9 +14,8 @@ let strict: [SwiftSetting] = [
 // before the C library's): intents free on other threads than they allocate on, which glibc's
 // malloc serves slowly. Measured with `apns-relay-dev bench e2e` (docs/performance.md): 17% less
 // relay CPU per intent with the policy off, 16% with it on. The test binaries keep glibc's.
-// Its options (`narenas:2`, for a peak RSS that does not grow with the node's cores) are
-// compiled in by CAllocatorSettings, which both executables depend on.
-let jemalloc: [LinkerSetting] = [.linkedLibrary("jemalloc", .when(platforms: [.linux]))]
+// CAllocatorSettings links it and compiles its options in (`narenas:2`, for a peak RSS that does
+// not grow with the node's cores): an executable gets both by depending on that target.
 
 let package = Package(
     name: "apns-relay",
@@ -217,8 +216,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strict),
-        // jemalloc's options for the executables (`malloc_conf`).
-        .target(name: "CAllocatorSettings"),
+        // jemalloc for the executables: linked, with its options (`malloc_conf`).
+        .target(name: "CAllocatorSettings", linkerSettings: [.linkedLibrary("jemalloc", .when(platforms: [.linux]))]),
         // apns-relay: what production runs (run, check-config, send, jwt, inspect). It links no
         // development tooling.
         .executableTarget(
@@ -238,8 +237,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            swiftSettings: strict,
-            linkerSettings: jemalloc),
+            swiftSettings: strict),
 
         // Development tooling, apart from the production graph.
         // Child processes with posix_spawn (CSpawn: the closefrom file action and pipe2, which
@@ -278,8 +276,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            swiftSettings: strict,
-            linkerSettings: jemalloc),
+            swiftSettings: strict),
 
         // The fuzz targets (`scripts/fuzz`): every reader of bytes the relay does not control.
         .target(
