@@ -32,6 +32,8 @@ struct RESPEncoderTests {
     }
 
     @Test func everyCommandIsHiredisBytes() {
+        // Integers as Redis arguments: negative ones and the extremes.
+        let integersCommand = RedisCommand("ZRANGEBYSCORE", ["k", Int64.min, Int64(-1), Int64(0), Int64.max, Int(-42)])
         var commands: [RedisCommand] = [
             RedisCommand("PING"),
             RedisCommand("GET", ["k"]),
@@ -43,6 +45,7 @@ struct RESPEncoderTests {
                 ["key-\(length)", [UInt8](repeating: UInt8(ascii: "x"), count: length)]
             }),
             RedisCommand("DEL", (0..<12).map { "k\($0)" as any RESPArgument }),
+            integersCommand,
         ]
         var built = RedisCommand("MGET", reservingBytes: 16, arguments: 2)
         built.appendArgument { $0.append(contentsOf: "apns-relay:rate:{".utf8); $0.append(contentsOf: String(repeating: "f", count: 64).utf8) }
@@ -51,6 +54,11 @@ struct RESPEncoderTests {
         for command in commands {
             #expect(Self.encoded(command) == Self.hiredis(command), "\(String(decoding: Self.hiredis(command).prefix(80), as: UTF8.self))")
         }
+        // The integers' digits are the command's own (hiredis copies them as given): as Redis
+        // reads them.
+        let integers = String(decoding: Self.encoded(integersCommand), as: UTF8.self)
+        #expect(integers == "*7\r\n$13\r\nZRANGEBYSCORE\r\n$1\r\nk\r\n$20\r\n-9223372036854775808\r\n$2\r\n-1\r\n"
+            + "$1\r\n0\r\n$19\r\n9223372036854775807\r\n$3\r\n-42\r\n", "\(integers)")
         // A buffer of several, as a round trip sends them: one after another.
         let buffer = RedisCommandBuffer(commands)
         #expect(buffer.count == commands.count)
